@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up everything the project needs on a fresh Debian machine:
+# a virtual environment in .venv with the package and its test extras, and,
+# when wgpu finds no adapter, Debian's software Vulkan driver (lavapipe).
+# Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+py=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv with $($py --version)"
+    $py -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+    echo "[setup] installing shaderdsl with its test extras into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test,bench]"
+    touch "$stamp"
+fi
+
+# Lavapipe warns unless XDG_RUNTIME_DIR names a private folder.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
+    export XDG_RUNTIME_DIR=/tmp/xdg-runtime-$(id -u)
+    mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
+
+has_adapter() {
+    .venv/bin/python -c "import wgpu, sys; sys.exit(0 if wgpu.gpu.enumerate_adapters_sync() else 1)" 2>/dev/null
+}
+if ! has_adapter; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] no WebGPU adapter: installing Debian's mesa-vulkan-drivers (lavapipe)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    fi
+    if ! has_adapter; then
+        echo "[setup] no WebGPU adapter found. Install a Vulkan driver (on Debian, as root:" >&2
+        echo "        apt-get install mesa-vulkan-drivers) or a GPU driver, then run again." >&2
+        exit 1
+    fi
+fi

@@ -1,0 +1,66 @@
+"""compile(): run a kernel function on a fresh ShaderM and package the result."""
+from __future__ import annotations
+
+import functools
+import traceback
+
+from .emit import emit
+from .errors import KernelBuildError, ShaderDSLError
+from .kernel import Binding, Kernel, Override
+from .monad import ShaderM, _active
+
+
+def _workgroup_size(ws) -> tuple[int, int, int]:
+    if isinstance(ws, int):
+        ws = (ws,)
+    ws = tuple(ws)
+    if not 1 <= len(ws) <= 3 or not all(isinstance(v, int) and v >= 1 for v in ws):
+        raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
+    return ws + (1,) * (3 - len(ws))
+
+
+def compile(fn, workgroup_size=64, *, name: str | None = None, **params) -> Kernel:
+    """Run ``fn(m, **params)`` on a new ShaderM and return its Kernel.
+
+    Results are cached by (fn, workgroup_size, name, params) when the params
+    are hashable, so compiling the same kernel again costs a dict lookup.
+    """
+    ws = _workgroup_size(workgroup_size)
+    try:
+        key = (fn, ws, name, tuple(sorted(params.items())))
+        hash(key)
+    except TypeError:
+        return _build(fn, ws, name, params)
+    return _cached_build(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_build(key) -> Kernel:
+    fn, ws, name, params = key
+    return _build(fn, ws, name, dict(params))
+
+
+def _build(fn, ws, name, params) -> Kernel:
+    name = name or getattr(fn, "__name__", "kernel")
+    m = ShaderM(ws, name)
+    _active.append(m)
+    try:
+        fn(m, **params)
+    except ShaderDSLError:
+        raise
+    except Exception as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise KernelBuildError(f"kernel function {name!r} raised {type(e).__name__} at "
+                               f"{frame.filename}:{frame.lineno}: {e}") from e
+    finally:
+        _active.pop()
+    wgsl, source_map, features = emit(m)
+    bindings = tuple(
+        Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
+                r.type if r.kind == "uniform" else r.type.elem,
+                None if r.kind == "uniform" else r.type.length)
+        for k, r in enumerate(m.bindings))
+    overrides = tuple(Override(r.name, r.type, None if d is None else d.value)
+                      for r, d in m.overrides)
+    return Kernel(name=name, wgsl=wgsl, workgroup_size=ws, bindings=bindings,
+                  overrides=overrides, features=features, source_map=source_map)

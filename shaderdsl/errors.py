@@ -1,0 +1,69 @@
+"""The exceptions of shaderdsl, one class per kind of mistake.
+
+Codegen errors name the Python file:line that built the offending expression;
+runtime errors are raised before any GPU buffer is written.
+"""
+from __future__ import annotations
+
+
+class ShaderDSLError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class ShaderTypeError(ShaderDSLError, TypeError):
+    """An expression mixes WGSL types that do not combine (f32 + u32)."""
+
+
+class ShaderNameError(ShaderDSLError, ValueError):
+    """A name is a WGSL reserved word, not an identifier, or already taken."""
+
+
+class ShaderScopeError(ShaderDSLError):
+    """A declaration or statement was issued where it cannot go
+    (a buffer declared inside an if/loop body, ``else_`` without ``if_``)."""
+
+
+class KernelBuildError(ShaderDSLError):
+    """The kernel function raised while building; wraps the original error."""
+
+
+class BindingError(ShaderDSLError, ValueError):
+    """A buffer does not fit its binding: wrong dtype, shape, size or name."""
+
+
+class AliasingError(BindingError):
+    """One buffer bound twice in a dispatch where at least one use writes it."""
+
+
+class FeatureError(ShaderDSLError):
+    """The kernel needs an adapter feature (shader-f16, subgroup) the device lacks."""
+
+
+class NoAdapterError(ShaderDSLError, RuntimeError):
+    """No WebGPU adapter matches the request."""
+
+
+class DispatchError(ShaderDSLError, ValueError):
+    """Workgroup counts are invalid or over the device's limits."""
+
+
+class WGSLCompileError(ShaderDSLError):
+    """The WGSL compiler rejected a kernel.
+
+    ``wgsl_line`` is the 1-based line the compiler blamed (or None),
+    ``python_line`` the 'file:line' of the DSL call that emitted it (or None),
+    ``excerpt`` the WGSL lines around it.
+    """
+
+    def __init__(self, message: str, *, kernel_name: str = "", wgsl_line: int | None = None,
+                 python_line: str | None = None, excerpt: str = ""):
+        self.kernel_name = kernel_name
+        self.wgsl_line = wgsl_line
+        self.python_line = python_line
+        self.excerpt = excerpt
+        parts = [f"WGSL compile error in kernel {kernel_name!r}: {message}"]
+        if python_line:
+            parts.append(f"built by Python at {python_line}")
+        if excerpt:
+            parts.append(excerpt)
+        super().__init__("\n".join(parts))

@@ -1,0 +1,108 @@
+"""Kernel: everything the runtime needs to run a generated shader.
+
+A Kernel is plain data: WGSL text, the binding table, workgroup size,
+required adapter features, override constants and a cache key. It never
+touches a device, so it can be built, printed and compared on any machine.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .types import WType, numpy_dtype, stride, components
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One ``@group(0) @binding(index)`` resource.
+
+    ``access`` is ``"read"`` (storage, read), ``"read_write"`` (storage) or
+    ``"uniform"``. For storage buffers ``elem`` is the array element type and
+    ``length`` the element count (None: runtime-sized). For uniforms ``elem``
+    is the whole uniform's type and ``length`` is None.
+    """
+
+    index: int
+    name: str
+    access: str
+    elem: WType
+    length: int | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.access == "read_write"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return numpy_dtype(self.elem)
+
+    @property
+    def elem_stride(self) -> int:
+        return stride(self.elem)
+
+    @property
+    def components(self) -> int:
+        return components(self.elem)
+
+    @property
+    def min_bytes(self) -> int:
+        """Smallest buffer size that can back this binding."""
+        return self.elem_stride * (self.length or 1)
+
+
+@dataclass(frozen=True)
+class Override:
+    """A pipeline-overridable constant: ``override name: type = default;``."""
+
+    name: str
+    type: WType
+    default: object = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    wgsl: str
+    workgroup_size: tuple[int, int, int]
+    bindings: tuple[Binding, ...]
+    overrides: tuple[Override, ...] = ()
+    features: frozenset[str] = frozenset()
+    entry_point: str = "main"
+    # (WGSL line number, "file.py:line") for each emitted statement line.
+    source_map: tuple[tuple[int, str], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def cache_key(self) -> str:
+        """Identifies the compiled module: same key, same shader."""
+        h = hashlib.sha256()
+        h.update(self.entry_point.encode())
+        h.update(b"\0")
+        h.update(self.wgsl.encode())
+        return h.hexdigest()[:32]
+
+    @property
+    def threads_per_workgroup(self) -> int:
+        x, y, z = self.workgroup_size
+        return x * y * z
+
+    def binding(self, name: str) -> Binding:
+        for b in self.bindings:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no binding {name!r}; it has "
+                       f"{[b.name for b in self.bindings]}")
+
+    def python_line(self, wgsl_line: int) -> str | None:
+        """The Python 'file:line' that built the given WGSL line, if known."""
+        best = None
+        for line, where in self.source_map:
+            if line == wgsl_line:
+                return where
+            if line < wgsl_line:
+                best = where
+        return best
+
+    def __str__(self) -> str:
+        return self.wgsl

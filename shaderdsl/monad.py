@@ -1,0 +1,388 @@
+"""ShaderM: the kernel builder, Python's mirror of Hesper's ``WGSL.Monad.ShaderM``.
+
+Hesper threads a state (declarations, statements, a name counter) through a
+Lean monad; here the same state lives in one ShaderM object and each method
+call is one monadic action. Control flow uses ``with`` blocks. The builder
+refuses what Hesper silently got wrong: it checks names, scopes and types,
+and rejects an expression whose variables changed after it was built.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+from . import types as T
+from . import stmt as S
+from .errors import ShaderNameError, ShaderScopeError
+from .expr import _seq, Call, Expr, Index, Ref, as_expr, binary, caller_location, \
+    is_assignable, literal, reads, root, type_error
+from .names import check_user_name
+
+_active: list["ShaderM"] = []
+
+
+def current_builder() -> "ShaderM":
+    """The ShaderM whose kernel function is running (stores and atomics go there)."""
+    if not _active:
+        raise ShaderScopeError(f"{caller_location()}: a store, compound assignment or atomic "
+                               f"was used outside a kernel function being compiled")
+    return _active[-1]
+
+
+# name -> (WGSL builtin, type, feature or None); declared as entry-point parameters on use.
+BUILTIN_VALUES = {
+    "global_id": ("global_invocation_id", T.vec3u, None),
+    "local_id": ("local_invocation_id", T.vec3u, None),
+    "workgroup_id": ("workgroup_id", T.vec3u, None),
+    "num_workgroups": ("num_workgroups", T.vec3u, None),
+    "local_index": ("local_invocation_index", T.u32, None),
+    "subgroup_invocation_id": ("subgroup_invocation_id", T.u32, "subgroup"),
+    "subgroup_size": ("subgroup_size", T.u32, "subgroup"),
+}
+
+
+class ShaderM:
+    """Accumulates declarations and statements of one compute kernel."""
+
+    def __init__(self, workgroup_size: tuple[int, int, int], name: str = "kernel"):
+        self.name = name
+        self.workgroup_size = workgroup_size
+        self.bindings: list[Ref] = []          # storage and uniform buffers, in binding order
+        self.overrides: list[tuple[Ref, object]] = []
+        self.workgroup_vars: list[Ref] = []
+        self.builtins: dict[str, Ref] = {}     # used builtin values, by DSL name
+        self.features: set[str] = set()
+        self.body = S.Block(0)
+        self._blocks = [self.body]             # innermost last
+        self._block_ids = itertools.count(1)
+        self._loop_depth = 0
+        self._names: set[str] = set(BUILTIN_VALUES)
+        self._fresh = itertools.count()
+        self._version: dict[str, int] = {}     # mutable name -> times assigned
+        self._uses: list[list] = []            # per open loop: expressions used in its body
+        self._locals: dict[str, tuple] = {}    # local name -> (block id, where declared)
+
+    # ------------------------------------------------------------ names
+
+    def _declare_name(self, name: str | None, hint: str) -> str:
+        if name is None:
+            while True:
+                name = f"_{hint}{next(self._fresh)}"
+                if name not in self._names:
+                    break
+        else:
+            why = check_user_name(name)
+            if why:
+                raise ShaderNameError(f"{caller_location()}: {why}")
+            if name in self._names:
+                raise ShaderNameError(f"{caller_location()}: the name {name!r} is already declared "
+                                      f"in kernel {self.name!r}")
+        self._names.add(name)
+        return name
+
+    def _local_name(self, name: str | None, hint: str) -> str:
+        """Locals may reuse a hint: a taken name gets a numeric suffix."""
+        if name is not None and name in self._names and check_user_name(name) is None:
+            base, k = name, 1
+            while f"{base}_{k}" in self._names:
+                k += 1
+            name = f"{base}_{k}"
+        return self._declare_name(name, hint)
+
+    # ------------------------------------------------------------ declarations (module scope)
+
+    def _buffer(self, name, elem, length, access) -> Ref:
+        if not isinstance(elem, T.WType) or isinstance(elem, T.Array):
+            raise type_error(f"buffer element type must be a scalar, vector or atomic type, got {elem!r}")
+        if elem == T.bool_ or T.scalar_of(elem) == T.bool_:
+            raise type_error("bool is not host-shareable; store u32 instead")
+        if isinstance(elem, T.Atomic) and access != "read_write":
+            raise type_error("atomic buffers must be declared with declare_output_buffer")
+        name = self._declare_name(name, "buf")
+        ref = Ref(name, T.array(elem, length), "buffer", access=access)
+        self.bindings.append(ref)
+        return ref
+
+    def declare_input_buffer(self, name: str, elem: T.WType, length: int | None = None) -> Ref:
+        """A storage buffer the kernel only reads: ``var<storage, read>``."""
+        return self._buffer(name, elem, length, "read")
+
+    def declare_output_buffer(self, name: str, elem: T.WType, length: int | None = None) -> Ref:
+        """A storage buffer the kernel may read and write: ``var<storage, read_write>``."""
+        return self._buffer(name, elem, length, "read_write")
+
+    def declare_uniform(self, name: str, type: T.WType) -> Ref:
+        """A uniform buffer holding one scalar or vector: ``var<uniform>``."""
+        if not isinstance(type, (T.Scalar, T.Vector)) or T.scalar_of(type) == T.bool_:
+            raise type_error(f"a uniform must be a numeric scalar or vector, got {type}")
+        name = self._declare_name(name, "uni")
+        ref = Ref(name, type, "uniform")
+        self.bindings.append(ref)
+        return ref
+
+    def override(self, name: str, type: T.Scalar, default=None) -> Ref:
+        """A pipeline-overridable constant, set per dispatch without new WGSL."""
+        if not isinstance(type, T.Scalar):
+            raise type_error(f"an override must be a scalar type, got {type}")
+        name = self._declare_name(name, "ovr")
+        if default is not None:
+            default = literal(default, type)
+        ref = Ref(name, type, "override")
+        self.overrides.append((ref, default))
+        return ref
+
+    def shared(self, elem: T.WType, n: int, name: str | None = None) -> Ref:
+        """A workgroup-shared array ``var<workgroup> name: array<elem, n>``."""
+        if not isinstance(n, int) or n < 1:
+            raise type_error(f"a workgroup array needs a positive int length, got {n!r}")
+        name = self._declare_name(name, "wg")
+        ref = Ref(name, T.array(elem, n), "workgroup")
+        self.workgroup_vars.append(ref)
+        return ref
+
+    def _builtin(self, key: str) -> Ref:
+        if key not in self.builtins:
+            _, ty, feature = BUILTIN_VALUES[key]
+            if feature:
+                self.features.add(feature)
+            self.builtins[key] = Ref(key, ty, "builtin")
+        return self.builtins[key]
+
+    def global_id(self) -> Ref: return self._builtin("global_id")
+    def local_id(self) -> Ref: return self._builtin("local_id")
+    def workgroup_id(self) -> Ref: return self._builtin("workgroup_id")
+    def num_workgroups(self) -> Ref: return self._builtin("num_workgroups")
+    def local_index(self) -> Ref: return self._builtin("local_index")
+    def subgroup_invocation_id(self) -> Ref: return self._builtin("subgroup_invocation_id")
+    def subgroup_size(self) -> Ref: return self._builtin("subgroup_size")
+
+    # ------------------------------------------------------------ statements
+
+    @property
+    def _block(self) -> S.Block:
+        return self._blocks[-1]
+
+    def _emit(self, st) -> None:
+        self._block.stmts.append(st)
+
+    def _check_use(self, e: Expr) -> Expr:
+        """Refuse expressions that read out-of-scope locals or stale variables."""
+        open_ids = {b.id for b in self._blocks}
+        deps = reads(e)
+        for name, version, _ in deps:
+            info = self._locals.get(name)
+            if info is not None and info[0] not in open_ids:
+                raise ShaderScopeError(
+                    f"{caller_location()}: `{name}` was declared at {info[1]} inside a block "
+                    f"that has ended; declare it before the block to use it here")
+            if self._version.get(name, 0) != version:
+                raise ShaderScopeError(
+                    f"{caller_location()}: the expression built at {e.where} reads `{name}`, "
+                    f"which was assigned after the expression was built; bind it with "
+                    f"m.let(...) where it should be read")
+        if self._uses:
+            self._uses[-1].append((e.where, deps))
+        return e
+
+    def _bump(self, target: Expr) -> None:
+        name = root(target).name
+        self._version[name] = self._version.get(name, 0) + 1
+
+    def let(self, value, name: str | None = None) -> Ref:
+        """``let name = value;``: an immutable snapshot; returns its name."""
+        value = self._check_use(as_expr(value))
+        if isinstance(value.type, T.Atomic):
+            raise type_error("cannot bind an atomic with let; use atomic_load(...)")
+        name = self._local_name(name, "t")
+        ref = Ref(name, value.type, "let", block=self._block.id)
+        self._locals[name] = (self._block.id, caller_location())
+        self._emit(S.Let(ref, value, caller_location()))
+        return ref
+
+    def var(self, type, init=None, name: str | None = None) -> Ref:
+        """``var name: type = init;``. ``m.var(expr)`` infers the type from ``expr``."""
+        if not isinstance(type, T.WType):
+            type, init = None, type
+        if init is not None:
+            init = self._check_use(as_expr(init, type))
+            if type is None:
+                type = init.type
+            elif init.type != type:
+                raise type_error(f"var of type {type} initialised with {init.type}")
+        if isinstance(type, T.Array) and type.length is None:
+            raise type_error("a function-scope var needs a fixed-size array")
+        name = self._local_name(name, "v")
+        ref = Ref(name, type, "var", block=self._block.id)
+        self._locals[name] = (self._block.id, caller_location())
+        self._emit(S.VarDecl(ref, init, caller_location()))
+        return ref
+
+    def assign(self, target: Expr, value, op: str = "") -> None:
+        """``target = value`` (or ``target op= value``); also what ``buf[i] = v`` calls."""
+        if not isinstance(target, Expr) or not is_assignable(target):
+            r = root(target) if isinstance(target, Expr) else None
+            if isinstance(r, Ref) and r.kind == "buffer":
+                raise type_error(f"buffer `{r.name}` is read-only (declared with "
+                                 f"declare_input_buffer); declare it with declare_output_buffer to write it")
+            what = f"`{r.name}` ({r.kind})" if isinstance(r, Ref) else "this expression"
+            raise type_error(f"cannot assign to {what}")
+        if isinstance(target.type, T.Atomic):
+            raise type_error("cannot assign to an atomic; use atomic_store(...) or atomic_add(...)")
+        value = as_expr(value, target.type)
+        if op:
+            binary(op, target, value)  # type check of `target op value`
+        elif value.type != target.type:
+            raise type_error(f"cannot assign {value.type} to a {target.type} location")
+        self._check_use(target)
+        self._check_use(value)
+        self._emit(S.Assign(target, value, op, caller_location()))
+        self._bump(target)
+
+    def store(self, buffer: Expr, index, value) -> None:
+        """``buffer[index] = value`` (Hesper's ``writeBuffer``)."""
+        self.assign(Index(buffer, index), value)
+
+    def effect(self, call: Call) -> Ref | None:
+        """Emit a side-effecting call now; bind its result to a let if it has one."""
+        self._check_use(call)
+        target = call.args[0].target
+        ref = None
+        if call.type is not None:
+            name = self._local_name(None, "t")
+            ref = Ref(name, call.type, "let", block=self._block.id)
+            self._locals[name] = (self._block.id, caller_location())
+        self._emit(S.Effect(call, ref, caller_location()))
+        self._bump(target)
+        return ref
+
+    def comment(self, text: str) -> None:
+        """A ``// text`` line in the generated WGSL."""
+        self._emit(S.Comment(str(text).replace("\n", " "), caller_location()))
+
+    # ------------------------------------------------------------ control flow
+
+    @contextlib.contextmanager
+    def _open(self, block: S.Block, loop: bool = False):
+        self._blocks.append(block)
+        if loop:
+            self._loop_depth += 1
+            self._uses.append([])
+            start = dict(self._version), next(_seq)
+        try:
+            yield
+        finally:
+            self._blocks.pop()
+            if loop:
+                self._loop_depth -= 1
+                uses = self._uses.pop()
+                self._check_loop(uses, *start)
+                if self._uses:
+                    self._uses[-1].extend(uses)
+
+    def _check_loop(self, uses, versions_before, seq_before) -> None:
+        """An expression built before a loop that reads a name the loop assigns
+        would see a different value on the next iteration: refuse it."""
+        changed = {n for n, v in self._version.items() if versions_before.get(n, 0) != v}
+        for where, deps in uses:
+            for name, _, seq in deps:
+                if name in changed and seq < seq_before:
+                    raise ShaderScopeError(
+                        f"{where}: this expression was built before a loop and reads "
+                        f"`{name}`, which the loop assigns; build it inside the loop or bind "
+                        f"it with m.let(...) before the loop")
+
+    def _cond(self, cond) -> Expr:
+        c = self._check_use(as_expr(cond, T.bool_))
+        if c.type != T.bool_:
+            raise type_error(f"a condition must be bool, got {c.type}")
+        return c
+
+    def if_(self, cond):
+        """``with m.if_(cond):`` opens the then-block."""
+        block = S.Block(next(self._block_ids))
+        self._emit(S.If([(self._cond(cond), block)], None, caller_location()))
+        return self._open(block)
+
+    def _open_if(self, what: str) -> S.If:
+        last = self._block.stmts[-1] if self._block.stmts else None
+        if not isinstance(last, S.If) or last.else_body is not None:
+            raise ShaderScopeError(f"{caller_location()}: {what} must directly follow "
+                                   f"an `if_` or `elif_` block")
+        return last
+
+    def elif_(self, cond):
+        """``with m.elif_(cond):`` right after an if_/elif_ block."""
+        st = self._open_if("elif_")
+        block = S.Block(next(self._block_ids))
+        st.branches.append((self._cond(cond), block))
+        return self._open(block)
+
+    def else_(self):
+        """``with m.else_():`` right after an if_/elif_ block."""
+        st = self._open_if("else_")
+        st.else_body = S.Block(next(self._block_ids))
+        return self._open(st.else_body)
+
+    @contextlib.contextmanager
+    def loop(self, start, end=None, step=1, name: str | None = None):
+        """``with m.loop(start, end, step) as i:`` a runtime for loop.
+
+        ``m.loop(n)`` counts 0..n-1. The counter is u32 unless start/end are
+        typed otherwise. A negative Python ``step`` counts down (``i > end``).
+        """
+        if end is None:
+            start, end = 0, start
+        like = next((x.type for x in (start, end, step) if isinstance(x, Expr)), T.u32)
+        descending = isinstance(step, (int, float)) and step < 0
+        if descending:
+            step = -step
+        start, end, step = (as_expr(x, like) for x in (start, end, step))
+        ty = start.type
+        if not (isinstance(ty, T.Scalar) and ty.is_int) or end.type != ty or step.type != ty:
+            raise type_error(f"loop bounds must share one integer type, got "
+                             f"{start.type}, {end.type}, {step.type}")
+        for x in (start, end, step):
+            self._check_use(x)
+        body = S.Block(next(self._block_ids))
+        vname = self._local_name(name or None, "i")
+        ref = Ref(vname, ty, "loop", block=body.id)
+        self._locals[vname] = (body.id, caller_location())
+        self._emit(S.For(ref, start, end, step, descending, body, caller_location()))
+        with self._open(body, loop=True):
+            yield ref
+
+    def while_(self, cond):
+        """``with m.while_(cond):`` loops while ``cond`` (re-read each iteration) holds."""
+        c = as_expr(cond, T.bool_)
+        if c.type != T.bool_:
+            raise type_error(f"a condition must be bool, got {c.type}")
+        self._check_use(c)
+        body = S.Block(next(self._block_ids))
+        self._emit(S.While(c, body, caller_location()))
+        return self._open(body, loop=True)
+
+    def static_loop(self, iterable):
+        """A loop unrolled in Python: the body is emitted once per item."""
+        return iter(iterable)
+
+    def _jump(self, kind: str) -> None:
+        if kind != "return" and self._loop_depth == 0:
+            raise ShaderScopeError(f"{caller_location()}: `{kind}` outside a loop")
+        self._emit(S.Jump(kind, caller_location()))
+
+    def break_(self) -> None: self._jump("break")
+    def continue_(self) -> None: self._jump("continue")
+    def return_(self) -> None: self._jump("return")
+
+    def barrier(self) -> None:
+        """``workgroupBarrier()``: workgroup memory writes before are visible after."""
+        self._emit(S.Barrier("workgroup", caller_location()))
+
+    def storage_barrier(self) -> None:
+        """``storageBarrier()``: storage writes of this workgroup are visible after."""
+        self._emit(S.Barrier("storage", caller_location()))
+
+    # ------------------------------------------------------------ versions for Expr deps
+
+    def version(self, name: str) -> int:
+        return self._version.get(name, 0)

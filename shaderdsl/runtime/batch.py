@@ -1,0 +1,160 @@
+"""Command recording: one encoder and one compute pass per batch, one submit.
+
+Submitting is the expensive part of a dispatch, so a batch records every
+dispatch into one compute pass (closing it only for copies) and submits once
+at the end. Timestamps, when asked for and supported, are written by the
+passes themselves (``timestampWrites``): the first pass writes the start, every
+pass writes the end, so the last one executed leaves the batch's end time.
+"""
+from __future__ import annotations
+
+import numpy as np
+import wgpu
+
+_TS_START = {"beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
+_TS_END = {"end_of_pass_write_index": 1}
+
+
+class Recorder:
+    """The open command encoder and compute pass of a device (lazily created)."""
+
+    __slots__ = ("wgpu_device", "queue", "stats", "encoder", "cpass", "pipeline", "recorded",
+                 "query_set", "started")
+
+    def __init__(self, wgpu_device, stats: dict):
+        self.wgpu_device = wgpu_device
+        self.queue = wgpu_device.queue
+        self.stats = stats
+        self.encoder = None
+        self.cpass = None
+        self.pipeline = None      # last pipeline set on the open pass
+        self.recorded = False     # anything not yet submitted?
+        self.query_set = None     # set while a timed batch is open
+        self.started = False      # has the start timestamp been recorded?
+
+    def compute_pass(self):
+        """The open compute pass, beginning one (and an encoder) if needed."""
+        if self.cpass is None:
+            if self.encoder is None:
+                self.encoder = self.wgpu_device.create_command_encoder()
+            if self.query_set is None:
+                self.cpass = self.encoder.begin_compute_pass()
+            else:
+                writes = dict(_TS_END if self.started else _TS_START, query_set=self.query_set)
+                self.started = True
+                self.cpass = self.encoder.begin_compute_pass(timestamp_writes=writes)
+            self.pipeline = None
+        return self.cpass
+
+    def dispatch(self, pipeline, bind_group, x: int, y: int, z: int) -> None:
+        cpass = self.cpass or self.compute_pass()
+        if pipeline is not self.pipeline:
+            cpass.set_pipeline(pipeline)
+            self.pipeline = pipeline
+        cpass.set_bind_group(0, bind_group)
+        cpass.dispatch_workgroups(x, y, z)
+        self.recorded = True
+
+    def copy(self, src, dst, nbytes: int) -> None:
+        self.end_pass()
+        if self.encoder is None:
+            self.encoder = self.wgpu_device.create_command_encoder()
+        self.encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        self.recorded = True
+
+    def end_pass(self) -> None:
+        if self.cpass is not None:
+            self.cpass.end()
+            self.cpass = None
+            self.pipeline = None
+
+    def flush(self) -> None:
+        """Submit whatever is recorded; the next command starts a new encoder."""
+        self.end_pass()
+        if self.encoder is not None:
+            encoder, self.encoder = self.encoder, None
+            if self.recorded:
+                self.recorded = False
+                self.queue.submit([encoder.finish()])
+                self.stats["submits"] += 1
+
+    def finish_timed(self, resolve_buffer) -> None:
+        """Record the end timestamp after all work, resolve, and submit."""
+        if self.cpass is None:  # last command was a copy (or nothing): an empty timed pass
+            self.compute_pass()
+        self.end_pass()
+        self.encoder.resolve_query_set(self.query_set, 0, 2, resolve_buffer, 0)
+        self.recorded = True
+        self.query_set = None
+        self.started = False
+        self.flush()
+
+    def discard(self) -> None:
+        """Drop unsubmitted commands (the batch body raised)."""
+        self.end_pass()
+        self.encoder = None
+        self.recorded = False
+        self.query_set = None
+        self.started = False
+
+
+class Batch:
+    """Context manager from ``device.batch()``; nested batches join the outer one.
+
+    ``gpu_time_ns`` (timestamps=True, outermost batch, device with
+    "timestamp-query") is the GPU time from the start of the first pass to the
+    end of the last one, read lazily on first access; otherwise None.
+    """
+
+    def __init__(self, device, timestamps: bool = False):
+        self.device = device
+        self.timestamps = timestamps
+        self._outer = False
+        self._open = False
+        self._resolve = None
+        self._time = None
+
+    def __enter__(self) -> "Batch":
+        dev = self.device
+        self._outer = dev._depth == 0
+        if self._outer:
+            dev._recorder.flush()  # nothing should be pending, but keep order if it is
+            if self.timestamps and dev.has_feature("timestamp-query"):
+                wd = dev.wgpu_device
+                dev._recorder.query_set = wd.create_query_set(type="timestamp", count=2)
+                self._resolve = wd.create_buffer(
+                    size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+                dev._recorder.compute_pass()  # start stamp before anything, copies included
+        self._open = True
+        dev._depth += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        dev = self.device
+        dev._depth -= 1
+        self._open = False
+        if not self._outer:
+            return
+        rec = dev._recorder
+        if exc_type is not None:
+            rec.discard()
+            self._resolve = None
+        elif self._resolve is not None:
+            rec.finish_timed(self._resolve)
+        else:
+            rec.flush()
+
+    def flush(self) -> None:
+        """Submit what is recorded so far (the batch stays open)."""
+        self.device._recorder.flush()
+
+    @property
+    def gpu_time_ns(self) -> float | None:
+        if self._time is None and self._resolve is not None:
+            if self._open:
+                raise RuntimeError("gpu_time_ns is known only after the batch exits")
+            raw = self.device.wgpu_device.queue.read_buffer(self._resolve)
+            start, end = np.frombuffer(raw, np.uint64)[:2].astype(np.int64)
+            self._time = float(end - start) * self.device.timestamp_period
+            self._resolve = None
+        return self._time

@@ -1,0 +1,416 @@
+"""Adapter choice and the Device: buffers, dispatch, copies, reads.
+
+``get_device()`` picks the best adapter (discrete > integrated > others,
+Vulkan/Metal before D3D12 before OpenGL) unless told otherwise, asks for every
+feature the DSL can use and the adapter's maximum limits, and caches the
+result so every part of a program shares one device and one pipeline cache.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import weakref
+
+import numpy as np
+import wgpu
+
+from ..errors import BindingError, DispatchError, FeatureError, NoAdapterError
+from . import checks
+from .batch import Batch, Recorder
+from .buffers import (STORAGE_USAGE, UNIFORM_USAGE, Buffer, check_dtype, describe, host_array,
+                      padded_bytes, padded_size, uniform_array)
+from .pipelines import PipelineCache
+
+# Features requested whenever the adapter has them: the ones kernels may need.
+WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes")
+
+# Limits raised to the adapter's maximum (wgpu's defaults are far lower).
+MAX_LIMITS = (
+    "max-storage-buffer-binding-size", "max-buffer-size", "max-uniform-buffer-binding-size",
+    "max-compute-workgroups-per-dimension", "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-storage-size", "max-compute-workgroup-size-x",
+    "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
+    "max-storage-buffers-per-shader-stage", "max-uniform-buffers-per-shader-stage",
+    "max-bindings-per-bind-group", "max-bind-groups", "max-immediate-size",
+)
+
+BACKENDS = {"vulkan": "Vulkan", "opengl": "OpenGL", "gl": "OpenGL", "metal": "Metal",
+            "d3d12": "D3D12", "null": "Null"}
+_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+_BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2, "OpenGLES": 2}
+
+NO_ADAPTER_HELP = (
+    "No WebGPU adapter found. To get a software one on Debian/Ubuntu, as root: "
+    "`apt-get install mesa-vulkan-drivers` (lavapipe, Vulkan); or try the OpenGL "
+    "backend with SHADERDSL_BACKEND=OpenGL (Mesa llvmpipe). "
+    "`python -m shaderdsl adapters` lists what wgpu can see.")
+
+
+def _describe_adapter(a) -> dict:
+    info = a.info
+    return {"name": info["device"], "backend": info["backend_type"],
+            "adapter_type": info["adapter_type"], "description": info.get("description", ""),
+            "features": sorted(a.features)}
+
+
+def list_adapters() -> list[dict]:
+    """Every adapter wgpu can see: name, backend, adapter_type, description, features."""
+    return [_describe_adapter(a) for a in wgpu.gpu.enumerate_adapters_sync()]
+
+
+def adapters_report() -> str:
+    """Human-readable adapter list (for ``python -m shaderdsl adapters``)."""
+    rows = list_adapters()
+    if not rows:
+        return NO_ADAPTER_HELP
+    lines = []
+    for i, a in enumerate(rows):
+        used = [f for f in WANTED_FEATURES if f in a["features"]]
+        lines.append(f"[{i}] {a['name']}  backend={a['backend']}  type={a['adapter_type']}")
+        if a["description"]:
+            lines.append(f"    {a['description']}")
+        lines.append(f"    shaderdsl features: {', '.join(used) or '(none)'}")
+    best = _pick(wgpu.gpu.enumerate_adapters_sync(), None, None, ())
+    lines.append(f"default: {best.info['device']} ({best.info['backend_type']})")
+    return "\n".join(lines)
+
+
+def _norm_backend(backend: str | None) -> str | None:
+    if backend is None or backend == "":
+        return None
+    return BACKENDS.get(backend.lower(), backend)
+
+
+def _pick(adapters, backend: str | None, name: str | None, features):
+    """The best adapter matching the filters (see module docstring for the order)."""
+    all_seen = [f"{a.info['device']} ({a.info['backend_type']})" for a in adapters]
+    if not adapters:
+        raise NoAdapterError(NO_ADAPTER_HELP)
+    cands = list(enumerate(adapters))
+    if backend is not None:
+        b = backend.lower()
+        cands = [(i, a) for i, a in cands
+                 if a.info["backend_type"].lower() == b
+                 or (b == "opengl" and a.info["backend_type"].lower() == "opengles")]
+    if name is not None:
+        cands = [(i, a) for i, a in cands if name.lower() in a.info["device"].lower()]
+    if not cands:
+        want = " and ".join(x for x in (backend and f"backend {backend!r}",
+                                         name and f"name containing {name!r}") if x)
+        raise NoAdapterError(f"no adapter with {want}; adapters found: {all_seen}. "
+                             f"Check SHADERDSL_BACKEND / SHADERDSL_ADAPTER.")
+    missing_everywhere = [f for f in features if not any(f in a.features for _, a in cands)]
+    if missing_everywhere:
+        having = [f"{a.info['device']} ({a.info['backend_type']})" for a in adapters
+                  if all(f in a.features for f in features)]
+        raise FeatureError(f"no matching adapter has feature(s) {missing_everywhere}; adapters "
+                           f"with all of {sorted(features)}: {having or 'none'}")
+    cands = [(i, a) for i, a in cands if all(f in a.features for f in features)]
+    if not cands:
+        raise FeatureError(f"no single matching adapter has all of {sorted(features)}")
+
+    def rank(item):
+        i, a = item
+        return (_TYPE_RANK.get(a.info["adapter_type"], 4),
+                _BACKEND_RANK.get(a.info["backend_type"], 3), i)
+
+    return min(cands, key=rank)[1]
+
+
+_devices: dict = {}
+
+
+def get_device(backend: str | None = None, adapter: str | None = None, *,
+               features=None) -> "Device":
+    """The shared Device for (backend, adapter name substring, extra features).
+
+    ``backend`` defaults to env SHADERDSL_BACKEND, ``adapter`` to
+    SHADERDSL_ADAPTER; ``features`` are required on top of the ones requested
+    whenever present (WANTED_FEATURES), and steer the adapter choice.
+    """
+    backend = _norm_backend(backend if backend is not None else os.environ.get("SHADERDSL_BACKEND"))
+    adapter = adapter if adapter is not None else (os.environ.get("SHADERDSL_ADAPTER") or None)
+    feats = frozenset(features or ())
+    key = (backend, adapter.lower() if adapter else None, feats)
+    dev = _devices.get(key)
+    if dev is None:
+        chosen = _pick(wgpu.gpu.enumerate_adapters_sync(), backend, adapter, feats)
+        dev = _devices[key] = Device(chosen, feats)
+    return dev
+
+
+class _KernelEntry:
+    """Per-Kernel-object state: names in binding order, pipelines, validated bindings."""
+
+    __slots__ = ("names", "count", "pipelines", "bound", "okeys")
+
+    def __init__(self, kernel):
+        self.names = tuple(b.name for b in kernel.bindings)
+        self.count = len(self.names)
+        self.pipelines: dict = {}  # overrides key -> pipeline
+        self.bound: dict = {}      # (buffer ids, overrides key) -> (pipeline, bind group)
+        self.okeys: dict = {}      # tuple(overrides.items()) -> checked overrides key
+
+
+class Device:
+    """One wgpu device with its caches, the open batch and counters in ``stats``."""
+
+    def __init__(self, adapter, extra_features=frozenset()):
+        self.wgpu_adapter = adapter
+        info = adapter.info
+        self.name: str = info["device"]
+        self.backend: str = info["backend_type"]
+        self.adapter_type: str = info["adapter_type"]
+        wanted = sorted({f for f in WANTED_FEATURES if f in adapter.features} | set(extra_features))
+        alimits = adapter.limits
+        limits = {k: alimits[k] for k in MAX_LIMITS if k in alimits}
+        self.wgpu_device = adapter.request_device_sync(
+            label=f"shaderdsl:{self.name}", required_features=wanted, required_limits=limits)
+        self.queue = self.wgpu_device.queue
+        self.features: frozenset = frozenset(self.wgpu_device.features)
+        self.limits: dict = dict(self.wgpu_device.limits)
+        self.timestamp_period: float = _timestamp_period(self.queue)
+        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
+                      "copies": 0, "submits": 0}
+        self._cache = PipelineCache(self.wgpu_device, self.stats)
+        self._recorder = Recorder(self.wgpu_device, self.stats)
+        self._depth = 0
+        self._kernels: dict[int, _KernelEntry] = {}
+        self._max_wg = self.limits["max-compute-workgroups-per-dimension"]
+        self._sync_buffer = None
+        self._pinned: list = []
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name!r} {self.backend} {self.adapter_type}>"
+
+    def has_feature(self, name: str) -> bool:
+        return name in self.features
+
+    # -- buffers ---------------------------------------------------------
+
+    def _new_buffer(self, size: int, usage, data=None, label: str = ""):
+        cap = self.limits.get("max-buffer-size")
+        if cap is not None and size > cap:
+            raise BindingError(f"buffer of {size} bytes is over max-buffer-size = {cap} "
+                               f"on {self.name!r}")
+        if data is None:
+            return self.wgpu_device.create_buffer(label=label, size=size, usage=usage)
+        return self.wgpu_device.create_buffer_with_data(label=label, data=data, usage=usage)
+
+    def _wrap(self, wbuf, shape, dtype, kind, name) -> Buffer:
+        buf = Buffer(self, wbuf, shape, dtype, kind, name)
+        weakref.finalize(buf, self._cache.forget_buffer, buf.id)
+        return buf
+
+    def buffer(self, array, *, name: str | None = None) -> Buffer:
+        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
+        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
+        size = padded_size(arr.nbytes)
+        wbuf = self._new_buffer(size, STORAGE_USAGE, padded_bytes(arr, size), name or "")
+        return self._wrap(wbuf, arr.shape, arr.dtype, "storage", name)
+
+    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it anyway)."""
+        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
+        shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+            operator.index(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise BindingError(f"negative shape {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        wbuf = self._new_buffer(padded_size(nbytes), STORAGE_USAGE, label=name or "")
+        return self._wrap(wbuf, shape, dt, "storage", name)
+
+    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        return self.empty(shape, dtype, name=name)
+
+    def uniform(self, value, *, name: str | None = None) -> Buffer:
+        """A uniform buffer from an array or scalar, padded to 16 bytes.
+
+        Python float -> float32, Python int -> uint32; pass numpy scalars for others.
+        """
+        arr = uniform_array(value)
+        size = padded_size(arr.nbytes, 16)
+        wbuf = self._new_buffer(size, UNIFORM_USAGE, padded_bytes(arr, size), name or "")
+        return self._wrap(wbuf, arr.shape, arr.dtype, "uniform", name)
+
+    def _own(self, buf, what: str) -> None:
+        if not isinstance(buf, Buffer):
+            raise BindingError(f"{what}: expected a Buffer, got {type(buf).__name__}")
+        if buf.device is not self:
+            raise BindingError(f"{what}: {buf!r} belongs to device {buf.device.name!r}")
+        if buf.released:
+            raise BindingError(f"{what}: {buf!r} was released")
+
+    def write(self, buf: Buffer, array) -> None:
+        """Overwrite ``buf``; dtype and shape must match it exactly."""
+        self._own(buf, "write")
+        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
+            array = uniform_array(array)
+        if not isinstance(array, np.ndarray):
+            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
+                               f"{type(array).__name__}")
+        if array.dtype != buf.dtype or array.shape != buf.shape:
+            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
+                               f"got {describe(array.dtype, array.shape)}")
+        arr = np.ascontiguousarray(array)
+        self._recorder.flush()  # queue writes jump ahead of unsubmitted commands
+        self.queue.write_buffer(buf.wgpu_buffer, 0, padded_bytes(arr, buf.wgpu_buffer.size))
+
+    def read(self, buf: Buffer) -> np.ndarray:
+        """A new array with ``buf``'s contents; submits recorded work and waits."""
+        self._own(buf, "read")
+        self._recorder.flush()
+        raw = self.queue.read_buffer(buf.wgpu_buffer)
+        return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
+
+    def release(self, buf: Buffer) -> None:
+        """Destroy ``buf`` now and drop every cached bind group that holds it."""
+        if buf.released:
+            return
+        self._recorder.flush()  # recorded commands may still use it
+        self._cache.forget_buffer(buf.id)
+        wbuf, buf.wgpu_buffer = buf.wgpu_buffer, None
+        wbuf.destroy()
+
+    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
+        """Copy the first ``nbytes`` (default all of src) of src into dst."""
+        self._own(src, "copy source")
+        self._own(dst, "copy destination")
+        if src is dst:
+            raise BindingError(f"copy: source and destination are the same buffer {src!r}")
+        if nbytes is None:
+            nbytes = src.nbytes
+            if nbytes % 4:  # odd float16 count: the padding travels too if both have it
+                nbytes = padded_size(nbytes)
+                if nbytes > min(src.wgpu_buffer.size, dst.wgpu_buffer.size):
+                    raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
+                                       f"pass nbytes explicitly")
+        else:
+            nbytes = operator.index(nbytes)
+            if nbytes < 0 or nbytes % 4:
+                raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
+            if nbytes > src.wgpu_buffer.size or nbytes > dst.wgpu_buffer.size:
+                raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
+                                   f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
+        if nbytes > dst.wgpu_buffer.size:
+            raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
+        if nbytes == 0:
+            return
+        self.stats["copies"] += 1
+        self._recorder.copy(src.wgpu_buffer, dst.wgpu_buffer, nbytes)
+        if not self._depth:
+            self._recorder.flush()
+
+    # -- dispatch --------------------------------------------------------
+
+    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
+        """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
+
+        ``bindings``: dict name -> Buffer, or a sequence in binding order.
+        Everything is validated before any command is recorded; the result of
+        validating a (kernel, buffers, overrides) combination is cached with
+        its bind group, so a repeat costs a few dict lookups.
+        """
+        entry = self._kernels.get(id(kernel))
+        if entry is None:
+            entry = self._entry(kernel)
+        if type(workgroups) is int and 0 < workgroups <= self._max_wg:
+            x = workgroups
+            y = z = 1
+        else:
+            x, y, z = checks.workgroups(kernel, workgroups, self._max_wg)
+        okey = self._okey(entry, kernel, overrides) if overrides else ()
+        try:
+            if type(bindings) is dict:
+                if len(bindings) != entry.count:
+                    raise KeyError
+                ids = tuple([bindings[n].id for n in entry.names])
+            else:
+                ids = tuple([b.id for b in bindings])
+            pipeline, group = entry.bound[ids, okey]
+        except (KeyError, AttributeError, TypeError):
+            pipeline, group = self._bind(entry, kernel, bindings, okey)
+        self.stats["dispatches"] += 1
+        self._recorder.dispatch(pipeline, group, x, y, z)
+        if not self._depth:
+            self._recorder.flush()
+
+    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
+        """Dispatch enough workgroups along x to cover ``n`` invocations."""
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
+        if n < 1:
+            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
+        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
+
+    def _entry(self, kernel) -> _KernelEntry:
+        """First sight of a Kernel object: check features/limits, compile the module."""
+        checks.check_kernel(kernel, self)
+        self._cache.module(kernel)
+        entry = _KernelEntry(kernel)
+        key = id(kernel)
+        try:  # forget the entry with the kernel, so a reused id() cannot hit it
+            weakref.finalize(kernel, self._kernels.pop, key, None)
+        except TypeError:  # not weak-referenceable: keep it alive so its id stays its own
+            self._pinned.append(kernel)
+        self._kernels[key] = entry
+        return entry
+
+    def _okey(self, entry, kernel, overrides) -> tuple:
+        try:
+            raw = tuple(overrides.items())
+            okey = entry.okeys.get(raw)
+        except (AttributeError, TypeError):
+            raw = okey = None
+        if okey is None:
+            okey = checks.overrides_key(kernel, overrides)
+            if raw is not None:
+                entry.okeys[raw] = okey
+        return okey
+
+    def _bind(self, entry, kernel, bindings, okey):
+        """Slow path: validate the buffers, then get pipeline and bind group."""
+        buffers = checks.order_buffers(kernel, bindings)
+        checks.check_buffers(kernel, buffers, self)
+        pipeline = entry.pipelines.get(okey)
+        if pipeline is None:
+            pipeline = entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
+        group = self._cache.bind_group(kernel, buffers)
+        key = (tuple(b.id for b in buffers), okey)
+        self._cache.remember(entry.bound, key, (pipeline, group), buffers)
+        return pipeline, group
+
+    # -- batching and waiting --------------------------------------------
+
+    def batch(self, timestamps: bool = False) -> Batch:
+        """``with device.batch():`` records every dispatch/copy into one submit."""
+        return Batch(self, timestamps)
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    def sync(self) -> None:
+        """Submit anything recorded and wait until the GPU has finished all of it.
+
+        (``queue.on_submitted_work_done_sync`` is broken in wgpu-py 0.32.0; a
+        tiny read waits just as well, since the queue runs in order.)
+        """
+        self._recorder.flush()
+        if self._sync_buffer is None:
+            self._sync_buffer = self.wgpu_device.create_buffer(
+                size=4, usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
+        self.queue.read_buffer(self._sync_buffer)
+
+
+def _timestamp_period(queue) -> float:
+    """Nanoseconds per timestamp tick; wgpu-py has no wrapper, so ask wgpu-native."""
+    try:
+        from wgpu.backends.wgpu_native._ffi import lib
+
+        period = float(lib.wgpuQueueGetTimestampPeriod(queue._internal))
+    except Exception:
+        return 1.0
+    return period if period > 0 else 1.0

@@ -1,0 +1,157 @@
+"""Caches for shader modules, layouts, pipelines and bind groups.
+
+Creating any of these costs far more than a dispatch, so each is made once:
+modules by ``kernel.cache_key``, pipelines by (cache_key, entry point,
+overrides), bind groups by (layout, buffer ids). Buffer ids are never reused
+and entries holding a buffer are dropped when it is released, so a cache hit
+can never hand back a bind group of a dead buffer.
+"""
+from __future__ import annotations
+
+import re
+
+import wgpu
+
+from ..errors import WGSLCompileError
+
+_ACCESS_TO_TYPE = {
+    "read": wgpu.BufferBindingType.read_only_storage,
+    "read_write": wgpu.BufferBindingType.storage,
+    "uniform": wgpu.BufferBindingType.uniform,
+}
+
+# naga: "┌─ wgsl:3:7" (parse errors) or "┌─ :6:12" (validation); Tint: "name:3:7 error".
+_LOCATION_RES = (re.compile(r"─\s*(?:wgsl)?[^\s:]*:(\d+):(\d+)"),
+                 re.compile(r"wgsl:(\d+):(\d+)"),
+                 re.compile(r"(?m)^\S*?:(\d+):(\d+)"))
+
+
+def error_location(message: str) -> tuple[int | None, int | None]:
+    """(line, column), 1-based, that a compiler message blames, or (None, None)."""
+    for pattern in _LOCATION_RES:
+        m = pattern.search(message)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None, None
+
+
+def excerpt(wgsl: str, line: int, column: int | None = None, context: int = 3) -> str:
+    """Numbered WGSL lines around ``line`` with a caret under ``column``."""
+    lines = wgsl.splitlines()
+    if not 1 <= line <= len(lines):
+        return ""
+    lo, hi = max(1, line - context), min(len(lines), line + context)
+    width = len(str(hi))
+    out = []
+    for n in range(lo, hi + 1):
+        mark = ">" if n == line else " "
+        out.append(f"{mark} {n:>{width}} | {lines[n - 1]}")
+        if n == line and column:
+            out.append(f"  {' ' * width} | {' ' * (column - 1)}^")
+    return "\n".join(out)
+
+
+def summarize(message: str) -> str:
+    """The compiler's own verdict lines, without wgpu's 'Caused by' framing."""
+    keep = []
+    for raw in message.splitlines():
+        s = raw.strip()
+        if not s:
+            continue
+        if "error" in s.lower() and not s.startswith(("Validation Error", "In wgpu")):
+            keep.append(s)
+        elif s.startswith("= "):
+            keep.append(s[2:])
+    # naga repeats its notes at the end; keep each once, in order.
+    return "; ".join(dict.fromkeys(keep)) or message.strip()
+
+
+def compile_error(kernel, err: Exception) -> WGSLCompileError:
+    message = str(err)
+    line, column = error_location(message)
+    python_line = kernel.python_line(line) if line is not None else None
+    return WGSLCompileError(summarize(message), kernel_name=kernel.name, wgsl_line=line,
+                            python_line=python_line,
+                            excerpt=excerpt(kernel.wgsl, line, column) if line else "")
+
+
+class PipelineCache:
+    """Everything compiled for one wgpu device, plus counters for tests."""
+
+    def __init__(self, wgpu_device, stats: dict):
+        self.wgpu_device = wgpu_device
+        self.stats = stats
+        self.modules: dict = {}
+        self.layouts: dict = {}
+        self.pipelines: dict = {}
+        self.bind_groups: dict = {}
+        # buffer id -> [(dict, key)] of every entry that holds that buffer.
+        self._holders: dict[int, list] = {}
+
+    def module(self, kernel):
+        key = kernel.cache_key
+        mod = self.modules.get(key)
+        if mod is None:
+            try:
+                mod = self.wgpu_device.create_shader_module(label=kernel.name, code=kernel.wgsl)
+            except wgpu.GPUError as err:
+                raise compile_error(kernel, err) from None
+            self.modules[key] = mod
+            self.stats["modules"] += 1
+        return mod
+
+    def layout(self, kernel):
+        """(bind group layout, pipeline layout, key) from the binding table.
+
+        Explicit, never ``layout="auto"``: auto drops bindings the entry point
+        does not use, and the bind group then fails to match.
+        """
+        key = tuple((b.index, b.access) for b in kernel.bindings)
+        hit = self.layouts.get(key)
+        if hit is None:
+            entries = [{"binding": b.index, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": _ACCESS_TO_TYPE[b.access]}} for b in kernel.bindings]
+            bgl = self.wgpu_device.create_bind_group_layout(entries=entries)
+            pl = self.wgpu_device.create_pipeline_layout(bind_group_layouts=[bgl])
+            hit = self.layouts[key] = (bgl, pl, key)
+        return hit
+
+    def pipeline(self, kernel, overrides: tuple):
+        key = (kernel.cache_key, kernel.entry_point, overrides)
+        pipe = self.pipelines.get(key)
+        if pipe is None:
+            module = self.module(kernel)
+            _, pl, _ = self.layout(kernel)
+            compute = {"module": module, "entry_point": kernel.entry_point}
+            if overrides:
+                compute["constants"] = dict(overrides)
+            try:
+                pipe = self.wgpu_device.create_compute_pipeline(layout=pl, compute=compute)
+            except wgpu.GPUError as err:
+                raise compile_error(kernel, err) from None
+            self.pipelines[key] = pipe
+            self.stats["pipelines"] += 1
+        return pipe
+
+    def bind_group(self, kernel, buffers: list):
+        bgl, _, lkey = self.layout(kernel)
+        key = (lkey, tuple(b.id for b in buffers))
+        group = self.bind_groups.get(key)
+        if group is None:
+            entries = [{"binding": b.index, "resource": {"buffer": buf.wgpu_buffer, "offset": 0,
+                                                         "size": buf.wgpu_buffer.size}}
+                       for b, buf in zip(kernel.bindings, buffers)]
+            group = self.wgpu_device.create_bind_group(layout=bgl, entries=entries)
+            self.remember(self.bind_groups, key, group, buffers)
+            self.stats["bind_groups"] += 1
+        return group
+
+    def remember(self, table: dict, key, value, buffers) -> None:
+        """Store ``table[key] = value`` and forget it when any buffer is released."""
+        table[key] = value
+        for buf in buffers:
+            self._holders.setdefault(buf.id, []).append((table, key))
+
+    def forget_buffer(self, buffer_id: int) -> None:
+        for table, key in self._holders.pop(buffer_id, ()):
+            table.pop(key, None)

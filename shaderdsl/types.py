@@ -1,0 +1,196 @@
+"""WGSL types as Python values.
+
+Every expression of the DSL carries one of these, so a type mismatch is caught
+when the expression is built, not when the WGSL compiler reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class WType:
+    """Base of all WGSL types; ``str(t)`` is the WGSL spelling."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_numeric(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Scalar(WType):
+    name: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.name in ("f32", "f16")
+
+    @property
+    def is_int(self) -> bool:
+        return self.name in ("i32", "u32")
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.name != "bool"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Vector(WType):
+    size: int
+    scalar: Scalar
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"vec{self.size}<{self.scalar.name}>"
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.scalar.is_numeric
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Array(WType):
+    """``array<elem, length>``; ``length=None`` is a runtime-sized array."""
+
+    elem: WType
+    length: int | None = None
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        if self.length is None:
+            return f"array<{self.elem.name}>"
+        return f"array<{self.elem.name}, {self.length}>"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Atomic(WType):
+    scalar: Scalar
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"atomic<{self.scalar.name}>"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+f32 = Scalar("f32")
+f16 = Scalar("f16")
+i32 = Scalar("i32")
+u32 = Scalar("u32")
+bool_ = Scalar("bool")
+
+SCALARS = {"f32": f32, "f16": f16, "i32": i32, "u32": u32, "bool": bool_}
+
+
+def vec2(s: Scalar) -> Vector:
+    return Vector(2, s)
+
+
+def vec3(s: Scalar) -> Vector:
+    return Vector(3, s)
+
+
+def vec4(s: Scalar) -> Vector:
+    return Vector(4, s)
+
+
+def array(elem: WType, length: int | None = None) -> Array:
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(f"array length must be a positive int or None, got {length!r}")
+    return Array(elem, length)
+
+
+def atomic(s: Scalar) -> Atomic:
+    if s not in (u32, i32):
+        raise ValueError(f"atomic<T> needs T = u32 or i32, got {s}")
+    return Atomic(s)
+
+
+vec2f, vec3f, vec4f = vec2(f32), vec3(f32), vec4(f32)
+vec2h, vec3h, vec4h = vec2(f16), vec3(f16), vec4(f16)
+vec2i, vec3i, vec4i = vec2(i32), vec3(i32), vec4(i32)
+vec2u, vec3u, vec4u = vec2(u32), vec3(u32), vec4(u32)
+
+
+def scalar_of(t: WType) -> Scalar | None:
+    """The scalar component type of a scalar, vector or atomic; else None."""
+    if isinstance(t, Scalar):
+        return t
+    if isinstance(t, (Vector, Atomic)):
+        return t.scalar
+    return None
+
+
+def uses_f16(t: WType) -> bool:
+    if isinstance(t, Array):
+        return uses_f16(t.elem)
+    return scalar_of(t) == f16
+
+
+# Host layout: what a numpy array must look like to fill a buffer of this type.
+_NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u32": np.uint32}
+
+
+def numpy_dtype(t: WType) -> np.dtype:
+    """The numpy dtype of one component of a host-shareable element type."""
+    s = scalar_of(t)
+    if s is None or s.name not in _NUMPY:
+        raise TypeError(f"{t} is not host-shareable (no numpy dtype)")
+    return np.dtype(_NUMPY[s.name])
+
+
+def size_and_align(t: WType) -> tuple[int, int]:
+    """Byte size and alignment under WGSL's storage layout rules."""
+    if isinstance(t, (Scalar, Atomic)):
+        s = scalar_of(t)
+        if s == bool_:
+            raise TypeError("bool is not host-shareable")
+        return (2, 2) if s == f16 else (4, 4)
+    if isinstance(t, Vector):
+        c, _ = size_and_align(t.scalar)
+        align = c * (4 if t.size >= 3 else 2)
+        return c * t.size, align
+    if isinstance(t, Array):
+        size, align = size_and_align(t.elem)
+        stride = -(-size // align) * align
+        return (stride * t.length if t.length else stride), align
+    raise TypeError(f"no layout for {t}")
+
+
+def stride(t: WType) -> int:
+    """Bytes between consecutive elements of ``array<t>``."""
+    size, align = size_and_align(t)
+    return -(-size // align) * align
+
+
+def components(t: WType) -> int:
+    """Number of scalar components in one element (vec3 counts 3)."""
+    return t.size if isinstance(t, Vector) else 1
+
+
+def parse(name: str) -> WType:
+    """Parse a WGSL type spelling such as ``f32`` or ``vec4<u32>`` (for the CLI)."""
+    name = name.replace(" ", "")
+    if name in SCALARS:
+        return SCALARS[name]
+    for n in (2, 3, 4):
+        pre = f"vec{n}<"
+        if name.startswith(pre) and name.endswith(">") and name[len(pre):-1] in SCALARS:
+            return Vector(n, SCALARS[name[len(pre):-1]])
+    raise ValueError(f"unknown WGSL type {name!r}")
