@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import functools
+import os
 import traceback
 
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
 from .kernel import Binding, Kernel, Override
 from .monad import ShaderM, _active
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _workgroup_size(ws) -> tuple[int, int, int]:
@@ -49,7 +52,8 @@ def _build(fn, ws, name, params) -> Kernel:
     except ShaderDSLError:
         raise
     except Exception as e:
-        frame = traceback.extract_tb(e.__traceback__)[-1]
+        frames = traceback.extract_tb(e.__traceback__)
+        frame = next((f for f in reversed(frames) if not f.filename.startswith(_PKG_DIR)), frames[-1])
         raise KernelBuildError(f"kernel function {name!r} raised {type(e).__name__} at "
                                f"{frame.filename}:{frame.lineno}: {e}") from e
     finally:

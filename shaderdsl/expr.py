@@ -122,8 +122,13 @@ class Expr:
         current_builder().assign(Index(self, index), value)
 
     def __getattr__(self, name):
-        if name.startswith("_") or not isinstance(object.__getattribute__(self, "type"), T.Vector):
+        if name.startswith("_"):
             raise AttributeError(name)
+        t = object.__getattribute__(self, "type")
+        if not isinstance(t, T.Vector):
+            if _SWIZZLE.match(name):
+                raise type_error(f"{t} has no member {name!r}: only vectors have components")
+            raise AttributeError(f"a shader expression of type {t} has no attribute {name!r}")
         return Member(self, name)
 
     def __setattr__(self, name, value):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 import weakref
 
 import numpy as np
@@ -44,6 +45,27 @@ NO_ADAPTER_HELP = (
     "`apt-get install mesa-vulkan-drivers` (lavapipe, Vulkan); or try the OpenGL "
     "backend with SHADERDSL_BACKEND=OpenGL (Mesa llvmpipe). "
     "`python -m shaderdsl adapters` lists what wgpu can see.")
+
+
+class Limits(dict):
+    """wgpu-py's limit dict (kebab-case keys) that also accepts WebGPU's
+    camelCase and snake_case spellings: ``limits["maxBufferSize"]``."""
+
+    @staticmethod
+    def canonical(key: str) -> str:
+        return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", key).replace("_", "-").lower()
+
+    def __missing__(self, key):
+        canon = self.canonical(key)
+        if canon != key and dict.__contains__(self, canon):
+            return dict.__getitem__(self, canon)
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or dict.__contains__(self, self.canonical(key))
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
 
 
 def _describe_adapter(a) -> dict:
@@ -168,7 +190,7 @@ class Device:
             label=f"shaderdsl:{self.name}", required_features=wanted, required_limits=limits)
         self.queue = self.wgpu_device.queue
         self.features: frozenset = frozenset(self.wgpu_device.features)
-        self.limits: dict = dict(self.wgpu_device.limits)
+        self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
         self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
                       "copies": 0, "submits": 0}

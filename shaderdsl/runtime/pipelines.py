@@ -51,17 +51,18 @@ def excerpt(wgsl: str, line: int, column: int | None = None, context: int = 3) -
     return "\n".join(out)
 
 
+_FRAME = re.compile(r"^(┌─|│|\d+\s*│)")
+
+
 def summarize(message: str) -> str:
-    """The compiler's own verdict lines, without wgpu's 'Caused by' framing."""
+    """The compiler's verdict lines, without wgpu's framing or naga's code frame."""
     keep = []
     for raw in message.splitlines():
         s = raw.strip()
-        if not s:
+        if (not s or s in ("Validation Error", "Caused by:") or s.startswith("In wgpu")
+                or _FRAME.match(s)):
             continue
-        if "error" in s.lower() and not s.startswith(("Validation Error", "In wgpu")):
-            keep.append(s)
-        elif s.startswith("= "):
-            keep.append(s[2:])
+        keep.append(s[2:] if s.startswith("= ") else s)
     # naga repeats its notes at the end; keep each once, in order.
     return "; ".join(dict.fromkeys(keep)) or message.strip()
 
