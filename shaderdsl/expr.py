@@ -305,7 +305,8 @@ def literal(value, scalar: T.Scalar, where: str | None = None) -> Lit:
         value = float(value)
         if math.isfinite(value):
             limit = 65504.0 if scalar == T.f16 else float(np.finfo(np.float32).max)
-            rounded = float(np.float16(value) if scalar == T.f16 else np.float32(value))
+            with np.errstate(over="ignore"):
+                rounded = float(np.float16(value) if scalar == T.f16 else np.float32(value))
             if not math.isfinite(rounded) or abs(rounded) > limit:
                 raise type_error(f"{value!r} is out of range for {scalar}", where)
         return Lit(value, scalar)
@@ -364,7 +365,22 @@ def _value_type(e: Expr, op: str) -> T.WType:
     return t
 
 
+def _identity(e, lit, value) -> bool:
+    """True when Python number ``lit`` equals ``value`` and fits the type of ``e``."""
+    if isinstance(lit, (Expr, bool)) or not isinstance(lit, (int, float)) or lit != value:
+        return False
+    if not isinstance(e, Expr) or not isinstance(e.type, (T.Scalar, T.Vector)):
+        return False
+    s = T.scalar_of(e.type)
+    return s.is_float or (s.is_int and isinstance(lit, int))
+
+
 def binary(op: str, a, b) -> Expr:
+    # Python-side identities keep index arithmetic readable (`c`, not `0u + c`).
+    if (op == "+" and _identity(b, a, 0)) or (op == "*" and _identity(b, a, 1)):
+        return b
+    if (op in ("+", "-") and _identity(a, b, 0)) or (op in ("*", "/") and _identity(a, b, 1)):
+        return a
     if not isinstance(a, Expr):
         a = as_expr(a, b.type)
     if not isinstance(b, Expr):

@@ -43,6 +43,7 @@ class Recorder:
                 writes = dict(_TS_END if self.started else _TS_START, query_set=self.query_set)
                 self.started = True
                 self.cpass = self.encoder.begin_compute_pass(timestamp_writes=writes)
+                self.recorded = True  # its timestamps must be submitted, even if empty
             self.pipeline = None
         return self.cpass
 

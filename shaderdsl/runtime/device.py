@@ -157,7 +157,11 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
     dev = _devices.get(key)
     if dev is None:
         chosen = _pick(wgpu.gpu.enumerate_adapters_sync(), backend, adapter, feats)
-        dev = _devices[key] = Device(chosen, feats)
+        ident = (chosen.info["device"], chosen.info["backend_type"])
+        # One device per adapter where possible: reuse one that has the features.
+        dev = next((d for d in _devices.values()
+                    if (d.name, d.backend) == ident and feats <= d.features), None)
+        _devices[key] = dev = dev or Device(chosen, feats)
     return dev
 
 

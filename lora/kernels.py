@@ -1,0 +1,239 @@
+"""The LoRA kernels, written in shaderdsl.
+
+Shapes (row-major f32): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
+h [tokens, rank], y and output [tokens, out_dim]. Every kernel is a plain
+function of Python parameters; ``kernel(...)`` below compiles (and caches) it.
+
+Loops over rank are unrolled in Python, so each accumulator is its own WGSL
+variable and stays in a register under both naga and Tint. Rows are read as
+vec4 when their length is a multiple of 4.
+"""
+from __future__ import annotations
+
+import shaderdsl as sd
+from shaderdsl import builtins as B
+from shaderdsl import f32, vec4f
+
+SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
+
+
+def _width(n: int) -> int:
+    """Vector width for rows of length n: vec4 when it divides, else scalar."""
+    return 4 if n % 4 == 0 else 1
+
+
+def _rows(m, name, n_rows, row_len, writable=False):
+    """Declare a row-major matrix buffer; returns (buffer, elements per row)."""
+    w = _width(row_len)
+    declare = m.declare_output_buffer if writable else m.declare_input_buffer
+    return declare(name, vec4f if w == 4 else f32, n_rows * row_len // w), row_len // w
+
+
+def _dot(a, b):
+    return B.dot(a, b) if a.type == vec4f else a * b
+
+
+# ------------------------------------------------------------------ A @ x
+
+def project_a_seed(m, rank, in_dim, tokens=1):
+    """Hesper's design: one thread per h element, a serial loop over in_dim."""
+    A = m.declare_input_buffer("A", f32, rank * in_dim)
+    x = m.declare_input_buffer("x", f32, tokens * in_dim)
+    h = m.declare_output_buffer("h", f32, tokens * rank)
+    gid = m.global_id()
+    r, t = gid.x, gid.y
+    with m.if_(r < rank):
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(in_dim, name="k") as k:
+            acc += A[r * in_dim + k] * x[t * in_dim + k]
+        h[t * rank + r] = acc
+
+
+def _reduce(m, accs, threads, subgroups):
+    """Sum each accumulator over the workgroup; returns lets holding the sums.
+
+    With subgroups: one subgroupAdd per value, one slot per subgroup in
+    workgroup memory, and a short final sum (2 barriers). Without: a tree in
+    workgroup memory, in groups of values that fit 16 KiB (log2(threads) barriers).
+    """
+    tid = m.local_index()
+    rank = len(accs)
+    if subgroups:
+        slots = threads // 4  # subgroups are at least 4 wide
+        part = m.shared(f32, rank * slots, "partial")
+        total = m.shared(f32, rank, "total")
+        sg = m.let(tid / m.subgroup_size(), "sg")
+        sums = [m.let(B.subgroup_add(a)) for a in accs]
+        with m.if_(m.subgroup_invocation_id() == 0):
+            for r, s in enumerate(sums):
+                part[r * slots + sg] = s
+        m.barrier()
+        count = m.let((threads + m.subgroup_size() - 1) / m.subgroup_size(), "nsg")
+        with m.loop(tid, rank, threads, name="r") as r:
+            s = m.var(f32, 0.0, "s")
+            with m.loop(count, name="j") as j:
+                s += part[r * slots + j]
+            total[r] = s
+        m.barrier()
+        return [m.let(total[r], f"h{r}") for r in range(rank)]
+    group = max(1, min(rank, SHARED_FLOATS // threads))
+    red = m.shared(f32, group * threads, "red")
+    out = []
+    for g0 in range(0, rank, group):
+        chunk = accs[g0:g0 + group]
+        for q, a in enumerate(chunk):
+            red[q * threads + tid] = a
+        m.barrier()
+        s = threads // 2
+        while s > 0:
+            with m.if_(tid < s):
+                for q in range(len(chunk)):
+                    red[q * threads + tid] += red[q * threads + tid + s]
+            m.barrier()
+            s //= 2
+        out += [m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk))]
+        m.barrier()  # the next group reuses `red`
+    return out
+
+
+def _partial_dots(m, A, x, rank, in_n, t, threads):
+    """Each thread's partial sums of A[r] . x[t] over a strided slice of columns."""
+    tid = m.local_index()
+    accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
+    with m.loop(tid, in_n, threads, name="c") as c:
+        xv = m.let(x[t * in_n + c], "xv")
+        for r in range(rank):
+            accs[r] += _dot(A[r * in_n + c], xv)
+    return accs
+
+
+def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False):
+    """h = A @ x with one workgroup per token: every thread takes a strided
+    slice of in_dim for all ranks, then the workgroup reduces."""
+    A, in_n = _rows(m, "A", rank, in_dim)
+    x, _ = _rows(m, "x", tokens, in_dim)
+    h = m.declare_output_buffer("h", f32, tokens * rank)
+    t = m.workgroup_id().x
+    hs = _reduce(m, _partial_dots(m, A, x, rank, in_n, t, threads), threads, subgroups)
+    with m.if_(m.local_index() == 0):
+        for r in range(rank):
+            h[t * rank + r] = hs[r]
+
+
+# ------------------------------------------------------------------ B @ h, scaled add
+
+def _b_row_dot(m, Bm, i, rank, hs):
+    """sum_r B[i, r] * h[r], with vec4 loads of the row when rank % 4 == 0."""
+    if _width(rank) == 4:
+        terms = [B.dot(Bm[i * (rank // 4) + q], vec4f(*hs[4 * q:4 * q + 4])) for q in range(rank // 4)]
+    else:
+        terms = [Bm[i * rank + r] * hs[r] for r in range(rank)]
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def _load_h(m, h, rank, t, threads):
+    """Copy h[t] into workgroup memory once; each thread reads it from there."""
+    tid = m.local_index()
+    hw = m.shared(f32, rank, "hw")
+    with m.loop(tid, rank, threads, name="r") as r:
+        hw[r] = h[t * rank + r]
+    m.barrier()
+    return [m.let(hw[r], f"h{r}") for r in range(rank)]
+
+
+def project_b(m, out_dim, rank, tokens=1, threads=256):
+    """y = B @ h: one thread per output element, h in workgroup memory."""
+    Bm, _ = _rows(m, "B", out_dim, rank)
+    h = m.declare_input_buffer("h", f32, tokens * rank)
+    y = m.declare_output_buffer("y", f32, tokens * out_dim)
+    t = m.workgroup_id().y
+    hs = _load_h(m, h, rank, t, threads)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < out_dim):
+        y[t * out_dim + i] = _b_row_dot(m, Bm, i, rank, hs)
+
+
+def add_scaled(m, num_elements, scale):
+    """output[i] += scale * y[i]."""
+    y = m.declare_input_buffer("y", f32, num_elements)
+    out = m.declare_output_buffer("output", f32, num_elements)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < num_elements):
+        out[i] += scale * y[i]
+
+
+def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256):
+    """output[i] += scale * sum_r B[i, r] * h[r]: project_b and add_scaled in one."""
+    Bm, _ = _rows(m, "B", out_dim, rank)
+    h = m.declare_input_buffer("h", f32, tokens * rank)
+    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    t = m.workgroup_id().y
+    hs = _load_h(m, h, rank, t, threads)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < out_dim):
+        out[t * out_dim + i] += scale * _b_row_dot(m, Bm, i, rank, hs)
+
+
+# ------------------------------------------------------------------ one dispatch
+
+def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
+                  outputs_per_thread=1, subgroups=False):
+    """The whole LoRA delta in one dispatch.
+
+    Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
+    scale * B @ h to its slice of threads * outputs_per_thread outputs of
+    token t. WebGPU has no sync between workgroups; recomputing h is cheaper
+    than a second dispatch.
+    """
+    A, in_n = _rows(m, "A", rank, in_dim)
+    x, _ = _rows(m, "x", tokens, in_dim)
+    Bm, _ = _rows(m, "B", out_dim, rank)
+    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    wid = m.workgroup_id()
+    t = wid.y
+    hs = _reduce(m, _partial_dots(m, A, x, rank, in_n, t, threads), threads, subgroups)
+    tile = threads * outputs_per_thread
+    base = m.let(wid.x * tile + m.local_index(), "base")
+    for k in range(outputs_per_thread):
+        i = m.let(base + k * threads, f"i{k}")
+        with m.if_(i < out_dim):
+            out[t * out_dim + i] += scale * _b_row_dot(m, Bm, i, rank, hs)
+
+
+# ------------------------------------------------------------------ compiled kernels
+
+def project_a_kernel(rank, in_dim, tokens=1, strategy="workgroup", threads=256, subgroups=False):
+    """Kernel for h = A @ x (bindings A, x, h)."""
+    if strategy == "seed":
+        return sd.compile(project_a_seed, 64, name="project_a_seed", rank=rank, in_dim=in_dim, tokens=tokens)
+    return sd.compile(project_a_workgroup, threads, name="project_a", rank=rank, in_dim=in_dim,
+                      tokens=tokens, threads=threads, subgroups=subgroups)
+
+
+def project_b_kernel(out_dim, rank, tokens=1, threads=256):
+    """Kernel for y = B @ h (bindings B, h, y)."""
+    return sd.compile(project_b, threads, name="project_b", out_dim=out_dim, rank=rank,
+                      tokens=tokens, threads=threads)
+
+
+def add_scaled_kernel(num_elements, scale, threads=256):
+    """Kernel for output[i] += scale * y[i] (bindings y, output)."""
+    return sd.compile(add_scaled, threads, name="add_scaled", num_elements=num_elements,
+                      scale=float(scale))
+
+
+def fused_b_add_kernel(out_dim, rank, scale, tokens=1, threads=256):
+    """Kernel for output += scale * B @ h (bindings B, h, output)."""
+    return sd.compile(fused_b_add, threads, name="fused_b_add", out_dim=out_dim, rank=rank,
+                      scale=float(scale), tokens=tokens, threads=threads)
+
+
+def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
+                         outputs_per_thread=1, subgroups=False):
+    """Kernel for output += scale * B @ (A @ x) in one dispatch (bindings A, x, B, output)."""
+    return sd.compile(fused_forward, threads, name="fused_forward", rank=rank, in_dim=in_dim,
+                      out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
+                      outputs_per_thread=outputs_per_thread, subgroups=subgroups)
