@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import ShaderTypeError
+
 
 class WType:
     """Base of all WGSL types; ``str(t)`` is the WGSL spelling."""
@@ -112,13 +114,13 @@ def vec4(s: Scalar) -> Vector:
 
 def array(elem: WType, length: int | None = None) -> Array:
     if length is not None and (not isinstance(length, int) or length < 1):
-        raise ValueError(f"array length must be a positive int or None, got {length!r}")
+        raise ShaderTypeError(f"array length must be a positive int or None, got {length!r}")
     return Array(elem, length)
 
 
 def atomic(s: Scalar) -> Atomic:
     if s not in (u32, i32):
-        raise ValueError(f"atomic<T> needs T = u32 or i32, got {s}")
+        raise ShaderTypeError(f"atomic<T> needs T = u32 or i32, got {s}")
     return Atomic(s)
 
 

@@ -18,20 +18,13 @@ def device():
 
 
 @pytest.fixture(scope="session")
-def naga():
-    """Compile a Kernel's WGSL with naga (wgpu-native), pipeline included."""
-    import wgpu
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    feats = [f for f in ("shader-f16", "subgroup") if f in adapter.features]
-    dev = adapter.request_device_sync(required_features=feats)
-
+def naga(device):
+    """Compile a Kernel's WGSL and pipeline on the test device (naga under wgpu-native);
+    skips, with the reason, when the adapter lacks a feature the kernel needs."""
     def check(kernel):
-        missing = set(kernel.features) - set(feats)
+        missing = sorted(set(kernel.features) - set(device.features))
         if missing:
-            pytest.skip(f"adapter lacks {sorted(missing)}")
-        module = dev.create_shader_module(code=kernel.wgsl)
-        constants = {o.name: 1 for o in kernel.overrides if o.default is None}
-        dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main",
-                                                            "constants": constants})
+            pytest.skip(f"adapter lacks {', '.join(missing)}")
+        device.prepare(kernel, overrides={o.name: 1 for o in kernel.overrides if o.default is None})
         return kernel
     return check

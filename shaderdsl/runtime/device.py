@@ -361,6 +361,14 @@ class Device:
         if not self._depth:
             self._recorder.flush()
 
+    def prepare(self, kernel, *, overrides=None) -> None:
+        """Compile ``kernel``'s module and pipeline now (raises WGSLCompileError),
+        so the first dispatch costs no compile; also a plain validity check."""
+        entry = self._kernels.get(id(kernel)) or self._entry(kernel)
+        okey = self._okey(entry, kernel, overrides) if overrides else ()
+        if okey not in entry.pipelines:
+            entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
+
     def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
         """Dispatch enough workgroups along x to cover ``n`` invocations."""
         try:
