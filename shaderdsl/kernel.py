@@ -94,8 +94,20 @@ class Kernel:
         raise KeyError(f"kernel {self.name!r} has no binding {name!r}; it has "
                        f"{[b.name for b in self.bindings]}")
 
-    def python_line(self, wgsl_line: int) -> str | None:
+    def wgsl_for(self, compiler: str = "naga") -> str:
+        """The WGSL text for one compiler: Tint (Dawn) requires ``enable subgroups;``
+        where a kernel uses subgroup operations, naga (wgpu-native) rejects it."""
+        if compiler == "tint" and "subgroup" in self.features:
+            first, rest = self.wgsl.split("\n", 1)
+            return f"{first}\nenable subgroups;\n{rest}"
+        if compiler not in ("naga", "tint"):
+            raise ValueError(f"compiler must be 'naga' or 'tint', got {compiler!r}")
+        return self.wgsl
+
+    def python_line(self, wgsl_line: int, compiler: str = "naga") -> str | None:
         """The Python 'file:line' that built the given WGSL line, if known."""
+        if self.wgsl_for(compiler) is not self.wgsl:
+            wgsl_line -= 1  # the inserted enable line
         best = None
         for line, where in self.source_map:
             if line == wgsl_line:

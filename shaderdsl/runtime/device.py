@@ -25,6 +25,9 @@ from .pipelines import PipelineCache
 # Features requested whenever the adapter has them: the ones kernels may need.
 WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes")
 
+# Dawn's names for features that wgpu-native (and Kernel.features) spell otherwise.
+DAWN_NAMES = {"subgroups": "subgroup"}
+
 # Limits raised to the adapter's maximum (wgpu's defaults are far lower).
 MAX_LIMITS = (
     "max-storage-buffer-binding-size", "max-buffer-size", "max-uniform-buffer-binding-size",
@@ -68,16 +71,30 @@ class Limits(dict):
         return self[key] if key in self else default
 
 
+def _features(a) -> frozenset:
+    """An adapter's features in wgpu-native's spelling, whichever build reports them."""
+    return frozenset(DAWN_NAMES.get(f, f) for f in a.features)
+
+
+def _all_adapters() -> list:
+    """Every adapter; Dawn's Null backend answers request_adapter but not enumerate."""
+    found = list(wgpu.gpu.enumerate_adapters_sync())
+    if not found:
+        one = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        found = [one] if one is not None else []
+    return found
+
+
 def _describe_adapter(a) -> dict:
     info = a.info
     return {"name": info["device"], "backend": info["backend_type"],
             "adapter_type": info["adapter_type"], "description": info.get("description", ""),
-            "features": sorted(a.features)}
+            "features": sorted(_features(a))}
 
 
 def list_adapters() -> list[dict]:
     """Every adapter wgpu can see: name, backend, adapter_type, description, features."""
-    return [_describe_adapter(a) for a in wgpu.gpu.enumerate_adapters_sync()]
+    return [_describe_adapter(a) for a in _all_adapters()]
 
 
 def adapters_report() -> str:
@@ -92,7 +109,7 @@ def adapters_report() -> str:
         if a["description"]:
             lines.append(f"    {a['description']}")
         lines.append(f"    shaderdsl features: {', '.join(used) or '(none)'}")
-    best = _pick(wgpu.gpu.enumerate_adapters_sync(), None, None, ())
+    best = _pick(_all_adapters(), None, None, ())
     lines.append(f"default: {best.info['device']} ({best.info['backend_type']})")
     return "\n".join(lines)
 
@@ -121,13 +138,13 @@ def _pick(adapters, backend: str | None, name: str | None, features):
                                          name and f"name containing {name!r}") if x)
         raise NoAdapterError(f"no adapter with {want}; adapters found: {all_seen}. "
                              f"Check SHADERDSL_BACKEND / SHADERDSL_ADAPTER.")
-    missing_everywhere = [f for f in features if not any(f in a.features for _, a in cands)]
+    missing_everywhere = [f for f in features if not any(f in _features(a) for _, a in cands)]
     if missing_everywhere:
         having = [f"{a.info['device']} ({a.info['backend_type']})" for a in adapters
-                  if all(f in a.features for f in features)]
+                  if all(f in _features(a) for f in features)]
         raise FeatureError(f"no matching adapter has feature(s) {missing_everywhere}; adapters "
                            f"with all of {sorted(features)}: {having or 'none'}")
-    cands = [(i, a) for i, a in cands if all(f in a.features for f in features)]
+    cands = [(i, a) for i, a in cands if all(f in _features(a) for f in features)]
     if not cands:
         raise FeatureError(f"no single matching adapter has all of {sorted(features)}")
 
@@ -156,7 +173,7 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
     key = (backend, adapter.lower() if adapter else None, feats)
     dev = _devices.get(key)
     if dev is None:
-        chosen = _pick(wgpu.gpu.enumerate_adapters_sync(), backend, adapter, feats)
+        chosen = _pick(_all_adapters(), backend, adapter, feats)
         ident = (chosen.info["device"], chosen.info["backend_type"])
         # One device per adapter where possible: reuse one that has the features.
         dev = next((d for d in _devices.values()
@@ -187,13 +204,15 @@ class Device:
         self.name: str = info["device"]
         self.backend: str = info["backend_type"]
         self.adapter_type: str = info["adapter_type"]
-        wanted = sorted({f for f in WANTED_FEATURES if f in adapter.features} | set(extra_features))
+        # Dawn spells the subgroup feature "subgroups"; kernels say "subgroup".
+        native = {DAWN_NAMES.get(f, f): f for f in adapter.features}
+        wanted = sorted({native[f] for f in set(WANTED_FEATURES) | set(extra_features) if f in native})
         alimits = adapter.limits
         limits = {k: alimits[k] for k in MAX_LIMITS if k in alimits}
         self.wgpu_device = adapter.request_device_sync(
             label=f"shaderdsl:{self.name}", required_features=wanted, required_limits=limits)
         self.queue = self.wgpu_device.queue
-        self.features: frozenset = frozenset(self.wgpu_device.features)
+        self.features: frozenset = frozenset(DAWN_NAMES.get(f, f) for f in self.wgpu_device.features)
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
         self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,

@@ -12,6 +12,8 @@ import re
 
 import wgpu
 
+from .build_choice import COMPILER
+
 from ..errors import WGSLCompileError
 
 _ACCESS_TO_TYPE = {
@@ -70,10 +72,10 @@ def summarize(message: str) -> str:
 def compile_error(kernel, err: Exception) -> WGSLCompileError:
     message = str(err)
     line, column = error_location(message)
-    python_line = kernel.python_line(line) if line is not None else None
+    python_line = kernel.python_line(line, COMPILER) if line is not None else None
     return WGSLCompileError(summarize(message), kernel_name=kernel.name, wgsl_line=line,
                             python_line=python_line,
-                            excerpt=excerpt(kernel.wgsl, line, column) if line else "")
+                            excerpt=excerpt(kernel.wgsl_for(COMPILER), line, column) if line else "")
 
 
 class PipelineCache:
@@ -94,7 +96,7 @@ class PipelineCache:
         mod = self.modules.get(key)
         if mod is None:
             try:
-                mod = self.wgpu_device.create_shader_module(label=kernel.name, code=kernel.wgsl)
+                mod = self.wgpu_device.create_shader_module(label=kernel.name, code=kernel.wgsl_for(COMPILER))
             except wgpu.GPUError as err:
                 raise compile_error(kernel, err) from None
             self.modules[key] = mod
