@@ -509,6 +509,7 @@ def test_no_adapter_message_says_how_to_get_one(monkeypatch):
     import wgpu
 
     monkeypatch.setattr(wgpu.gpu, "enumerate_adapters_sync", lambda: [])
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(NoAdapterError, match="apt-get install mesa-vulkan-drivers") as info:
         get_device(adapter="not-cached-yet")
     assert "SHADERDSL_BACKEND=OpenGL" in str(info.value)
