@@ -45,6 +45,8 @@ def _cached_build(key) -> Kernel:
 
 def _build(fn, ws, name, params) -> Kernel:
     name = name or getattr(fn, "__name__", "kernel")
+    if not isinstance(name, str) or not name.isprintable() or not name:
+        raise ValueError(f"kernel name must be a one-line printable str, got {name!r}")
     m = ShaderM(ws, name)
     _active.append(m)
     try:

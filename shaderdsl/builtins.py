@@ -74,12 +74,10 @@ round = _elementwise("round", "float", 1)
 trunc = _elementwise("trunc", "float", 1)
 fract = _elementwise("fract", "float", 1)
 saturate = _elementwise("saturate", "float", 1)
-normalize = _elementwise("normalize", "float", 1)
 # float math, several arguments
 pow = _elementwise("pow", "float", 2)
 step = _elementwise("step", "float", 2)
 fma = _elementwise("fma", "float", 3)
-mix = _elementwise("mix", "float", 3)
 smoothstep = _elementwise("smoothstep", "float", 3)
 # any numeric
 abs = _elementwise("abs", "numeric", 1)
@@ -92,6 +90,25 @@ count_ones = _elementwise("countOneBits", "int", 1)
 reverse_bits = _elementwise("reverseBits", "int", 1)
 first_leading_bit = _elementwise("firstLeadingBit", "int", 1)
 first_trailing_bit = _elementwise("firstTrailingBit", "int", 1)
+
+
+def normalize(v) -> Expr:
+    """WGSL ``normalize`` of a float vector."""
+    (v,) = _unify("normalize", (v,))
+    if not (isinstance(v.type, T.Vector) and v.type.scalar.is_float):
+        raise type_error(f"normalize() needs a float vector, got {v.type}")
+    return Call("normalize", (v,), v.type)
+
+
+def mix(a, b, t) -> Expr:
+    """WGSL ``mix(a, b, t)``; ``t`` may be a scalar when a and b are vectors."""
+    a, b = _unify("mix", (a, b))
+    ty = _same("mix", (a, b))
+    _check("mix", ty, "float")
+    t = as_expr(t, ty)
+    if t.type not in (ty, T.scalar_of(ty)):
+        raise type_error(f"mix() blend factor must be {ty} or {T.scalar_of(ty)}, got {t.type}")
+    return Call("mix", (a, b, t), ty)
 
 
 def dot(a, b) -> Expr:
@@ -219,20 +236,22 @@ subgroup_exclusive_add = _subgroup("subgroupExclusiveAdd", "numeric")
 subgroup_broadcast_first = _subgroup("subgroupBroadcastFirst", "any")
 
 
-def _subgroup_lane(wgsl: str):
+def _subgroup_lane(wgsl: str, const_lane: bool = False):
     def fn(value, lane):
         (e,) = _unify(wgsl, (value,))
         _check(wgsl, e.type, "any")
+        if const_lane and isinstance(lane, Expr):
+            raise type_error(f"{wgsl}() needs a constant lane (a Python int)")
         lane = as_expr(lane, T.u32)
-        if lane.type not in (T.u32, T.i32):
-            raise type_error(f"{wgsl}() lane must be u32 or i32, got {lane.type}")
+        if lane.type != T.u32:
+            raise type_error(f"{wgsl}() lane must be u32, got {lane.type}")
         return Call(wgsl, (e, lane), e.type, feature="subgroup")
     fn.__name__ = wgsl
     fn.__doc__ = f"WGSL ``{wgsl}(value, lane)`` (needs the 'subgroup' feature)."
     return fn
 
 
-subgroup_broadcast = _subgroup_lane("subgroupBroadcast")
+subgroup_broadcast = _subgroup_lane("subgroupBroadcast", const_lane=True)
 subgroup_shuffle = _subgroup_lane("subgroupShuffle")
 subgroup_shuffle_xor = _subgroup_lane("subgroupShuffleXor")
 subgroup_shuffle_up = _subgroup_lane("subgroupShuffleUp")

@@ -19,8 +19,10 @@ class ShaderNameError(ShaderDSLError, ValueError):
 
 
 class ShaderScopeError(ShaderDSLError):
-    """A declaration or statement was issued where it cannot go
-    (a buffer declared inside an if/loop body, ``else_`` without ``if_``)."""
+    """A statement or expression used where it cannot go: ``else_`` without
+    ``if_``, ``break_`` outside a loop, a local or expression used after the
+    block that made it has ended, or an expression whose variables changed
+    after it was built."""
 
 
 class KernelBuildError(ShaderDSLError):

@@ -40,13 +40,19 @@ def type_error(msg: str, where: str | None = None) -> ShaderTypeError:
 class Expr:
     """A WGSL expression with a known type. Build with operators and builtins."""
 
-    __slots__ = ("type", "where", "deps", "seq")
+    __slots__ = ("type", "where", "deps", "seq", "blocks")
 
     def __init__(self, type: T.WType, children: tuple = ()):
         self.type = type
         self.where = caller_location()
         self.deps = frozenset().union(*(reads(c) for c in children)) if children else frozenset()
         self.seq = next(_seq)
+        # Blocks (if/loop bodies) this expression was built in: using it after
+        # one has closed means a Python `=` was meant as a WGSL assignment.
+        from .monad import _active
+        here = _active[-1].block_id if _active else 0
+        self.blocks = frozenset((here,)).union(*(c.blocks for c in children)) if here else \
+            frozenset().union(*(c.blocks for c in children))
 
     # Python truth would silently pick one branch at build time.
     def __bool__(self):
@@ -101,6 +107,7 @@ class Expr:
         return self if isinstance(self, Ref) else _Assigned(self)
 
     def __iadd__(self, o): return self._compound("+", o)
+    def __ifloordiv__(self, o): return self._compound("//", o)
     def __isub__(self, o): return self._compound("-", o)
     def __imul__(self, o): return self._compound("*", o)
     def __itruediv__(self, o): return self._compound("/", o)
@@ -137,6 +144,12 @@ class Expr:
             return
         if isinstance(value, _Assigned):
             return
+        t = object.__getattribute__(self, "type")
+        if not isinstance(t, T.Vector):
+            raise type_error(f"cannot set member {name!r} of a {t}: only vectors have components")
+        if len(name) != 1:
+            raise type_error(f"WGSL cannot assign to a swizzle ({name!r}); assign one "
+                             f"component at a time or the whole vector")
         from .monad import current_builder
         current_builder().assign(Member(self, name), value)
 
@@ -195,6 +208,7 @@ class Ref(Expr):
 
     def __init__(self, name: str, type: T.WType, kind: str, block=None, access: str = "read"):
         super().__init__(type)
+        self.blocks = frozenset()  # names are scope-checked by the builder instead
         self.name = name
         self.kind = kind
         self.block = block

@@ -96,6 +96,9 @@ class ShaderM:
             raise type_error(f"buffer element type must be a scalar, vector or atomic type, got {elem!r}")
         if elem == T.bool_ or T.scalar_of(elem) == T.bool_:
             raise type_error("bool is not host-shareable; store u32 instead")
+        if isinstance(elem, T.Vector) and elem.size == 3:
+            raise type_error(f"{elem} has a 16-byte stride in storage, which numpy arrays of 3 "
+                             f"columns do not match; use vec4 (or 3 scalars)")
         if isinstance(elem, T.Atomic) and access != "read_write":
             raise type_error("atomic buffers must be declared with declare_output_buffer")
         name = self._declare_name(name, "buf")
@@ -162,12 +165,22 @@ class ShaderM:
     def _block(self) -> S.Block:
         return self._blocks[-1]
 
+    @property
+    def block_id(self) -> int:
+        """Id of the innermost open block (0: the entry point's body)."""
+        return self._blocks[-1].id
+
     def _emit(self, st) -> None:
         self._block.stmts.append(st)
 
     def _check_use(self, e: Expr) -> Expr:
         """Refuse expressions that read out-of-scope locals or stale variables."""
         open_ids = {b.id for b in self._blocks}
+        if not e.blocks <= open_ids:
+            raise ShaderScopeError(
+                f"{caller_location()}: the expression built at {e.where} was built inside an "
+                f"if_/loop block that has ended. If a Python `=` inside the block was meant "
+                f"to update a var, write `m.assign(var, value)` there instead")
         deps = reads(e)
         for name, version, _ in deps:
             info = self._locals.get(name)
@@ -211,6 +224,9 @@ class ShaderM:
                 raise type_error(f"var of type {type} initialised with {init.type}")
         if isinstance(type, T.Array) and type.length is None:
             raise type_error("a function-scope var needs a fixed-size array")
+        if isinstance(type, T.Atomic) or (isinstance(type, T.Array) and isinstance(type.elem, T.Atomic)):
+            raise type_error("atomics live in storage or workgroup memory: use "
+                             "declare_output_buffer(..., atomic(u32)) or m.shared(atomic(u32), n)")
         name = self._local_name(name, "v")
         ref = Ref(name, type, "var", block=self._block.id)
         self._locals[name] = (self._block.id, caller_location())
@@ -231,6 +247,7 @@ class ShaderM:
         value = as_expr(value, target.type)
         if op:
             binary(op, target, value)  # type check of `target op value`
+            op = "/" if op == "//" else op
         elif value.type != target.type:
             raise type_error(f"cannot assign {value.type} to a {target.type} location")
         self._check_use(target)

@@ -467,3 +467,74 @@ def test_literal_ranges_and_non_finite():
             o = m.declare_output_buffer("o", f32)
             o[0] = 1e39
         k_of(k2)
+
+
+def test_python_assignment_inside_a_block_is_refused():
+    def k(m):
+        x = m.declare_input_buffer("x", f32)
+        out = m.declare_output_buffer("out", f32)
+        value = m.var(f32, 0.0, "value")
+        with m.if_(m.global_id().x < 10):
+            value = x[m.global_id().x]  # a Python rebinding, not a WGSL assignment
+        out[m.global_id().x] = value
+
+    with pytest.raises(sd.ShaderScopeError, match=r"m.assign\(var, value\)"):
+        k_of(k)
+
+    def fixed(m):
+        x = m.declare_input_buffer("x", f32)
+        out = m.declare_output_buffer("out", f32)
+        value = m.var(f32, 0.0, "value")
+        with m.if_(m.global_id().x < 10):
+            m.assign(value, x[m.global_id().x])
+        out[m.global_id().x] = value
+
+    assert "value = x[global_id.x];" in body(k_of(fixed))
+
+
+def test_more_refusals():
+    def swizzle_store(m):
+        o = m.declare_output_buffer("o", vec4f)
+        o[0].xy = vec2f(1.0, 2.0)
+
+    with pytest.raises(sd.ShaderTypeError, match="cannot assign to a swizzle"):
+        k_of(swizzle_store)
+
+    def scalar_member(m):
+        o = m.declare_output_buffer("o", f32)
+        v = m.var(f32, 0.0)
+        v.x = 1.0
+
+    with pytest.raises(sd.ShaderTypeError, match="only vectors have components"):
+        k_of(scalar_member)
+
+    def atomic_var(m):
+        m.var(atomic(u32))
+
+    with pytest.raises(sd.ShaderTypeError, match="atomics live in storage"):
+        k_of(atomic_var)
+
+    def vec3_buffer(m):
+        m.declare_input_buffer("v", vec3u)
+
+    with pytest.raises(sd.ShaderTypeError, match="16-byte stride"):
+        k_of(vec3_buffer)
+
+    def runtime_broadcast_lane(m):
+        o = m.declare_output_buffer("o", f32)
+        o[0] = B.subgroup_broadcast(o[1], m.subgroup_invocation_id())
+
+    with pytest.raises(sd.ShaderTypeError, match="constant lane"):
+        k_of(runtime_broadcast_lane)
+
+
+def test_floordiv_assign_and_mix_scalar(naga):
+    def k(m):
+        o = m.declare_output_buffer("o", vec4f)
+        n = m.var(u32, 9, "n")
+        n //= 3
+        o[0] = B.mix(o[1], o[2], 0.25) + vec4f(f32(n))
+
+    lines = body(k_of(k))
+    assert "n /= 3u;" in lines and "o[0u] = mix(o[1u], o[2u], 0.25f) + vec4<f32>(f32(n));" in lines
+    naga(k_of(k))
