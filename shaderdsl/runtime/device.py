@@ -20,6 +20,7 @@ from . import checks
 from .batch import Batch, Recorder
 from .buffers import (STORAGE_USAGE, UNIFORM_USAGE, Buffer, check_dtype, describe, host_array,
                       padded_bytes, padded_size, uniform_array)
+from .build_choice import WGPU_BUILD
 from .pipelines import PipelineCache
 
 # Features requested whenever the adapter has them: the ones kernels may need.
@@ -223,6 +224,7 @@ class Device:
         self._kernels: dict[int, _KernelEntry] = {}
         self._max_wg = self.limits["max-compute-workgroups-per-dimension"]
         self._sync_buffer = None
+        self._staging = None  # MAP_READ buffer reused by read()
         self._pinned: list = []
 
     def __repr__(self) -> str:
@@ -302,10 +304,24 @@ class Device:
         self.queue.write_buffer(buf.wgpu_buffer, 0, padded_bytes(arr, buf.wgpu_buffer.size))
 
     def read(self, buf: Buffer) -> np.ndarray:
-        """A new array with ``buf``'s contents; submits recorded work and waits."""
+        """A new array with ``buf``'s contents; submits recorded work and waits.
+
+        The copy into a reused staging buffer joins the commands recorded so
+        far, so ``record; read`` inside a batch costs one submit and one wait.
+        """
         self._own(buf, "read")
+        size = buf.wgpu_buffer.size
+        staging = self._staging
+        if staging is None or staging.size < size:
+            staging = self._staging = self.wgpu_device.create_buffer(
+                size=max(size, 4096), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._recorder.copy(buf.wgpu_buffer, staging, size)
         self._recorder.flush()
-        raw = self.queue.read_buffer(buf.wgpu_buffer)
+        staging.map_sync(wgpu.MapMode.READ, 0, size)
+        try:
+            raw = staging.read_mapped(0, size)
+        finally:
+            staging.unmap()
         return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
 
     def release(self, buf: Buffer) -> None:
@@ -459,7 +475,11 @@ class Device:
 
 
 def _timestamp_period(queue) -> float:
-    """Nanoseconds per timestamp tick; wgpu-py has no wrapper, so ask wgpu-native."""
+    """Nanoseconds per timestamp tick; wgpu-py has no wrapper, so ask wgpu-native.
+    Dawn already reports nanoseconds (and calling into it here breaks its
+    event handling: buffer maps never complete)."""
+    if WGPU_BUILD == "dawn":
+        return 1.0
     try:
         from wgpu.backends.wgpu_native._ffi import lib
 
