@@ -96,14 +96,34 @@ def _reduce(m, accs, threads, subgroups):
     return out
 
 
-def _partial_dots(m, A, x, rank, in_n, t, threads):
-    """Each thread's partial sums of A[r] . x[t] over a strided slice of columns."""
-    tid = m.local_index()
+UNROLL_LIMIT = 8  # column iterations unrolled in Python; beyond this, a runtime loop
+
+
+def _partial_dots(m, A, x, rank, in_n, t, lane, lanes):
+    """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
+
+    With few iterations the loop is unrolled in Python, so every load is
+    issued before the first multiply waits on memory.
+    """
     accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
-    with m.loop(tid, in_n, threads, name="c") as c:
+
+    def step(c):
         xv = m.let(x[t * in_n + c], "xv")
         for r in range(rank):
             accs[r] += _dot(A[r * in_n + c], xv)
+
+    iterations = -(-in_n // lanes)
+    if iterations <= UNROLL_LIMIT:
+        for j in range(iterations):
+            c = m.let(lane + j * lanes, f"c{j}")
+            if (j + 1) * lanes > in_n:
+                with m.if_(c < in_n):
+                    step(c)
+            else:
+                step(c)
+    else:
+        with m.loop(lane, in_n, lanes, name="c") as c:
+            step(c)
     return accs
 
 
@@ -114,7 +134,8 @@ def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False)
     x, _ = _rows(m, "x", tokens, in_dim)
     h = m.declare_output_buffer("h", f32, tokens * rank)
     t = m.workgroup_id().x
-    hs = _reduce(m, _partial_dots(m, A, x, rank, in_n, t, threads), threads, subgroups)
+    accs = _partial_dots(m, A, x, rank, in_n, t, m.local_index(), threads)
+    hs = _reduce(m, accs, threads, subgroups)
     with m.if_(m.local_index() == 0):
         for r in range(rank):
             h[t * rank + r] = hs[r]
@@ -122,16 +143,28 @@ def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False)
 
 # ------------------------------------------------------------------ B @ h, scaled add
 
-def _b_row_dot(m, Bm, i, rank, hs):
-    """sum_r B[i, r] * h[r], with vec4 loads of the row when rank % 4 == 0."""
+def _b_row(m, Bm, i, rank):
+    """Row i of B as lets: vec4 pieces when rank % 4 == 0, else scalars."""
     if _width(rank) == 4:
-        terms = [B.dot(Bm[i * (rank // 4) + q], vec4f(*hs[4 * q:4 * q + 4])) for q in range(rank // 4)]
+        return [m.let(Bm[i * (rank // 4) + q], f"b{q}") for q in range(rank // 4)]
+    return [m.let(Bm[i * rank + r], f"b{r}") for r in range(rank)]
+
+
+def _row_dot(row, hs):
+    """sum_r row[r] * h[r] for a row from _b_row (vec4 pieces or scalars)."""
+    if row[0].type == vec4f:
+        terms = [B.dot(v, vec4f(*hs[4 * q:4 * q + 4])) for q, v in enumerate(row)]
     else:
-        terms = [Bm[i * rank + r] * hs[r] for r in range(rank)]
+        terms = [v * h for v, h in zip(row, hs)]
     total = terms[0]
     for term in terms[1:]:
         total = total + term
     return total
+
+
+def _b_row_dot(m, Bm, i, rank, hs):
+    """sum_r B[i, r] * h[r], with vec4 loads of the row when rank % 4 == 0."""
+    return _row_dot(_b_row(m, Bm, i, rank), hs)
 
 
 def _load_h(m, h, rank, t, threads):
@@ -186,7 +219,8 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
     scale * B @ h to its slice of threads * outputs_per_thread outputs of
     token t. WebGPU has no sync between workgroups; recomputing h is cheaper
-    than a second dispatch.
+    than a second dispatch. The B rows and output values this thread will
+    need are loaded first, so their latency overlaps the work on h.
     """
     A, in_n = _rows(m, "A", rank, in_dim)
     x, _ = _rows(m, "x", tokens, in_dim)
@@ -194,13 +228,74 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     out = m.declare_output_buffer("output", f32, tokens * out_dim)
     wid = m.workgroup_id()
     t = wid.y
-    hs = _reduce(m, _partial_dots(m, A, x, rank, in_n, t, threads), threads, subgroups)
-    tile = threads * outputs_per_thread
-    base = m.let(wid.x * tile + m.local_index(), "base")
+    tid = m.local_index()
+    base = m.let(wid.x * (threads * outputs_per_thread) + tid, "base")
+    mine = []
     for k in range(outputs_per_thread):
         i = m.let(base + k * threads, f"i{k}")
+        safe = m.let(B.min(i, out_dim - 1), f"safe{k}")  # in-bounds prefetch
+        mine.append((i, _b_row(m, Bm, safe, rank), m.let(out[t * out_dim + safe], f"o{k}")))
+    accs = _partial_dots(m, A, x, rank, in_n, t, tid, threads)
+    hs = _reduce(m, accs, threads, subgroups)
+    for i, row, old in mine:
         with m.if_(i < out_dim):
-            out[t * out_dim + i] += scale * _b_row_dot(m, Bm, i, rank, hs)
+            out[t * out_dim + i] = old + scale * _row_dot(row, hs)
+
+
+def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16):
+    """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
+
+    Phase 1: threads // tile_tokens lanes per token reduce h = A @ x[t] and
+    leave scale * h for the whole tile in workgroup memory. Phase 2: each
+    thread owns output columns; it loads its row of B once and updates that
+    column for every token of the tile. A and B are read once per tile, not
+    once per token, which is what limits the one-token-per-workgroup kernel.
+    """
+    if tile_tokens > threads or threads % tile_tokens:
+        raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
+    lanes = threads // tile_tokens
+    A, in_n = _rows(m, "A", rank, in_dim)
+    x, _ = _rows(m, "x", tokens, in_dim)
+    Bm, _ = _rows(m, "B", out_dim, rank)
+    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    tid = m.local_index()
+    t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
+    tl = m.let(tid / lanes, "tl")
+    lane = m.let(tid % lanes, "lane")
+    t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
+
+    accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes)
+    # Reduce over the lanes of each token in workgroup memory, in groups of ranks that fit.
+    group = max(1, min(rank, SHARED_FLOATS // threads))
+    red = m.shared(f32, group * threads, "red")
+    hw = m.shared(f32, tile_tokens * rank, "hw")
+    for g0 in range(0, rank, group):
+        chunk = accs[g0:g0 + group]
+        for q, a in enumerate(chunk):
+            red[q * threads + tid] = a
+        m.barrier()
+        s = lanes // 2
+        while s > 0:
+            with m.if_(lane < s):
+                for q in range(len(chunk)):
+                    red[q * threads + tid] += red[q * threads + tid + s]
+            m.barrier()
+            s //= 2
+        with m.if_(lane == 0):
+            for q in range(len(chunk)):
+                hw[tl * rank + (g0 + q)] = scale * red[q * threads + tid]
+        m.barrier()
+
+    with m.loop(tid, out_dim, threads, name="i") as i:
+        row = _b_row(m, Bm, i, rank)
+        for k in range(tile_tokens):
+            hs = [m.let(hw[k * rank + r], f"h{r}") for r in range(rank)]
+            dest = (t0 + k) * out_dim + i
+            if tokens % tile_tokens:
+                with m.if_(t0 + k < tokens):
+                    out[dest] += _row_dot(row, hs)
+            else:
+                out[dest] += _row_dot(row, hs)
 
 
 # ------------------------------------------------------------------ compiled kernels
@@ -237,3 +332,10 @@ def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
     return sd.compile(fused_forward, threads, name="fused_forward", rank=rank, in_dim=in_dim,
                       out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
                       outputs_per_thread=outputs_per_thread, subgroups=subgroups)
+
+
+def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16):
+    """Kernel for output += scale * B @ (A @ x) over tiles of tokens (bindings A, x, B, output)."""
+    return sd.compile(tiled_forward, threads, name="tiled_forward", rank=rank, in_dim=in_dim,
+                      out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
+                      tile_tokens=tile_tokens)

@@ -1,0 +1,288 @@
+"""``python -m lora bench``: LoRA forward timings beside seed, numpy and PyTorch.
+
+For each (tokens, rank, in_dim, out_dim): the autotuned strategy and Hesper's
+``seed`` design are checked against float64 numpy, then timed with GPU
+timestamps around a batch of forwards (median of repeats). Effective
+bandwidth is the minimal bytes (x read, output read and written, A and B read
+once) over that time, also given as a fraction of a copy bandwidth measured
+here with a DSL copy kernel. PyTorch is optional: with CUDA it is timed with
+CUDA events, eagerly and as a CUDA graph, in the same process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import shaderdsl as sd
+from shaderdsl import f32, vec4f
+from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
+
+from . import reference
+from .plan import Plan, Strategy
+from .tuning import autotune, time_plan
+from .weight import Weight
+
+FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
+        "dims": ((2560, 2560), (4096, 4096), (2560, 10240))}
+QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
+SCALE = 2.0
+
+
+def copy_kernel(m, n4):
+    """dst = src, vec4 at a time: the bandwidth yardstick."""
+    src = m.declare_input_buffer("src", vec4f, n4)
+    dst = m.declare_output_buffer("dst", vec4f, n4)
+    i = m.let(m.global_id().x + m.global_id().y * (m.num_workgroups().x * 256), "i")
+    with m.if_(i < n4):
+        dst[i] = src[i]
+
+
+def copy_bandwidth(device, mib: int) -> float:
+    """GB/s (read + write) of a vec4 copy kernel over ``mib`` MiB."""
+    n4 = mib * (1 << 20) // 16
+    k = sd.compile(copy_kernel, 256, n4=n4)
+    src = device.buffer(np.ones(n4 * 4, np.float32))
+    dst = device.empty(n4 * 4, np.float32)
+    groups = -(-n4 // 256)
+    gx = min(groups, 65535)
+    grid = (gx, -(-groups // gx), 1)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(4):
+                device.dispatch(k, [src, dst], grid)
+        ns = b.gpu_time_ns
+        if ns is None:
+            device.sync()
+            ns = (time.perf_counter() - t0) * 1e9
+        times.append(ns / 4)
+    return 2 * src.nbytes / statistics.median(times)
+
+
+def minimal_bytes(tokens, rank, in_dim, out_dim) -> int:
+    return 4 * (tokens * in_dim + 2 * tokens * out_dim + rank * in_dim + out_dim * rank)
+
+
+def numpy_time(x, a, b, out, repeats) -> float:
+    """Median microseconds of the float32 forward in numpy on the CPU."""
+    times = []
+    for _ in range(repeats):
+        o = out.copy()
+        t0 = time.perf_counter()
+        o += SCALE * ((x @ a.T) @ b.T)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def torch_times(x, a, b, out, forwards: int) -> dict:
+    """PyTorch CUDA eager and CUDA-graph microseconds per forward, or why not."""
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "not installed"}
+    if not torch.cuda.is_available():
+        return {"torch": f"{torch.__version__} without CUDA"}
+    dev = torch.device("cuda")
+    X, A, B, O = (torch.from_numpy(np.ascontiguousarray(v)).to(dev) for v in (x, a, b, out))
+    single = X.shape[0] == 1
+
+    def step():
+        if single:
+            h = torch.mv(A, X[0])
+            O[0].add_(torch.mv(B, h), alpha=SCALE)
+        else:
+            O.addmm_(X @ A.T, B.T, alpha=SCALE)
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / forwards)
+        return statistics.median(times)
+
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    eager = timed(lambda: [step() for _ in range(forwards)])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(min(forwards, 100)):
+            step()
+    per_graph = min(forwards, 100)
+    graph_us = statistics.median(
+        [timed(lambda: [graph.replay() for _ in range(max(1, forwards // per_graph))])
+         for _ in range(1)]) * forwards / (max(1, forwards // per_graph) * per_graph)
+    return {"torch": torch.__version__, "torch_eager_us": eager, "torch_graph_us": graph_us}
+
+
+def host_time(device, plan, x_buf, out_buf, forwards: int = 2000) -> float:
+    """Microseconds of Python time to record one forward into a batch."""
+    with device.batch():
+        t0 = time.perf_counter()
+        for _ in range(forwards):
+            plan.record(x_buf, out_buf)
+        t1 = time.perf_counter()
+    device.sync()
+    return (t1 - t0) / forwards * 1e6
+
+
+def alone_and_read(device, plan, x_buf, out_buf, repeats: int = 50) -> float:
+    """Median wall microseconds of one forward submitted alone and read back."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        with device.batch():
+            plan.record(x_buf, out_buf)
+            device.read(out_buf)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def rel_error(got, want, scale_ref) -> float:
+    return float(np.max(np.abs(got - want) / (1.0 + scale_ref)))
+
+
+def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
+    rng = np.random.default_rng(tokens * 1000 + rank)
+    a = (rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
+    b = rng.standard_normal((out_dim, rank)).astype(np.float32)
+    x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
+    base = rng.standard_normal((tokens, out_dim)).astype(np.float32)
+    want = reference.forward(x, a, b, SCALE, base)
+    magnitude = reference.forward(np.abs(x), np.abs(a), np.abs(b), abs(SCALE), np.abs(base))
+    weight = Weight.from_numpy(device, a, b)
+    x_buf = device.buffer(x if tokens > 1 else x[0])
+    out_buf = device.buffer(base if tokens > 1 else base[0])
+    forwards = 20 if quick else max(4, min(1000, 4_000_000 // (tokens * (in_dim + out_dim))))
+    row = {"tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
+           "min_bytes": minimal_bytes(tokens, rank, in_dim, out_dim)}
+    best = autotune(device, weight, SCALE, tokens, use_cache=False,
+                    forwards=5 if quick else None)
+    row["strategy"] = str(best)
+    for label, strategy in (("best", best), ("seed", Strategy("seed"))):
+        plan = Plan(device, weight, SCALE, tokens, strategy)
+        device.write(out_buf, base if tokens > 1 else base[0])
+        plan(x_buf, out_buf)
+        row[f"{label}_rel_err"] = rel_error(device.read(out_buf).reshape(tokens, out_dim), want,
+                                            magnitude)
+        n = forwards if label == "best" else max(2, forwards // 20)
+        row[f"{label}_gpu_us"] = time_plan(device, plan, x_buf, out_buf, n, 3 if quick else 5)
+        if label == "best":
+            row["host_us"] = host_time(device, plan, x_buf, out_buf, 50 if quick else 2000)
+            row["dispatches"] = plan.dispatches
+            if tokens == 1:
+                row["alone_read_us"] = alone_and_read(device, plan, x_buf, out_buf,
+                                                      5 if quick else 100)
+    t = row["best_gpu_us"]
+    row["gbps"] = row["min_bytes"] / (t * 1e3)
+    row["frac_copy"] = row["gbps"] / copy_gbps if copy_gbps else None
+    row["vs_seed"] = row["seed_gpu_us"] / t
+    row["numpy_us"] = numpy_time(x, a, b, base, 3 if quick else 10)
+    row["vs_numpy"] = row["numpy_us"] / t
+    row.update(torch_times(x, a, b, base, forwards))
+    for k in ("torch_eager_us", "torch_graph_us"):
+        if k in row:
+            row[k.replace("_us", "").replace("torch_", "vs_torch_")] = row[k] / t
+    log(f"T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['strategy']:>15} "
+        f"{t:8.2f} us ({row['gbps']:.0f} GB/s), seed {row['seed_gpu_us']:.1f} us, "
+        f"host {row['host_us']:.1f} us, torch graph {row.get('torch_graph_us', float('nan')):.1f} us, "
+        f"err {row['best_rel_err']:.1e}")
+    return row
+
+
+def run(quick: bool, log=print) -> dict:
+    device = get_device()
+    grid = QUICK if quick else FULL
+    log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
+    copy = copy_bandwidth(device, 16 if quick else 512)
+    log(f"copy bandwidth: {copy:.0f} GB/s")
+    rows = []
+    cases = [(t, r, i, o) for (i, o) in grid["dims"] for r in grid["ranks"] for t in grid["tokens"]]
+    for k, case in enumerate(cases, 1):
+        log(f"[{k}/{len(cases)}]", end=" ")
+        rows.append(bench_case(device, *case, copy, quick, log))
+    return {"adapter": device.name, "backend": device.backend, "wgpu_build": WGPU_BUILD,
+            "compiler": COMPILER, "copy_gbps": copy, "quick": quick,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "rows": rows}
+
+
+def plot(results: list[dict], path: str) -> bool:
+    """GPU time per forward against tokens, one line per (build, rank, dims)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for res in results:
+        groups = {}
+        for r in res["rows"]:
+            groups.setdefault((r["rank"], r["in_dim"], r["out_dim"]), []).append(r)
+        for (rank, i, o), rows in groups.items():
+            rows.sort(key=lambda r: r["tokens"])
+            ax.plot([r["tokens"] for r in rows], [r["best_gpu_us"] for r in rows], marker="o",
+                    label=f"{res['compiler']} r{rank} {i}->{o}")
+            if res is results[0] and "torch_graph_us" in rows[0]:
+                ax.plot([r["tokens"] for r in rows], [r["torch_graph_us"] for r in rows],
+                        linestyle="--", color="gray", alpha=0.5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("GPU time per forward (us)")
+    ax.set_title(f"LoRA forward on {results[0]['adapter']} (dashed: PyTorch CUDA graph)")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lora bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
+    p.add_argument("--both-builds", action="store_true",
+                   help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+
+    def log(*a, **kw):
+        print(*a, **kw, flush=True)
+
+    results = [run(args.quick, log)]
+    name = os.path.join(args.out, f"bench-{results[0]['compiler']}.json")
+    with open(name, "w") as f:
+        json.dump(results[0], f, indent=1)
+    log(f"wrote {name}")
+    if args.both_builds and WGPU_BUILD != "dawn":
+        cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out] + (["--quick"] if args.quick else [])
+        r = subprocess.run(cmd, env={**os.environ, "SHADERDSL_WGPU": "dawn"})
+        other = os.path.join(args.out, "bench-tint.json")
+        if r.returncode == 0 and os.path.exists(other):
+            with open(other) as f:
+                results.append(json.load(f))
+        else:
+            log("Dawn run failed or wgpudawn is not installed; plotting wgpu-native only")
+    png = os.path.join(args.out, "bench.png")
+    log(f"wrote {png}" if plot(results, png) else "matplotlib not installed: no plot")
+    return 0

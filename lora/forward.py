@@ -1,0 +1,549 @@
+"""The execute functions: LoRA kernels dispatched on a Device.
+
+``output += scale * B @ (A @ x)``, in place on a buffer that already holds
+the base layer's output. Three ways to run it:
+
+- :func:`execute_lora_forward`: project_a, project_b, add_scaled (3 dispatches);
+- :func:`execute_lora_forward_fused`: project_a, fused_b_add (2 dispatches);
+- :func:`execute_lora_forward_single`: fused_forward (1 dispatch).
+
+Every function takes one token (``x`` shaped ``(in_dim,)``) or several
+(``(tokens, in_dim)``); ``h`` is then ``(rank,)``/``(tokens, rank)`` and
+``y``/``output`` ``(out_dim,)``/``(tokens, out_dim)``. All buffers are float32.
+
+Everything is checked before the first dispatch (types, device, dtype, exact
+shapes, aliasing, grid limits, features; the kernels are compiled too), so a
+call that raises has recorded nothing and left every buffer as it was. The
+result of those checks is cached per combination of weight, buffers and
+parameters: a repeated call is a dict lookup and its dispatches. Calls made
+inside ``with device.batch():`` are recorded into that batch; outside one,
+the dispatches of a multi-dispatch forward still go out in a single submit.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import re
+
+import numpy as np
+
+from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
+from shaderdsl.runtime import Buffer, get_device
+from shaderdsl.runtime import checks
+
+from . import kernels as K
+from .weight import Weight, host_matrix
+
+STRATEGIES = ("workgroup", "seed")
+PATHS = ("three", "fused", "single")
+
+_F32 = np.dtype(np.float32)
+_PLANS: dict = {}       # key (names + buffer ids + params) -> tuple of steps
+_PLAN_LIMIT = 1024      # forget everything past this many combinations
+
+
+# ---------------------------------------------------------------- checks
+
+def _device(device):
+    if device is None or not hasattr(device, "dispatch"):
+        raise TypeError(f"device: expected a shaderdsl Device (shaderdsl.runtime.get_device()), "
+                        f"got {type(device).__name__}")
+    return device
+
+
+def _buffer(device, buf, what: str) -> Buffer:
+    """A live float32 storage Buffer on ``device``."""
+    if not isinstance(buf, Buffer):
+        raise BindingError(f"{what}: expected a shaderdsl Buffer (device.buffer(array) or "
+                           f"device.empty(shape, np.float32)), got {type(buf).__name__}")
+    if buf.released:
+        raise BindingError(f"{what}: {buf!r} was released")
+    if buf.device is not device:
+        raise BindingError(f"{what}: {buf!r} belongs to device {buf.device.name!r}, not to the "
+                           f"device this call runs on")
+    if buf.usage_kind != "storage":
+        raise BindingError(f"{what}: expected a storage buffer, got {buf!r}")
+    if buf.dtype != _F32:
+        raise BindingError(f"{what}: expected dtype float32, got {buf.dtype.name} ({buf!r})")
+    return buf
+
+
+def _weight(device, weight) -> Weight:
+    if not isinstance(weight, Weight):
+        raise BindingError(f"weight: expected a lora.Weight (Weight.from_numpy or Weight.init), "
+                           f"got {type(weight).__name__}")
+    if weight.device is not device:
+        raise BindingError(f"weight: {weight!r} lives on another device than {device!r}")
+    for what, buf in (("weight.a", weight.a), ("weight.b", weight.b)):
+        if buf.released:
+            raise BindingError(f"{what}: {buf!r} was released")
+    return weight
+
+
+def _tokens(buf, dim: int, what: str, dim_name: str) -> int:
+    """Token count of an activation: shape ``(dim,)`` is one token, ``(T, dim)`` T tokens."""
+    shape = buf.shape
+    if shape == (dim,):
+        return 1
+    if len(shape) == 2 and shape[1] == dim and shape[0] >= 1:
+        return shape[0]
+    raise BindingError(f"{what}: expected shape ({dim_name},) = ({dim},) or (tokens, {dim}), "
+                       f"got {list(shape)} ({buf!r})")
+
+
+def _shaped(buf, tokens: int, dim: int, what: str, dim_name: str) -> None:
+    """``buf`` is exactly ``(tokens, dim)`` (or ``(dim,)`` for one token)."""
+    shape = buf.shape
+    if shape == (tokens, dim) or (tokens == 1 and shape == (dim,)):
+        return
+    want = f"({dim},) or (1, {dim})" if tokens == 1 else f"({tokens}, {dim})"
+    raise BindingError(f"{what}: expected shape {want} for {tokens} token(s) of {dim_name} = "
+                       f"{dim}, got {list(shape)} ({buf!r})")
+
+
+def _distinct(*uses) -> None:
+    """``uses``: (what, buffer, writes). No buffer may appear twice where one use writes it."""
+    seen: dict = {}
+    for what, buf, writes in uses:
+        prev = seen.get(buf.id)
+        if prev is None:
+            seen[buf.id] = (what, writes)
+            continue
+        if writes or prev[1]:
+            raise AliasingError(f"{prev[0]} and {what} are the same buffer {buf!r}; the LoRA "
+                                f"forward needs a separate buffer for each (one of them is "
+                                f"written). Allocate another with device.empty(...)")
+
+
+def _scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__} {scale!r}")
+    s = float(scale)
+    if not math.isfinite(s) or not abs(s) <= float(np.finfo(np.float32).max):
+        raise ValueError(f"scale: expected a finite float32 value, got {scale!r}")
+    return s
+
+
+def _int(value, what: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{what}: expected an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def _threads(device, threads, subgroups: bool = False) -> int:
+    t = _int(threads, "threads")
+    if t & (t - 1):
+        raise ValueError(f"threads: expected a power of two (the kernels reduce by halving), "
+                         f"got {t}")
+    cap = device.limits.get("max-compute-invocations-per-workgroup")
+    if cap is not None and t > cap:
+        raise DispatchError(f"threads: {t} is over max-compute-invocations-per-workgroup = {cap} "
+                            f"on {device.name!r}")
+    if subgroups and t < 4:
+        raise ValueError(f"threads: the subgroup reduction needs threads >= 4, got {t}")
+    return t
+
+
+def _subgroups(device, subgroups, strategy: str = "workgroup") -> bool:
+    if not isinstance(subgroups, (bool, np.bool_)):
+        raise TypeError(f"subgroups: expected True or False, got {subgroups!r}")
+    if subgroups and strategy != "workgroup":
+        raise ValueError(f"subgroups=True applies to strategy='workgroup' only, got "
+                         f"strategy={strategy!r}")
+    if subgroups and not device.has_feature("subgroup"):
+        raise FeatureError(f"subgroups=True needs the 'subgroup' feature, which {device.name!r} "
+                           f"({device.backend}) lacks; call with subgroups=False")
+    return bool(subgroups)
+
+
+def _strategy(strategy) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+    return strategy
+
+
+_SHARED = re.compile(r"var<workgroup>\s+\w+\s*:\s*array<(f32|i32|u32|vec4<f32>)\s*,\s*(\d+)u?>")
+_SHARED_BYTES = {"f32": 4, "i32": 4, "u32": 4, "vec4<f32>": 16}
+
+
+def workgroup_bytes(kernel) -> int:
+    """Bytes of workgroup memory the kernel declares (the arrays lora's kernels use)."""
+    return sum(_SHARED_BYTES[t] * int(n) for t, n in _SHARED.findall(kernel.wgsl))
+
+
+def _step(device, kernel, grid):
+    """(kernel, binding names in order, grid) after checking grid, memory and compiling."""
+    grid = checks.workgroups(kernel, grid, device.limits["max-compute-workgroups-per-dimension"])
+    cap = device.limits.get("max-compute-workgroup-storage-size")
+    need = workgroup_bytes(kernel)
+    if cap is not None and need > cap:
+        # wgpu-native 0.32 does not check this itself; a driver may fail or misbehave
+        raise DispatchError(f"kernel {kernel.name!r} needs {need} bytes of workgroup memory, over "
+                            f"max-compute-workgroup-storage-size = {cap} on {device.name!r}; "
+                            f"use fewer threads (or subgroups=False)")
+    if grid[1:] == (1, 1):
+        grid = grid[0]  # an int takes the runtime's fastest path
+    device.prepare(kernel)  # features, workgroup limits, WGSL compile: all before any dispatch
+    return kernel, tuple(b.name for b in kernel.bindings), grid
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+# ---------------------------------------------------------------- steps per kernel
+
+def _project_a_step(device, w, tokens, strategy, threads, subgroups):
+    if strategy == "seed":
+        k = K.project_a_kernel(w.rank, w.in_dim, tokens, strategy="seed")
+        return _step(device, k, (_ceil(w.rank, k.workgroup_size[0]), tokens, 1))
+    k = K.project_a_kernel(w.rank, w.in_dim, tokens, threads=threads, subgroups=subgroups)
+    return _step(device, k, (tokens, 1, 1))
+
+
+def _project_b_step(device, w, tokens, threads):
+    k = K.project_b_kernel(w.out_dim, w.rank, tokens, threads)
+    return _step(device, k, (_ceil(w.out_dim, threads), tokens, 1))
+
+
+def _add_scaled_step(device, n, scale, threads):
+    k = K.add_scaled_kernel(n, scale, threads)
+    return _step(device, k, (_ceil(n, threads), 1, 1))
+
+
+def _fused_b_add_step(device, w, scale, tokens, threads):
+    k = K.fused_b_add_kernel(w.out_dim, w.rank, scale, tokens, threads)
+    return _step(device, k, (_ceil(w.out_dim, threads), tokens, 1))
+
+
+# ---------------------------------------------------------------- running a plan
+
+def _key(parts: tuple, buffers) -> tuple | None:
+    try:
+        return parts + tuple([b.id for b in buffers])
+    except AttributeError:
+        return None
+
+
+def _run(device, key, build, buffers: dict) -> None:
+    """Dispatch the cached plan for ``key`` (building and checking it on a miss)."""
+    steps = None
+    if key is not None:
+        try:
+            steps = _PLANS.get(key)
+        except TypeError:  # an unhashable parameter: let build() explain
+            steps = None
+    if steps is None:
+        steps = build()
+        if key is not None:
+            if len(_PLANS) >= _PLAN_LIMIT:
+                _PLANS.clear()
+            _PLANS[key] = steps
+    else:
+        for buf in buffers.values():
+            if buf.wgpu_buffer is None:  # released since the plan was checked
+                build()                  # raises the usual message
+    dispatch = device.dispatch
+    if len(steps) == 1 or device.in_batch:
+        for kernel, names, grid in steps:
+            dispatch(kernel, [buffers[n] for n in names], grid)
+        return
+    with device.batch():  # one submit for the whole forward
+        for kernel, names, grid in steps:
+            dispatch(kernel, [buffers[n] for n in names], grid)
+
+
+def clear_plan_cache() -> None:
+    """Forget every checked combination (kernels stay compiled)."""
+    _PLANS.clear()
+
+
+# ---------------------------------------------------------------- execute functions
+
+def execute_project_a(device, weight, x_buf, h_buf, *, strategy: str = "workgroup",
+                      threads: int = 256, subgroups: bool = False) -> None:
+    """``h = A @ x`` for every token (one dispatch).
+
+    ``strategy="workgroup"``: one workgroup of ``threads`` per token; each
+    thread sums a strided slice of in_dim for every rank, then the workgroup
+    reduces (in workgroup memory, or with ``subgroupAdd`` when
+    ``subgroups=True``). ``strategy="seed"``: Hesper's design, one thread per
+    element of h with a serial loop over in_dim.
+    """
+    key = _key(("a", device, weight.uid if isinstance(weight, Weight) else None, strategy,
+                threads, subgroups), (x_buf, h_buf))
+
+    def build():
+        _device(device)
+        w = _weight(device, weight)
+        st = _strategy(strategy)
+        sg = _subgroups(device, subgroups, st)
+        th = _threads(device, threads, sg) if st == "workgroup" else 64
+        x = _buffer(device, x_buf, "x_buf")
+        h = _buffer(device, h_buf, "h_buf")
+        tokens = _tokens(x, w.in_dim, "x_buf", "in_dim")
+        _shaped(h, tokens, w.rank, "h_buf", "rank")
+        _distinct(("x_buf", x, False), ("h_buf", h, True), ("weight.a", w.a, False))
+        return (_project_a_step(device, w, tokens, st, th, sg),)
+
+    _run(device, key, build, {"A": getattr(weight, "a", None), "x": x_buf, "h": h_buf})
+
+
+def execute_project_b(device, weight, h_buf, y_buf, *, threads: int = 256) -> None:
+    """``y = B @ h`` for every token (one dispatch; one thread per element of y)."""
+    key = _key(("b", device, weight.uid if isinstance(weight, Weight) else None, threads),
+               (h_buf, y_buf))
+
+    def build():
+        _device(device)
+        w = _weight(device, weight)
+        th = _threads(device, threads)
+        h = _buffer(device, h_buf, "h_buf")
+        y = _buffer(device, y_buf, "y_buf")
+        tokens = _tokens(h, w.rank, "h_buf", "rank")
+        _shaped(y, tokens, w.out_dim, "y_buf", "out_dim")
+        _distinct(("h_buf", h, False), ("y_buf", y, True), ("weight.b", w.b, False))
+        return (_project_b_step(device, w, tokens, th),)
+
+    _run(device, key, build, {"B": getattr(weight, "b", None), "h": h_buf, "y": y_buf})
+
+
+def execute_add_scaled(device, y_buf, output_buf, num_elements: int | None = None,
+                       scale: float = 1.0, *, threads: int = 256) -> None:
+    """``output[i] += scale * y[i]`` for the first ``num_elements`` elements
+    (both buffers read flat; default: all of ``output_buf``). One dispatch."""
+    key = _key(("add", device, num_elements, scale, threads), (y_buf, output_buf))
+
+    def build():
+        _device(device)
+        y = _buffer(device, y_buf, "y_buf")
+        out = _buffer(device, output_buf, "output_buf")
+        n = out.size if num_elements is None else _int(num_elements, "num_elements")
+        for what, buf in (("y_buf", y), ("output_buf", out)):
+            if buf.size < n:
+                raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
+                                   f"{buf.size} elements ({buf!r})")
+        _distinct(("y_buf", y, False), ("output_buf", out, True))
+        return (_add_scaled_step(device, n, _scale(scale), _threads(device, threads)),)
+
+    _run(device, key, build, {"y": y_buf, "output": output_buf})
+
+
+def execute_fused_b_add(device, weight, scale, h_buf, output_buf, *, threads: int = 256) -> None:
+    """``output += scale * B @ h`` for every token: project_b and add_scaled in one dispatch."""
+    key = _key(("fb", device, weight.uid if isinstance(weight, Weight) else None, scale, threads),
+               (h_buf, output_buf))
+
+    def build():
+        _device(device)
+        w = _weight(device, weight)
+        s = _scale(scale)
+        th = _threads(device, threads)
+        h = _buffer(device, h_buf, "h_buf")
+        out = _buffer(device, output_buf, "output_buf")
+        tokens = _tokens(h, w.rank, "h_buf", "rank")
+        _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+        _distinct(("h_buf", h, False), ("output_buf", out, True), ("weight.b", w.b, False))
+        return (_fused_b_add_step(device, w, s, tokens, th),)
+
+    _run(device, key, build, {"B": getattr(weight, "b", None), "h": h_buf, "output": output_buf})
+
+
+def _forward_checks(device, weight, scale, input_buf, output_buf, h_buf, y_buf, strategy,
+                    threads, subgroups):
+    """Shared checks of the multi-dispatch paths; returns (weight, scale, tokens, strategy,
+    threads, subgroups)."""
+    _device(device)
+    w = _weight(device, weight)
+    s = _scale(scale)
+    st = _strategy(strategy)
+    sg = _subgroups(device, subgroups, st)
+    th = _threads(device, threads, sg)
+    x = _buffer(device, input_buf, "input_buf")
+    out = _buffer(device, output_buf, "output_buf")
+    tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
+    _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+    uses = [("input_buf", x, False), ("output_buf", out, True)]
+    h = _buffer(device, h_buf, "h_buf")
+    _shaped(h, tokens, w.rank, "h_buf", "rank")
+    uses.append(("h_buf", h, True))
+    if y_buf is not None:
+        y = _buffer(device, y_buf, "y_buf")
+        _shaped(y, tokens, w.out_dim, "y_buf", "out_dim")
+        uses.append(("y_buf", y, True))
+    _distinct(*uses, ("weight.a", w.a, False), ("weight.b", w.b, False))
+    return w, s, tokens, st, th, sg
+
+
+def execute_lora_forward(device, weight, scale, input_buf, output_buf, h_buf, y_buf, *,
+                         strategy: str = "workgroup", threads: int = 256,
+                         subgroups: bool = False) -> None:
+    """``output += scale * B @ (A @ input)`` in three dispatches, as Hesper does:
+    ``h = A @ x`` (project_a), ``y = B @ h`` (project_b), ``output += scale * y``
+    (add_scaled). ``h_buf`` and ``y_buf`` are scratch buffers the call overwrites."""
+    key = _key(("3", device, weight.uid if isinstance(weight, Weight) else None, scale, strategy,
+                threads, subgroups), (input_buf, output_buf, h_buf, y_buf))
+
+    def build():
+        w, s, tokens, st, th, sg = _forward_checks(device, weight, scale, input_buf, output_buf,
+                                                   h_buf, y_buf, strategy, threads, subgroups)
+        return (_project_a_step(device, w, tokens, st, th, sg),
+                _project_b_step(device, w, tokens, th),
+                _add_scaled_step(device, tokens * w.out_dim, s, th))
+
+    _run(device, key, build, {"A": getattr(weight, "a", None), "B": getattr(weight, "b", None),
+                              "x": input_buf, "h": h_buf, "y": y_buf, "output": output_buf})
+
+
+def execute_lora_forward_fused(device, weight, scale, input_buf, output_buf, h_buf, *,
+                               strategy: str = "workgroup", threads: int = 256,
+                               subgroups: bool = False) -> None:
+    """``output += scale * B @ (A @ input)`` in two dispatches: project_a, then
+    fused_b_add (no ``y`` buffer, one pass over the output)."""
+    key = _key(("2", device, weight.uid if isinstance(weight, Weight) else None, scale, strategy,
+                threads, subgroups), (input_buf, output_buf, h_buf))
+
+    def build():
+        w, s, tokens, st, th, sg = _forward_checks(device, weight, scale, input_buf, output_buf,
+                                                   h_buf, None, strategy, threads, subgroups)
+        return (_project_a_step(device, w, tokens, st, th, sg),
+                _fused_b_add_step(device, w, s, tokens, th))
+
+    _run(device, key, build, {"A": getattr(weight, "a", None), "B": getattr(weight, "b", None),
+                              "x": input_buf, "h": h_buf, "output": output_buf})
+
+
+def execute_lora_forward_single(device, weight, scale, input_buf, output_buf, *,
+                                threads: int = 256, outputs_per_thread: int = 1,
+                                subgroups: bool = False) -> None:
+    """``output += scale * B @ (A @ input)`` in one dispatch (fused_forward):
+    each workgroup recomputes ``h`` for its token, then updates
+    ``threads * outputs_per_thread`` outputs. No scratch buffers."""
+    key = _key(("1", device, weight.uid if isinstance(weight, Weight) else None, scale, threads,
+                outputs_per_thread, subgroups), (input_buf, output_buf))
+
+    def build():
+        _device(device)
+        w = _weight(device, weight)
+        s = _scale(scale)
+        sg = _subgroups(device, subgroups)
+        th = _threads(device, threads, sg)
+        opt = _int(outputs_per_thread, "outputs_per_thread")
+        x = _buffer(device, input_buf, "input_buf")
+        out = _buffer(device, output_buf, "output_buf")
+        tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
+        _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+        _distinct(("input_buf", x, False), ("output_buf", out, True), ("weight.a", w.a, False),
+                  ("weight.b", w.b, False))
+        k = K.fused_forward_kernel(w.rank, w.in_dim, w.out_dim, s, tokens, th, opt, sg)
+        return (_step(device, k, (_ceil(w.out_dim, th * opt), tokens, 1)),)
+
+    _run(device, key, build, {"A": getattr(weight, "a", None), "B": getattr(weight, "b", None),
+                              "x": input_buf, "output": output_buf})
+
+
+def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -> None:
+    """Copy the first ``num_elements`` float32 values of ``src_buf`` into
+    ``dst_buf`` (default: all of ``src_buf``): keeps the input activation for a
+    later backward pass (which needs x to form dB and dA). A GPU-side copy,
+    recorded into the open batch if there is one."""
+    _device(device)
+    src = _buffer(device, src_buf, "src_buf")
+    dst = _buffer(device, dst_buf, "dst_buf")
+    n = src.size if num_elements is None else _int(num_elements, "num_elements")
+    for what, buf in (("src_buf", src), ("dst_buf", dst)):
+        if buf.size < n:
+            raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
+                               f"{buf.size} elements ({buf!r})")
+    _distinct(("src_buf", src, False), ("dst_buf", dst, True))
+    device.copy(src, dst, n * _F32.itemsize)
+
+
+# ---------------------------------------------------------------- numpy in, numpy out
+
+def _host_activation(arr, what: str) -> np.ndarray:
+    arr = np.asarray(arr)
+    if arr.dtype.kind != "f":
+        raise BindingError(f"{what}: expected a real floating dtype (float16, float32 or "
+                           f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,
+            device=None, path: str = "fused", strategy: str = "workgroup", threads: int = 256,
+            subgroups: bool = False) -> np.ndarray:
+    """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
+
+    ``x``: ``(in_dim,)`` or ``(tokens, in_dim)``; ``a``: ``[rank, in_dim]``;
+    ``b``: ``[out_dim, rank]``; ``base``: the base layer's output, shaped like
+    the result (``x.shape[:-1] + (out_dim,)``), default zeros. Any real float
+    dtype; computed in float32, returned as float32.
+
+    The factor is ``scale`` if given, else ``alpha / rank``; with neither it is
+    1 (alpha = rank, as ``Config(rank)``). ``path``: ``"three"``,
+    ``"fused"`` (default) or ``"single"`` (see the execute functions).
+    ``device`` defaults to ``shaderdsl.runtime.get_device()``.
+    """
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
+    if alpha is not None and scale is not None:
+        raise ValueError("forward: give alpha or scale, not both (scale = alpha / rank)")
+    xs = _host_activation(x, "x")
+    if xs.ndim not in (1, 2) or xs.shape[-1] < 1 or xs.size == 0:
+        raise BindingError(f"x: expected shape (in_dim,) or (tokens, in_dim), got {xs.shape}")
+    am = host_matrix(a, "a", "[rank, in_dim]")
+    bm = host_matrix(b, "b", "[out_dim, rank]")
+    rank, in_dim = am.shape
+    out_dim = bm.shape[0]
+    if bm.shape[1] != rank:
+        raise BindingError(f"b: a is [rank, in_dim] = {list(am.shape)}, so b must be "
+                           f"[out_dim, {rank}], got {list(bm.shape)}")
+    if xs.shape[-1] != in_dim:
+        raise BindingError(f"x: a is [rank, in_dim] = {list(am.shape)}, so x must end in "
+                           f"{in_dim}, got shape {xs.shape}")
+    out_shape = xs.shape[:-1] + (out_dim,)
+    if base is None:
+        base32 = np.zeros(out_shape, np.float32)
+    else:
+        base32 = _host_activation(base, "base")
+        if base32.shape != out_shape:
+            raise BindingError(f"base: expected shape {out_shape} (x.shape[:-1] + (out_dim,)), "
+                               f"got {base32.shape}")
+    if scale is None:
+        if alpha is None:
+            scale = 1.0
+        else:
+            if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+                raise TypeError(f"alpha: expected a real number, got {alpha!r}")
+            scale = float(alpha) / rank
+    scale = _scale(scale)
+    dev = get_device() if device is None else _device(device)
+    weight = Weight.from_numpy(dev, am, bm)
+    x_buf = dev.buffer(xs, name="lora.x")
+    out_buf = dev.buffer(base32, name="lora.output")
+    temps = [x_buf, out_buf, weight.a, weight.b]
+    try:
+        if path == "single":
+            execute_lora_forward_single(dev, weight, scale, x_buf, out_buf, threads=threads,
+                                        subgroups=subgroups)
+        else:
+            h_buf = dev.empty(xs.shape[:-1] + (rank,), np.float32, name="lora.h")
+            temps.append(h_buf)
+            if path == "fused":
+                execute_lora_forward_fused(dev, weight, scale, x_buf, out_buf, h_buf,
+                                           strategy=strategy, threads=threads, subgroups=subgroups)
+            else:
+                y_buf = dev.empty(out_shape, np.float32, name="lora.y")
+                temps.append(y_buf)
+                execute_lora_forward(dev, weight, scale, x_buf, out_buf, h_buf, y_buf,
+                                     strategy=strategy, threads=threads, subgroups=subgroups)
+        result = dev.read(out_buf).reshape(out_shape).copy()
+    finally:
+        for buf in temps:
+            dev.release(buf)
+    return result
+
+
+__all__ = ["execute_project_a", "execute_project_b", "execute_add_scaled", "execute_fused_b_add",
+           "execute_lora_forward", "execute_lora_forward_fused", "execute_lora_forward_single",
+           "save_activation", "forward", "clear_plan_cache", "STRATEGIES", "PATHS"]

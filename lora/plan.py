@@ -1,0 +1,141 @@
+"""Plans: a LoRA forward resolved once to kernels, buffers and grids.
+
+Recording a Plan is nothing but ``device.dispatch`` calls with arguments
+fixed in advance: no WGSL generation, no kernel lookup, no shape logic. This
+is the hot path when the same layer runs again and again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shaderdsl.errors import BindingError, FeatureError
+
+from . import kernels as K
+
+STRATEGIES = ("seed", "split", "fused", "tiled")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How to run one forward.
+
+    ``seed``: Hesper's design, h by one thread per element, then fused B-add (2 dispatches).
+    ``split``: h by one workgroup per token with a workgroup reduction, then fused B-add (2).
+    ``fused``: one dispatch; each workgroup recomputes h and adds its slice of outputs.
+    ``tiled``: one dispatch; each workgroup takes ``tile_tokens`` tokens and all outputs.
+    """
+
+    name: str = "fused"
+    threads: int = 256
+    outputs_per_thread: int = 1
+    subgroups: bool = False
+    tile_tokens: int = 16
+
+    def __post_init__(self):
+        if self.name not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.name!r}")
+        if self.threads < 1 or self.threads & (self.threads - 1):
+            raise ValueError(f"threads must be a power of two, got {self.threads}")
+        if self.outputs_per_thread < 1:
+            raise ValueError(f"outputs_per_thread must be >= 1, got {self.outputs_per_thread}")
+        if self.name == "tiled" and (self.tile_tokens < 1 or self.threads % self.tile_tokens):
+            raise ValueError(f"tile_tokens must divide threads, got {self.tile_tokens} "
+                             f"and {self.threads}")
+        if self.name == "tiled" and self.subgroups:
+            raise ValueError("the tiled strategy reduces in workgroup memory; it has no subgroup form")
+
+    def __str__(self) -> str:
+        if self.name == "seed":
+            return "seed"
+        text = f"{self.name}:{self.threads}"
+        if self.name == "fused":
+            text += f":{self.outputs_per_thread}"
+        if self.name == "tiled":
+            text += f":{self.tile_tokens}"
+        return text + (":sg" if self.subgroups else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "Strategy":
+        """Inverse of str(): 'seed', 'split:256', 'fused:256:2:sg', 'tiled:256:16'."""
+        parts = text.split(":")
+        sg = parts[-1] == "sg"
+        if sg:
+            parts = parts[:-1]
+        try:
+            name, nums = parts[0], [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"cannot parse strategy {text!r}; expected e.g. 'seed', "
+                             f"'split:256', 'fused:256:1', 'fused:256:1:sg' or 'tiled:256:16'") from None
+        keys = ("threads", "tile_tokens" if name == "tiled" else "outputs_per_thread")
+        return cls(name, subgroups=sg, **dict(zip(keys, nums)))
+
+
+class Plan:
+    """One forward ``output += scale * B @ (A @ x)`` for fixed shapes, ready to record."""
+
+    def __init__(self, device, weight, scale: float, tokens: int, strategy: Strategy):
+        if strategy.subgroups and not device.has_feature("subgroup"):
+            raise FeatureError(f"strategy {strategy} needs the 'subgroup' feature, which "
+                               f"{device.name!r} ({device.backend}) lacks")
+        self.device, self.weight, self.scale = device, weight, float(scale)
+        self.tokens, self.strategy = tokens, strategy
+        r, i, o, t, s = weight.rank, weight.in_dim, weight.out_dim, tokens, strategy
+        self.x_shape = (i,) if t == 1 else (t, i)
+        self.out_shape = (o,) if t == 1 else (t, o)
+        b_threads = 256
+        b_grid = (-(-o // b_threads), t, 1)
+        if s.name == "fused":
+            k = K.fused_forward_kernel(r, i, o, self.scale, t, s.threads, s.outputs_per_thread,
+                                       s.subgroups)
+            grid = (-(-o // (s.threads * s.outputs_per_thread)), t, 1)
+            self.steps = [(k, ("A", "x", "B", "output"), grid)]
+            self.h = None
+        elif s.name == "tiled":
+            k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens)
+            self.steps = [(k, ("A", "x", "B", "output"), (-(-t // s.tile_tokens), 1, 1))]
+            self.h = None
+        else:
+            if s.name == "seed":
+                ka = K.project_a_kernel(r, i, t, strategy="seed")
+                a_grid = (-(-r // ka.workgroup_size[0]), t, 1)
+            else:
+                ka = K.project_a_kernel(r, i, t, threads=s.threads, subgroups=s.subgroups)
+                a_grid = (t, 1, 1)
+            kb = K.fused_b_add_kernel(o, r, self.scale, t, b_threads)
+            self.h = device.empty((t, r), np.float32, name="lora_h")
+            self.steps = [(ka, ("A", "x", "h"), a_grid), (kb, ("B", "h", "output"), b_grid)]
+        self.dispatches = len(self.steps)
+        self._grids = {k.name: g for k, _, g in self.steps}
+        for k, _, _ in self.steps:
+            device.prepare(k)
+
+    def __repr__(self) -> str:
+        w = self.weight
+        return (f"<Plan {self.strategy} rank={w.rank} in={w.in_dim} out={w.out_dim} "
+                f"tokens={self.tokens} scale={self.scale}>")
+
+    def check(self, x_buf, out_buf) -> None:
+        """Shapes and dtypes of the activation buffers, before anything is recorded."""
+        for what, buf, shape in (("input", x_buf, self.x_shape), ("output", out_buf, self.out_shape)):
+            if getattr(buf, "shape", None) not in (shape, (int(np.prod(shape)),)) or \
+                    getattr(buf, "dtype", None) != np.float32:
+                got = f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}"
+                raise BindingError(f"{self!r}: {what} buffer must be float32 {shape}, got {got}")
+        if x_buf is out_buf:
+            from shaderdsl.errors import AliasingError
+            raise AliasingError(f"{self!r}: input and output are the same buffer {x_buf!r}")
+
+    def record(self, x_buf, out_buf) -> None:
+        """Dispatch the forward (inside a batch: record it). Call check() first
+        once for new buffers; the runtime re-validates bindings it has not seen."""
+        buffers = {"A": self.weight.a, "B": self.weight.b, "x": x_buf, "output": out_buf,
+                   "h": self.h}
+        dispatch = self.device.dispatch
+        for kernel, roles, grid in self.steps:
+            dispatch(kernel, [buffers[r] for r in roles], grid)
+
+    def __call__(self, x_buf, out_buf) -> None:
+        self.check(x_buf, out_buf)
+        self.record(x_buf, out_buf)

@@ -1,0 +1,127 @@
+"""Choosing the fastest strategy per (shape, adapter), measured once, cached on disk.
+
+The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
+``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build and shape.
+``LORA_STRATEGY=fused:256:1`` (or the ``strategy`` argument) forces a choice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from shaderdsl.runtime import WGPU_BUILD
+
+from .plan import Plan, Strategy
+
+
+def cache_path() -> Path:
+    root = os.environ.get("SHADERDSL_CACHE_DIR") or Path.home() / ".cache" / "shaderdsl"
+    return Path(root) / "lora_tuning.json"
+
+
+def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> str:
+    return f"{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+
+
+def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> list[Strategy]:
+    """The strategies worth timing for this shape on this device."""
+    sgs = [False, True] if device.has_feature("subgroup") else [False]
+    out = []
+    if tokens == 1:
+        for sg in sgs:
+            out.append(Strategy("split", 256, subgroups=sg))
+            for threads in (128, 256, 512):
+                for opt in (1, 2):
+                    out.append(Strategy("fused", threads, opt, sg))
+    else:
+        for threads in (128, 256):
+            for tile in (4, 8, 16, 32):
+                if tile <= max(4, tokens):
+                    out.append(Strategy("tiled", threads, tile_tokens=tile))
+        whole = -(-out_dim // 256)
+        for sg in sgs:
+            out.append(Strategy("split", 256, subgroups=sg))
+            out.append(Strategy("fused", 256, whole, sg))
+    return out
+
+
+def time_plan(device, plan: Plan, x_buf, out_buf, forwards: int, repeats: int = 5) -> float:
+    """Median time of one forward in microseconds: GPU timestamps around a batch
+    of ``forwards`` forwards where the device has them, else wall time with a wait."""
+    with device.batch():  # warm-up: pipelines, bind groups, caches
+        for _ in range(min(forwards, 10)):
+            plan.record(x_buf, out_buf)
+    device.sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(forwards):
+                plan.record(x_buf, out_buf)
+        ns = b.gpu_time_ns
+        if ns is None:
+            device.sync()
+            ns = (time.perf_counter() - t0) * 1e9
+        times.append(ns / forwards / 1000.0)
+    return statistics.median(times)
+
+
+def _load() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(key: str, value: dict) -> None:
+    table = _load()
+    table[key] = value
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+
+
+def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = True,
+             forwards: int | None = None, progress=None) -> Strategy:
+    """Time every candidate on scratch buffers; return (and cache) the fastest."""
+    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    if use_cache:
+        hit = _load().get(key)
+        if hit:
+            return Strategy.parse(hit["strategy"])
+    rng = np.random.default_rng(0)
+    x = device.buffer(rng.standard_normal((tokens, weight.in_dim)).astype(np.float32))
+    out = device.buffer(rng.standard_normal((tokens, weight.out_dim)).astype(np.float32))
+    if forwards is None:
+        forwards = max(4, min(200, 2_000_000 // (tokens * (weight.in_dim + weight.out_dim))))
+    timings = {}
+    for s in candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens):
+        plan = Plan(device, weight, scale, tokens, s)
+        timings[str(s)] = time_plan(device, plan, x, out, forwards, repeats=3)
+        if progress:
+            progress(f"  {s}: {timings[str(s)]:.2f} us")
+    best = min(timings, key=timings.get)
+    _store(key, {"strategy": best, "us": timings[best], "timings": timings})
+    return Strategy.parse(best)
+
+
+def choose(device, weight, scale: float, tokens: int, strategy=None) -> Strategy:
+    """The strategy to run: an explicit one (Strategy or text), $LORA_STRATEGY,
+    or the autotuned fastest for this shape and device."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy in (None, "auto"):
+        strategy = os.environ.get("LORA_STRATEGY") or "auto"
+    if strategy != "auto":
+        return Strategy.parse(strategy)
+    return autotune(device, weight, scale, tokens)

@@ -1,0 +1,127 @@
+"""The LoRA weights on the GPU: A ``[rank, in_dim]`` and B ``[out_dim, rank]``, row-major f32."""
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+
+import numpy as np
+
+from shaderdsl.errors import BindingError
+
+_uids = itertools.count(1)
+
+
+def _dim(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"Weight: {what} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def host_matrix(array, what: str, layout: str) -> np.ndarray:
+    """``array`` as a C-contiguous float32 matrix, or a clear BindingError.
+
+    Accepts any real floating dtype (float16/32/64; cast to float32); refuses
+    ints, bools, complex and objects rather than guessing, and values that are
+    NaN or infinite after the cast (a float64 over 3.4e38 becomes inf).
+    """
+    arr = np.asarray(array)
+    if arr.dtype.kind != "f":
+        raise BindingError(f"Weight: {what} must have a real floating dtype (float16, float32 or "
+                           f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
+    if arr.ndim != 2:
+        raise BindingError(f"Weight: {what} must be 2-D {layout}, got shape {arr.shape}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise BindingError(f"Weight: {what} {layout} must have no empty dimension, got shape "
+                           f"{arr.shape}")
+    with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = np.count_nonzero(~np.isfinite(out))
+    if bad:
+        raise BindingError(f"Weight: {what} has {bad} NaN or infinite value(s) as float32")
+    return out
+
+
+class Weight:
+    """GPU buffers of one LoRA adapter: ``a`` (A, ``[rank, in_dim]``) and
+    ``b`` (B, ``[out_dim, rank]``), both row-major float32, on ``device``.
+
+    Make one with :meth:`from_numpy` (your trained weights) or :meth:`init`
+    (a fresh adapter, initialised the way peft does). The execute functions in
+    :mod:`lora.forward` take a Weight and the activation buffers.
+    """
+
+    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "__weakref__")
+
+    def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
+        """Wrap existing buffers (float32, shaped ``(rank, in_dim)`` and
+        ``(out_dim, rank)``); most code wants :meth:`from_numpy` instead."""
+        self.in_dim = _dim(in_dim, "in_dim")
+        self.out_dim = _dim(out_dim, "out_dim")
+        self.rank = _dim(rank, "rank")
+        for what, buf, shape in (("a", a, (rank, in_dim)), ("b", b, (out_dim, rank))):
+            if getattr(buf, "device", None) is not device:
+                raise BindingError(f"Weight: {what} must be a Buffer on {device!r}, got {buf!r}")
+            if buf.dtype != np.float32 or buf.shape != shape:
+                raise BindingError(f"Weight: {what} must be float32{list(shape)}, got "
+                                   f"{buf.dtype.name}{list(buf.shape)}")
+        self.device, self.a, self.b = device, a, b
+        self.uid = next(_uids)  # never reused, unlike id(): plan caches key on it
+
+    @classmethod
+    def from_numpy(cls, device, a, b, *, name: str = "lora") -> "Weight":
+        """Upload A ``[rank, in_dim]`` and B ``[out_dim, rank]`` (any real float
+        dtype; stored as float32). Shapes, dtypes and finiteness are checked
+        before anything is allocated."""
+        a = host_matrix(a, "a", "[rank, in_dim]")
+        b = host_matrix(b, "b", "[out_dim, rank]")
+        if b.shape[1] != a.shape[0]:
+            raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, so b "
+                               f"must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
+        rank, in_dim = a.shape
+        out_dim = b.shape[0]
+        return cls(device, device.buffer(a, name=f"{name}.A"), device.buffer(b, name=f"{name}.B"),
+                   in_dim, out_dim, rank)
+
+    @classmethod
+    def init(cls, device, in_dim: int, out_dim: int, rank: int, seed: int = 0, *,
+             name: str = "lora") -> "Weight":
+        """A fresh adapter as peft initialises one: B = 0, and A drawn from
+        U(-1/sqrt(in_dim), 1/sqrt(in_dim)).
+
+        That bound is ``torch.nn.init.kaiming_uniform_(A, a=sqrt(5))``, which
+        peft uses (gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)).
+        Hesper draws A with bound sqrt(3 / in_dim) instead (gain 1), a factor
+        sqrt(3) wider. Either way B = 0, so a new adapter adds exactly nothing
+        until it is trained. ``seed`` feeds ``numpy.random.default_rng``.
+        """
+        in_dim, out_dim = _dim(in_dim, "in_dim"), _dim(out_dim, "out_dim")
+        rank = _dim(rank, "rank")
+        bound = 1.0 / math.sqrt(in_dim)
+        rng = np.random.default_rng(seed)
+        a = rng.uniform(-bound, bound, (rank, in_dim)).astype(np.float32)
+        b = np.zeros((out_dim, rank), np.float32)
+        return cls.from_numpy(device, a, b, name=name)
+
+    def numpy(self) -> tuple[np.ndarray, np.ndarray]:
+        """(A, B) read back from the GPU."""
+        return self.device.read(self.a), self.device.read(self.b)
+
+    def write(self, a=None, b=None) -> None:
+        """Overwrite A and/or B in place (same shapes; any real float dtype)."""
+        if a is not None:
+            a = host_matrix(a, "a", "[rank, in_dim]")
+            if a.shape != self.a.shape:
+                raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got {list(a.shape)}")
+        if b is not None:
+            b = host_matrix(b, "b", "[out_dim, rank]")
+            if b.shape != self.b.shape:
+                raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got {list(b.shape)}")
+        if a is not None:
+            self.device.write(self.a, a)
+        if b is not None:
+            self.device.write(self.b, b)
+
+    def __repr__(self) -> str:
+        return (f"<Weight rank={self.rank} in_dim={self.in_dim} out_dim={self.out_dim} "
+                f"on {self.device.name!r}>")
