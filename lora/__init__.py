@@ -1,7 +1,7 @@
 """lora: the LoRA forward pass ``out = base(x) + (alpha / rank) * B @ (A @ x)`` on WebGPU.
 
 The kernels are written in shaderdsl (:mod:`lora.kernels`); the execute
-functions (:mod:`lora.forward`) dispatch them on a shaderdsl Device; the numpy
+functions (:mod:`lora.execute`) dispatch them on a shaderdsl Device; the numpy
 reference (:mod:`lora.reference`) is what every kernel is checked against.
 
     import numpy as np, lora
@@ -16,7 +16,7 @@ reference (:mod:`lora.reference`) is what every kernel is checked against.
 """
 from . import kernels, reference
 from .config import Config
-from .forward import (PATHS, STRATEGIES, clear_plan_cache, execute_add_scaled,
+from .execute import (PATHS, STRATEGIES, clear_plan_cache, execute_add_scaled,
                       execute_fused_b_add, execute_lora_forward, execute_lora_forward_fused,
                       execute_lora_forward_single, execute_project_a, execute_project_b, forward,
                       save_activation)

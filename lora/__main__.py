@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 
-KERNELS = ("project_a", "project_b", "add_scaled", "fused_b_add", "fused_forward")
+KERNELS = ("project_a", "project_b", "add_scaled", "fused_b_add", "fused_forward", "tiled_forward")
 
 
 # ---------------------------------------------------------------- wgsl
 
 def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int = 1,
                  strategy: str = "workgroup", threads: int = 256, outputs_per_thread: int = 1,
-                 subgroups: bool = False):
+                 subgroups: bool = False, tile_tokens: int = 16):
     """The Kernel the execute functions would dispatch for these parameters."""
     from . import kernels as K
 
@@ -37,6 +37,8 @@ def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, 
     if name == "fused_forward":
         return K.fused_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads,
                                       outputs_per_thread, subgroups)
+    if name == "tiled_forward":
+        return K.tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads, tile_tokens)
     raise ValueError(f"unknown kernel {name!r}; expected one of {KERNELS}")
 
 
@@ -50,8 +52,8 @@ def cmd_wgsl(args) -> int:
     try:
         kernel = build_kernel(args.kernel, args.rank, args.in_dim, args.out_dim, args.scale,
                               args.tokens, args.strategy, args.threads, args.outputs_per_thread,
-                              args.subgroups)
-    except ShaderDSLError as e:
+                              args.subgroups, args.tile_tokens)
+    except (ShaderDSLError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(kernel.wgsl, end="")
@@ -66,10 +68,9 @@ def cmd_wgsl(args) -> int:
 # ---------------------------------------------------------------- shared by demo and check
 
 def _execute():
-    """The module lora/forward.py (``lora.forward`` itself is the numpy function)."""
-    import importlib
-
-    return importlib.import_module("lora.forward")
+    """The module of execute functions."""
+    from . import execute
+    return execute
 
 
 def _random(rng, shape):
@@ -322,6 +323,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--outputs-per-thread", type=int, default=1, help="fused_forward only")
     w.add_argument("--subgroups", action="store_true",
                    help="project_a/fused_forward: reduce with subgroupAdd")
+    w.add_argument("--tile-tokens", type=int, default=16, help="tiled_forward only")
     w.add_argument("--info", action="store_true", help="also print bindings and features")
 
     d = sub.add_parser("demo", help="run the seed case through every path; errors and timings")

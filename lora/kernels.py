@@ -13,8 +13,15 @@ from __future__ import annotations
 import shaderdsl as sd
 from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
+from shaderdsl import types as T
 
 SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
+
+
+def _check_threads(threads: int) -> None:
+    """The reductions halve the workgroup: its size must be a power of two."""
+    if not isinstance(threads, int) or threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, got {threads!r}")
 
 
 def _width(n: int) -> int:
@@ -56,6 +63,7 @@ def _reduce(m, accs, threads, subgroups):
     workgroup memory, and a short final sum (2 barriers). Without: a tree in
     workgroup memory, in groups of values that fit 16 KiB (log2(threads) barriers).
     """
+    _check_threads(threads)
     tid = m.local_index()
     rank = len(accs)
     if subgroups:
@@ -76,24 +84,53 @@ def _reduce(m, accs, threads, subgroups):
             total[r] = s
         m.barrier()
         return [m.let(total[r], f"h{r}") for r in range(rank)]
+    out = []
+
+    def finish(red, chunk, g0):
+        out.extend(m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk)))
+
+    _tree(m, accs, threads, threads, finish)
+    return out
+
+
+def _tree(m, accs, threads, lanes, finish):
+    """Sum each accumulator over groups of ``lanes`` consecutive threads in
+    workgroup memory, a group of ranks at a time so the array fits 16 KiB;
+    ``finish(red, chunk, g0)`` reads the sums (at red[q * threads + group start]).
+
+    Few levels are unrolled in Python (constant offsets); many ranks make the
+    halving a runtime loop, which keeps compile times short on software drivers.
+    """
+    tid = m.local_index()
+    lane = tid % lanes if lanes < threads else tid
+    rank = len(accs)
     group = max(1, min(rank, SHARED_FLOATS // threads))
     red = m.shared(f32, group * threads, "red")
-    out = []
+    levels = lanes.bit_length() - 1
     for g0 in range(0, rank, group):
         chunk = accs[g0:g0 + group]
         for q, a in enumerate(chunk):
             red[q * threads + tid] = a
         m.barrier()
-        s = threads // 2
-        while s > 0:
-            with m.if_(tid < s):
+
+        def level(s):
+            with m.if_(lane < s):
                 for q in range(len(chunk)):
                     red[q * threads + tid] += red[q * threads + tid + s]
             m.barrier()
-            s //= 2
-        out += [m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk))]
+
+        if len(chunk) * levels <= 64:
+            s = lanes // 2
+            while s > 0:
+                level(s)
+                s //= 2
+        else:
+            s = m.var(T.u32, lanes // 2, "s")
+            with m.while_(s > 0):
+                level(s)
+                s >>= 1
+        finish(red, chunk, g0)
         m.barrier()  # the next group reuses `red`
-    return out
 
 
 UNROLL_LIMIT = 8  # column iterations unrolled in Python; beyond this, a runtime loop
@@ -232,7 +269,7 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     base = m.let(wid.x * (threads * outputs_per_thread) + tid, "base")
     mine = []
     for k in range(outputs_per_thread):
-        i = m.let(base + k * threads, f"i{k}")
+        i = m.let(base + k * threads, f"col{k}")
         safe = m.let(B.min(i, out_dim - 1), f"safe{k}")  # in-bounds prefetch
         mine.append((i, _b_row(m, Bm, safe, rank), m.let(out[t * out_dim + safe], f"o{k}")))
     accs = _partial_dots(m, A, x, rank, in_n, t, tid, threads)
@@ -251,6 +288,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     column for every token of the tile. A and B are read once per tile, not
     once per token, which is what limits the one-token-per-workgroup kernel.
     """
+    _check_threads(threads)
     if tile_tokens > threads or threads % tile_tokens:
         raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
     lanes = threads // tile_tokens
@@ -265,26 +303,14 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
 
     accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes)
-    # Reduce over the lanes of each token in workgroup memory, in groups of ranks that fit.
-    group = max(1, min(rank, SHARED_FLOATS // threads))
-    red = m.shared(f32, group * threads, "red")
     hw = m.shared(f32, tile_tokens * rank, "hw")
-    for g0 in range(0, rank, group):
-        chunk = accs[g0:g0 + group]
-        for q, a in enumerate(chunk):
-            red[q * threads + tid] = a
-        m.barrier()
-        s = lanes // 2
-        while s > 0:
-            with m.if_(lane < s):
-                for q in range(len(chunk)):
-                    red[q * threads + tid] += red[q * threads + tid + s]
-            m.barrier()
-            s //= 2
+
+    def finish(red, chunk, g0):
         with m.if_(lane == 0):
             for q in range(len(chunk)):
                 hw[tl * rank + (g0 + q)] = scale * red[q * threads + tid]
-        m.barrier()
+
+    _tree(m, accs, threads, lanes, finish)
 
     with m.loop(tid, out_dim, threads, name="i") as i:
         row = _b_row(m, Bm, i, rank)

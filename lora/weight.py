@@ -48,7 +48,7 @@ class Weight:
 
     Make one with :meth:`from_numpy` (your trained weights) or :meth:`init`
     (a fresh adapter, initialised the way peft does). The execute functions in
-    :mod:`lora.forward` take a Weight and the activation buffers.
+    :mod:`lora.execute` take a Weight and the activation buffers.
     """
 
     __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "__weakref__")

@@ -9,6 +9,8 @@ from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
 from .kernel import Binding, Kernel, Override
 from .monad import ShaderM, _active
+from . import types as T
+from .types import size_and_align
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -20,6 +22,13 @@ def _workgroup_size(ws) -> tuple[int, int, int]:
     if not 1 <= len(ws) <= 3 or not all(isinstance(v, int) and v >= 1 for v in ws):
         raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
     return ws + (1,) * (3 - len(ws))
+
+
+def _bytes(t) -> int:
+    """Workgroup bytes of an array type (bool, not host-shareable, counts 4)."""
+    if T.scalar_of(t.elem) == T.bool_:
+        return 4 * t.length * T.components(t.elem)
+    return size_and_align(t)[0]
 
 
 def compile(fn, workgroup_size=64, *, name: str | None = None, **params) -> Kernel:
@@ -68,5 +77,7 @@ def _build(fn, ws, name, params) -> Kernel:
         for k, r in enumerate(m.bindings))
     overrides = tuple(Override(r.name, r.type, None if d is None else d.value)
                       for r, d in m.overrides)
+    workgroup_bytes = sum(_bytes(r.type) for r in m.workgroup_vars)
     return Kernel(name=name, wgsl=wgsl, workgroup_size=ws, bindings=bindings,
-                  overrides=overrides, features=features, source_map=source_map)
+                  overrides=overrides, features=features, source_map=source_map,
+                  workgroup_bytes=workgroup_bytes)

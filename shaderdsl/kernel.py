@@ -70,6 +70,7 @@ class Kernel:
     overrides: tuple[Override, ...] = ()
     features: frozenset[str] = frozenset()
     entry_point: str = "main"
+    workgroup_bytes: int = 0  # var<workgroup> storage the kernel declares
     # (WGSL line number, "file.py:line") for each emitted statement line.
     source_map: tuple[tuple[int, str], ...] = field(default=(), compare=False, repr=False)
 

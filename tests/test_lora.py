@@ -34,7 +34,7 @@ from shaderdsl.errors import DispatchError
 
 import lora.kernels as K
 from lora import Config, Weight, reference as R
-from lora.forward import (workgroup_bytes, execute_add_scaled, execute_fused_b_add, execute_lora_forward,
+from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
                           execute_lora_forward_fused, execute_lora_forward_single,
                           execute_project_a, execute_project_b, forward, save_activation)
 
@@ -52,7 +52,7 @@ NAN = np.float32("nan")
 def over_workgroup_memory(device, kernel):
     """Subgroup reductions at high rank and 1024 threads can need more workgroup
     memory than the device has: the execute functions refuse those."""
-    return workgroup_bytes(kernel) > device.limits["max-compute-workgroup-storage-size"]
+    return kernel.workgroup_bytes > device.limits["max-compute-workgroup-storage-size"]
 
 
 def cheap_rank(variant):

@@ -12,7 +12,7 @@ import pytest
 
 import lora
 from lora import Config, Weight, reference as R
-from lora.forward import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
+from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
                           execute_lora_forward_fused, execute_lora_forward_single,
                           execute_project_a, execute_project_b, forward, save_activation)
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError

@@ -60,6 +60,11 @@ def check_kernel(kernel, device) -> None:
         if key in limits and n > limits[key]:
             raise DispatchError(f"kernel {kernel.name!r}: workgroup_size[{axis}] = {n} exceeds "
                                 f"{key} = {limits[key]} on {device.name!r}")
+    wg_cap = limits.get("max-compute-workgroup-storage-size")
+    if wg_cap is not None and kernel.workgroup_bytes > wg_cap:
+        raise DispatchError(f"kernel {kernel.name!r} declares {kernel.workgroup_bytes} bytes of "
+                            f"workgroup memory, over max-compute-workgroup-storage-size = "
+                            f"{wg_cap} on {device.name!r}")
     cap = limits.get(MAX_INVOCATIONS)
     if cap is not None and kernel.threads_per_workgroup > cap:
         raise DispatchError(f"kernel {kernel.name!r}: workgroup_size {wg} has "

@@ -378,6 +378,11 @@ class Device:
         if type(workgroups) is int and 0 < workgroups <= self._max_wg:
             x = workgroups
             y = z = 1
+        elif type(workgroups) is tuple and len(workgroups) == 3 and \
+                0 < workgroups[0] <= self._max_wg and 0 < workgroups[1] <= self._max_wg and \
+                0 < workgroups[2] <= self._max_wg and type(workgroups[0]) is type(workgroups[1]) \
+                is type(workgroups[2]) is int:
+            x, y, z = workgroups
         else:
             x, y, z = checks.workgroups(kernel, workgroups, self._max_wg)
         okey = self._okey(entry, kernel, overrides) if overrides else ()

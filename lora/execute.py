@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 
 import numpy as np
 
@@ -162,28 +161,12 @@ def _strategy(strategy) -> str:
     return strategy
 
 
-_SHARED = re.compile(r"var<workgroup>\s+\w+\s*:\s*array<(f32|i32|u32|vec4<f32>)\s*,\s*(\d+)u?>")
-_SHARED_BYTES = {"f32": 4, "i32": 4, "u32": 4, "vec4<f32>": 16}
-
-
-def workgroup_bytes(kernel) -> int:
-    """Bytes of workgroup memory the kernel declares (the arrays lora's kernels use)."""
-    return sum(_SHARED_BYTES[t] * int(n) for t, n in _SHARED.findall(kernel.wgsl))
-
-
 def _step(device, kernel, grid):
     """(kernel, binding names in order, grid) after checking grid, memory and compiling."""
     grid = checks.workgroups(kernel, grid, device.limits["max-compute-workgroups-per-dimension"])
-    cap = device.limits.get("max-compute-workgroup-storage-size")
-    need = workgroup_bytes(kernel)
-    if cap is not None and need > cap:
-        # wgpu-native 0.32 does not check this itself; a driver may fail or misbehave
-        raise DispatchError(f"kernel {kernel.name!r} needs {need} bytes of workgroup memory, over "
-                            f"max-compute-workgroup-storage-size = {cap} on {device.name!r}; "
-                            f"use fewer threads (or subgroups=False)")
     if grid[1:] == (1, 1):
         grid = grid[0]  # an int takes the runtime's fastest path
-    device.prepare(kernel)  # features, workgroup limits, WGSL compile: all before any dispatch
+    device.prepare(kernel)  # features, workgroup size and memory, WGSL: all before any dispatch
     return kernel, tuple(b.name for b in kernel.bindings), grid
 
 
