@@ -16,7 +16,7 @@ reference (:mod:`lora.reference`) is what every kernel is checked against.
 """
 from . import kernels, reference
 from .config import Config
-from .execute import (PATHS, STRATEGIES, clear_plan_cache, execute_add_scaled,
+from .execute import (PATHS, STRATEGIES, clear_plan_cache, execute_add_scaled, execute_lora_forward_auto,
                       execute_fused_b_add, execute_lora_forward, execute_lora_forward_fused,
                       execute_lora_forward_single, execute_project_a, execute_project_b, forward,
                       save_activation)
@@ -25,4 +25,5 @@ from .weight import Weight
 __all__ = ["Config", "Weight", "kernels", "reference", "forward", "execute_project_a",
            "execute_project_b", "execute_add_scaled", "execute_fused_b_add",
            "execute_lora_forward", "execute_lora_forward_fused", "execute_lora_forward_single",
+           "execute_lora_forward_auto",
            "save_activation", "clear_plan_cache", "STRATEGIES", "PATHS"]

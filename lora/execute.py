@@ -31,10 +31,12 @@ from shaderdsl.runtime import Buffer, get_device
 from shaderdsl.runtime import checks
 
 from . import kernels as K
+from . import tuning
+from .plan import Plan
 from .weight import Weight, host_matrix
 
 STRATEGIES = ("workgroup", "seed")
-PATHS = ("three", "fused", "single")
+PATHS = ("auto", "three", "fused", "single")
 
 _F32 = np.dtype(np.float32)
 _PLANS: dict = {}       # key (names + buffer ids + params) -> tuple of steps
@@ -239,6 +241,7 @@ def _run(device, key, build, buffers: dict) -> None:
 def clear_plan_cache() -> None:
     """Forget every checked combination (kernels stay compiled)."""
     _PLANS.clear()
+    _AUTO.clear()
 
 
 # ---------------------------------------------------------------- execute functions
@@ -425,6 +428,37 @@ def execute_lora_forward_single(device, weight, scale, input_buf, output_buf, *,
                               "x": input_buf, "output": output_buf})
 
 
+_AUTO: dict = {}  # (device, weight uid, scale, tokens, strategy) -> Plan
+
+
+def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
+                              strategy=None) -> None:
+    """``output += scale * B @ (A @ input)`` with the fastest strategy for this
+    shape on this device (see :mod:`lora.tuning`; measured once, cached on
+    disk), or the one forced by ``strategy`` (e.g. ``"tiled:256:8"``) or
+    ``$LORA_STRATEGY``. After the first call for a shape, recording costs one
+    cache lookup, a shape check and the dispatches: the hot path.
+    """
+    plan = None
+    if isinstance(weight, Weight) and isinstance(input_buf, Buffer):
+        tokens = input_buf.size // weight.in_dim if weight.in_dim else 0
+        key = (device, weight.uid, scale, tokens, str(strategy))
+        plan = _AUTO.get(key)
+    if plan is None:
+        _device(device)
+        w = _weight(device, weight)
+        s = _scale(scale)
+        x = _buffer(device, input_buf, "input_buf")
+        out = _buffer(device, output_buf, "output_buf")
+        tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
+        _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+        plan = Plan(device, w, s, tokens, tuning.choose(device, w, s, tokens, strategy))
+        if len(_AUTO) >= _PLAN_LIMIT:
+            _AUTO.clear()
+        _AUTO[(device, w.uid, scale, tokens, str(strategy))] = plan
+    plan(input_buf, output_buf)
+
+
 def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -> None:
     """Copy the first ``num_elements`` float32 values of ``src_buf`` into
     ``dst_buf`` (default: all of ``src_buf``): keeps the input activation for a
@@ -453,7 +487,7 @@ def _host_activation(arr, what: str) -> np.ndarray:
 
 
 def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,
-            device=None, path: str = "fused", strategy: str = "workgroup", threads: int = 256,
+            device=None, path: str = "auto", strategy: str | None = None, threads: int = 256,
             subgroups: bool = False) -> np.ndarray:
     """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
 
@@ -463,8 +497,10 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
     dtype; computed in float32, returned as float32.
 
     The factor is ``scale`` if given, else ``alpha / rank``; with neither it is
-    1 (alpha = rank, as ``Config(rank)``). ``path``: ``"three"``,
-    ``"fused"`` (default) or ``"single"`` (see the execute functions).
+    1 (alpha = rank, as ``Config(rank)``). ``path``: ``"auto"`` (default: the
+    fastest strategy, autotuned once per shape and device, or ``strategy``
+    such as ``"fused:256:1"``), ``"three"``, ``"fused"`` or ``"single"`` (see
+    the execute functions; there ``strategy`` is project_a's, "workgroup" or "seed").
     ``device`` defaults to ``shaderdsl.runtime.get_device()``.
     """
     if path not in PATHS:
@@ -506,20 +542,23 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
     out_buf = dev.buffer(base32, name="lora.output")
     temps = [x_buf, out_buf, weight.a, weight.b]
     try:
-        if path == "single":
+        if path == "auto":
+            execute_lora_forward_auto(dev, weight, scale, x_buf, out_buf, strategy=strategy)
+        elif path == "single":
             execute_lora_forward_single(dev, weight, scale, x_buf, out_buf, threads=threads,
                                         subgroups=subgroups)
         else:
             h_buf = dev.empty(xs.shape[:-1] + (rank,), np.float32, name="lora.h")
             temps.append(h_buf)
+            a_strategy = strategy or "workgroup"
             if path == "fused":
                 execute_lora_forward_fused(dev, weight, scale, x_buf, out_buf, h_buf,
-                                           strategy=strategy, threads=threads, subgroups=subgroups)
+                                           strategy=a_strategy, threads=threads, subgroups=subgroups)
             else:
                 y_buf = dev.empty(out_shape, np.float32, name="lora.y")
                 temps.append(y_buf)
                 execute_lora_forward(dev, weight, scale, x_buf, out_buf, h_buf, y_buf,
-                                     strategy=strategy, threads=threads, subgroups=subgroups)
+                                     strategy=a_strategy, threads=threads, subgroups=subgroups)
         result = dev.read(out_buf).reshape(out_shape).copy()
     finally:
         for buf in temps:
@@ -529,4 +568,5 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
 
 __all__ = ["execute_project_a", "execute_project_b", "execute_add_scaled", "execute_fused_b_add",
            "execute_lora_forward", "execute_lora_forward_fused", "execute_lora_forward_single",
+           "execute_lora_forward_auto",
            "save_activation", "forward", "clear_plan_cache", "STRATEGIES", "PATHS"]

@@ -60,7 +60,7 @@ def _reduce(m, accs, threads, subgroups):
     """Sum each accumulator over the workgroup; returns lets holding the sums.
 
     With subgroups: one subgroupAdd per value, one slot per subgroup in
-    workgroup memory, and a short final sum (2 barriers). Without: a tree in
+    workgroup memory, then the first subgroup adds the slots (2 barriers). Without: a tree in
     workgroup memory, in groups of values that fit 16 KiB (log2(threads) barriers).
     """
     _check_threads(threads)
@@ -76,12 +76,19 @@ def _reduce(m, accs, threads, subgroups):
             for r, s in enumerate(sums):
                 part[r * slots + sg] = s
         m.barrier()
+        # The first subgroup adds the per-subgroup partials (one per lane on
+        # wide subgroups) with one more subgroupAdd per value.
         count = m.let((threads + m.subgroup_size() - 1) / m.subgroup_size(), "nsg")
-        with m.loop(tid, rank, threads, name="r") as r:
-            s = m.var(f32, 0.0, "s")
-            with m.loop(count, name="j") as j:
-                s += part[r * slots + j]
-            total[r] = s
+        lane = m.subgroup_invocation_id()
+        with m.if_(sg == 0):
+            vs = [m.var(f32, 0.0, f"v{r}") for r in range(rank)]
+            with m.loop(lane, count, m.subgroup_size(), name="j") as j:
+                for r in range(rank):
+                    vs[r] += part[r * slots + j]
+            finals = [m.let(B.subgroup_add(v)) for v in vs]
+            with m.if_(lane == 0):
+                for r in range(rank):
+                    total[r] = finals[r]
         m.barrier()
         return [m.let(total[r], f"h{r}") for r in range(rank)]
     out = []
@@ -133,7 +140,25 @@ def _tree(m, accs, threads, lanes, finish):
         m.barrier()  # the next group reuses `red`
 
 
-UNROLL_LIMIT = 8  # column iterations unrolled in Python; beyond this, a runtime loop
+UNROLL_BUDGET = 256  # statements a loop may unroll into in Python; beyond, a runtime loop
+
+
+def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name):
+    """``for c in range(start, stop, stride): body(c)``: unrolled in Python while
+    it stays under UNROLL_BUDGET statements (every load issued up front), else a
+    runtime loop. ``start`` is a shader expression, ``stop`` and ``stride`` ints."""
+    iterations = -(-stop // stride)
+    if iterations * per_iteration <= UNROLL_BUDGET:
+        for j in range(iterations):
+            c = m.let(start + j * stride, f"{name}{j}")
+            if (j + 1) * stride > stop:
+                with m.if_(c < stop):
+                    body(c)
+            else:
+                body(c)
+    else:
+        with m.loop(start, stop, stride, name=name) as c:
+            body(c)
 
 
 def _partial_dots(m, A, x, rank, in_n, t, lane, lanes):
@@ -149,18 +174,7 @@ def _partial_dots(m, A, x, rank, in_n, t, lane, lanes):
         for r in range(rank):
             accs[r] += _dot(A[r * in_n + c], xv)
 
-    iterations = -(-in_n // lanes)
-    if iterations <= UNROLL_LIMIT:
-        for j in range(iterations):
-            c = m.let(lane + j * lanes, f"c{j}")
-            if (j + 1) * lanes > in_n:
-                with m.if_(c < in_n):
-                    step(c)
-            else:
-                step(c)
-    else:
-        with m.loop(lane, in_n, lanes, name="c") as c:
-            step(c)
+    _unrolled_or_loop(m, lane, in_n, lanes, rank + 1, step, "c")
     return accs
 
 
@@ -303,25 +317,45 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
 
     accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes)
-    hw = m.shared(f32, tile_tokens * rank, "hw")
+    w = _width(rank)  # scale * h of the tile, as vec4 when rank allows: fewer loads in phase 2
+    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
 
     def finish(red, chunk, g0):
         with m.if_(lane == 0):
             for q in range(len(chunk)):
-                hw[tl * rank + (g0 + q)] = scale * red[q * threads + tid]
+                r = g0 + q
+                target = hw[tl * (rank // w) + r // w]
+                if w == 4:
+                    setattr(target, "xyzw"[r % 4], scale * red[q * threads + tid])
+                else:
+                    hw[tl * rank + r] = scale * red[q * threads + tid]
 
     _tree(m, accs, threads, lanes, finish)
 
-    with m.loop(tid, out_dim, threads, name="i") as i:
+    ragged = tokens % tile_tokens != 0
+
+    def column(i):
+        # All loads of this column first (B row, then every token's output),
+        # so they are in flight together; then the stores.
         row = _b_row(m, Bm, i, rank)
+        dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * out_dim + i, f"d{k}")
+                 for k in range(tile_tokens)]
+        olds = [m.let(out[d], f"o{k}") for k, d in enumerate(dests)]
         for k in range(tile_tokens):
-            hs = [m.let(hw[k * rank + r], f"h{r}") for r in range(rank)]
-            dest = (t0 + k) * out_dim + i
-            if tokens % tile_tokens:
-                with m.if_(t0 + k < tokens):
-                    out[dest] += _row_dot(row, hs)
+            hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
+            if w == 4:
+                total = B.dot(row[0], hs[0])
+                for v, h in zip(row[1:], hs[1:]):
+                    total = total + B.dot(v, h)
             else:
-                out[dest] += _row_dot(row, hs)
+                total = _row_dot(row, hs)
+            if ragged:
+                with m.if_(t0 + k < tokens):
+                    out[dests[k]] = olds[k] + total
+            else:
+                out[dests[k]] = olds[k] + total
+
+    _unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i")
 
 
 # ------------------------------------------------------------------ compiled kernels

@@ -4,6 +4,11 @@ import tempfile
 
 import pytest
 
+# The LoRA autotuner caches its choices on disk: keep the tests' choices out of
+# the user's cache, and fresh for each run.
+os.environ["SHADERDSL_CACHE_DIR"] = tempfile.mkdtemp(prefix="shaderdsl-test-cache-")
+os.environ.pop("LORA_STRATEGY", None)
+
 # Lavapipe warns unless XDG_RUNTIME_DIR names a private folder.
 if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):
     path = os.path.join(tempfile.gettempdir(), f"xdg-runtime-{os.getuid()}")

@@ -273,8 +273,10 @@ def test_multi_token_equals_token_by_token(device):
     rng = np.random.default_rng(7)
     a, b = normal(rng, (6, 300)), normal(rng, (257, 6))
     x, base = normal(rng, (3, 300)), normal(rng, (3, 257))
-    together = forward(x, a, b, base, scale=1.5, device=device)
-    apart = np.stack([forward(x[t], a, b, base[t], scale=1.5, device=device) for t in range(3)])
+    # Bit-equal only with one kernel for both ("auto" may pick a tiled kernel for 3 tokens).
+    together = forward(x, a, b, base, scale=1.5, device=device, path="fused")
+    apart = np.stack([forward(x[t], a, b, base[t], scale=1.5, device=device, path="fused")
+                      for t in range(3)])
     np.testing.assert_array_equal(together, apart)
 
 

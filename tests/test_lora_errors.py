@@ -315,7 +315,7 @@ def test_numpy_forward_errors(device):
         forward(x, a, np.ones((3, 3)), device=device)
     with pytest.raises(ValueError, match="give alpha or scale, not both"):
         forward(x, a, b, alpha=1.0, scale=1.0, device=device)
-    with pytest.raises(ValueError, match=r"path: expected one of \('three', 'fused', 'single'\)"):
+    with pytest.raises(ValueError, match=r"path: expected one of \('auto', 'three', 'fused', 'single'\)"):
         forward(x, a, b, path="double", device=device)
     # alpha / rank, and the default scale 1
     np.testing.assert_allclose(forward(x, a, b, alpha=4.0, device=device), np.full(3, 20.0))
