@@ -68,6 +68,30 @@ def copy_bandwidth(device, mib: int) -> float:
     return 2 * src.nbytes / statistics.median(times)
 
 
+def bump(m, n):
+    """output[i] += 1: the least a dependent dispatch can do."""
+    out = m.declare_output_buffer("output", f32, n)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < n):
+        out[i] += 1.0
+
+
+def dispatch_floor(device, dispatches: int = 2000) -> float:
+    """Microseconds per dispatch of a chain of tiny dependent dispatches: the
+    GPU-side cost any one-dispatch forward pays."""
+    k = sd.compile(bump, 256, n=2560)
+    buf = device.zeros(2560, np.float32)
+    times = []
+    for _ in range(5):
+        with device.batch(timestamps=True) as b:
+            for _ in range(dispatches):
+                device.dispatch(k, [buf], 10)
+        if b.gpu_time_ns is None:
+            return float("nan")
+        times.append(b.gpu_time_ns / dispatches / 1000)
+    return statistics.median(times)
+
+
 def minimal_bytes(tokens, rank, in_dim, out_dim) -> int:
     return 4 * (tokens * in_dim + 2 * tokens * out_dim + rank * in_dim + out_dim * rank)
 
@@ -172,7 +196,7 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
     weight = Weight.from_numpy(device, a, b)
     x_buf = device.buffer(x if tokens > 1 else x[0])
     out_buf = device.buffer(base if tokens > 1 else base[0])
-    forwards = 20 if quick else max(4, min(1000, 4_000_000 // (tokens * (in_dim + out_dim))))
+    forwards = 5 if quick else max(4, min(1000, 4_000_000 // (tokens * (in_dim + out_dim))))
     row = {"tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
            "min_bytes": minimal_bytes(tokens, rank, in_dim, out_dim)}
     best = autotune(device, weight, SCALE, tokens, use_cache=False,
@@ -184,8 +208,8 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
         plan(x_buf, out_buf)
         row[f"{label}_rel_err"] = rel_error(device.read(out_buf).reshape(tokens, out_dim), want,
                                             magnitude)
-        n = forwards if label == "best" else max(2, forwards // 20)
-        row[f"{label}_gpu_us"] = time_plan(device, plan, x_buf, out_buf, n, 3 if quick else 5)
+        row[f"{label}_gpu_us"] = time_plan(device, plan, x_buf, out_buf, forwards if label == "best"
+                                           else 2, 3 if quick else 5)
         if label == "best":
             row["host_us"] = host_time(device, plan, x_buf, out_buf, 50 if quick else 2000)
             row["dispatches"] = plan.dispatches
@@ -202,10 +226,11 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
     for k in ("torch_eager_us", "torch_graph_us"):
         if k in row:
             row[k.replace("_us", "").replace("torch_", "vs_torch_")] = row[k] / t
+    torch_text = (f"torch graph {row['torch_graph_us']:.1f} us" if "torch_graph_us" in row
+                  else f"PyTorch: {row['torch']}")
     log(f"T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['strategy']:>15} "
         f"{t:8.2f} us ({row['gbps']:.0f} GB/s), seed {row['seed_gpu_us']:.1f} us, "
-        f"host {row['host_us']:.1f} us, torch graph {row.get('torch_graph_us', float('nan')):.1f} us, "
-        f"err {row['best_rel_err']:.1e}")
+        f"host {row['host_us']:.1f} us, {torch_text}, err {row['best_rel_err']:.1e}")
     return row
 
 
@@ -214,14 +239,15 @@ def run(quick: bool, log=print) -> dict:
     grid = QUICK if quick else FULL
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
     copy = copy_bandwidth(device, 16 if quick else 512)
-    log(f"copy bandwidth: {copy:.0f} GB/s")
+    floor = dispatch_floor(device, 50 if quick else 2000)
+    log(f"copy bandwidth: {copy:.0f} GB/s; dependent-dispatch floor: {floor:.2f} us")
     rows = []
     cases = [(t, r, i, o) for (i, o) in grid["dims"] for r in grid["ranks"] for t in grid["tokens"]]
     for k, case in enumerate(cases, 1):
         log(f"[{k}/{len(cases)}]", end=" ")
         rows.append(bench_case(device, *case, copy, quick, log))
     return {"adapter": device.name, "backend": device.backend, "wgpu_build": WGPU_BUILD,
-            "compiler": COMPILER, "copy_gbps": copy, "quick": quick,
+            "compiler": COMPILER, "copy_gbps": copy, "dispatch_floor_us": floor, "quick": quick,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "rows": rows}
 

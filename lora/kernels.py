@@ -60,7 +60,7 @@ def _reduce(m, accs, threads, subgroups):
     """Sum each accumulator over the workgroup; returns lets holding the sums.
 
     With subgroups: one subgroupAdd per value, one slot per subgroup in
-    workgroup memory, then the first subgroup adds the slots (2 barriers). Without: a tree in
+    workgroup memory, then each subgroup adds the slots (1 barrier). Without: a tree in
     workgroup memory, in groups of values that fit 16 KiB (log2(threads) barriers).
     """
     _check_threads(threads)
@@ -69,28 +69,22 @@ def _reduce(m, accs, threads, subgroups):
     if subgroups:
         slots = threads // 4  # subgroups are at least 4 wide
         part = m.shared(f32, rank * slots, "partial")
-        total = m.shared(f32, rank, "total")
+        lane = m.subgroup_invocation_id()
         sg = m.let(tid / m.subgroup_size(), "sg")
         sums = [m.let(B.subgroup_add(a)) for a in accs]
-        with m.if_(m.subgroup_invocation_id() == 0):
+        with m.if_(lane == 0):
             for r, s in enumerate(sums):
                 part[r * slots + sg] = s
         m.barrier()
-        # The first subgroup adds the per-subgroup partials (one per lane on
-        # wide subgroups) with one more subgroupAdd per value.
+        # Every subgroup adds all the per-subgroup partials itself (one per lane
+        # on wide subgroups): no second barrier, and the subgroupAdd stays in
+        # uniform control flow, as Tint requires.
         count = m.let((threads + m.subgroup_size() - 1) / m.subgroup_size(), "nsg")
-        lane = m.subgroup_invocation_id()
-        with m.if_(sg == 0):
-            vs = [m.var(f32, 0.0, f"v{r}") for r in range(rank)]
-            with m.loop(lane, count, m.subgroup_size(), name="j") as j:
-                for r in range(rank):
-                    vs[r] += part[r * slots + j]
-            finals = [m.let(B.subgroup_add(v)) for v in vs]
-            with m.if_(lane == 0):
-                for r in range(rank):
-                    total[r] = finals[r]
-        m.barrier()
-        return [m.let(total[r], f"h{r}") for r in range(rank)]
+        vs = [m.var(f32, 0.0, f"v{r}") for r in range(rank)]
+        with m.loop(lane, count, m.subgroup_size(), name="j") as j:
+            for r in range(rank):
+                vs[r] += part[r * slots + j]
+        return [m.let(B.subgroup_add(v), f"h{r}") for r, v in enumerate(vs)]
     out = []
 
     def finish(red, chunk, g0):
@@ -143,12 +137,14 @@ def _tree(m, accs, threads, lanes, finish):
 UNROLL_BUDGET = 256  # statements a loop may unroll into in Python; beyond, a runtime loop
 
 
-def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name):
+def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=True):
     """``for c in range(start, stop, stride): body(c)``: unrolled in Python while
-    it stays under UNROLL_BUDGET statements (every load issued up front), else a
-    runtime loop. ``start`` is a shader expression, ``stop`` and ``stride`` ints."""
+    it stays under UNROLL_BUDGET statements (every load issued up front), else
+    (or with ``unroll=False``) a runtime loop. ``start`` is a shader
+    expression, ``stop`` and ``stride`` ints. Tint profits from unrolling;
+    naga's output can run slower unrolled, so the autotuner tries both."""
     iterations = -(-stop // stride)
-    if iterations * per_iteration <= UNROLL_BUDGET:
+    if unroll and iterations * per_iteration <= UNROLL_BUDGET:
         for j in range(iterations):
             c = m.let(start + j * stride, f"{name}{j}")
             if (j + 1) * stride > stop:
@@ -161,7 +157,7 @@ def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name):
             body(c)
 
 
-def _partial_dots(m, A, x, rank, in_n, t, lane, lanes):
+def _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
 
     With few iterations the loop is unrolled in Python, so every load is
@@ -174,7 +170,7 @@ def _partial_dots(m, A, x, rank, in_n, t, lane, lanes):
         for r in range(rank):
             accs[r] += _dot(A[r * in_n + c], xv)
 
-    _unrolled_or_loop(m, lane, in_n, lanes, rank + 1, step, "c")
+    _unrolled_or_loop(m, lane, in_n, lanes, rank + 1, step, "c", unroll)
     return accs
 
 
@@ -264,7 +260,7 @@ def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256):
 # ------------------------------------------------------------------ one dispatch
 
 def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                  outputs_per_thread=1, subgroups=False):
+                  outputs_per_thread=1, subgroups=False, unroll=True):
     """The whole LoRA delta in one dispatch.
 
     Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
@@ -286,14 +282,15 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
         i = m.let(base + k * threads, f"col{k}")
         safe = m.let(B.min(i, out_dim - 1), f"safe{k}")  # in-bounds prefetch
         mine.append((i, _b_row(m, Bm, safe, rank), m.let(out[t * out_dim + safe], f"o{k}")))
-    accs = _partial_dots(m, A, x, rank, in_n, t, tid, threads)
+    accs = _partial_dots(m, A, x, rank, in_n, t, tid, threads, unroll)
     hs = _reduce(m, accs, threads, subgroups)
     for i, row, old in mine:
         with m.if_(i < out_dim):
             out[t * out_dim + i] = old + scale * _row_dot(row, hs)
 
 
-def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16):
+def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                  unroll=True):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1: threads // tile_tokens lanes per token reduce h = A @ x[t] and
@@ -316,7 +313,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     lane = m.let(tid % lanes, "lane")
     t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
 
-    accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes)
+    accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
     w = _width(rank)  # scale * h of the tile, as vec4 when rank allows: fewer loads in phase 2
     hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
 
@@ -355,7 +352,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
             else:
                 out[dests[k]] = olds[k] + total
 
-    _unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i")
+    _unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)
 
 
 # ------------------------------------------------------------------ compiled kernels
@@ -387,15 +384,16 @@ def fused_b_add_kernel(out_dim, rank, scale, tokens=1, threads=256):
 
 
 def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                         outputs_per_thread=1, subgroups=False):
+                         outputs_per_thread=1, subgroups=False, unroll=True):
     """Kernel for output += scale * B @ (A @ x) in one dispatch (bindings A, x, B, output)."""
     return sd.compile(fused_forward, threads, name="fused_forward", rank=rank, in_dim=in_dim,
                       out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
-                      outputs_per_thread=outputs_per_thread, subgroups=subgroups)
+                      outputs_per_thread=outputs_per_thread, subgroups=subgroups, unroll=unroll)
 
 
-def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16):
+def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                         unroll=True):
     """Kernel for output += scale * B @ (A @ x) over tiles of tokens (bindings A, x, B, output)."""
     return sd.compile(tiled_forward, threads, name="tiled_forward", rank=rank, in_dim=in_dim,
                       out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
-                      tile_tokens=tile_tokens)
+                      tile_tokens=tile_tokens, unroll=unroll)

@@ -32,6 +32,7 @@ class Strategy:
     outputs_per_thread: int = 1
     subgroups: bool = False
     tile_tokens: int = 16
+    unroll: bool = True  # fused/tiled: unroll column loops in Python ("loop" in the text: don't)
 
     def __post_init__(self):
         if self.name not in STRATEGIES:
@@ -54,14 +55,19 @@ class Strategy:
             text += f":{self.outputs_per_thread}"
         if self.name == "tiled":
             text += f":{self.tile_tokens}"
+        if self.name in ("fused", "tiled") and not self.unroll:
+            text += ":loop"
         return text + (":sg" if self.subgroups else "")
 
     @classmethod
     def parse(cls, text: str) -> "Strategy":
-        """Inverse of str(): 'seed', 'split:256', 'fused:256:2:sg', 'tiled:256:16'."""
+        """Inverse of str(): 'seed', 'split:256', 'fused:256:2:sg', 'tiled:256:16:loop'."""
         parts = text.split(":")
         sg = parts[-1] == "sg"
         if sg:
+            parts = parts[:-1]
+        unroll = parts[-1] != "loop"
+        if not unroll:
             parts = parts[:-1]
         try:
             name, nums = parts[0], [int(p) for p in parts[1:]]
@@ -69,7 +75,7 @@ class Strategy:
             raise ValueError(f"cannot parse strategy {text!r}; expected e.g. 'seed', "
                              f"'split:256', 'fused:256:1', 'fused:256:1:sg' or 'tiled:256:16'") from None
         keys = ("threads", "tile_tokens" if name == "tiled" else "outputs_per_thread")
-        return cls(name, subgroups=sg, **dict(zip(keys, nums)))
+        return cls(name, subgroups=sg, unroll=unroll, **dict(zip(keys, nums)))
 
 
 class Plan:
@@ -88,12 +94,12 @@ class Plan:
         b_grid = (-(-o // b_threads), t, 1)
         if s.name == "fused":
             k = K.fused_forward_kernel(r, i, o, self.scale, t, s.threads, s.outputs_per_thread,
-                                       s.subgroups)
+                                       s.subgroups, s.unroll)
             grid = (-(-o // (s.threads * s.outputs_per_thread)), t, 1)
             self.steps = [(k, ("A", "x", "B", "output"), grid)]
             self.h = None
         elif s.name == "tiled":
-            k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens)
+            k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens, s.unroll)
             self.steps = [(k, ("A", "x", "B", "output"), (-(-t // s.tile_tokens), 1, 1))]
             self.h = None
         else:
