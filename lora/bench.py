@@ -234,9 +234,9 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
     return row
 
 
-def run(quick: bool, log=print) -> dict:
+def run(quick: bool, log=print, grid: dict | None = None) -> dict:
     device = get_device()
-    grid = QUICK if quick else FULL
+    grid = grid or (QUICK if quick else FULL)
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
     copy = copy_bandwidth(device, 16 if quick else 512)
     floor = dispatch_floor(device, 50 if quick else 2000)
@@ -253,33 +253,46 @@ def run(quick: bool, log=print) -> dict:
 
 
 def plot(results: list[dict], path: str) -> bool:
-    """GPU time per forward against tokens, one line per (build, rank, dims)."""
+    """Left: GPU time per forward against tokens for the headline shape (the
+    first rank and dims measured), each build beside seed and PyTorch. Right:
+    PyTorch CUDA-graph time over ours for every measured case (above 1: faster)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    head = results[0]["rows"][0]
+    shape = (head["rank"], head["in_dim"], head["out_dim"])
+    torch_drawn = False
     for res in results:
-        groups = {}
-        for r in res["rows"]:
-            groups.setdefault((r["rank"], r["in_dim"], r["out_dim"]), []).append(r)
-        for (rank, i, o), rows in groups.items():
-            rows.sort(key=lambda r: r["tokens"])
-            ax.plot([r["tokens"] for r in rows], [r["best_gpu_us"] for r in rows], marker="o",
-                    label=f"{res['compiler']} r{rank} {i}->{o}")
-            if res is results[0] and "torch_graph_us" in rows[0]:
-                ax.plot([r["tokens"] for r in rows], [r["torch_graph_us"] for r in rows],
-                        linestyle="--", color="gray", alpha=0.5)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("GPU time per forward (us)")
-    ax.set_title(f"LoRA forward on {results[0]['adapter']} (dashed: PyTorch CUDA graph)")
-    ax.legend(fontsize=6, ncol=2)
+        rows = sorted((r for r in res["rows"] if (r["rank"], r["in_dim"], r["out_dim"]) == shape),
+                      key=lambda r: r["tokens"])
+        tokens = [r["tokens"] for r in rows]
+        left.plot(tokens, [r["best_gpu_us"] for r in rows], marker="o", label=f"shaderdsl ({res['compiler']})")
+        left.plot(tokens, [r["seed_gpu_us"] for r in rows], linestyle=":", marker=".",
+                  label=f"seed design ({res['compiler']})")
+        if not torch_drawn and rows and "torch_graph_us" in rows[0]:
+            left.plot(tokens, [r["torch_graph_us"] for r in rows], linestyle="--", color="black",
+                      label="PyTorch CUDA graph")
+            left.plot(tokens, [r["torch_eager_us"] for r in rows], linestyle="--", color="gray",
+                      label="PyTorch CUDA eager")
+            torch_drawn = True
+        cases = [r for r in res["rows"] if "torch_graph_us" in r]
+        right.scatter(range(len(cases)), [r["torch_graph_us"] / r["best_gpu_us"] for r in cases],
+                      label=res["compiler"])
+    left.set(xscale="log", yscale="log", xlabel="tokens", ylabel="GPU time per forward (us)",
+             title=f"rank {shape[0]}, {shape[1]} -> {shape[2]}, f32")
+    left.legend(fontsize=7)
+    right.axhline(1.0, color="black", linewidth=0.8)
+    right.set(yscale="log", xlabel="case (order of the JSON rows)",
+              ylabel="PyTorch CUDA graph time / ours", title="every case (above 1: we are faster)")
+    right.legend(fontsize=7)
+    fig.suptitle(f"LoRA forward on {results[0]['adapter']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return True
 
 
@@ -287,6 +300,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lora bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
+    p.add_argument("--tokens", type=lambda v: tuple(int(t) for t in v.split(",")),
+                   help="comma-separated token counts (default: the full matrix's)")
+    p.add_argument("--ranks", type=lambda v: tuple(int(t) for t in v.split(",")),
+                   help="comma-separated ranks")
+    p.add_argument("--dims", type=lambda v: tuple(tuple(int(d) for d in p.split("x"))
+                                                  for p in v.split(",")),
+                   help="comma-separated IN x OUT pairs, e.g. 2560x2560,2560x10240")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     args = p.parse_args(argv)
@@ -295,13 +315,21 @@ def main(argv=None) -> int:
     def log(*a, **kw):
         print(*a, **kw, flush=True)
 
-    results = [run(args.quick, log)]
+    grid = dict(QUICK if args.quick else FULL)
+    for key in ("tokens", "ranks", "dims"):
+        if getattr(args, key):
+            grid[key] = getattr(args, key)
+    results = [run(args.quick, log, grid)]
     name = os.path.join(args.out, f"bench-{results[0]['compiler']}.json")
     with open(name, "w") as f:
         json.dump(results[0], f, indent=1)
     log(f"wrote {name}")
     if args.both_builds and WGPU_BUILD != "dawn":
         cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out] + (["--quick"] if args.quick else [])
+        for key in ("tokens", "ranks", "dims"):
+            if getattr(args, key):
+                cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                                              for v in getattr(args, key))]
         r = subprocess.run(cmd, env={**os.environ, "SHADERDSL_WGPU": "dawn"})
         other = os.path.join(args.out, "bench-tint.json")
         if r.returncode == 0 and os.path.exists(other):
