@@ -84,13 +84,18 @@ def _runner(dev, path, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw):
         return lambda: F.execute_lora_forward(dev, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw)
     if path == "fused":
         return lambda: F.execute_lora_forward_fused(dev, weight, scale, x_buf, out_buf, h_buf, **kw)
+    if path == "auto":
+        return lambda: F.execute_lora_forward_auto(dev, weight, scale, x_buf, out_buf,
+                                                   strategy=kw.get("strategy"))
     kw.pop("strategy", None)
     return lambda: F.execute_lora_forward_single(dev, weight, scale, x_buf, out_buf, **kw)
 
 
 PATH_NAMES = {"three": "three-dispatch (project_a, project_b, add_scaled)",
               "fused": "fused (project_a, fused_b_add)",
-              "single": "single (fused_forward)"}
+              "single": "single (fused_forward)",
+              "seed": "seed: Hesper's design (2 dispatches)",
+              "auto": "auto: autotuned"}
 
 
 # ---------------------------------------------------------------- demo
@@ -123,19 +128,28 @@ def cmd_demo(args) -> int:
     timed = dev.has_feature("timestamp-query")
     print(f"timing: {args.trials} batches of {args.repeat} forwards each; GPU time from "
           f"{'timestamp queries' if timed else '(no timestamp-query on this adapter)'}, median")
-    print()
     header = (f"{'path':<50} {'disp':>4} {'subm':>4} {'max abs err':>11} {'max rel err':>11} "
               f"{'tol':>4} {'first ms':>8} {'GPU us/fwd':>10} {'host us/fwd':>11}")
-    print(header)
-    print("-" * len(header))
     weight = Weight.from_numpy(dev, a, b)
     x_buf = dev.buffer(x, name="x")
     h_buf = dev.empty(xshape[:-1] + (cfg.rank,), np.float32, name="h")
     y_buf = dev.empty(oshape, np.float32, name="y")
     out_buf = dev.empty(oshape, np.float32, name="output")
+    from .tuning import choose
+    t0 = time.perf_counter()
+    best = choose(dev, weight, cfg.scale, T)
+    print(f"auto: chose {best} in {time.perf_counter() - t0:.1f} s (timed once per shape "
+          f"and adapter, then cached)")
+    print()
+    print(header)
+    print("-" * len(header))
     failed = False
-    for path in ("three", "fused", "single"):
-        run = _runner(dev, path, weight, cfg.scale, x_buf, out_buf, h_buf, y_buf)
+    for path in ("three", "fused", "single", "seed", "auto"):
+        if path == "seed":
+            run = _runner(dev, "auto", weight, cfg.scale, x_buf, out_buf, h_buf, y_buf,
+                          strategy="seed")
+        else:
+            run = _runner(dev, path, weight, cfg.scale, x_buf, out_buf, h_buf, y_buf)
         dev.write(out_buf, base)
         before = dict(dev.stats)
         t0 = time.perf_counter()
@@ -158,7 +172,8 @@ def cmd_demo(args) -> int:
             if batch.gpu_time_ns is not None:
                 gpu.append(batch.gpu_time_ns / args.repeat / 1e3)
         gpu_text = f"{statistics.median(gpu):10.2f}" if gpu else f"{'n/a':>10}"
-        print(f"{PATH_NAMES[path]:<50} {disp:>4} {subm:>4} {err.max():11.3e} "
+        name = PATH_NAMES[path] + (f" ({best})" if path == "auto" else "")
+        print(f"{name:<50} {disp:>4} {subm:>4} {err.max():11.3e} "
               f"{err.max() / np.abs(ref).max():11.3e} {'ok' if ok else 'FAIL':>4} "
               f"{first_ms:8.1f} {gpu_text} {statistics.median(host):11.2f}")
     print()
@@ -168,6 +183,8 @@ def cmd_demo(args) -> int:
           "first ms: first call incl. compile and read-back;")
     print("host us/fwd: CPU time to record one forward into a batch; "
           "GPU us/fwd: batch GPU time / forwards.")
+    print("auto: the fastest strategy for this shape and adapter, timed once and cached "
+          "(lora/tuning.py); python -m lora bench compares them on a real GPU.")
     return 1 if failed else 0
 
 

@@ -6,11 +6,12 @@ is the hot path when the same layer runs again and again.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from shaderdsl.errors import BindingError, FeatureError
+from shaderdsl.errors import AliasingError, BindingError, FeatureError
 
 from . import kernels as K
 
@@ -125,22 +126,27 @@ class Plan:
     def check(self, x_buf, out_buf) -> None:
         """Shapes and dtypes of the activation buffers, before anything is recorded."""
         for what, buf, shape in (("input", x_buf, self.x_shape), ("output", out_buf, self.out_shape)):
-            if getattr(buf, "shape", None) not in (shape, (int(np.prod(shape)),)) or \
-                    getattr(buf, "dtype", None) != np.float32:
+            if getattr(buf, "dtype", None) != np.float32 or \
+                    getattr(buf, "shape", None) not in (shape, (math.prod(shape),)):
                 got = f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}"
                 raise BindingError(f"{self!r}: {what} buffer must be float32 {shape}, got {got}")
         if x_buf is out_buf:
-            from shaderdsl.errors import AliasingError
             raise AliasingError(f"{self!r}: input and output are the same buffer {x_buf!r}")
 
     def record(self, x_buf, out_buf) -> None:
-        """Dispatch the forward (inside a batch: record it). Call check() first
-        once for new buffers; the runtime re-validates bindings it has not seen."""
+        """Dispatch the forward; several dispatches go out in one submit (or join
+        the open batch). Call check() first for buffers not used before; the
+        runtime validates bindings it has not seen."""
         buffers = {"A": self.weight.a, "B": self.weight.b, "x": x_buf, "output": out_buf,
                    "h": self.h}
         dispatch = self.device.dispatch
-        for kernel, roles, grid in self.steps:
-            dispatch(kernel, [buffers[r] for r in roles], grid)
+        if len(self.steps) == 1 or self.device.in_batch:
+            for kernel, roles, grid in self.steps:
+                dispatch(kernel, [buffers[r] for r in roles], grid)
+            return
+        with self.device.batch():
+            for kernel, roles, grid in self.steps:
+                dispatch(kernel, [buffers[r] for r in roles], grid)
 
     def __call__(self, x_buf, out_buf) -> None:
         self.check(x_buf, out_buf)
