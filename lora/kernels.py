@@ -94,9 +94,9 @@ def _reduce(m, accs, threads, subgroups):
     return out
 
 
-def _tree(m, accs, threads, lanes, finish):
+def _tree(m, accs, threads, lanes, finish, floats=SHARED_FLOATS):
     """Sum each accumulator over groups of ``lanes`` consecutive threads in
-    workgroup memory, a group of ranks at a time so the array fits 16 KiB;
+    workgroup memory, a group of ranks at a time so the array fits ``floats``;
     ``finish(red, chunk, g0)`` reads the sums (at red[q * threads + group start]).
 
     Few levels are unrolled in Python (constant offsets); many ranks make the
@@ -105,7 +105,7 @@ def _tree(m, accs, threads, lanes, finish):
     tid = m.local_index()
     lane = tid % lanes if lanes < threads else tid
     rank = len(accs)
-    group = max(1, min(rank, SHARED_FLOATS // threads))
+    group = max(1, min(rank, floats // threads))
     red = m.shared(f32, group * threads, "red")
     levels = lanes.bit_length() - 1
     for g0 in range(0, rank, group):
@@ -327,7 +327,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                 else:
                     hw[tl * rank + r] = scale * red[q * threads + tid]
 
-    _tree(m, accs, threads, lanes, finish)
+    _tree(m, accs, threads, lanes, finish, SHARED_FLOATS - tile_tokens * rank)
 
     ragged = tokens % tile_tokens != 0
 

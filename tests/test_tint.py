@@ -1,0 +1,184 @@
+"""Every kernel the project generates, validated by both WGSL compilers.
+
+naga (wgpu-native) compiles the grid of tests/tint_check.py in this process,
+on the test device. Tint (Dawn, package ``wgpudawn``) compiles the same grid
+in a subprocess running tests/tint_check.py on Dawn's Null backend: Dawn and
+wgpu-native cannot both be ``wgpu`` in one process, and the Null backend
+needs no GPU. The subprocess starts first, so it builds and compiles while
+this process does the same for naga. The counts are printed at the end of
+the run ("kernels validated by naga: N, by Tint: N").
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "tint_check.py"
+TIMEOUT_S = 300
+
+
+def _load_tint_check():
+    spec = importlib.util.spec_from_file_location("tint_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+tint_check = _load_tint_check()
+
+RESULTS: dict = {}  # compiler -> report (or the reason it did not run), for the summary
+
+
+class _Summary:
+    """Writes the counts into pytest's terminal summary."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not RESULTS:
+            return
+        terminalreporter.write_sep("-", "WGSL validation (tests/test_tint.py)")
+        parts = []
+        for compiler in ("naga", "Tint"):
+            r = RESULTS.get(compiler, "not run")
+            if isinstance(r, str):
+                parts.append(f"by {compiler}: {r}")
+                continue
+            text = f"by {compiler}: {r['checked']} of {r['expected']} on {r['device']}"
+            if r["module_only"]:
+                text += f", {len(r['module_only'])} of them as modules only (over the device's limits)"
+            if r["failures"]:
+                text += f", {len(r['failures'])} REJECTED"
+            parts.append(text)
+        terminalreporter.write_line("kernels validated " + "; ".join(parts))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    manager = request.config.pluginmanager
+    if not manager.has_plugin("shaderdsl-wgsl-validation"):
+        manager.register(_Summary(), "shaderdsl-wgsl-validation")
+
+
+class _TintJob:
+    """tests/tint_check.py running under Dawn in a subprocess."""
+
+    def __init__(self, folder: Path):
+        self.report_path = folder / "report.json"
+        self.stdout = open(folder / "stdout.txt", "w+")
+        self.stderr = open(folder / "stderr.txt", "w+")
+        env = dict(os.environ, SHADERDSL_WGPU="dawn", WGPU_BACKEND_TYPE="Null")
+        for name in ("SHADERDSL_BACKEND", "SHADERDSL_ADAPTER"):  # would filter out the Null adapter
+            env.pop(name, None)
+        self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--json", str(self.report_path)],
+                                     cwd=HERE.parent, env=env, stdout=self.stdout,
+                                     stderr=self.stderr)
+
+    def result(self) -> dict:
+        try:
+            self.proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.close()
+            pytest.fail(f"tests/tint_check.py took over {TIMEOUT_S} s")
+        if not self.report_path.exists():
+            self.stderr.seek(0)
+            pytest.fail(f"tests/tint_check.py exited with status {self.proc.returncode} and no "
+                        f"report; its stderr ends:\n{self.stderr.read()[-4000:]}")
+        return json.loads(self.report_path.read_text())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stdout.close()
+        self.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def tint_job(tmp_path_factory):
+    """The Tint check, started now; None when wgpudawn is not installed."""
+    if importlib.util.find_spec("wgpudawn") is None:
+        yield None
+        return
+    job = _TintJob(tmp_path_factory.mktemp("tint"))
+    yield job
+    job.close()
+
+
+@pytest.fixture(scope="module")
+def entries(tint_job):
+    """The grid, built here for naga (after the Tint subprocess has started
+    building its own, so the two run side by side)."""
+    return tint_check.grid()
+
+
+def _describe(items, key="error", limit=20) -> str:
+    lines = [f"{i['group']} {i['name']} {i['params']}:\n    {i[key]}" for i in items[:limit]]
+    if len(items) > limit:
+        lines.append(f"... and {len(items) - limit} more")
+    return "\n".join(lines)
+
+
+def test_grid_has_every_kernel_function(entries):
+    """A new LoRA kernel factory or example kernel must join the grid."""
+    import examples
+    from lora import kernels as K
+
+    groups = {}
+    for e in entries:
+        groups.setdefault(e.group, set()).add(e.name)
+    factories = {n for n, f in vars(K).items() if n.endswith("_kernel") and inspect.isfunction(f)}
+    assert factories <= groups["lora"], f"missing from the grid: {factories - groups['lora']}"
+    found = set()
+    for path in sorted(Path(examples.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"examples.{path.stem}")
+        for name, fn in vars(module).items():
+            if (inspect.isfunction(fn) and fn.__module__ == module.__name__
+                    and list(inspect.signature(fn).parameters)[:1] == ["m"]):
+                found.add(f"{module.__name__}.{name}")
+    assert found and found <= groups["examples"], f"missing from the grid: {found - groups['examples']}"
+    assert groups["codegen"] and groups["constructs"]
+
+
+def test_naga_validates_every_kernel(device, entries):
+    from shaderdsl.runtime import COMPILER
+
+    if COMPILER != "naga":
+        RESULTS["naga"] = "not run (the suite runs under Dawn)"
+        pytest.skip("the suite runs under Dawn (SHADERDSL_WGPU=dawn): no naga in this process")
+    report = tint_check.check(device, entries)
+    RESULTS["naga"] = report
+    print(f"kernels validated by naga: {report['checked']} of {report['expected']} "
+          f"on {report['device']} in {report['seconds']} s")
+    assert report["control_rejected"], "naga accepted a kernel with a type error"
+    assert not report["failures"], "naga rejected:\n" + _describe(report["failures"])
+    if report["unsupported"]:
+        pytest.skip(f"naga validated {report['checked']} of {report['expected']}; the adapter "
+                    f"lacks features for:\n" + _describe(report["unsupported"]))
+    assert report["checked"] == len(entries)
+
+
+def test_tint_validates_every_kernel(tint_job, entries):
+    if tint_job is None:
+        RESULTS["Tint"] = "not run (wgpudawn not installed)"
+        pytest.skip("wgpudawn not installed")
+    report = tint_job.result()
+    RESULTS["Tint"] = report
+    print(f"kernels validated by Tint: {report['checked']} of {report['expected']} "
+          f"on {report['device']} in {report['seconds']} s; "
+          f"{len(report['module_only'])} as modules only:\n"
+          + _describe(report["module_only"], "reason", limit=5))
+    assert report["compiler"] == "tint"
+    assert report["digest"] == tint_check.digest(entries), \
+        "the subprocess built other kernels than this process"
+    assert report["control_rejected"], "Tint accepted a kernel with a type error"
+    assert not report["failures"], "Tint rejected:\n" + _describe(report["failures"])
+    assert not report["unsupported"], "not compiled:\n" + _describe(report["unsupported"])
+    assert report["checked"] == report["expected"] == len(entries)

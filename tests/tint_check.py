@@ -1,0 +1,490 @@
+"""Compile every kernel the project generates with one WGSL compiler; print a JSON report.
+
+    python tests/tint_check.py            # Tint: Dawn's Null backend, no GPU needed
+    python tests/tint_check.py --list     # the kernels, without compiling them
+
+By default the script runs under Dawn (SHADERDSL_WGPU=dawn, package
+``wgpudawn``) on its Null backend (WGPU_BACKEND_TYPE=Null), where Tint still
+parses, validates and builds every module and pipeline. Dawn and wgpu-native
+cannot both be ``wgpu`` in one process, so tests/test_tint.py runs this file
+in a subprocess; it imports the module too, for ``grid()``, and compiles the
+same kernels with naga in-process. ``SHADERDSL_WGPU=native`` gives naga's
+report from this script instead.
+
+The report, one JSON object on the last line of stdout (and in ``--json PATH``):
+``compiler``, ``device``, ``checked`` (kernels the compiler accepted),
+``expected`` (kernels in the grid), ``control_rejected`` (a kernel with a
+type error was refused: the check is not vacuous), ``digest`` (of their WGSL, so the two sides
+can tell they saw the same kernels), ``module_only`` (kernels over this
+device's limits, e.g. more than 16 KiB of workgroup memory on the Null device:
+their WGSL was compiled as a module, no pipeline made), ``unsupported`` (the
+device lacks a feature: not compiled), ``failures`` (rejected: name, params,
+error) and ``seconds``.
+
+The grid: the LoRA kernels over ranks, shapes, scales, token counts and
+strategy variants (pruned from the full product, every value of each axis
+kept: see ``lora_entries``), the kernels the LoRA autotuner also tries, every
+example kernel, the kernels tests/test_codegen.py hands to its naga fixture,
+and a few kernels here that use the DSL constructs those leave out.
+Kernels with the same WGSL are counted once.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `examples` is not installed; the repository root has it
+    sys.path.insert(0, str(ROOT))
+
+# Nothing here may import shaderdsl.runtime at module level: importing it picks
+# the wgpu build (native or Dawn), and the test process has already picked naga.
+import shaderdsl as sd  # noqa: E402
+from shaderdsl import builtins as B  # noqa: E402
+from shaderdsl import (array, atomic, bool_, f16, f32, i32, u32, vec4f, vec4h, vec4i,  # noqa: E402
+                       vec4u)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kernel of the grid: where it comes from, how it was built, the Kernel."""
+
+    group: str
+    name: str
+    params: dict = field(hash=False)
+    kernel: sd.Kernel = field(hash=False, repr=False)
+
+    def describe(self) -> dict:
+        return {"group": self.group, "name": self.name, "params": self.params}
+
+
+# ---------------------------------------------------------------- LoRA kernels
+
+RANKS = (1, 3, 8, 16, 64)
+DIMS = ((1, 1), (7, 33), (256, 320), (2560, 2560))  # (in_dim, out_dim)
+SCALES = (0.0, -1.5, 2.0)
+TOKENS = (1, 5)
+
+
+def _spread(n: int) -> dict:
+    """The axes that only change literals or loop bounds, chosen from the
+    running count n of a full product: n % 4 (shape), n % 3 (scale) and
+    (n // 4) % 2 (tokens) have coprime periods, so over consecutive n every
+    pair of their values occurs, and a block of 4 or more consecutive kernels
+    sees every shape."""
+    in_dim, out_dim = DIMS[n % 4]
+    return {"in_dim": in_dim, "out_dim": out_dim, "scale": SCALES[n % 3],
+            "tokens": TOKENS[(n // 4) % 2]}
+
+
+def lora_entries() -> list[Entry]:
+    """The LoRA kernels: the full product of the axes that change the code's
+    shape (strategy, threads, subgroups, outputs per thread, unroll, rank and,
+    for the two-dispatch kernels, the dimension), the others spread over it."""
+    from lora import kernels as K
+
+    out: list[Entry] = []
+
+    def add(factory, **params):
+        out.append(Entry("lora", factory.__name__, params, factory(**params)))
+
+    a_variants = [dict(strategy="seed")] + [
+        dict(strategy="workgroup", threads=t, subgroups=sg)
+        for t, sg in itertools.product((64, 256), (False, True))]
+    for n, (variant, rank, (in_dim, _)) in enumerate(itertools.product(a_variants, RANKS, DIMS)):
+        add(K.project_a_kernel, rank=rank, in_dim=in_dim, tokens=_spread(n)["tokens"], **variant)
+
+    for n, (rank, (_, out_dim)) in enumerate(itertools.product(RANKS, DIMS)):
+        s = _spread(n)
+        add(K.project_b_kernel, out_dim=out_dim, rank=rank, tokens=s["tokens"])
+        add(K.fused_b_add_kernel, out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"])
+
+    for n, ((_, out_dim), scale) in enumerate(itertools.product(DIMS, SCALES)):
+        add(K.add_scaled_kernel, num_elements=out_dim * TOKENS[n % 2], scale=scale)
+
+    fused = itertools.product((128, 256), (1, 2), (False, True), (False, True), RANKS)
+    for n, (threads, per_thread, sg, unroll, rank) in enumerate(fused):
+        add(K.fused_forward_kernel, rank=rank, **_spread(n), threads=threads,
+            outputs_per_thread=per_thread, subgroups=sg, unroll=unroll)
+
+    tiled = itertools.product((128, 256), (4, 16), (False, True), RANKS)
+    for n, (threads, tile, unroll, rank) in enumerate(tiled):
+        add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=threads, tile_tokens=tile,
+            unroll=unroll)
+    return out
+
+
+def planner_entries() -> list[Entry]:
+    """Kernels outside that grid which lora.tuning.candidates() also tries:
+    512 and 1024 threads, and fused with one workgroup for all outputs."""
+    from lora import kernels as K
+
+    out: list[Entry] = []
+
+    def add(factory, **params):
+        out.append(Entry("lora-autotuner", factory.__name__, params, factory(**params)))
+
+    for threads, sg, unroll in itertools.product((512, 1024), (False, True), (False, True)):
+        add(K.fused_forward_kernel, rank=8, in_dim=2560, out_dim=2560, scale=2.0, tokens=1,
+            threads=threads, outputs_per_thread=1, subgroups=sg, unroll=unroll)
+    for sg in (False, True):
+        add(K.fused_forward_kernel, rank=16, in_dim=2560, out_dim=2560, scale=-1.5, tokens=5,
+            threads=256, outputs_per_thread=10, subgroups=sg, unroll=False)
+    for tile, unroll in itertools.product((4, 8, 16), (False, True)):
+        add(K.tiled_forward_kernel, rank=8, in_dim=256, out_dim=320, scale=2.0, tokens=5,
+            threads=512, tile_tokens=tile, unroll=unroll)
+    return out
+
+
+# ---------------------------------------------------------------- examples
+
+def example_entries() -> list[Entry]:
+    """Every kernel function of examples/, with the parameters its run()
+    helpers and tests use, edges included (1-wide workgroups, 1x1 matrices)."""
+    from examples import half, histogram, matmul, reduction, saxpy
+
+    table = [
+        *[(saxpy.saxpy, 64, dict(n=n, a_from=a)) for n in (None, 1, 1000)
+          for a in ("override", "uniform")],
+        (saxpy.saxpy, 256, dict(n=100)),
+        *[(reduction.reduce_sum, ws, {}) for ws in (1, 64, 256)],
+        *[(reduction.reduce_sum_subgroup, ws, {}) for ws in (1, 4, 64, 256)],
+        (matmul.matmul, (4, 4), dict(M=3, K=5, N=7)),
+        (matmul.matmul, (8, 8), dict(M=100, K=50, N=70)),
+        (matmul.matmul, (16, 16), dict(M=100, K=50, N=70)),
+        (matmul.matmul, (16, 16), dict(M=1, K=1, N=1)),
+        (histogram.histogram, 128, dict(nbins=100)),
+        (histogram.histogram, 32, dict(nbins=1)),
+        (histogram.histogram, 128, dict(nbins=37, private=True)),
+        (histogram.histogram, 128, dict(nbins=4096, private=True)),
+        (histogram.histogram, 64, dict(nbins=3, private=True)),
+        *[(half.gemv_f16, 64, dict(rows=rows, cols=cols)) for rows, cols in
+          ((300, 256), (300, 250), (1, 1), (4, 4))],
+    ]
+    out = []
+    for fn, ws, params in table:
+        name = f"{fn.__module__}.{fn.__name__}"
+        out.append(Entry("examples", name, {"workgroup_size": ws, **params},
+                         sd.compile(fn, ws, **params)))
+    return out
+
+
+# ---------------------------------------------------------------- tests/test_codegen.py
+
+def codegen_entries() -> list[Entry]:
+    """The kernels tests/test_codegen.py compiles with its ``naga`` fixture:
+    each of its tests whose only argument is ``naga`` is called with a
+    recorder in the fixture's place (its text assertions run as well)."""
+    path = ROOT / "tests" / "test_codegen.py"
+    spec = importlib.util.spec_from_file_location("_tint_check_test_codegen", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = []
+    for name, fn in sorted(vars(module).items()):
+        if not (name.startswith("test_") and inspect.isfunction(fn)):
+            continue
+        if list(inspect.signature(fn).parameters) != ["naga"]:
+            continue
+        seen: list = []
+        fn(lambda kernel: seen.append(kernel) or kernel)
+        out.extend(Entry("codegen", f"test_codegen.{name}[{i}]", {}, k) for i, k in enumerate(seen))
+    return out
+
+
+# ---------------------------------------------------------------- constructs test_codegen leaves out
+
+def c_subgroup_ops(m, elem):
+    """Every subgroup builtin on one element type."""
+    src = m.declare_input_buffer("src", elem)
+    dst = m.declare_output_buffer("dst", elem)
+    flags = m.declare_output_buffer("flags", vec4u)
+    gid = m.let(m.global_id().x, "gid")
+    lane = m.let(m.subgroup_invocation_id(), "lane")
+    v = m.let(src[gid], "v")
+    terms = [B.subgroup_add(v), B.subgroup_mul(v), B.subgroup_max(v), B.subgroup_min(v),
+             B.subgroup_inclusive_add(v), B.subgroup_exclusive_add(v),
+             B.subgroup_broadcast_first(v), B.subgroup_broadcast(v, 1),
+             B.subgroup_shuffle(v, m.subgroup_size() - 1 - lane), B.subgroup_shuffle_xor(v, 1),
+             B.subgroup_shuffle_up(v, 1), B.subgroup_shuffle_down(v, 1)]
+    if elem in (u32, i32):
+        terms += [B.subgroup_and(v), B.subgroup_or(v), B.subgroup_xor(v)]
+    lets = [m.let(t) for t in terms]
+    total = lets[0]
+    for t in lets[1:]:
+        total = total + t
+    dst[gid] = total
+    big = m.let(B.subgroup_all(lane < 64), "all_small")
+    some = m.let(B.subgroup_any(lane == 0), "any_first")
+    ballot = m.let(B.subgroup_ballot(big & some), "ballot")
+    flags[gid] = ballot
+
+
+def c_atomics(m, elem, workgroup):
+    """Every atomic builtin on atomic<u32|i32>, in storage or workgroup memory."""
+    n = 16
+    counts = m.declare_output_buffer("counts", atomic(elem), n)
+    out = m.declare_output_buffer("out", elem)
+    cells = m.shared(atomic(elem), n, "cells") if workgroup else counts
+    i = m.let(m.local_index() % n, "i")
+    one = elem(1)
+    olds = [B.atomic_add(cells[i], one), B.atomic_sub(cells[i], one), B.atomic_max(cells[i], one),
+            B.atomic_min(cells[i], one), B.atomic_and(cells[i], one), B.atomic_or(cells[i], one),
+            B.atomic_xor(cells[i], one), B.atomic_exchange(cells[i], one), B.atomic_load(cells[i])]
+    B.atomic_store(cells[(i + 1) % n], one)
+    if workgroup:
+        m.barrier()
+        B.atomic_add(counts[i], B.atomic_load(cells[i]))
+    total = olds[0]
+    for o in olds[1:]:
+        total = total + o
+    out[m.global_id().x] = total
+
+
+def c_f16_math(m):
+    """f16 scalars and vectors: arithmetic, builtins, conversions both ways."""
+    h = m.declare_input_buffer("h", vec4h)
+    o = m.declare_output_buffer("o", f16)
+    w = m.declare_output_buffer("w", vec4h)
+    f = m.declare_output_buffer("f", f32)
+    i = m.let(m.global_id().x, "i")
+    v = m.let(h[i], "v")
+    s = m.let(v.x * 0.5 + v.y, "s")
+    o[i] = (B.sqrt(B.abs(s)) + B.exp(s) + B.fma(s, s, 1.0) + B.clamp(s, -1.0, 1.0)
+            + B.min(s, v.z) + B.max(s, v.w) + B.dot(v, v) + B.length(v) + B.select(s, -s, s > 0.0))
+    w[i] = B.normalize(v) * vec4h(s) + B.mix(v, vec4h(1.0), 0.25)
+    f[i] = f32(s) + B.dot(vec4f(v), vec4f(1.0))
+    o[i + 1] = f16(f[0]) * 2.0
+
+
+def c_overrides(m):
+    """Overrides of every scalar type, without defaults (set at pipeline creation)."""
+    o = m.declare_output_buffer("o", f32)
+    q = m.declare_output_buffer("q", i32)
+    count = m.override("count", u32)
+    offset = m.override("offset", i32)
+    gain = m.override("gain", f32)
+    flag = m.override("flag", bool_)
+    bias = m.override("bias", f32, -0.5)
+    acc = m.var(f32, 0.0, "acc")
+    with m.loop(count, name="k") as k:
+        acc += gain * f32(k) + bias
+    with m.if_(flag):
+        o[0] = acc
+    q[0] = offset * 2 - 1
+
+
+def c_control_flow(m):
+    """Nested, descending and i32 loops, while with break, early return, local arrays."""
+    o = m.declare_output_buffer("o", f32)
+    q = m.declare_output_buffer("q", i32)
+    lid = m.let(m.local_index(), "lid")
+    acc = m.var(f32, 0.0, "acc")
+    table = m.var(array(f32, 8), name="table")
+    for r in m.static_loop(range(8)):
+        table[r] = f32(r) * 0.5
+    with m.loop(4, name="a") as a:
+        with m.loop(a, 8, 2, name="b") as b:
+            with m.if_(b == 6):
+                m.break_()
+            with m.elif_(b == 2):
+                m.continue_()
+            acc += table[b] * f32(a)
+    with m.loop(i32(10), i32(-10), -3, name="c") as c:
+        q[lid] = c
+    left = m.var(u32, 100, "left")
+    with m.while_(left > 0):
+        left >>= 1
+        with m.if_((left & 1) == 1):
+            m.break_()
+    m.storage_barrier()
+    with m.if_(lid >= 64):
+        m.return_()
+    v = m.var(vec4f, vec4f(acc), "v")
+    v.y = f32(left)
+    o[lid] = v.x + v.y + table[lid % 8]
+
+
+def c_workgroup_3d(m):
+    """A 3-D workgroup, 3-D indexing of shared memory, scalar and vector uniforms."""
+    sx, sy, sz = m.workgroup_size
+    params = m.declare_uniform("params", vec4f)
+    stride = m.declare_uniform("stride", u32)
+    o = m.declare_output_buffer("o", vec4f)
+    cube = m.shared(vec4f, sx * sy * sz, "cube")
+    lid = m.local_id()
+    flat = m.let(lid.z * (sx * sy) + lid.y * sx + lid.x, "flat")
+    cube[flat] = params * f32(m.global_id().z) + vec4f(f32(m.num_workgroups().y))
+    m.barrier()
+    o[m.workgroup_id().x * stride + flat] = cube[(flat + 1) % (sx * sy * sz)]
+
+
+def c_int_math(m):
+    """i32 and u32 arithmetic, vectors, bit builtins, bitcasts, vector select."""
+    a = m.declare_output_buffer("a", vec4i)
+    b = m.declare_output_buffer("b", vec4u)
+    x = m.let(a[0], "x")
+    y = m.let(b[0], "y")
+    n = m.let(x.x, "n")
+    a[1] = B.abs(x) + B.sign(x) + B.clamp(x, vec4i(-3), vec4i(3)) + x % vec4i(7) + x / vec4i(2)
+    a[2] = vec4i(n << 2, n >> 1, -n, ~n) + B.bitcast(vec4i, y)
+    b[1] = B.count_ones(y) + B.reverse_bits(y) + B.first_leading_bit(y) + B.max(y, vec4u(1))
+    b[2] = B.select(y, vec4u(0), x < vec4i(0))
+    b[3] = vec4u(B.bitcast(u32, f32(n) * 0.5), u32(n), u32(B.bitcast(f32, y.x) > 0.0), 0)
+
+
+def construct_entries() -> list[Entry]:
+    table = [
+        *[(c_subgroup_ops, 64, dict(elem=e)) for e in (f32, i32, u32, f16)],
+        *[(c_atomics, 64, dict(elem=e, workgroup=w)) for e in (u32, i32) for w in (False, True)],
+        (c_f16_math, 64, {}),
+        (c_overrides, 1, {}),
+        (c_control_flow, 64, {}),
+        (c_workgroup_3d, (4, 4, 4), {}),
+        (c_int_math, 1, {}),
+    ]
+    out = []
+    for fn, ws, params in table:
+        shown = {k: str(v) for k, v in params.items()}
+        out.append(Entry("constructs", fn.__name__, {"workgroup_size": ws, **shown},
+                         sd.compile(fn, ws, **params)))
+    return out
+
+
+# ---------------------------------------------------------------- the grid and the check
+
+GROUPS = (lora_entries, planner_entries, example_entries, codegen_entries, construct_entries)
+
+
+def grid() -> list[Entry]:
+    """Every kernel to validate, in a fixed order, each WGSL text once."""
+    seen, out = set(), []
+    for group in GROUPS:
+        for entry in group():
+            key = entry.kernel.cache_key
+            if key not in seen:
+                seen.add(key)
+                out.append(entry)
+    return out
+
+
+def digest(entries) -> str:
+    """Identifies the grid's WGSL texts, in order."""
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(e.kernel.cache_key.encode())
+    return h.hexdigest()[:16]
+
+
+class Unsupported(Exception):
+    """The device lacks a feature the kernel needs."""
+
+
+def compile_one(device, kernel) -> str:
+    """Compile ``kernel`` on ``device``: "pipeline" (module and pipeline made),
+    or "module: <why>" when the kernel is over this device's limits, so only its
+    WGSL could be compiled. Raises WGSLCompileError on rejection, Unsupported
+    when the device lacks a feature."""
+    from shaderdsl.runtime import COMPILER, checks
+    from shaderdsl.runtime.pipelines import compile_error
+
+    missing = sorted(set(kernel.features) - set(device.features))
+    if missing:
+        raise Unsupported(f"device lacks {', '.join(missing)}")
+    try:
+        checks.check_kernel(kernel, device)
+    except sd.DispatchError as over:  # workgroup size or memory over this device's limits
+        import wgpu
+
+        try:
+            device.wgpu_device.create_shader_module(label=kernel.name,
+                                                    code=kernel.wgsl_for(COMPILER))
+        except wgpu.GPUError as err:
+            raise compile_error(kernel, err) from None
+        return f"module: {over}"
+    overrides = {o.name: 1 for o in kernel.overrides if o.default is None}
+    device.prepare(kernel, overrides=overrides or None)
+    return "pipeline"
+
+
+# A kernel both compilers must reject (a float literal for a u32): shows that the
+# check really compiles, so an empty list of failures means something.
+CONTROL = sd.Kernel(name="control", workgroup_size=(1, 1, 1), bindings=(),
+                    wgsl="@compute @workgroup_size(1, 1, 1)\nfn main() {\n    let x: u32 = 1.5f;\n}\n")
+
+
+def control_rejected(device) -> bool:
+    try:
+        compile_one(device, CONTROL)
+    except sd.WGSLCompileError:
+        return True
+    return False
+
+
+def check(device, entries) -> dict:
+    """Compile every entry; the report described in the module docstring."""
+    from shaderdsl.runtime import COMPILER
+
+    t0 = time.perf_counter()
+    failures, module_only, unsupported = [], [], []
+    checked = 0
+    for e in entries:
+        try:
+            how = compile_one(device, e.kernel)
+        except Unsupported as why:
+            unsupported.append({**e.describe(), "error": str(why)})
+            continue
+        except Exception as err:  # WGSLCompileError, or anything else the compile raised
+            failures.append({**e.describe(), "error": f"{type(err).__name__}: {err}"})
+            continue
+        checked += 1
+        if how != "pipeline":
+            module_only.append({**e.describe(), "reason": how.split(": ", 1)[1]})
+    return {"compiler": COMPILER, "device": f"{device.name} ({device.backend})",
+            "checked": checked, "expected": len(entries), "digest": digest(entries),
+            "control_rejected": control_rejected(device), "module_only": module_only,
+            "unsupported": unsupported, "failures": failures,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the kernels, compile nothing")
+    parser.add_argument("--json", metavar="PATH", help="also write the report to PATH")
+    args = parser.parse_args(argv)
+    # Before anything imports wgpu (importing lora imports shaderdsl.runtime):
+    # Dawn, on its Null backend, unless told otherwise.
+    os.environ.setdefault("SHADERDSL_WGPU", "dawn")
+    os.environ.setdefault("WGPU_BACKEND_TYPE", "Null")
+
+    t0 = time.perf_counter()
+    entries = grid()
+    built = time.perf_counter() - t0
+    if args.list:
+        for e in entries:
+            print(json.dumps(e.describe(), default=str))
+        print(f"{len(entries)} kernels, digest {digest(entries)}", file=sys.stderr)
+        return 0
+
+    from shaderdsl.runtime import get_device
+
+    report = check(get_device(), entries)
+    report["build_seconds"] = round(built, 2)
+    text = json.dumps(report, default=str)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    ok = report["control_rejected"] and report["checked"] == report["expected"]
+    return 0 if ok and not report["failures"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
