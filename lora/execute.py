@@ -459,6 +459,14 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
     plan(input_buf, output_buf)
 
 
+def _forget_weight(uid: int) -> None:
+    """Drop the auto plans of a weight that is going away (and their scratch buffers)."""
+    for key in [k for k in _AUTO if k[1] == uid]:
+        plan = _AUTO.pop(key)
+        if plan.h is not None:
+            plan.device.release(plan.h)
+
+
 def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -> None:
     """Copy the first ``num_elements`` float32 values of ``src_buf`` into
     ``dst_buf`` (default: all of ``src_buf``): keeps the input activation for a
@@ -561,6 +569,7 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
                                      strategy=a_strategy, threads=threads, subgroups=subgroups)
         result = dev.read(out_buf).reshape(out_shape).copy()
     finally:
+        _forget_weight(weight.uid)
         for buf in temps:
             dev.release(buf)
     return result

@@ -6,7 +6,6 @@ is the hot path when the same layer runs again and again.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +44,8 @@ class Strategy:
         if self.name == "tiled" and (self.tile_tokens < 1 or self.threads % self.tile_tokens):
             raise ValueError(f"tile_tokens must divide threads, got {self.tile_tokens} "
                              f"and {self.threads}")
+        if self.name == "seed" and self.subgroups:
+            raise ValueError("the seed strategy has no subgroup form")
         if self.name == "tiled" and self.subgroups:
             raise ValueError("the tiled strategy reduces in workgroup memory; it has no subgroup form")
 
@@ -91,6 +92,9 @@ class Plan:
         r, i, o, t, s = weight.rank, weight.in_dim, weight.out_dim, tokens, strategy
         self.x_shape = (i,) if t == 1 else (t, i)
         self.out_shape = (o,) if t == 1 else (t, o)
+        # (dim,) and (1, dim) both hold one token
+        self._shapes = {"input": {(t, i)} | ({(i,)} if t == 1 else set()),
+                        "output": {(t, o)} | ({(o,)} if t == 1 else set())}
         b_threads = 256
         b_grid = (-(-o // b_threads), t, 1)
         if s.name == "fused":
@@ -127,11 +131,12 @@ class Plan:
         """Shapes and dtypes of the activation buffers, before anything is recorded."""
         for what, buf, shape in (("input", x_buf, self.x_shape), ("output", out_buf, self.out_shape)):
             if getattr(buf, "dtype", None) != np.float32 or \
-                    getattr(buf, "shape", None) not in (shape, (math.prod(shape),)):
+                    getattr(buf, "shape", None) not in self._shapes[what]:
                 got = f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}"
                 raise BindingError(f"{self!r}: {what} buffer must be float32 {shape}, got {got}")
-        if x_buf is out_buf:
-            raise AliasingError(f"{self!r}: input and output are the same buffer {x_buf!r}")
+        for name, buf in (("input", x_buf), ("weight A", self.weight.a), ("weight B", self.weight.b)):
+            if out_buf is buf:
+                raise AliasingError(f"{self!r}: the output buffer is also the {name} buffer")
 
     def record(self, x_buf, out_buf) -> None:
         """Dispatch the forward; several dispatches go out in one submit (or join

@@ -101,7 +101,8 @@ def _store(key: str, value: dict) -> None:
 
 def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = True,
              forwards: int | None = None, progress=None) -> Strategy:
-    """Time every candidate on scratch buffers; return (and cache) the fastest."""
+    """Time every candidate on scratch buffers; return the fastest. With
+    ``use_cache`` the on-disk cache is read first and written after."""
     key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
     if use_cache:
         hit = _load().get(key)
@@ -122,7 +123,8 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
         if progress:
             progress(f"  {s}: {timings[str(s)]:.2f} us")
     best = min(timings, key=timings.get)
-    _store(key, {"strategy": best, "us": timings[best], "timings": timings})
+    if use_cache:
+        _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)
 
 

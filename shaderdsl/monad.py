@@ -14,7 +14,7 @@ import itertools
 from . import types as T
 from . import stmt as S
 from .errors import ShaderNameError, ShaderScopeError
-from .expr import _seq, Call, Expr, Index, Ref, as_expr, binary, caller_location, \
+from .expr import _seq, Call, Expr, Index, Member, Ref, as_expr, binary, caller_location, \
     is_assignable, literal, reads, root, type_error
 from .names import check_user_name
 
@@ -244,6 +244,9 @@ class ShaderM:
             raise type_error(f"cannot assign to {what}")
         if isinstance(target.type, T.Atomic):
             raise type_error("cannot assign to an atomic; use atomic_store(...) or atomic_add(...)")
+        if isinstance(target, Member) and len(target.name) > 1:
+            raise type_error(f"WGSL cannot assign to a swizzle ({target.name!r}); assign one "
+                             f"component at a time or the whole vector")
         value = as_expr(value, target.type)
         if op:
             binary(op, target, value)  # type check of `target op value`

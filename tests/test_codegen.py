@@ -538,3 +538,12 @@ def test_floordiv_assign_and_mix_scalar(naga):
     lines = body(k_of(k))
     assert "n /= 3u;" in lines and "o[0u] = mix(o[1u], o[2u], 0.25f) + vec4<f32>(f32(n));" in lines
     naga(k_of(k))
+
+
+def test_compound_swizzle_store_is_refused():
+    def k(m):
+        o = m.declare_output_buffer("o", vec4f)
+        o[0].xy += vec2f(1.0, 2.0)
+
+    with pytest.raises(sd.ShaderTypeError, match="cannot assign to a swizzle"):
+        k_of(k)
