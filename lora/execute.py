@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -440,6 +441,7 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
     cache lookup, a shape check and the dispatches: the hot path.
     """
     plan = None
+    strategy = strategy or os.environ.get("LORA_STRATEGY") or "auto"
     if isinstance(weight, Weight) and isinstance(input_buf, Buffer):
         tokens = input_buf.size // weight.in_dim if weight.in_dim else 0
         key = (device, weight.uid, scale, tokens, str(strategy))

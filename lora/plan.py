@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shaderdsl.errors import AliasingError, BindingError, FeatureError
+from shaderdsl.runtime import Buffer
 
 from . import kernels as K
 
@@ -76,7 +77,13 @@ class Strategy:
         except ValueError:
             raise ValueError(f"cannot parse strategy {text!r}; expected e.g. 'seed', "
                              f"'split:256', 'fused:256:1', 'fused:256:1:sg' or 'tiled:256:16'") from None
-        keys = ("threads", "tile_tokens" if name == "tiled" else "outputs_per_thread")
+        if name not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r} in {text!r}")
+        keys = {"seed": (), "split": ("threads",), "fused": ("threads", "outputs_per_thread"),
+                "tiled": ("threads", "tile_tokens")}[name]
+        if len(nums) > len(keys):
+            raise ValueError(f"strategy {text!r}: {name!r} takes at most {len(keys)} number(s) "
+                             f"({', '.join(keys) or 'none'})")
         return cls(name, subgroups=sg, unroll=unroll, **dict(zip(keys, nums)))
 
 
@@ -130,7 +137,11 @@ class Plan:
     def check(self, x_buf, out_buf) -> None:
         """Shapes and dtypes of the activation buffers, before anything is recorded."""
         for what, buf, shape in (("input", x_buf, self.x_shape), ("output", out_buf, self.out_shape)):
-            if getattr(buf, "dtype", None) != np.float32 or \
+            if not isinstance(buf, Buffer) or buf.device is not self.device or buf.released:
+                got = repr(buf) if isinstance(buf, Buffer) else type(buf).__name__
+                raise BindingError(f"{self!r}: {what} buffer must be a live Buffer on "
+                                   f"{self.device!r}, got {got}")
+            if buf.dtype != np.float32 or \
                     getattr(buf, "shape", None) not in self._shapes[what]:
                 got = f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}"
                 raise BindingError(f"{self!r}: {what} buffer must be float32 {shape}, got {got}")

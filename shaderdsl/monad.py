@@ -16,7 +16,7 @@ from . import stmt as S
 from .errors import ShaderNameError, ShaderScopeError
 from .expr import _seq, Call, Expr, Index, Member, Ref, as_expr, binary, caller_location, \
     is_assignable, literal, reads, root, type_error
-from .names import check_user_name
+from .names import PREDECLARED, RESERVED, check_user_name
 
 _active: list["ShaderM"] = []
 
@@ -81,7 +81,11 @@ class ShaderM:
         return name
 
     def _local_name(self, name: str | None, hint: str) -> str:
-        """Locals may reuse a hint: a taken name gets a numeric suffix."""
+        """Locals may reuse a hint: a taken name gets a numeric suffix, and one
+        that is a WGSL keyword or predeclared name (``i32`` from ``f"i{k}"``)
+        a trailing '_'. A local's name changes nothing but readability."""
+        if name is not None and (name in RESERVED or name in PREDECLARED):
+            name += "_"
         if name is not None and name in self._names and check_user_name(name) is None:
             base, k = name, 1
             while f"{base}_{k}" in self._names:

@@ -1,0 +1,118 @@
+"""``python -m lora bench --quick``: the JSON it writes and the plot.
+
+The quick matrix (tokens 1 and 16, rank 8, 256 -> 320) runs once for the
+module; every test reads its output. Accuracy fields are the bench's own
+relative errors (|gpu - numpy| / (1 + the forward on absolute values)), held
+to 1e-5. Nothing here asserts a speed: only that the timings are there,
+positive, and consistent with each other.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from shaderdsl.runtime import COMPILER, WGPU_BUILD
+
+from lora import bench, tuning
+from lora.plan import Strategy
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, device):
+    out = tmp_path_factory.mktemp("bench")
+    code = bench.main(["--quick", "--out", str(out)])
+    return code, out
+
+
+@pytest.fixture(scope="module")
+def results(quick):
+    _, out = quick
+    path = out / f"bench-{COMPILER}.json"
+    assert path.exists(), sorted(p.name for p in out.iterdir())
+    with open(path) as f:
+        return json.load(f)
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value > 0
+
+
+def test_exit_code_and_files(quick):
+    code, out = quick
+    assert code == 0
+    assert (out / f"bench-{COMPILER}.json").is_file()
+    if COMPILER == "naga":
+        assert (out / "bench-naga.json").is_file()
+
+
+def test_header(results, device):
+    for key in ("adapter", "backend", "wgpu_build", "compiler", "copy_gbps",
+                "dispatch_floor_us", "rows"):
+        assert key in results, key
+    assert results["adapter"] == device.name
+    assert results["backend"] == device.backend
+    assert results["wgpu_build"] == WGPU_BUILD
+    assert results["compiler"] == COMPILER
+    assert results["quick"] is True
+    assert positive(results["copy_gbps"])
+    floor = results["dispatch_floor_us"]
+    assert isinstance(floor, float) and (math.isnan(floor) or floor > 0)
+
+
+def test_rows_cover_the_quick_matrix(results):
+    rows = results["rows"]
+    assert {(r["tokens"], r["rank"]) for r in rows} >= {(1, 8), (16, 8)}
+    for r in rows:
+        assert r["in_dim"] >= 1 and r["out_dim"] >= 1
+
+
+def test_row_fields(results, device):
+    for r in results["rows"]:
+        where = f"row T={r['tokens']} r={r['rank']}"
+        s = Strategy.parse(r["strategy"])
+        assert str(s) == r["strategy"], where
+        cands = tuning.candidates(device, r["rank"], r["in_dim"], r["out_dim"], r["tokens"])
+        assert r["strategy"] in {str(c) for c in cands}, where
+        for key in ("best_gpu_us", "seed_gpu_us", "host_us", "gbps", "numpy_us"):
+            assert positive(r.get(key)), (where, key, r.get(key))
+        for key in ("best_rel_err", "seed_rel_err"):
+            assert 0 <= r[key] < 1e-5, (where, key, r[key])
+        assert r["vs_seed"] == pytest.approx(r["seed_gpu_us"] / r["best_gpu_us"], rel=1e-9)
+        assert r["vs_numpy"] == pytest.approx(r["numpy_us"] / r["best_gpu_us"], rel=1e-9)
+        assert r["gbps"] == pytest.approx(r["min_bytes"] / (r["best_gpu_us"] * 1e3), rel=1e-9)
+        assert r["min_bytes"] == bench.minimal_bytes(r["tokens"], r["rank"], r["in_dim"],
+                                                     r["out_dim"])
+        assert r["frac_copy"] == pytest.approx(r["gbps"] / results["copy_gbps"], rel=1e-9)
+        assert r["dispatches"] == (2 if s.name in ("seed", "split") else 1), where
+
+
+def test_torch_field(results):
+    for r in results["rows"]:
+        torch = r["torch"]
+        assert isinstance(torch, str) and torch, r
+        if torch == "not installed" or torch.endswith("without CUDA"):
+            assert "torch_eager_us" not in r and "torch_graph_us" not in r
+        else:  # a version string, with CUDA timings
+            assert torch[0].isdigit(), torch
+            for key in ("torch_eager_us", "torch_graph_us"):
+                assert positive(r[key]), (key, r.get(key))
+
+
+def test_one_token_row_has_alone_read(results):
+    one = [r for r in results["rows"] if r["tokens"] == 1]
+    assert one
+    for r in one:
+        assert positive(r["alone_read_us"])
+
+
+def test_plot(quick):
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed: the bench writes no plot")
+    _, out = quick
+    png = out / "bench.png"
+    assert png.is_file()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

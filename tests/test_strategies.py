@@ -1,0 +1,614 @@
+"""Strategies, Plans and the autotuner (lora.plan, lora.tuning, execute_lora_forward_auto).
+
+Every result is compared with the float64 numpy reference (lora.reference)
+within the whole-forward bound of tests/test_lora.py, elementwise:
+
+    |gpu - numpy| <= 1e-4 * (|scale| * |B| @ (|A| @ |x|) + |base|)   (+ 1e-30)
+
+that is ``reference.tolerance(x, a, b, scale, base)``. The bound follows the
+absolute values of the terms, not the (possibly cancelling) result: an f32
+sum's rounding error is at most n * 2**-24 times the sum of |terms|, and about
+sqrt(n) * 2**-24 for terms of random sign. Where a forward runs k times on the
+same output, the bound is k times the one for a single forward whose base has
+grown to |base| + k * |delta|.
+
+Poison: outputs are updated in place and start as random base values, so an
+element a kernel forgets differs from the reference by the whole delta (the
+property test also draws all-positive inputs, where no cancellation can make
+that delta small). With scale 0 (or -0) the output must equal the base exactly.
+
+Shapes stay small (rank <= 16, in_dim and out_dim <= 600): lavapipe compiles
+the unrolled tiled kernels slowly (seconds per kernel at rank 16, 600 wide).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+import shaderdsl.build
+from shaderdsl.errors import AliasingError, BindingError, FeatureError
+
+import lora
+import lora.kernels as K
+from lora import Weight, reference as R
+from lora import tuning
+from lora.execute import execute_lora_forward_auto, forward
+from lora.plan import STRATEGIES, Plan, Strategy
+
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# One or more of every kind: seed, split (with and without subgroups), fused
+# (1..3 outputs per thread, unrolled and looped, subgroups), tiled (tiles from
+# 1 token to a whole workgroup of one lane per token, unrolled and looped).
+STRATEGY_TEXTS = [
+    "seed",
+    "split:64", "split:256", "split:64:sg",
+    "fused:64:1", "fused:128:2:loop", "fused:64:1:sg", "fused:32:3:loop:sg", "fused:256:1",
+    "tiled:64:4", "tiled:128:8:loop", "tiled:64:16", "tiled:32:32:loop", "tiled:16:1",
+]
+EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
+             511, 512, 513, 597, 599, 600]
+dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 600))
+scales = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -3.5, 0.125]),
+                   st.floats(-16, 16, allow_nan=False, width=32))
+seeds = st.integers(0, 2**32 - 1)
+STATS = ("modules", "pipelines", "bind_groups")
+
+
+def normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def lead(tokens):
+    """Leading shape of a Plan's activations: () for one token ((dim,) buffers), else (T,)."""
+    return () if tokens == 1 else (tokens,)
+
+
+def assert_close(got, want, tol, what=""):
+    got = np.asarray(got, np.float64)
+    assert got.shape == np.shape(want), (what, got.shape, np.shape(want))
+    assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} NaN element(s)"
+    bad = np.argwhere(np.abs(got - want) > tol)
+    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
+                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want "
+                           f"{want[tuple(bad[0])]}, tol {tol[tuple(bad[0])]}")
+
+
+def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
+    """Random A, B, x, base (float32) for one forward."""
+    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
+    x, base = normal(rng, lead(tokens) + (in_dim,)), normal(rng, lead(tokens) + (out_dim,))
+    if positive:
+        a, b, x = np.abs(a) + 0.01, np.abs(b) + 0.01, np.abs(x) + 0.01
+    return a, b, x, base
+
+
+def run_plan(device, a, b, x, base, scale, tokens, strategy, one_row=False):
+    """Plan(...)(x, out) on fresh buffers; returns (output, plan, dispatches recorded).
+    ``one_row``: one token as (1, dim) buffers instead of (dim,)."""
+    w = Weight.from_numpy(device, a, b)
+    plan = Plan(device, w, scale, tokens, Strategy.parse(strategy) if isinstance(strategy, str)
+                else strategy)
+    x_buf = device.buffer(x.reshape(1, -1) if one_row else x)
+    out = device.buffer(base.reshape(1, -1) if one_row else base)
+    before = device.stats["dispatches"]
+    plan(x_buf, out)
+    got = device.read(out).reshape(base.shape)
+    assert np.array_equal(device.read(x_buf).reshape(x.shape), x), "the input was modified"
+    return got, plan, device.stats["dispatches"] - before
+
+
+def check_result(got, a, b, x, base, scale, what):
+    assert got.dtype == np.float32
+    if scale == 0:
+        assert np.array_equal(got, base), f"{what}: scale 0 must leave the base exactly"
+        return
+    assert_close(got, R.forward(x, a, b, scale, base), R.tolerance(x, a, b, scale, base), what)
+
+
+@pytest.fixture(scope="module")
+def sub_ok(device):
+    return device.has_feature("subgroup")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh, empty tuning cache and no forced strategy."""
+    monkeypatch.setenv("SHADERDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LORA_STRATEGY", raising=False)
+    return tmp_path
+
+
+def boom(*args, **kwargs):
+    raise AssertionError("called where it must not be")
+
+
+# ---------------------------------------------------------------- every kind, against numpy
+
+@SETTINGS
+@given(strategy=st.sampled_from(STRATEGY_TEXTS), tokens=st.integers(1, 40),
+       rank=st.integers(1, 16), in_dim=dims, out_dim=dims, scale=scales,
+       positive=st.booleans(), one_row=st.booleans(), seed=seeds)
+def test_plan_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, out_dim, scale,
+                            positive, one_row, seed):
+    if strategy.endswith(":sg"):
+        assume(sub_ok)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens, positive)
+    got, plan, dispatches = run_plan(device, a, b, x, base, scale, tokens, strategy,
+                                     one_row=one_row and tokens == 1)
+    assert dispatches == plan.dispatches == (2 if strategy.split(":")[0] in ("seed", "split")
+                                             else 1)
+    check_result(got, a, b, x, base, scale, strategy)
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
+def test_every_output_written(device, sub_ok, strategy):
+    """All-positive inputs, 37 tokens (ragged for every tile), 259 outputs
+    (ragged for every workgroup): a skipped element would stay at its base."""
+    if strategy.endswith(":sg") and not sub_ok:
+        pytest.skip("adapter lacks 'subgroup'")
+    a, b, x, base = problem(np.random.default_rng(37), 5, 131, 259, 37, positive=True)
+    got, _, _ = run_plan(device, a, b, x, base, 0.5, 37, strategy)
+    assert np.all(got > base + 0.1)
+    check_result(got, a, b, x, base, 0.5, strategy)
+
+
+@pytest.mark.parametrize("tokens, rank, in_dim, out_dim",
+                         [(1, 8, 130, 257), (5, 3, 64, 300)])
+def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
+    """Whatever the autotuner may pick for these shapes computes the forward."""
+    cands = tuning.candidates(device, rank, in_dim, out_dim, tokens)
+    assert cands and len({str(s) for s in cands}) == len(cands)
+    assert all(isinstance(s, Strategy) for s in cands)
+    a, b, x, base = problem(np.random.default_rng(tokens), rank, in_dim, out_dim, tokens)
+    for s in cands:
+        got, plan, dispatches = run_plan(device, a, b, x, base, -1.25, tokens, s)
+        assert dispatches == plan.dispatches
+        check_result(got, a, b, x, base, -1.25, str(s))
+
+
+def test_candidates_follow_the_subgroup_feature(device, monkeypatch):
+    with_sg = tuning.candidates(device, 8, 64, 64, 1) + tuning.candidates(device, 8, 64, 64, 4)
+    if device.has_feature("subgroup"):
+        assert any(s.subgroups for s in with_sg)
+    monkeypatch.setattr(device, "has_feature", lambda name: False)
+    without = tuning.candidates(device, 8, 64, 64, 1) + tuning.candidates(device, 8, 64, 64, 4)
+    assert without and not any(s.subgroups for s in without)
+
+
+def test_subgroup_strategy_needs_the_feature(device, monkeypatch):
+    w = Weight.from_numpy(device, np.ones((2, 8), np.float32), np.ones((4, 2), np.float32))
+    monkeypatch.setattr(device, "has_feature", lambda name: name != "subgroup")
+    for text in ("split:64:sg", "fused:64:1:sg"):
+        with pytest.raises(FeatureError, match="subgroup"):
+            Plan(device, w, 1.0, 1, Strategy.parse(text))
+
+
+def test_seed_case_rank_8_dim_2560(device, sub_ok):
+    """The one large case: Hesper's rank 8, 2560 -> 2560, one token, scale 2."""
+    a, b, x, base = problem(np.random.default_rng(2560), 8, 2560, 2560, 1)
+    texts = ["seed", "split:256", "fused:256:1:loop", "tiled:256:4:loop"]
+    for text in texts + (["split:256:sg", "fused:256:1:loop:sg"] if sub_ok else []):
+        got, _, _ = run_plan(device, a, b, x, base, 2.0, 1, text)
+        check_result(got, a, b, x, base, 2.0, text)
+
+
+# ---------------------------------------------------------------- Strategy text
+
+def candidate_texts(device):
+    texts = set(STRATEGY_TEXTS)
+    for tokens in (1, 2, 5, 16, 100):
+        for out_dim in (1, 256, 300, 5000):
+            texts |= {str(s) for s in tuning.candidates(device, 8, 256, out_dim, tokens)}
+    return sorted(texts)
+
+
+def test_strategy_text_round_trip(device):
+    texts = candidate_texts(device)
+    assert {t.split(":")[0] for t in texts} == set(STRATEGIES)
+    for text in texts:
+        s = Strategy.parse(text)
+        assert str(s) == text
+        assert Strategy.parse(str(s)) == s
+    for s in tuning.candidates(device, 8, 256, 300, 1) + tuning.candidates(device, 8, 256, 300, 7):
+        assert Strategy.parse(str(s)) == s
+
+
+def test_strategy_fields():
+    s = Strategy.parse("fused:128:2:loop:sg")
+    assert (s.name, s.threads, s.outputs_per_thread, s.unroll, s.subgroups) == \
+        ("fused", 128, 2, False, True)
+    s = Strategy.parse("tiled:256:8:loop")
+    assert (s.name, s.threads, s.tile_tokens, s.unroll, s.subgroups) == \
+        ("tiled", 256, 8, False, False)
+    assert Strategy.parse("seed") == Strategy("seed")
+    assert Strategy.parse("split:512:sg") == Strategy("split", 512, subgroups=True)
+    assert str(Strategy()) == "fused:256:1"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus", "strategy must be one of"),
+    ("", "strategy must be one of"),
+    ("Fused:64:1", "strategy must be one of"),
+    ("fused:abc", "cannot parse strategy 'fused:abc'"),
+    ("fused:64:1.5", "cannot parse strategy"),
+    ("fused:64:1:sg:loop", "cannot parse strategy"),
+    ("tiled:256:3", "tile_tokens must divide threads"),
+    ("tiled:64:0", "tile_tokens must divide threads"),
+    ("tiled:32:64", "tile_tokens must divide threads"),
+    ("split:100", "threads must be a power of two, got 100"),
+    ("fused:0:1", "threads must be a power of two, got 0"),
+    ("fused:-64:1", "threads must be a power of two"),
+    ("fused:64:0", "outputs_per_thread must be >= 1, got 0"),
+    ("tiled:64:4:sg", "no subgroup form"),
+    ("seed:sg", "no subgroup form"),
+])
+def test_strategy_bad_text(text, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")) as info:
+        Strategy.parse(text)
+    assert len(str(info.value)) > 20
+
+
+@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:8", "split:64:5", "seed:64"])
+def test_strategy_too_many_numbers(text):
+    with pytest.raises(ValueError, match="takes at most"):
+        Strategy.parse(text)
+
+
+def test_strategy_bad_values():
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        Strategy("tiles")
+    with pytest.raises(ValueError, match="power of two"):
+        Strategy("fused", 48)
+    with pytest.raises(ValueError, match="must divide threads"):
+        Strategy("tiled", 64, tile_tokens=5)
+
+
+# ---------------------------------------------------------------- Plan.check: before any dispatch
+
+@pytest.mark.parametrize("strategy", ["seed", "split:64", "fused:64:1", "tiled:64:4"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_plan_refuses_bad_buffers_before_dispatch(device, strategy, tokens):
+    rank, dim = 3, 20  # in_dim == out_dim, so one buffer fits both roles
+    rng = np.random.default_rng(0)
+    w = Weight.from_numpy(device, normal(rng, (rank, dim)), normal(rng, (dim, rank)))
+    plan = Plan(device, w, 1.5, tokens, Strategy.parse(strategy))
+    shape = lead(tokens) + (dim,)
+    x = device.buffer(normal(rng, shape))
+    base = normal(rng, shape)
+    out = device.buffer(base)
+    bad = {
+        "x one short": (device.buffer(normal(rng, lead(tokens) + (dim - 1,))), out),
+        "out one long": (x, device.buffer(normal(rng, lead(tokens) + (dim + 1,)))),
+        "one token too many": (device.buffer(normal(rng, (tokens + 1, dim))), out),
+        "x float16": (device.buffer(np.ones(shape, np.float16)), out),
+        "out int32": (x, device.buffer(np.ones(shape, np.int32))),
+        "x a numpy array of the wrong shape": (np.ones((tokens, dim + 1), np.float32), out),
+        "out None": (x, None),
+    }
+    if tokens > 1:
+        bad["x flat (T * dim,)"] = (device.buffer(normal(rng, (tokens * dim,))), out)
+        bad["out flat (T * dim,)"] = (x, device.buffer(normal(rng, (tokens * dim,))))
+    else:
+        bad["x (1, 1, dim)"] = (device.buffer(normal(rng, (1, 1, dim))), out)
+    device.sync()
+    before = dict(device.stats)
+    for what, (xb, ob) in bad.items():
+        with pytest.raises(BindingError, match=r"Plan .*(input|output) buffer must be (float32|a live Buffer)"):
+            plan(xb, ob)
+        with pytest.raises(BindingError):
+            plan.check(xb, ob)
+    with pytest.raises(AliasingError, match="input"):
+        plan(out, out)
+    with pytest.raises(AliasingError):
+        plan.check(x, x)
+    assert device.stats == before
+    assert np.array_equal(device.read(out), base)
+    plan.check(x, out)  # the good pair passes
+    assert device.stats["dispatches"] == before["dispatches"]
+
+
+@pytest.mark.parametrize("strategy", ["fused:64:1", "seed", None])
+def test_auto_accepts_one_token_as_1_by_n(device, cache_dir, strategy):
+    """One token as (1, in_dim) (lora.forward and execute_lora_forward_auto), as
+    the other paths accept it."""
+    rng = np.random.default_rng(1)
+    a, b, x, base = problem(rng, 2, 8, 4, 2)
+    x, base = x[:1], base[:1]
+    got = forward(x, a, b, base, scale=1.0, device=device, strategy=strategy)
+    assert got.shape == (1, 4)
+    check_result(got, a, b, x, base, 1.0, "(1, n)")
+    w = Weight.from_numpy(device, a, b)
+    out = device.buffer(base)
+    execute_lora_forward_auto(device, w, 1.0, device.buffer(x), out, strategy=strategy)
+    check_result(device.read(out), a, b, x, base, 1.0, "(1, n) auto")
+
+
+@pytest.mark.parametrize("strategy", ["seed", "split:64", "fused:64:1", "tiled:64:4"])
+@pytest.mark.parametrize("role", ["a", "b"])
+def test_plan_refuses_output_that_is_a_weight_before_dispatch(device, strategy, role):
+    """Output = weight.a (tokens = rank, out_dim = in_dim) or weight.b (tokens =
+    out_dim = rank): shapes fit, but it must be refused with nothing run."""
+    rng = np.random.default_rng(2)
+    rank, in_dim, out_dim = (2, 3, 3) if role == "a" else (2, 3, 2)
+    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
+    w = Weight.from_numpy(device, a, b)
+    plan = Plan(device, w, 1.0, rank, Strategy.parse(strategy))
+    x = device.buffer(normal(rng, (rank, in_dim)))
+    device.sync()
+    before = dict(device.stats)
+    with pytest.raises(AliasingError):
+        plan(x, getattr(w, role))
+    assert device.stats["dispatches"] == before["dispatches"]
+    assert device.stats["submits"] == before["submits"]
+    assert np.array_equal(device.read(w.a), a) and np.array_equal(device.read(w.b), b)
+
+
+@pytest.mark.parametrize("strategy", ["seed", "fused:64:1"])
+def test_plan_refuses_a_non_buffer_before_dispatch(device, strategy):
+    rng = np.random.default_rng(3)
+    w = Weight.from_numpy(device, normal(rng, (2, 5)), normal(rng, (3, 2)))
+    plan = Plan(device, w, 1.0, 2, Strategy.parse(strategy))
+    x = device.buffer(normal(rng, (2, 5)))
+    device.sync()
+    before = dict(device.stats)
+    with pytest.raises(BindingError):
+        plan(x, np.zeros((2, 3), np.float32))
+    assert device.stats["dispatches"] == before["dispatches"]
+    assert device.stats["submits"] == before["submits"]
+
+
+# ---------------------------------------------------------------- autotune, cache, choose
+
+def test_cache_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHADERDSL_CACHE_DIR", str(tmp_path / "here"))
+    assert tuning.cache_path() == tmp_path / "here" / "lora_tuning.json"
+    monkeypatch.delenv("SHADERDSL_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert tuning.cache_path() == Path(tmp_path) / ".cache" / "shaderdsl" / "lora_tuning.json"
+
+
+def test_autotune_measures_once_then_reads_the_cache(device, cache_dir, monkeypatch):
+    rng = np.random.default_rng(4)
+    rank, in_dim, out_dim, tokens = 2, 24, 36, 3
+    w = Weight.from_numpy(device, normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank)))
+    path = cache_dir / "lora_tuning.json"
+    assert tuning.cache_path() == path and not path.exists()
+
+    first = tuning.autotune(device, w, 0.5, tokens, forwards=4)
+    assert isinstance(first, Strategy)
+    table = json.loads(path.read_text())
+    key = tuning.cache_key(device, rank, in_dim, out_dim, tokens)
+    assert list(table) == [key]
+    assert device.name in key and f"t{tokens}" in key
+    entry = table[key]
+    assert entry["strategy"] == str(first)
+    timings = entry["timings"]
+    cands = {str(s) for s in tuning.candidates(device, rank, in_dim, out_dim, tokens)}
+    assert set(timings) == cands  # every candidate fits this device at these shapes
+    assert all(isinstance(t, float) and t > 0 for t in timings.values())
+    assert entry["us"] == timings[str(first)] == min(timings.values())
+
+    # The second call (and choose) times nothing and agrees.
+    monkeypatch.setattr(tuning, "time_plan", boom)
+    monkeypatch.setattr(tuning, "Plan", boom)
+    assert tuning.autotune(device, w, 0.5, tokens) == first
+    assert tuning.choose(device, w, 0.5, tokens) == first
+    assert tuning.choose(device, w, 0.5, tokens, "auto") == first
+    # Another weight of the same shapes shares the entry.
+    w2 = Weight.from_numpy(device, normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank)))
+    assert tuning.autotune(device, w2, 3.0, tokens) == first
+    # use_cache=False measures again.
+    with pytest.raises(AssertionError, match="must not be"):
+        tuning.autotune(device, w, 0.5, tokens, use_cache=False)
+    assert json.loads(path.read_text()) == table
+
+
+def test_autotune_picks_the_fastest_and_keeps_other_shapes(device, cache_dir, monkeypatch):
+    """With made-up timings: the minimum wins, each shape has its own entry."""
+    rng = np.random.default_rng(5)
+    w = Weight.from_numpy(device, normal(rng, (2, 16)), normal(rng, (12, 2)))
+    # the last candidate of each list (the tuner must not just keep the first)
+    winners = {t: str(tuning.candidates(device, 2, 16, 12, t)[-1]) for t in (1, 4)}
+    timed = []
+
+    def fake_time_plan(dev, plan, x_buf, out_buf, forwards, repeats=5):
+        timed.append(str(plan.strategy))
+        assert x_buf.size == plan.tokens * w.in_dim and out_buf.size == plan.tokens * w.out_dim
+        return 1.0 if str(plan.strategy) == winners[plan.tokens] else 7.0 + len(timed)
+
+    monkeypatch.setattr(tuning, "time_plan", fake_time_plan)
+    for tokens, want in winners.items():
+        timed.clear()
+        assert str(tuning.autotune(device, w, 1.0, tokens)) == want
+        assert sorted(timed) == sorted(str(s) for s in tuning.candidates(device, 2, 16, 12, tokens))
+    table = json.loads((cache_dir / "lora_tuning.json").read_text())
+    assert {k: v["strategy"] for k, v in table.items()} == {
+        tuning.cache_key(device, 2, 16, 12, t): s for t, s in winners.items()}
+    assert all(v["us"] == 1.0 for v in table.values())
+
+
+def test_autotune_survives_a_corrupt_cache(device, cache_dir, monkeypatch):
+    (cache_dir / "lora_tuning.json").write_text("{not json")
+    monkeypatch.setattr(tuning, "time_plan",
+                        lambda dev, plan, *a, **k: 1.0 if plan.strategy.name == "split" else 2.0)
+    w = Weight.from_numpy(device, np.ones((1, 4), np.float32), np.ones((4, 1), np.float32))
+    chosen = tuning.autotune(device, w, 1.0, 2)
+    assert chosen.name == "split"
+    table = json.loads((cache_dir / "lora_tuning.json").read_text())
+    assert table[tuning.cache_key(device, 1, 4, 4, 2)]["strategy"] == str(chosen)
+
+
+def test_autotune_without_cache_neither_reads_nor_writes(device, cache_dir, monkeypatch):
+    monkeypatch.setattr(tuning, "time_plan",
+                        lambda dev, plan, *a, **k: 1.0 if plan.strategy.name == "seed" else 2.0)
+    w = Weight.from_numpy(device, np.ones((1, 4), np.float32), np.ones((4, 1), np.float32))
+    assert tuning.autotune(device, w, 1.0, 3, use_cache=False) == Strategy("seed")
+    assert not (cache_dir / "lora_tuning.json").exists()
+
+
+def test_choose_forced(device, cache_dir, monkeypatch):
+    w = Weight.from_numpy(device, np.ones((2, 8), np.float32), np.ones((4, 2), np.float32))
+    monkeypatch.setattr(tuning, "autotune", boom)
+    monkeypatch.setenv("LORA_STRATEGY", "fused:64:1")
+    assert tuning.choose(device, w, 1.0, 3) == Strategy("fused", 64, 1)
+    assert tuning.choose(device, w, 1.0, 3, "auto") == Strategy("fused", 64, 1)
+    # an explicit strategy wins over the variable
+    assert tuning.choose(device, w, 1.0, 3, strategy="tiled:64:4") == \
+        Strategy("tiled", 64, tile_tokens=4)
+    s = Strategy("split", 128, subgroups=False)
+    assert tuning.choose(device, w, 1.0, 3, s) is s
+    monkeypatch.setenv("LORA_STRATEGY", "bogus")
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        tuning.choose(device, w, 1.0, 3)
+    monkeypatch.delenv("LORA_STRATEGY")
+    assert tuning.choose(device, w, 1.0, 3, strategy="tiled:64:4") == \
+        Strategy("tiled", 64, tile_tokens=4)
+    with pytest.raises(AssertionError, match="must not be"):
+        tuning.choose(device, w, 1.0, 3)  # nothing forced: autotune
+
+
+# ---------------------------------------------------------------- execute_lora_forward_auto
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_auto_correct_and_second_call_builds_nothing(device, cache_dir, monkeypatch, tokens):
+    rng = np.random.default_rng(6 + tokens)
+    a, b, x, base = problem(rng, 3, 44, 37, tokens)
+    w = Weight.from_numpy(device, a, b)
+    x_buf, out = device.buffer(x), device.buffer(base)
+    execute_lora_forward_auto(device, w, -0.75, x_buf, out)  # tunes, caches, compiles
+    check_result(device.read(out), a, b, x, base, -0.75, "auto")
+    assert (cache_dir / "lora_tuning.json").exists()
+
+    monkeypatch.setattr(shaderdsl.build, "_build", boom)
+    monkeypatch.setattr(tuning, "autotune", boom)
+    monkeypatch.setattr(tuning, "time_plan", boom)
+    for name in ("project_a_kernel", "fused_b_add_kernel", "fused_forward_kernel",
+                 "tiled_forward_kernel"):
+        monkeypatch.setattr(K, name, boom)
+    device.sync()
+    before = dict(device.stats)
+    execute_lora_forward_auto(device, w, -0.75, x_buf, out)
+    device.sync()
+    assert {k: device.stats[k] - before[k] for k in STATS} == dict.fromkeys(STATS, 0)
+    want = base + 2 * R.lora_delta(x, a, b, -0.75)
+    big = np.abs(base) + 2 * abs(-0.75) * R.project_b(np.abs(b), R.project_a(np.abs(a), np.abs(x)))
+    assert_close(device.read(out), want, 2 * R.tolerance(x, a, b, -0.75, big), "twice")
+
+    # other buffers of the same shapes: the same plan, only new bind groups
+    out2 = device.buffer(base)
+    before = dict(device.stats)
+    execute_lora_forward_auto(device, w, -0.75, device.buffer(x), out2)
+    assert device.stats["modules"] == before["modules"]
+    assert device.stats["pipelines"] == before["pipelines"]
+    check_result(device.read(out2), a, b, x, base, -0.75, "new buffers")
+
+
+def test_auto_forced_strategy(device, cache_dir, monkeypatch):
+    monkeypatch.setattr(tuning, "autotune", boom)
+    rng = np.random.default_rng(8)
+    a, b, x, base = problem(rng, 4, 50, 70, 6)
+    for text in ("tiled:64:4", "seed", "fused:64:2:loop"):
+        w = Weight.from_numpy(device, a, b)
+        out = device.buffer(base)
+        execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out, strategy=text)
+        check_result(device.read(out), a, b, x, base, 1.5, text)
+    monkeypatch.setenv("LORA_STRATEGY", "split:128")
+    w = Weight.from_numpy(device, a, b)
+    out = device.buffer(base)
+    execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out)
+    check_result(device.read(out), a, b, x, base, 1.5, "LORA_STRATEGY")
+
+
+def test_auto_checks_before_dispatch(device, cache_dir):
+    rng = np.random.default_rng(9)
+    a, b, x, base = problem(rng, 2, 12, 12, 2)
+    w = Weight.from_numpy(device, a, b)
+    x_buf, out = device.buffer(x), device.buffer(base)
+    device.sync()
+    before = device.stats["dispatches"]
+    for xb, ob, err in ((x_buf, device.buffer(normal(rng, (2, 11))), BindingError),
+                        (device.buffer(normal(rng, (3, 12))), out, BindingError),
+                        (x_buf, x_buf, AliasingError)):
+        with pytest.raises(err):
+            execute_lora_forward_auto(device, w, 1.0, xb, ob, strategy="fused:64:1")
+    assert device.stats["dispatches"] == before
+    assert np.array_equal(device.read(out), base)
+
+
+def test_numpy_forward_auto(device, cache_dir, monkeypatch):
+    """lora.forward's default path; the tuner's timings are made up (the last
+    candidate wins) to keep this short: test_auto_correct... times for real."""
+    def fake_time_plan(dev, plan, x_buf, out_buf, forwards, repeats=5):
+        last = tuning.candidates(dev, plan.weight.rank, plan.weight.in_dim,
+                                 plan.weight.out_dim, plan.tokens)[-1]
+        return 1.0 if plan.strategy == last else 2.0
+
+    monkeypatch.setattr(tuning, "time_plan", fake_time_plan)
+    rng = np.random.default_rng(10)
+    for tokens, strategy in ((1, None), (4, None), (4, "tiled:64:4"), (1, "seed")):
+        a, b, x, base = problem(rng, 5, 33, 29, tokens)
+        got = forward(x, a, b, base, scale=0.5, device=device, strategy=strategy)
+        assert got.shape == base.shape
+        check_result(got, a, b, x, base, 0.5, f"forward {tokens} {strategy}")
+        got = lora.forward(x, a, b, base, alpha=10.0, device=device, path="auto",
+                           strategy=strategy)
+        check_result(got, a, b, x, base, 2.0, f"forward alpha {tokens} {strategy}")
+
+
+def test_numpy_forward_keeps_no_plans(device, cache_dir):
+    """lora.forward's weight is temporary: its auto plan must not outlive the call."""
+    import lora.execute as E
+    rng = np.random.default_rng(13)
+    a, b, x, base = problem(rng, 2, 16, 8, 3)
+    forward(x, a, b, base, device=device, strategy="split:64")
+    n = len(E._AUTO)
+    for _ in range(3):
+        forward(x, a, b, base, device=device, strategy="split:64")
+    assert len(E._AUTO) == n
+
+
+# ---------------------------------------------------------------- the lean hot path
+
+@pytest.mark.parametrize("strategy", ["seed", "split:64", "fused:64:1", "tiled:64:4"])
+def test_plan_call_is_one_submit(device, strategy):
+    """Outside a batch a Plan's dispatches go out together, as the execute functions' do."""
+    rng = np.random.default_rng(12)
+    a, b, x, base = problem(rng, 3, 40, 24, 2)
+    plan = Plan(device, Weight.from_numpy(device, a, b), 1.0, 2, Strategy.parse(strategy))
+    x_buf, out = device.buffer(x), device.buffer(base)
+    device.sync()
+    before = dict(device.stats)
+    plan(x_buf, out)
+    assert device.stats["dispatches"] - before["dispatches"] == plan.dispatches
+    assert device.stats["submits"] - before["submits"] == 1
+    check_result(device.read(out), a, b, x, base, 1.0, strategy)
+
+
+@pytest.mark.parametrize("strategy", ["seed", "split:64", "fused:64:1", "tiled:64:4"])
+def test_recording_a_plan_creates_nothing(device, monkeypatch, strategy):
+    rng = np.random.default_rng(11)
+    a, b, x, base = problem(rng, 3, 40, 24, 2)
+    w = Weight.from_numpy(device, a, b)
+    plan = Plan(device, w, 0.01, 2, Strategy.parse(strategy))
+    x_buf, out = device.buffer(x), device.buffer(base)
+    plan(x_buf, out)  # first call: pipelines and bind groups
+    monkeypatch.setattr(shaderdsl.build, "_build", boom)
+    device.sync()
+    before = dict(device.stats)
+    with device.batch():
+        for _ in range(100):
+            plan.record(x_buf, out)
+        assert device.stats["submits"] == before["submits"]
+    after = device.stats
+    assert {k: after[k] - before[k] for k in STATS} == dict.fromkeys(STATS, 0)
+    assert after["dispatches"] - before["dispatches"] == 100 * plan.dispatches
+    assert after["submits"] - before["submits"] == 1
+    # 101 forwards in all; each step's rounding is bounded at the final magnitude
+    want = base + 101 * R.lora_delta(x, a, b, 0.01)
+    assert_close(device.read(out), want, 101 * R.tolerance(x, a, b, 102 * 0.01, base), "101x")
