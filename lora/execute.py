@@ -103,6 +103,14 @@ def _shaped(buf, tokens: int, dim: int, what: str, dim_name: str) -> None:
                        f"{dim}, got {list(shape)} ({buf!r})")
 
 
+def _hold(n: int, *named) -> None:
+    """Each (what, buffer) holds at least ``n`` elements."""
+    for what, buf in named:
+        if buf.size < n:
+            raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
+                               f"{buf.size} elements ({buf!r})")
+
+
 def _distinct(*uses) -> None:
     """``uses``: (what, buffer, writes). No buffer may appear twice where one use writes it."""
     seen: dict = {}
@@ -306,10 +314,7 @@ def execute_add_scaled(device, y_buf, output_buf, num_elements: int | None = Non
         y = _buffer(device, y_buf, "y_buf")
         out = _buffer(device, output_buf, "output_buf")
         n = out.size if num_elements is None else _int(num_elements, "num_elements")
-        for what, buf in (("y_buf", y), ("output_buf", out)):
-            if buf.size < n:
-                raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
-                                   f"{buf.size} elements ({buf!r})")
+        _hold(n, ("y_buf", y), ("output_buf", out))
         _distinct(("y_buf", y, False), ("output_buf", out, True))
         return (_add_scaled_step(device, n, _scale(scale), _threads(device, threads)),)
 
@@ -478,10 +483,7 @@ def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -
     src = _buffer(device, src_buf, "src_buf")
     dst = _buffer(device, dst_buf, "dst_buf")
     n = src.size if num_elements is None else _int(num_elements, "num_elements")
-    for what, buf in (("src_buf", src), ("dst_buf", dst)):
-        if buf.size < n:
-            raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
-                               f"{buf.size} elements ({buf!r})")
+    _hold(n, ("src_buf", src), ("dst_buf", dst))
     _distinct(("src_buf", src, False), ("dst_buf", dst, True))
     device.copy(src, dst, n * _F32.itemsize)
 
