@@ -29,11 +29,10 @@ def _width(n: int) -> int:
     return 4 if n % 4 == 0 else 1
 
 
-def _rows(m, name, n_rows, row_len, writable=False):
-    """Declare a row-major matrix buffer; returns (buffer, elements per row)."""
+def _rows(m, name, n_rows, row_len):
+    """Declare a read-only row-major matrix; returns (buffer, elements per row)."""
     w = _width(row_len)
-    declare = m.declare_output_buffer if writable else m.declare_input_buffer
-    return declare(name, vec4f if w == 4 else f32, n_rows * row_len // w), row_len // w
+    return m.declare_input_buffer(name, vec4f if w == 4 else f32, n_rows * row_len // w), row_len // w
 
 
 def _dot(a, b):
@@ -61,7 +60,8 @@ def _reduce(m, accs, threads, subgroups):
 
     With subgroups: one subgroupAdd per value, one slot per subgroup in
     workgroup memory, then each subgroup adds the slots (1 barrier). Without: a tree in
-    workgroup memory, in groups of values that fit 16 KiB (log2(threads) barriers).
+    workgroup memory, in groups of values that fit 16 KiB (log2(threads) + 2
+    barriers per group).
     """
     _check_threads(threads)
     tid = m.local_index()
@@ -310,7 +310,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
     tl = m.let(tid / lanes, "tl")
-    lane = m.let(tid % lanes, "lane")
+    lane = tid % lanes
     t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
 
     accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
