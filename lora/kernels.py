@@ -90,20 +90,20 @@ def _reduce(m, accs, threads, subgroups):
     def finish(red, chunk, g0):
         out.extend(m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk)))
 
-    _tree(m, accs, threads, threads, finish)
+    _tree(m, accs, threads, threads, tid, finish)
     return out
 
 
-def _tree(m, accs, threads, lanes, finish, floats=SHARED_FLOATS):
+def _tree(m, accs, threads, lanes, lane, finish, floats=SHARED_FLOATS):
     """Sum each accumulator over groups of ``lanes`` consecutive threads in
     workgroup memory, a group of ranks at a time so the array fits ``floats``;
-    ``finish(red, chunk, g0)`` reads the sums (at red[q * threads + group start]).
+    ``lane`` is the thread's index within its group; ``finish(red, chunk, g0)``
+    reads the sums (at red[q * threads + group start]).
 
     Few levels are unrolled in Python (constant offsets); many ranks make the
     halving a runtime loop, which keeps compile times short on software drivers.
     """
     tid = m.local_index()
-    lane = tid % lanes if lanes < threads else tid
     rank = len(accs)
     group = max(1, min(rank, floats // threads))
     red = m.shared(f32, group * threads, "red")
@@ -310,7 +310,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
     tl = m.let(tid / lanes, "tl")
-    lane = tid % lanes
+    lane = m.let(tid % lanes, "lane")
     t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
 
     accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
@@ -327,7 +327,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                 else:
                     hw[tl * rank + r] = scale * red[q * threads + tid]
 
-    _tree(m, accs, threads, lanes, finish, SHARED_FLOATS - tile_tokens * rank)
+    _tree(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
 
     ragged = tokens % tile_tokens != 0
 

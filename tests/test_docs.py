@@ -1,0 +1,25 @@
+"""The WGSL listings in docs/lora.md are what the command above each prints."""
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from lora.__main__ import main
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "lora.md"
+LISTING = re.compile(r"`(python -m lora wgsl [^`]+)`\s*\n(?:\s*<details>[^\n]*\n)?\s*```wgsl\n(.*?)```",
+                     re.S)
+
+
+def listings():
+    found = LISTING.findall(DOC.read_text())
+    assert found, "docs/lora.md has no WGSL listings under a `python -m lora wgsl` command"
+    return found
+
+
+@pytest.mark.parametrize("command, wgsl", listings(), ids=lambda v: v[:60] if "wgsl" in v else "")
+def test_listing_matches_the_cli(command, wgsl, capsys):
+    argv = shlex.split(command)[3:]  # drop "python -m lora"
+    assert main(argv) == 0
+    assert capsys.readouterr().out == wgsl
