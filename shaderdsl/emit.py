@@ -46,7 +46,10 @@ def literal_text(lit: Lit) -> str:
         return f"{v}u"
     if t == T.i32:
         return "(-2147483647i - 1i)" if v == -(2 ** 31) else f"{v}i"
-    return float_text(v, t)
+    try:
+        return float_text(v, t)
+    except ShaderTypeError as e:
+        raise ShaderTypeError(f"{lit.where}: {e}") from None
 
 
 def _needs_parens(parent: str, child: Expr, left: bool) -> bool:

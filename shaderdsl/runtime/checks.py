@@ -128,6 +128,9 @@ def overrides_key(kernel, overrides) -> tuple:
             if not isinstance(value, (int, float, np.integer, np.floating)):
                 raise DispatchError(f"override {name!r}: {tname} needs a number, got {value!r}")
             value = float(value)
+            limit = 65504.0 if tname == "f16" else 3.4028234663852886e38
+            if not abs(value) <= limit:  # also refuses NaN
+                raise DispatchError(f"override {name!r}: {value!r} is not a finite {tname}")
         elif tname == "bool":
             value = bool(value)
         items.append((name, value))

@@ -77,13 +77,21 @@ def _features(a) -> frozenset:
     return frozenset(DAWN_NAMES.get(f, f) for f in a.features)
 
 
+_adapters: list | None = None
+
+
 def _all_adapters() -> list:
-    """Every adapter; Dawn's Null backend answers request_adapter but not enumerate."""
-    found = list(wgpu.gpu.enumerate_adapters_sync())
-    if not found:
-        one = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        found = [one] if one is not None else []
-    return found
+    """Every adapter, listed once per process: listing again while a device is
+    busy races with wgpu's polling on the OpenGL backend and can abort the
+    process. Dawn's Null backend answers request_adapter but not enumerate."""
+    global _adapters
+    if _adapters is None:
+        found = list(wgpu.gpu.enumerate_adapters_sync())
+        if not found:
+            one = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+            found = [one] if one is not None else []
+        _adapters = found
+    return _adapters
 
 
 def _describe_adapter(a) -> dict:
@@ -259,8 +267,11 @@ class Device:
     def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
         """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it anyway)."""
         dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-            operator.index(s) for s in shape)
+        try:
+            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+                operator.index(s) for s in shape)
+        except TypeError:
+            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
         if any(s < 0 for s in shape):
             raise BindingError(f"negative shape {shape}")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -326,8 +337,9 @@ class Device:
 
     def release(self, buf: Buffer) -> None:
         """Destroy ``buf`` now and drop every cached bind group that holds it."""
-        if buf.released:
+        if isinstance(buf, Buffer) and buf.released:
             return
+        self._own(buf, "release")
         self._recorder.flush()  # recorded commands may still use it
         self._cache.forget_buffer(buf.id)
         wbuf, buf.wgpu_buffer = buf.wgpu_buffer, None
