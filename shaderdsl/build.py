@@ -39,17 +39,33 @@ def compile(fn, workgroup_size=64, *, name: str | None = None, **params) -> Kern
     """
     ws = _workgroup_size(workgroup_size)
     try:
-        key = (fn, ws, name, tuple(sorted(params.items())))
+        key = (fn, ws, name, tuple(sorted((k, _exact(v)) for k, v in params.items())))
         hash(key)
     except TypeError:
         return _build(fn, ws, name, params)
     return _cached_build(key)
 
 
+def _exact(v):
+    """A cache key part that tells apart values Python calls equal: 0.0 and
+    -0.0, 1 and 1.0 and True each make different WGSL."""
+    if isinstance(v, tuple):
+        return tuple(_exact(x) for x in v)
+    return (type(v), v.hex() if isinstance(v, float) else v)
+
+
 @functools.lru_cache(maxsize=1024)
 def _cached_build(key) -> Kernel:
     fn, ws, name, params = key
-    return _build(fn, ws, name, dict(params))
+    return _build(fn, ws, name, {k: _value(v) for k, v in params})
+
+
+def _value(part):
+    """Inverse of _exact."""
+    if isinstance(part, tuple) and part and isinstance(part[0], type):
+        kind, v = part
+        return float.fromhex(v) if kind is float else v
+    return tuple(_value(x) for x in part)
 
 
 def _build(fn, ws, name, params) -> Kernel:

@@ -102,7 +102,7 @@ class Emitter:
         if isinstance(e, Call):
             if e.feature:
                 self.features.add(e.feature)
-            return f"{e.fn}({', '.join(self.expr(a) for a in e.args)})"
+            return f"{e.fn}({', '.join(self._argument(a) for a in e.args)})"
         if isinstance(e, AddressOf):
             return f"&{self.expr(e.target)}"
         if isinstance(e, Index):
@@ -110,6 +110,12 @@ class Emitter:
         if isinstance(e, Member):
             return f"{self._primary(e.base)}.{e.name}"
         raise TypeError(f"cannot emit {type(e).__name__}")
+
+    def _argument(self, e: Expr) -> str:
+        """A call argument. A `<` or `>` comparison is parenthesized: unwrapped,
+        `f(a < b, c > d)` reads as the template list `a<b, c>` in WGSL."""
+        text = self.expr(e)
+        return f"({text})" if isinstance(e, Binary) and e.op in ("<", ">", "<=", ">=") else text
 
     def _primary(self, e: Expr) -> str:
         text = self.expr(e)
