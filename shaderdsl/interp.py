@@ -278,20 +278,18 @@ def _float_math(name: str, dt: np.dtype) -> Callable | None:
 
 # ------------------------------------------------------------------ subgroups
 
-def _reduce(values, op, dt):
+def _reduce(values, op):
     acc = values[0]
     for v in values[1:]:
         acc = op(acc, v)
     return acc
 
 
-def _subgroup_result(fn: str, t: T.WType, lanes: list[int], args: list[tuple],
-                     subgroup_size: int) -> list:
+def _subgroup_result(fn: str, t: T.WType, lanes: list[int], args: list[tuple]) -> list:
     """Results of subgroup op ``fn`` for the lanes (subgroup_invocation_id,
     sorted) that reached it together; ``args[k]`` are lane k's arguments."""
     values = [a[0] for a in args]
     s = T.scalar_of(t)
-    dt = _DTYPES[s.name] if s is not None else None
     n = len(lanes)
     if fn in ("subgroupAdd", "subgroupMul", "subgroupInclusiveAdd", "subgroupExclusiveAdd",
               "subgroupMax", "subgroupMin", "subgroupAnd", "subgroupOr", "subgroupXor"):
@@ -314,7 +312,7 @@ def _subgroup_result(fn: str, t: T.WType, lanes: list[int], args: list[tuple],
                 if fn == "subgroupInclusiveAdd":
                     out.append(_copy(acc))
             return out
-        total = _reduce(values, op, dt)
+        total = _reduce(values, op)
         return [_copy(total) for _ in range(n)]
     if fn == "subgroupAll":
         r = np.bool_(all(bool(v) for v in values))
@@ -1230,7 +1228,7 @@ class Interpreter:
                 for ks in groups.values():
                     call = events[ks[0]][1]
                     results = _subgroup_result(call.fn, call.type, [k % sgs for k in ks],
-                                               [events[k][2] for k in ks], sgs)
+                                               [events[k][2] for k in ks])
                     for k, r in zip(ks, results):
                         sends[k] = r
                         runnable.append(k)

@@ -1,29 +1,38 @@
 """The numpy interpreter (shaderdsl.interp): against numpy, and against the GPU.
 
 1. The examples and the LoRA kernels run in the interpreter and match numpy
-   (lora.reference and its tolerances).
+   (lora.reference and its tolerances), with and without subgroups.
 2. Interpreter-only behaviour: bounds errors, barrier divergence, runaway
    loops, tracing, bindings.
 3. WGSL edge cases (integer division by zero, i32 MIN / -1, shift amounts of
    32 and more, saturating float -> int conversions), GPU against interpreter.
 4. Differential property tests: random well-typed programs built through the
    DSL, compiled once, run on the GPU (``device.dispatch``) and in the
-   interpreter on the same random inputs.
+   interpreter on the same random inputs; the interpreter's tree must also
+   emit the very WGSL the GPU ran.
 
-   * Exact programs: f32 values are small dyadic rationals and every f32
-     operation is chosen so that its result is exactly representable (a
-     magnitude/fraction-bits budget per node), so GPU and interpreter must
-     agree bit for bit even where the GPU contracts a*b+c into an fma, and
-     comparisons, floor, casts of f32 values are safe. Integers (i32, u32)
-     use every value, wrapping, / and % with zero divisors, any shift amount.
+   * Exact programs (expressions, and statement sequences with vars, if/elif/
+     else, for and while loops with data-dependent trip counts, break and
+     continue, workgroup-memory exchanges between barriers, atomics): f32
+     values are small dyadic rationals and every f32 operation is chosen so
+     that its result is exactly representable (a magnitude/fraction-bits
+     budget per node), so GPU and interpreter must agree bit for bit even
+     where the GPU contracts a*b+c into an fma or reassociates, and
+     comparisons, floor, casts of f32 values are safe. Integers use every
+     value: wrapping, runtime zero divisors, runtime shift amounts >= 32.
+     Not generated, each for a reason given where it is avoided: all-constant
+     operations and constant zero divisors or shift amounts >= 32 (WGSL
+     shader-creation errors the DSL does not all catch, see "DSL findings"),
+     f32 -> int casts out of range, bitcasts of a zero's sign.
    * Float programs: arbitrary f32 inputs, + - * fma, division, sqrt, exp,
-     tanh, sin, cos; each node carries a forward error bound (unit roundoff
-     2**-24 times a slack of 4, plus function-specific bounds), and both
-     results must lie within it of the float64 value of the same tree.
+     tanh, sin, cos, dot; each node carries a forward error bound (see ref()),
+     and both results must lie within it of the float64 value of the tree.
    * Subgroup programs: subgroup operations in uniform control flow, with the
      interpreter's subgroup size set to the device's.
 
-   How many programs were compared is printed in the terminal summary.
+   How many programs were compared is printed in the terminal summary;
+   SHADERDSL_INTERP_EXAMPLES=1000 runs 25 times as many (about 2 minutes).
+5. DSL findings: what the random programs found, fixed or still open.
 """
 from __future__ import annotations
 
@@ -292,25 +301,12 @@ def test_interpreter_takes_a_built_shader_and_runs_it_repeatedly():
 
 # ================================================================== GPU helpers
 
-def _fresh(fn):
-    """``fn`` as a new function object. sd.compile caches on (fn, params) and
-    takes params that compare equal for the same (0.0 and -0.0: see
-    test_compile_cache_tells_minus_zero_from_zero), so a random program with a
-    -0.0 literal could get the kernel of one with 0.0; a fresh function has
-    its own cache entries."""
-    def kernel(m, **params):
-        return fn(m, **params)
-    kernel.__name__ = kernel.__qualname__ = fn.__name__
-    return kernel
-
-
 def _gpu_and_interp(device, fn, workgroup_size, workgroups, buffers, *, subgroup_size=32,
                     **params):
     """(GPU outputs, interpreter outputs) of one kernel function on the same inputs.
 
     The kernel is compiled once for the GPU; the interpreter builds the same
     function, and the two trees must give the same WGSL."""
-    fn = _fresh(fn)
     kernel = sd.compile(fn, workgroup_size, **params)
     missing = set(kernel.features) - set(device.features)
     if missing:
@@ -449,18 +445,6 @@ def children(node):
             yield from part
 
 
-def ends_with_name(node) -> bool:
-    """Does the node's WGSL text end with an identifier (before a following `<`)?"""
-    kind = node[0]
-    if kind in ("var", "swz"):
-        return True
-    if kind == "bin" and node[2] in ("+", "-", "*", "/", "%", "<<", ">>"):
-        return ends_with_name(node[4])     # not parenthesized as a comparison operand
-    if kind == "un":
-        return node[3][0] not in ("bin", "un") and ends_with_name(node[3])
-    return False
-
-
 def is_const(node) -> bool:
     """True for a WGSL const-expression: literals and what is built only from them."""
     if node[0] == "lit":
@@ -538,7 +522,26 @@ class ExactGen:
 
     # ---------------------------------------------------------- expressions
 
+    def runtime_leaf(self, ty):
+        """A leaf that is not a constant: an input (for bools: two compared)."""
+        s, n = ty
+        if s == BO:
+            a, b = self.runtime_leaf((I, n)), self.runtime_leaf((I, n))
+            return ("bin", ty, self.pick([">", "!="]), a[0], b[0]), None
+        ins = [("in", (s, 1), self.draw(st.integers(0, NIN - 1))) for _ in range(n)]
+        return (ins[0] if n == 1 else ("vec", ty, tuple(ins))), ((16.0, 2) if s == F else None)
+
     def expr(self, ty, depth):
+        """An expression of type ty. No operation has only constant operands:
+        WGSL evaluates those when the shader is created, where an overflowing
+        `<<` or a zero divisor is an error that the DSL does not check (see
+        "DSL findings" below); such an operation becomes an input instead."""
+        node, b = self._expr(ty, depth)
+        if node[0] not in ("lit", "vec", "splat") and is_const(node):
+            return self.runtime_leaf(ty)
+        return node, b
+
+    def _expr(self, ty, depth):
         if depth <= 0 or self.coin(1, 4):
             return self.leaf(ty)
         s, n = ty
@@ -590,10 +593,11 @@ class ExactGen:
         return ("bin", ty, op, b[0], a[0]), bud
 
     # A constant right operand of / and % must not be zero, and a constant shift
-    # amount must be < 32: WGSL makes both shader-creation errors, which the DSL
-    # does not check (see test_dsl_refuses_*). naga also rejects a shift amount
-    # built as vecN<u32>(runtime, 32u), which WGSL allows (not a
-    # const-expression; Tint accepts it), so constant components of a vector
+    # amount must be < 32: WGSL makes both shader-creation errors. The DSL now
+    # refuses a literal zero divisor or shift amount (ShaderTypeError), not yet
+    # a constant vector or subexpression (see "DSL findings"). naga also
+    # rejects vecN<u32>(runtime, 32u) as a shift amount, which WGSL allows (not
+    # a const-expression; Tint accepts it), so constant components of a vector
     # constructor are kept in range too. Runtime zeros and amounts >= 32 are
     # drawn freely.
     def safe_rhs(self, node, shift):
@@ -741,11 +745,6 @@ class ExactGen:
         s = self.pick(NUM)
         a, b = self.expr((s, ty[1]), d), self.expr((s, ty[1]), d)
         op = self.pick(["<", "<=", ">", ">=", "==", "!="])
-        if op == "<" and ends_with_name(a[0]):
-            # `v < w` in an argument list is read by WGSL as the start of a
-            # template list when a `>` follows in the list (a DSL bug, see
-            # test_comparison_argument_is_not_read_as_a_template_list): write w > v.
-            op, a, b = ">", b, a
         return ("bin", ty, op, a[0], b[0]), None
 
     def op_logic(self, ty, d):
@@ -1173,13 +1172,15 @@ def test_random_statements_gpu_vs_interpreter(device, data, seed):
 # rounding costs SLACK * u * M (u = 2**-24, SLACK = 4), where M bounds the
 # magnitudes in the subtree, so an evaluation that fuses a*b+c or reassociates
 # a sum (lavapipe turns (x + 2.0) + 1.2e-7 into x + (2.0 + 1.2e-7)) stays
-# within it; input errors propagate; functions add the accuracy WGSL grants
+# within it, plus 2**-126 for a subnormal result or one flushed to zero; input
+# errors propagate; functions add the accuracy WGSL grants
 # (division 2.5 ULP, exp 3 + 2|x| ULP; sin, cos, tanh 1e-5 absolute, tighter
 # than WGSL's 2**-11 for sin/cos). Both the GPU and the interpreter must be
 # within E of the float64 value, hence within 2E of each other.
 
 U_RND = 2.0 ** -24
 SLACK = 4.0
+TINY = 2.0 ** -126     # the smallest normal f32: GPUs may flush subnormals to zero
 
 
 class FloatGen:
@@ -1249,7 +1250,7 @@ def ref(node, x):
     the subtree can produce, however it reassociates sums or fuses a*b+c, so a
     rounding costs at most SLACK * u * M."""
     op = node[0]
-    r = lambda mag: SLACK * U_RND * mag
+    r = lambda mag: SLACK * U_RND * mag + TINY     # TINY: subnormals, or flushed to zero
     n = len(x)
     if op == "lit":
         return np.full(n, node[1]), np.zeros(n), np.full(n, abs(node[1]))
@@ -1274,7 +1275,7 @@ def ref(node, x):
                 np.maximum(ma, mb))
     if op == "clamp":
         lo, hi = node[2]
-        return np.clip(a, lo, hi), ea, np.minimum(ma, max(abs(lo), abs(hi)))
+        return np.clip(a, lo, hi), ea, np.full(n, max(abs(lo), abs(hi)))
     if op == "fma":
         (b, eb, mb), (c, ec, mc) = kids[1], kids[2]
         ep = np.abs(a) * eb + np.abs(b) * ea + ea * eb
@@ -1484,60 +1485,126 @@ def test_random_subgroup_ops_gpu_vs_interpreter(device, device_subgroup_size, da
 
 # ================================================================== DSL findings
 #
-# The differential tests found WGSL that the DSL emits without complaint but
-# that a WGSL compiler must reject (shader-creation errors): a constant zero
-# divisor of an integer / or %, and a constant shift amount >= 32. naga
-# rejects the shift and the all-constant division (pipeline creation fails
-# with WGSLCompileError, far from the Python line); Tint also rejects
-# `x / 0i` and `v /= 0i` with a runtime x, which naga accepts, so such a
-# kernel runs under wgpu-native and fails under Dawn. The random programs
-# above avoid these two forms (see ExactGen.safe_rhs); these tests pin the
-# finding and turn into failures (strict xfail) once the DSL refuses them.
+# What the random programs found in the DSL, with the state of each:
 #
-# They found an emit bug: a comparison `v < w` as a call argument is not
-# parenthesized, so with a later `>` in the same argument list WGSL's
-# template-list discovery reads `v<w, ...>` and the module fails to parse
-# (naga and Tint). The generators write `w > v` instead (ExactGen.op_cmp).
-#
-# They also found that sd.compile's cache confuses params that compare equal
-# (0.0 and -0.0, 1 and 1.0 and True): the second compile returns the first's
-# kernel. _fresh() keeps the differential tests clear of it.
+# * Fixed: a comparison `v < w` as a call argument was not parenthesized, so a
+#   later `>` in the same argument list made WGSL's template-list discovery
+#   read `v<w, ...>`: the module failed to parse (naga and Tint).
+# * Fixed: sd.compile's cache took params that compare equal for the same
+#   (0.0 and -0.0, 1 and 1.0 and True) and returned the first one's kernel.
+# * Fixed for literals: an integer / or % by a constant zero, and a constant
+#   shift amount >= 32, are WGSL shader-creation errors; the DSL emitted them
+#   (naga rejects `33u` shifts; Tint also rejects `x / 0u` with a runtime x,
+#   which naga accepts, so such a kernel ran under wgpu-native and failed
+#   under Dawn). The DSL now refuses a literal zero divisor or amount.
+# * Open (strict xfail below): the same errors from a constant that is not a
+#   single literal (`vec2<u32>(1u, 0u)` or `3u - 3u` as a divisor, a splat of
+#   32u as a shift amount), and all-constant expressions whose evaluation
+#   fails (`32u << 27u` overflows; naga and Tint reject it). The DSL would
+#   need to evaluate its constant subexpressions to refuse them.
+# * naga, not the DSL: naga rejects `v << vec2<u32>(x, 32u)` (a runtime x),
+#   which WGSL allows (the amount is not a const-expression) and Tint accepts.
 
 def _const_zero_divisor(m):
-    x = m.declare_input_buffer("x", i32)
-    out = m.declare_output_buffer("out", i32)
-    out[0] = x[0] / i32(0)                            # emitted as `x[0u] / 0i`
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = x[0] / u32(0)                            # would be `x[0u] / 0u`
 
 
 def _const_big_shift(m):
     x = m.declare_input_buffer("x", u32)
     out = m.declare_output_buffer("out", u32)
-    out[0] = x[0] << u32(33)                          # emitted as `x[0u] << 33u`
+    out[0] = x[0] << u32(33)                          # would be `x[0u] << 33u`
 
 
-def test_dsl_refuses_constant_zero_divisor():
-    with pytest.raises(sd.ShaderTypeError, match="by a constant zero"):
-        sd.compile(_const_zero_divisor, 1)
+def _compound_zero_divisor(m):
+    x = m.declare_input_buffer("x", i32)
+    out = m.declare_output_buffer("out", i32)
+    v = m.var(i32, x[0], "v")
+    v //= i32(0)                                      # would be `v /= 0i`
+    out[0] = v
 
 
-def test_dsl_refuses_constant_shift_of_32_or_more():
-    with pytest.raises(sd.ShaderTypeError, match="constant shift of 32 or more"):
-        sd.compile(_const_big_shift, 1)
+@pytest.mark.parametrize("fn, message", [(_const_zero_divisor, "by a constant zero"),
+                                         (_const_big_shift, "constant shift of 32 or more"),
+                                         (_compound_zero_divisor, "by a constant zero")])
+def test_dsl_refuses_literal_zero_divisor_and_big_shift(fn, message):
+    with pytest.raises(sd.ShaderTypeError, match=message):
+        sd.compile(fn, 1)
+
+
+def _vector_zero_divisor(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = (T.vec2u(x[0]) / T.vec2u(u32(1), u32(0))).x     # Tint rejects; naga accepts
+
+
+def _subexpression_zero_divisor(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = x[0] / (u32(3) - u32(3))                        # Tint rejects; naga accepts
+
+
+def _splat_big_shift(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = (T.vec2u(x[0]) << T.vec2u(u32(32))).x           # naga and Tint reject
+
+
+def _constant_shift_overflow(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = x[0] + (u32(32) << u32(27))                     # naga and Tint reject
+
+
+@pytest.mark.xfail(strict=True, reason="the DSL emits constant expressions that WGSL makes "
+                   "shader-creation errors when the constant is not a single literal")
+@pytest.mark.parametrize("fn", [_vector_zero_divisor, _subexpression_zero_divisor,
+                                _splat_big_shift, _constant_shift_overflow])
+def test_dsl_refuses_constant_expressions_wgsl_rejects(fn):
+    with pytest.raises(sd.ShaderTypeError):
+        sd.compile(fn, 1)
+
+
+def test_open_constant_cases_run_in_the_interpreter():
+    """The interpreter gives them their runtime meaning: x / 0 = x, shifts modulo 32."""
+    x = np.array([5, 6], np.uint32)
+    for fn, want in [(_vector_zero_divisor, 5), (_subexpression_zero_divisor, 5),
+                     (_splat_big_shift, 5), (_constant_shift_overflow, 5)]:
+        assert run(fn, 1, 1, {"x": x, "out": np.zeros(1, np.uint32)})["out"][0] == want
+
+
+def _vector_shift_amount(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = (T.vec2u(x[0]) << T.vec2u(x[1], u32(32))).y    # valid WGSL: y = x[0] << 0
+
+
+@pytest.mark.xfail(strict=True, raises=sd.WGSLCompileError,
+                   reason="naga rejects a shift amount vec2<u32>(x, 32u) with a runtime x "
+                   "('Shift amount exceeds the bit width'); WGSL allows it, Tint accepts it")
+def test_naga_takes_a_vector_shift_amount_with_a_constant_component(device):
+    got, want, kernel = _gpu_and_interp(device, _vector_shift_amount, 1, 1,
+                                        {"x": np.array([5, 1], np.uint32),
+                                         "out": np.zeros(1, np.uint32)})
+    assert got["out"][0] == want["out"][0] == 5
 
 
 def _template_trap(m):
     x = m.declare_input_buffer("x", i32)
     out = m.declare_output_buffer("out", u32)
     v = m.var(i32, x[0], "v")
-    # emitted: select(x[1u] > x[2u], v < x[3u], x[4u] > x[5u]): WGSL's template-list
-    # discovery reads `v < x[3u], x[4u] >` as the template list of `v`.
+    # unparenthesized, `select(x[1u] > x[2u], v < x[3u], x[4u] > x[5u])` would make
+    # WGSL's template-list discovery read `v < x[3u], x[4u] >` as a template list.
     out[0] = B.select(u32(0), u32(1), B.select(x[1] > x[2], v < x[3], x[4] > x[5]))
 
 
 def test_comparison_argument_is_not_read_as_a_template_list(device):
-    kernel = sd.compile(_template_trap, 1)
+    x = np.array([1, 3, 2, 4, 6, 5], np.int32)
+    got, want, kernel = _gpu_and_interp(device, _template_trap, 1, 1,
+                                        {"x": x, "out": np.zeros(1, np.uint32)})
     assert "(v < x[3u]), (x[4u] > x[5u])" in kernel.wgsl
-    device.prepare(kernel)
+    assert got["out"][0] == want["out"][0] == 1
 
 
 def _scaled(m, c):
