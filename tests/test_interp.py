@@ -307,6 +307,10 @@ def _gpu_and_interp(device, fn, workgroup_size, workgroups, buffers, *, subgroup
 
     The kernel is compiled once for the GPU; the interpreter builds the same
     function, and the two trees must give the same WGSL."""
+    if device.backend.startswith("OpenGL"):
+        # Seen in CI runs: llvmpipe's GL driver segfaults in create_compute_pipeline on
+        # some random programs, taking the whole run down. The comparison runs on Vulkan.
+        pytest.skip("GPU-vs-interpreter programs crash llvmpipe's OpenGL driver; run on Vulkan")
     kernel = sd.compile(fn, workgroup_size, **params)
     missing = set(kernel.features) - set(device.features)
     if missing:
