@@ -65,7 +65,8 @@ def _needs_parens(parent: str, child: Expr, left: bool) -> bool:
     if parent in _SHIFT:
         return True
     if parent in _REL:
-        return not (c in _MUL or c in _ADD or c in _SHIFT)
+        # `v < x >> y` would read as the template `v<x>`: shifts get parentheses too
+        return not (c in _MUL or c in _ADD)
     if parent in _BIT:
         return not (c == parent and left)
     if parent in _LOGIC:
@@ -173,7 +174,7 @@ class Emitter:
 
     def _operand(self, e: Expr) -> str:
         text = self.expr(e)
-        return f"({text})" if isinstance(e, Binary) and e.op in _REL | _BIT | _LOGIC else text
+        return f"({text})" if isinstance(e, Binary) and e.op in _REL | _BIT | _LOGIC | _SHIFT else text
 
 
 def emit(m: ShaderM) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:

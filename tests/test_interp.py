@@ -749,6 +749,11 @@ class ExactGen:
         s = self.pick(NUM)
         a, b = self.expr((s, ty[1]), d), self.expr((s, ty[1]), d)
         op = self.pick(["<", "<=", ">", ">=", "==", "!="])
+        if op == "<" and b[0][0] == "bin" and b[0][2] == ">>":
+            # `v < x >> y` is read by WGSL as the template list `v<x>` (an open
+            # DSL bug: test_shift_operand_of_less_than_is_not_read_as_a_template_list);
+            # write `x >> y > v` instead.
+            op, a, b = ">", b, a
         return ("bin", ty, op, a[0], b[0]), None
 
     def op_logic(self, ty, d):
@@ -1506,6 +1511,11 @@ def test_random_subgroup_ops_gpu_vs_interpreter(device, device_subgroup_size, da
 #   32u as a shift amount), and all-constant expressions whose evaluation
 #   fails (`32u << 27u` overflows; naga and Tint reject it). The DSL would
 #   need to evaluate its constant subexpressions to refuse them.
+# * Open (strict xfail below): `v < x >> y` is emitted without parentheses
+#   around the shift, and WGSL's template-list discovery reads `v<x>` (the
+#   `>>` closes it): "unexpected template" from naga, an error from Tint too.
+#   The same happens in a for-loop header over `n >> 1` (`j < n >> 1u`) and
+#   inside a parenthesized argument. ExactGen.op_cmp writes `x >> y > v`.
 # * naga, not the DSL: naga rejects `v << vec2<u32>(x, 32u)` (a runtime x),
 #   which WGSL allows (the amount is not a const-expression) and Tint accepts.
 
@@ -1592,6 +1602,38 @@ def test_naga_takes_a_vector_shift_amount_with_a_constant_component(device):
                                         {"x": np.array([5, 1], np.uint32),
                                          "out": np.zeros(1, np.uint32)})
     assert got["out"][0] == want["out"][0] == 5
+
+
+def _less_than_shift_if(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    v = m.var(u32, x[0], "v")
+    with m.if_(v < x[1] >> x[2]):                     # `if (v < x[1u] >> x[2u])`
+        out[0] = 1
+
+
+def _less_than_shift_loop(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    n = m.let(x[0], "n")
+    with m.loop(n >> 1, name="j") as j:               # `for (...; j < n >> 1u; ...)`
+        out[j] = j + 1
+
+
+@pytest.mark.parametrize("fn", [_less_than_shift_if, _less_than_shift_loop])
+def test_shift_operand_of_less_than_is_not_read_as_a_template_list(device, fn):
+    x = np.array([4, 16, 1, 0], np.uint32)
+    got, want, kernel = _gpu_and_interp(device, fn, 1, 1,
+                                        {"x": x, "out": np.zeros(4, np.uint32)})
+    assert np.array_equal(got["out"], want["out"])
+
+
+def test_shift_operand_of_less_than_in_the_interpreter():
+    x = np.array([4, 16, 1, 0], np.uint32)
+    out = run(_less_than_shift_if, 1, 1, {"x": x, "out": np.zeros(4, np.uint32)})["out"]
+    assert out.tolist() == [1, 0, 0, 0]                  # 4 < 16 >> 1
+    out = run(_less_than_shift_loop, 1, 1, {"x": x, "out": np.zeros(4, np.uint32)})["out"]
+    assert out.tolist() == [1, 2, 0, 0]                  # j < 4 >> 1
 
 
 def _template_trap(m):
