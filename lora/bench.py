@@ -1,12 +1,16 @@
 """``python -m lora bench``: LoRA forward timings beside seed, numpy and PyTorch.
 
-For each (tokens, rank, in_dim, out_dim): the autotuned strategy and Hesper's
-``seed`` design are checked against float64 numpy, then timed with GPU
-timestamps around a batch of forwards (median of repeats). Effective
+For each (dtype, tokens, rank, in_dim, out_dim): the autotuned strategy and
+Hesper's ``seed`` design are checked against float64 numpy, then timed with
+GPU timestamps around a batch of forwards (median of repeats). Effective
 bandwidth is the minimal bytes (x read, output read and written, A and B read
 once) over that time, also given as a fraction of a copy bandwidth measured
 here with a DSL copy kernel. PyTorch is optional: with CUDA it is timed with
-CUDA events, eagerly and as a CUDA graph, in the same process.
+CUDA events, eagerly and as a CUDA graph, in the same process, in the same
+dtype (float16 rows: PyTorch in fp16). numpy runs in float32 for both dtypes
+(its float16 matmul is not a fair CPU baseline). f16 rows are skipped, with a
+message, on adapters without shader-f16. The JSON is rewritten after every
+case, so a run cut short keeps what it measured.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ from .tuning import autotune, time_plan
 from .weight import Weight
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
-        "dims": ((2560, 2560), (4096, 4096), (2560, 10240))}
-QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
+        "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}
+QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32", "f16")}
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16}
 SCALE = 2.0
 
 
@@ -92,12 +97,13 @@ def dispatch_floor(device, dispatches: int = 2000) -> float:
     return statistics.median(times)
 
 
-def minimal_bytes(tokens, rank, in_dim, out_dim) -> int:
-    return 4 * (tokens * in_dim + 2 * tokens * out_dim + rank * in_dim + out_dim * rank)
+def minimal_bytes(tokens, rank, in_dim, out_dim, itemsize=4) -> int:
+    return itemsize * (tokens * in_dim + 2 * tokens * out_dim + rank * in_dim + out_dim * rank)
 
 
 def numpy_time(x, a, b, out, repeats) -> float:
     """Median microseconds of the float32 forward in numpy on the CPU."""
+    x, a, b, out = (v.astype(np.float32) for v in (x, a, b, out))
     times = []
     for _ in range(repeats):
         o = out.copy()
@@ -185,20 +191,21 @@ def rel_error(got, want, scale_ref) -> float:
     return float(np.max(np.abs(got - want) / (1.0 + scale_ref)))
 
 
-def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
+def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
     rng = np.random.default_rng(tokens * 1000 + rank)
-    a = (rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
-    b = rng.standard_normal((out_dim, rank)).astype(np.float32)
-    x = rng.standard_normal((tokens, in_dim)).astype(np.float32)
-    base = rng.standard_normal((tokens, out_dim)).astype(np.float32)
+    npdt = NUMPY_DTYPES[dtype]
+    a = (rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)).astype(npdt)
+    b = rng.standard_normal((out_dim, rank)).astype(npdt)
+    x = rng.standard_normal((tokens, in_dim)).astype(npdt)
+    base = rng.standard_normal((tokens, out_dim)).astype(npdt)
     want = reference.forward(x, a, b, SCALE, base)
     magnitude = reference.forward(np.abs(x), np.abs(a), np.abs(b), abs(SCALE), np.abs(base))
-    weight = Weight.from_numpy(device, a, b)
+    weight = Weight.from_numpy(device, a, b, dtype=npdt)
     x_buf = device.buffer(x if tokens > 1 else x[0])
     out_buf = device.buffer(base if tokens > 1 else base[0])
     forwards = 5 if quick else max(4, min(1000, 4_000_000 // (tokens * (in_dim + out_dim))))
-    row = {"tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
-           "min_bytes": minimal_bytes(tokens, rank, in_dim, out_dim)}
+    row = {"dtype": dtype, "tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
+           "min_bytes": minimal_bytes(tokens, rank, in_dim, out_dim, np.dtype(npdt).itemsize)}
     best = autotune(device, weight, SCALE, tokens, use_cache=False,
                     forwards=5 if quick else None)
     row["strategy"] = str(best)
@@ -206,8 +213,8 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
         plan = Plan(device, weight, SCALE, tokens, strategy)
         device.write(out_buf, base if tokens > 1 else base[0])
         plan(x_buf, out_buf)
-        row[f"{label}_rel_err"] = rel_error(device.read(out_buf).reshape(tokens, out_dim), want,
-                                            magnitude)
+        got = device.read(out_buf).reshape(tokens, out_dim).astype(np.float64)
+        row[f"{label}_rel_err"] = rel_error(got, want, magnitude)
         row[f"{label}_gpu_us"] = time_plan(device, plan, x_buf, out_buf, forwards if label == "best"
                                            else 2, 3 if quick else 5)
         if label == "best":
@@ -228,34 +235,50 @@ def bench_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
             row[k.replace("_us", "").replace("torch_", "vs_torch_")] = row[k] / t
     torch_text = (f"torch graph {row['torch_graph_us']:.1f} us" if "torch_graph_us" in row
                   else f"PyTorch: {row['torch']}")
-    log(f"T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['strategy']:>15} "
+    for buf in (x_buf, out_buf, weight.a, weight.b):
+        device.release(buf)
+    log(f"{dtype} T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['strategy']:>15} "
         f"{t:8.2f} us ({row['gbps']:.0f} GB/s), seed {row['seed_gpu_us']:.1f} us, "
         f"host {row['host_us']:.1f} us, {torch_text}, err {row['best_rel_err']:.1e}")
     return row
 
 
-def run(quick: bool, log=print, grid: dict | None = None) -> dict:
+def run(quick: bool, log=print, grid: dict | None = None, save=None) -> dict:
+    """Measure every case of ``grid``; ``save(result)`` is called after each one."""
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
     copy = copy_bandwidth(device, 16 if quick else 512)
     floor = dispatch_floor(device, 50 if quick else 2000)
     log(f"copy bandwidth: {copy:.0f} GB/s; dependent-dispatch floor: {floor:.2f} us")
-    rows = []
-    cases = [(t, r, i, o) for (i, o) in grid["dims"] for r in grid["ranks"] for t in grid["tokens"]]
+    dtypes = list(grid["dtypes"])
+    skipped = []
+    if "f16" in dtypes and not device.has_feature("shader-f16"):
+        dtypes.remove("f16")
+        skipped.append("f16: adapter lacks shader-f16")
+        log(f"f16 cases skipped: {device.name} lacks shader-f16")
+    result = {"adapter": device.name, "backend": device.backend, "wgpu_build": WGPU_BUILD,
+              "compiler": COMPILER, "copy_gbps": copy, "dispatch_floor_us": floor, "quick": quick,
+              "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "skipped": skipped, "rows": []}
+    cases = [(d, t, r, i, o) for d in dtypes for (i, o) in grid["dims"] for r in grid["ranks"]
+             for t in grid["tokens"]]
     for k, case in enumerate(cases, 1):
         log(f"[{k}/{len(cases)}]", end=" ")
-        rows.append(bench_case(device, *case, copy, quick, log))
-    return {"adapter": device.name, "backend": device.backend, "wgpu_build": WGPU_BUILD,
-            "compiler": COMPILER, "copy_gbps": copy, "dispatch_floor_us": floor, "quick": quick,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "rows": rows}
+        result["rows"].append(bench_case(device, *case, copy, quick, log))
+        if save:
+            save(result)
+    return result
 
 
 def plot(results: list[dict], path: str) -> bool:
     """Left: GPU time per forward against tokens for the headline shape (the
     first rank and dims measured), each build beside seed and PyTorch. Right:
-    PyTorch CUDA-graph time over ours for every measured case (above 1: faster)."""
+    PyTorch CUDA-graph time over ours for every measured case (above 1: faster).
+    False when there is nothing to draw or no matplotlib."""
+    results = [r for r in results if r["rows"]]
+    if not results:
+        return False
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -265,35 +288,41 @@ def plot(results: list[dict], path: str) -> bool:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
     head = results[0]["rows"][0]
     shape = (head["rank"], head["in_dim"], head["out_dim"])
-    torch_drawn = False
+    torch_drawn = set()
     for res in results:
-        rows = sorted((r for r in res["rows"] if (r["rank"], r["in_dim"], r["out_dim"]) == shape),
-                      key=lambda r: r["tokens"])
-        tokens = [r["tokens"] for r in rows]
-        left.plot(tokens, [r["best_gpu_us"] for r in rows], marker="o", label=f"shaderdsl ({res['compiler']})")
-        left.plot(tokens, [r["seed_gpu_us"] for r in rows], linestyle=":", marker=".",
-                  label=f"seed design ({res['compiler']})")
-        if not torch_drawn and rows and "torch_graph_us" in rows[0]:
-            left.plot(tokens, [r["torch_graph_us"] for r in rows], linestyle="--", color="black",
-                      label="PyTorch CUDA graph")
-            left.plot(tokens, [r["torch_eager_us"] for r in rows], linestyle="--", color="gray",
-                      label="PyTorch CUDA eager")
-            torch_drawn = True
-        cases = [r for r in res["rows"] if "torch_graph_us" in r]
-        right.scatter(range(len(cases)), [r["torch_graph_us"] / r["best_gpu_us"] for r in cases],
-                      label=res["compiler"])
+        for dtype in sorted({r.get("dtype", "f32") for r in res["rows"]}, reverse=True):
+            rows = sorted((r for r in res["rows"] if r.get("dtype", "f32") == dtype and
+                           (r["rank"], r["in_dim"], r["out_dim"]) == shape),
+                          key=lambda r: r["tokens"])
+            tokens = [r["tokens"] for r in rows]
+            left.plot(tokens, [r["best_gpu_us"] for r in rows], marker="o",
+                      label=f"shaderdsl {dtype} ({res['compiler']})")
+            if dtype == "f32":
+                left.plot(tokens, [r["seed_gpu_us"] for r in rows], linestyle=":", marker=".",
+                          label=f"seed design f32 ({res['compiler']})")
+            if dtype not in torch_drawn and rows and "torch_graph_us" in rows[0]:
+                left.plot(tokens, [r["torch_graph_us"] for r in rows], linestyle="--",
+                          label=f"PyTorch CUDA graph {dtype}")
+                torch_drawn.add(dtype)
+            cases = [r for r in res["rows"] if "torch_graph_us" in r and r.get("dtype", "f32") == dtype]
+            right.scatter(range(len(cases)), [r["torch_graph_us"] / r["best_gpu_us"] for r in cases],
+                          label=f"{res['compiler']} {dtype}", marker="o" if dtype == "f32" else "^")
     left.set(xscale="log", yscale="log", xlabel="tokens", ylabel="GPU time per forward (us)",
-             title=f"rank {shape[0]}, {shape[1]} -> {shape[2]}, f32")
+             title=f"rank {shape[0]}, {shape[1]} -> {shape[2]}")
     left.legend(fontsize=7)
     right.axhline(1.0, color="black", linewidth=0.8)
     right.set(yscale="log", xlabel="case (order of the JSON rows)",
-              ylabel="PyTorch CUDA graph time / ours", title="every case (above 1: we are faster)")
+              ylabel="PyTorch CUDA graph time / ours (same dtype)",
+              title="every case (above 1: we are faster)")
     right.legend(fontsize=7)
     fig.suptitle(f"LoRA forward on {results[0]['adapter']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+GRID_KEYS = ("tokens", "ranks", "dims", "dtypes")
 
 
 def main(argv=None) -> int:
@@ -307,6 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--dims", type=lambda v: tuple(tuple(int(d) for d in p.split("x"))
                                                   for p in v.split(",")),
                    help="comma-separated IN x OUT pairs, e.g. 2560x2560,2560x10240")
+    p.add_argument("--dtypes", type=lambda v: tuple(v.split(",")),
+                   help="comma-separated storage dtypes, f32 and/or f16 (default: both)")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     args = p.parse_args(argv)
@@ -316,17 +347,25 @@ def main(argv=None) -> int:
         print(*a, **kw, flush=True)
 
     grid = dict(QUICK if args.quick else FULL)
-    for key in ("tokens", "ranks", "dims"):
+    for key in GRID_KEYS:
         if getattr(args, key):
             grid[key] = getattr(args, key)
-    results = [run(args.quick, log, grid)]
-    name = os.path.join(args.out, f"bench-{results[0]['compiler']}.json")
-    with open(name, "w") as f:
-        json.dump(results[0], f, indent=1)
+    bad = set(grid["dtypes"]) - set(NUMPY_DTYPES)
+    if bad:
+        p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
+    name = os.path.join(args.out, f"bench-{COMPILER}.json")
+
+    def save(result):
+        with open(name + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(name + ".tmp", name)
+
+    results = [run(args.quick, log, grid, save)]
+    save(results[0])
     log(f"wrote {name}")
     if args.both_builds and WGPU_BUILD != "dawn":
         cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out] + (["--quick"] if args.quick else [])
-        for key in ("tokens", "ranks", "dims"):
+        for key in GRID_KEYS:
             if getattr(args, key):
                 cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v)
                                               for v in getattr(args, key))]
@@ -338,5 +377,5 @@ def main(argv=None) -> int:
         else:
             log("Dawn run failed or wgpudawn is not installed; plotting wgpu-native only")
     png = os.path.join(args.out, "bench.png")
-    log(f"wrote {png}" if plot(results, png) else "matplotlib not installed: no plot")
+    log(f"wrote {png}" if plot(results, png) else "no plot: no rows, or matplotlib not installed")
     return 0

@@ -9,7 +9,10 @@ the base layer's output. Three ways to run it:
 
 Every function takes one token (``x`` shaped ``(in_dim,)``) or several
 (``(tokens, in_dim)``); ``h`` is then ``(rank,)``/``(tokens, rank)`` and
-``y``/``output`` ``(out_dim,)``/``(tokens, out_dim)``. All buffers are float32.
+``y``/``output`` ``(out_dim,)``/``(tokens, out_dim)``. The activations ``x``
+and ``output`` are stored like the weight (float32, or float16 for a weight
+made with ``dtype=np.float16``); the scratch buffers ``h`` and ``y`` are
+always float32. Sums are f32 in every case.
 
 Everything is checked before the first dispatch (types, device, dtype, exact
 shapes, aliasing, grid limits, features; the kernels are compiled too), so a
@@ -34,7 +37,7 @@ from shaderdsl.runtime import checks
 from . import kernels as K
 from . import tuning
 from .plan import Plan
-from .weight import Weight, host_matrix
+from .weight import Weight, check_f16, host_matrix, storage_dtype, wgsl_dtype
 
 STRATEGIES = ("workgroup", "seed")
 PATHS = ("auto", "three", "fused", "single")
@@ -53,8 +56,8 @@ def _device(device):
     return device
 
 
-def _buffer(device, buf, what: str) -> Buffer:
-    """A live float32 storage Buffer on ``device``."""
+def _buffer(device, buf, what: str, dtype=_F32, why: str = "") -> Buffer:
+    """A live storage Buffer of ``dtype`` on ``device``."""
     if not isinstance(buf, Buffer):
         raise BindingError(f"{what}: expected a shaderdsl Buffer (device.buffer(array) or "
                            f"device.empty(shape, np.float32)), got {type(buf).__name__}")
@@ -65,9 +68,15 @@ def _buffer(device, buf, what: str) -> Buffer:
                            f"device this call runs on")
     if buf.usage_kind != "storage":
         raise BindingError(f"{what}: expected a storage buffer, got {buf!r}")
-    if buf.dtype != _F32:
-        raise BindingError(f"{what}: expected dtype float32, got {buf.dtype.name} ({buf!r})")
+    if buf.dtype != dtype:
+        raise BindingError(f"{what}: expected dtype {np.dtype(dtype).name}, got "
+                           f"{buf.dtype.name} ({buf!r}){why}")
     return buf
+
+
+def _activation(device, buf, what: str, weight: Weight) -> Buffer:
+    """x or output: stored like the weight."""
+    return _buffer(device, buf, what, weight.dtype, "; activations are stored like the weight")
 
 
 def _weight(device, weight) -> Weight:
@@ -188,25 +197,27 @@ def _ceil(n: int, d: int) -> int:
 # ---------------------------------------------------------------- steps per kernel
 
 def _project_a_step(device, w, tokens, strategy, threads, subgroups):
+    dt = wgsl_dtype(w.dtype)
     if strategy == "seed":
-        k = K.project_a_kernel(w.rank, w.in_dim, tokens, strategy="seed")
+        k = K.project_a_kernel(w.rank, w.in_dim, tokens, strategy="seed", dtype=dt)
         return _step(device, k, (_ceil(w.rank, k.workgroup_size[0]), tokens, 1))
-    k = K.project_a_kernel(w.rank, w.in_dim, tokens, threads=threads, subgroups=subgroups)
+    k = K.project_a_kernel(w.rank, w.in_dim, tokens, threads=threads, subgroups=subgroups,
+                           dtype=dt)
     return _step(device, k, (tokens, 1, 1))
 
 
 def _project_b_step(device, w, tokens, threads):
-    k = K.project_b_kernel(w.out_dim, w.rank, tokens, threads)
+    k = K.project_b_kernel(w.out_dim, w.rank, tokens, threads, wgsl_dtype(w.dtype))
     return _step(device, k, (_ceil(w.out_dim, threads), tokens, 1))
 
 
-def _add_scaled_step(device, n, scale, threads):
-    k = K.add_scaled_kernel(n, scale, threads)
+def _add_scaled_step(device, n, scale, threads, dtype=_F32):
+    k = K.add_scaled_kernel(n, scale, threads, wgsl_dtype(dtype))
     return _step(device, k, (_ceil(n, threads), 1, 1))
 
 
 def _fused_b_add_step(device, w, scale, tokens, threads):
-    k = K.fused_b_add_kernel(w.out_dim, w.rank, scale, tokens, threads)
+    k = K.fused_b_add_kernel(w.out_dim, w.rank, scale, tokens, threads, wgsl_dtype(w.dtype))
     return _step(device, k, (_ceil(w.out_dim, threads), tokens, 1))
 
 
@@ -274,7 +285,7 @@ def execute_project_a(device, weight, x_buf, h_buf, *, strategy: str = "workgrou
         st = _strategy(strategy)
         sg = _subgroups(device, subgroups, st)
         th = _threads(device, threads, sg) if st == "workgroup" else 64
-        x = _buffer(device, x_buf, "x_buf")
+        x = _activation(device, x_buf, "x_buf", w)
         h = _buffer(device, h_buf, "h_buf")
         tokens = _tokens(x, w.in_dim, "x_buf", "in_dim")
         _shaped(h, tokens, w.rank, "h_buf", "rank")
@@ -306,17 +317,23 @@ def execute_project_b(device, weight, h_buf, y_buf, *, threads: int = 256) -> No
 def execute_add_scaled(device, y_buf, output_buf, num_elements: int | None = None,
                        scale: float = 1.0, *, threads: int = 256) -> None:
     """``output[i] += scale * y[i]`` for the first ``num_elements`` elements
-    (both buffers read flat; default: all of ``output_buf``). One dispatch."""
+    (both buffers read flat; default: all of ``output_buf``). One dispatch.
+    ``y`` is float32; ``output`` float32 or float16."""
     key = _key(("add", device, num_elements, scale, threads), (y_buf, output_buf))
 
     def build():
         _device(device)
         y = _buffer(device, y_buf, "y_buf")
-        out = _buffer(device, output_buf, "output_buf")
+        dtype = getattr(output_buf, "dtype", _F32)
+        if dtype == np.float16:
+            check_f16(device, dtype, "output_buf")
+        else:
+            dtype = _F32
+        out = _buffer(device, output_buf, "output_buf", dtype, "; float32 or float16")
         n = out.size if num_elements is None else _int(num_elements, "num_elements")
         _hold(n, ("y_buf", y), ("output_buf", out))
         _distinct(("y_buf", y, False), ("output_buf", out, True))
-        return (_add_scaled_step(device, n, _scale(scale), _threads(device, threads)),)
+        return (_add_scaled_step(device, n, _scale(scale), _threads(device, threads), dtype),)
 
     _run(device, key, build, {"y": y_buf, "output": output_buf})
 
@@ -332,7 +349,7 @@ def execute_fused_b_add(device, weight, scale, h_buf, output_buf, *, threads: in
         s = _scale(scale)
         th = _threads(device, threads)
         h = _buffer(device, h_buf, "h_buf")
-        out = _buffer(device, output_buf, "output_buf")
+        out = _activation(device, output_buf, "output_buf", w)
         tokens = _tokens(h, w.rank, "h_buf", "rank")
         _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
         _distinct(("h_buf", h, False), ("output_buf", out, True), ("weight.b", w.b, False))
@@ -351,8 +368,8 @@ def _forward_checks(device, weight, scale, input_buf, output_buf, h_buf, y_buf, 
     st = _strategy(strategy)
     sg = _subgroups(device, subgroups, st)
     th = _threads(device, threads, sg)
-    x = _buffer(device, input_buf, "input_buf")
-    out = _buffer(device, output_buf, "output_buf")
+    x = _activation(device, input_buf, "input_buf", w)
+    out = _activation(device, output_buf, "output_buf", w)
     tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
     _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
     uses = [("input_buf", x, False), ("output_buf", out, True)]
@@ -381,7 +398,7 @@ def execute_lora_forward(device, weight, scale, input_buf, output_buf, h_buf, y_
                                                    h_buf, y_buf, strategy, threads, subgroups)
         return (_project_a_step(device, w, tokens, st, th, sg),
                 _project_b_step(device, w, tokens, th),
-                _add_scaled_step(device, tokens * w.out_dim, s, th))
+                _add_scaled_step(device, tokens * w.out_dim, s, th, w.dtype))
 
     _run(device, key, build, {"A": getattr(weight, "a", None), "B": getattr(weight, "b", None),
                               "x": input_buf, "h": h_buf, "y": y_buf, "output": output_buf})
@@ -421,13 +438,14 @@ def execute_lora_forward_single(device, weight, scale, input_buf, output_buf, *,
         sg = _subgroups(device, subgroups)
         th = _threads(device, threads, sg)
         opt = _int(outputs_per_thread, "outputs_per_thread")
-        x = _buffer(device, input_buf, "input_buf")
-        out = _buffer(device, output_buf, "output_buf")
+        x = _activation(device, input_buf, "input_buf", w)
+        out = _activation(device, output_buf, "output_buf", w)
         tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
         _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
         _distinct(("input_buf", x, False), ("output_buf", out, True), ("weight.a", w.a, False),
                   ("weight.b", w.b, False))
-        k = K.fused_forward_kernel(w.rank, w.in_dim, w.out_dim, s, tokens, th, opt, sg)
+        k = K.fused_forward_kernel(w.rank, w.in_dim, w.out_dim, s, tokens, th, opt, sg,
+                                   dtype=wgsl_dtype(w.dtype))
         return (_step(device, k, (_ceil(w.out_dim, th * opt), tokens, 1)),)
 
     _run(device, key, build, {"A": getattr(weight, "a", None), "B": getattr(weight, "b", None),
@@ -455,8 +473,8 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
         _device(device)
         w = _weight(device, weight)
         s = _scale(scale)
-        x = _buffer(device, input_buf, "input_buf")
-        out = _buffer(device, output_buf, "output_buf")
+        x = _activation(device, input_buf, "input_buf", w)
+        out = _activation(device, output_buf, "output_buf", w)
         tokens = _tokens(x, w.in_dim, "input_buf", "in_dim")
         _shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
         plan = Plan(device, w, s, tokens, tuning.choose(device, w, s, tokens, strategy))
@@ -475,38 +493,53 @@ def _forget_weight(uid: int) -> None:
 
 
 def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -> None:
-    """Copy the first ``num_elements`` float32 values of ``src_buf`` into
-    ``dst_buf`` (default: all of ``src_buf``): keeps the input activation for a
-    later backward pass (which needs x to form dB and dA). A GPU-side copy,
-    recorded into the open batch if there is one."""
+    """Copy the first ``num_elements`` values of ``src_buf`` into ``dst_buf``
+    (default: all of ``src_buf``; both float32 or both float16): keeps the input
+    activation for a later backward pass (which needs x to form dB and dA). A
+    GPU-side copy, recorded into the open batch if there is one."""
     _device(device)
-    src = _buffer(device, src_buf, "src_buf")
-    dst = _buffer(device, dst_buf, "dst_buf")
+    dtype = getattr(src_buf, "dtype", _F32)
+    dtype = dtype if dtype == np.float16 else _F32
+    src = _buffer(device, src_buf, "src_buf", dtype, "; float32 or float16")
+    dst = _buffer(device, dst_buf, "dst_buf", dtype, "; like src_buf")
     n = src.size if num_elements is None else _int(num_elements, "num_elements")
     _hold(n, ("src_buf", src), ("dst_buf", dst))
     _distinct(("src_buf", src, False), ("dst_buf", dst, True))
-    device.copy(src, dst, n * _F32.itemsize)
+    nbytes = n * dtype.itemsize
+    if nbytes % 4:  # WebGPU copies whole 4-byte words
+        if n != dst.size:
+            raise BindingError(f"num_elements: {n} float16 values are {nbytes} bytes; WebGPU "
+                               f"copies multiples of 4 bytes, so copy an even count (or all of "
+                               f"dst_buf, {dst.size} values)")
+        nbytes += 2  # the last word's other half is dst's padding
+    device.copy(src, dst, nbytes)
 
 
 # ---------------------------------------------------------------- numpy in, numpy out
 
-def _host_activation(arr, what: str) -> np.ndarray:
+def _host_activation(arr, what: str, dtype=_F32) -> np.ndarray:
     arr = np.asarray(arr)
     if arr.dtype.kind != "f":
         raise BindingError(f"{what}: expected a real floating dtype (float16, float32 or "
                            f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
+        out = np.ascontiguousarray(arr, dtype=dtype)
+    if dtype == np.float16 and np.isfinite(arr).all() and not np.isfinite(out).all():
+        raise BindingError(f"{what}: values beyond float16's range (65504) become infinite "
+                           f"when stored as float16")
+    return out
 
 
 def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,
             device=None, path: str = "auto", strategy: str | None = None, threads: int = 256,
-            subgroups: bool = False) -> np.ndarray:
+            subgroups: bool = False, dtype=np.float32) -> np.ndarray:
     """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
 
     ``x``: ``(in_dim,)`` or ``(tokens, in_dim)``; ``a``: ``[rank, in_dim]``;
     ``b``: ``[out_dim, rank]``; ``base``: the base layer's output, shaped like
     the result (``x.shape[:-1] + (out_dim,)``), default zeros. Any real float
-    dtype; computed in float32, returned as float32.
+    dtype in; stored on the GPU and returned as ``dtype`` (float32, or float16
+    where the adapter has shader-f16); sums are float32 either way.
 
     The factor is ``scale`` if given, else ``alpha / rank``; with neither it is
     1 (alpha = rank, as ``Config(rank)``). ``path``: ``"auto"`` (default: the
@@ -519,11 +552,12 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     if alpha is not None and scale is not None:
         raise ValueError("forward: give alpha or scale, not both (scale = alpha / rank)")
-    xs = _host_activation(x, "x")
+    dtype = storage_dtype(dtype)
+    xs = _host_activation(x, "x", dtype)
     if xs.ndim not in (1, 2) or xs.shape[-1] < 1 or xs.size == 0:
         raise BindingError(f"x: expected shape (in_dim,) or (tokens, in_dim), got {xs.shape}")
-    am = host_matrix(a, "a", "[rank, in_dim]")
-    bm = host_matrix(b, "b", "[out_dim, rank]")
+    am = host_matrix(a, "a", "[rank, in_dim]", dtype)
+    bm = host_matrix(b, "b", "[out_dim, rank]", dtype)
     rank, in_dim = am.shape
     out_dim = bm.shape[0]
     if bm.shape[1] != rank:
@@ -534,12 +568,12 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
                            f"{in_dim}, got shape {xs.shape}")
     out_shape = xs.shape[:-1] + (out_dim,)
     if base is None:
-        base32 = np.zeros(out_shape, np.float32)
+        base_host = np.zeros(out_shape, dtype)
     else:
-        base32 = _host_activation(base, "base")
-        if base32.shape != out_shape:
+        base_host = _host_activation(base, "base", dtype)
+        if base_host.shape != out_shape:
             raise BindingError(f"base: expected shape {out_shape} (x.shape[:-1] + (out_dim,)), "
-                               f"got {base32.shape}")
+                               f"got {base_host.shape}")
     if scale is None:
         if alpha is None:
             scale = 1.0
@@ -549,9 +583,9 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
             scale = float(alpha) / rank
     scale = _scale(scale)
     dev = get_device() if device is None else _device(device)
-    weight = Weight.from_numpy(dev, am, bm)
+    weight = Weight.from_numpy(dev, am, bm, dtype=dtype)
     x_buf = dev.buffer(xs, name="lora.x")
-    out_buf = dev.buffer(base32, name="lora.output")
+    out_buf = dev.buffer(base_host, name="lora.output")
     temps = [x_buf, out_buf, weight.a, weight.b]
     try:
         if path == "auto":

@@ -1,8 +1,13 @@
 """The LoRA kernels, written in shaderdsl.
 
-Shapes (row-major f32): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
+Shapes (row-major): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
 h [tokens, rank], y and output [tokens, out_dim]. Every kernel is a plain
 function of Python parameters; ``kernel(...)`` below compiles (and caches) it.
+
+``dtype`` is the storage type of A, B, x and output: "f32", or "f16" (needs
+the adapter's shader-f16). Arithmetic is f32 either way: every f16 load is
+widened, and only the final store to output rounds to f16. The scratch
+buffers h and y are always f32.
 
 Loops over rank are unrolled in Python, so each accumulator is its own WGSL
 variable and stays in a register under both naga and Tint. Rows are read as
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import shaderdsl as sd
 from shaderdsl import builtins as B
-from shaderdsl import f32, vec4f
+from shaderdsl import f16, f32, vec4f, vec4h
 from shaderdsl import types as T
 
 SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
@@ -29,10 +34,39 @@ def _width(n: int) -> int:
     return 4 if n % 4 == 0 else 1
 
 
-def _rows(m, name, n_rows, row_len):
+DTYPES = ("f32", "f16")
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+
+
+def _rows(m, name, n_rows, row_len, dtype="f32"):
     """Declare a read-only row-major matrix; returns (buffer, elements per row)."""
+    _check_dtype(dtype)
     w = _width(row_len)
-    return m.declare_input_buffer(name, vec4f if w == 4 else f32, n_rows * row_len // w), row_len // w
+    elem = {("f32", 4): vec4f, ("f32", 1): f32, ("f16", 4): vec4h, ("f16", 1): f16}[dtype, w]
+    return m.declare_input_buffer(name, elem, n_rows * row_len // w), row_len // w
+
+
+def _output(m, n, dtype):
+    _check_dtype(dtype)
+    return m.declare_output_buffer("output", f16 if dtype == "f16" else f32, n)
+
+
+def _wide(e):
+    """An f16 (or vec4<f16>) value widened to f32; f32 values unchanged."""
+    if e.type == f16:
+        return f32(e)
+    if e.type == vec4h:
+        return vec4f(e)
+    return e
+
+
+def _store(out, i, value):
+    """out[i] = value (f32), rounded to f16 when out holds f16."""
+    out[i] = f16(value) if out.type.elem == f16 else value
 
 
 def _dot(a, b):
@@ -41,17 +75,17 @@ def _dot(a, b):
 
 # ------------------------------------------------------------------ A @ x
 
-def project_a_seed(m, rank, in_dim, tokens=1):
+def project_a_seed(m, rank, in_dim, tokens=1, dtype="f32"):
     """Hesper's design: one thread per h element, a serial loop over in_dim."""
-    A = m.declare_input_buffer("A", f32, rank * in_dim)
-    x = m.declare_input_buffer("x", f32, tokens * in_dim)
+    A = m.declare_input_buffer("A", f16 if dtype == "f16" else f32, rank * in_dim)
+    x = m.declare_input_buffer("x", f16 if dtype == "f16" else f32, tokens * in_dim)
     h = m.declare_output_buffer("h", f32, tokens * rank)
     gid = m.global_id()
     r, t = gid.x, gid.y
     with m.if_(r < rank):
         acc = m.var(f32, 0.0, "acc")
         with m.loop(in_dim, name="k") as k:
-            acc += A[r * in_dim + k] * x[t * in_dim + k]
+            acc += _wide(A[r * in_dim + k]) * _wide(x[t * in_dim + k])
         h[t * rank + r] = acc
 
 
@@ -157,30 +191,53 @@ def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=
             body(c)
 
 
-def _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True):
+def _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
+    for r < rank; ``rows``: the start of each row in A (default r * in_n).
 
     With few iterations the loop is unrolled in Python, so every load is
     issued before the first multiply waits on memory.
     """
     accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
+    rows = rows or [r * in_n for r in range(rank)]
 
     def step(c):
-        xv = m.let(x[t * in_n + c], "xv")
+        xv = m.let(_wide(x[t * in_n + c]), "xv")
         for r in range(rank):
-            accs[r] += _dot(A[r * in_n + c], xv)
+            accs[r] += _dot(_wide(A[rows[r] + c]), xv)
 
     _unrolled_or_loop(m, lane, in_n, lanes, rank + 1, step, "c", unroll)
     return accs
 
 
-def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False):
-    """h = A @ x with one workgroup per token: every thread takes a strided
-    slice of in_dim for all ranks, then the workgroup reduces."""
-    A, in_n = _rows(m, "A", rank, in_dim)
-    x, _ = _rows(m, "x", tokens, in_dim)
+def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False, dtype="f32",
+                        rank_group=0):
+    """h = A @ x with one workgroup per token (grid (tokens, 1)): every thread
+    takes a strided slice of in_dim for all ranks, then the workgroup reduces.
+
+    With ``rank_group`` (0 < rank_group < rank) workgroup (t, g) does ranks
+    g * rank_group onwards only (grid (tokens, ceil(rank / rank_group))):
+    more workgroups share the rows of A when the rank is high and tokens few.
+    """
+    A, in_n = _rows(m, "A", rank, in_dim, dtype)
+    x, _ = _rows(m, "x", tokens, in_dim, dtype)
     h = m.declare_output_buffer("h", f32, tokens * rank)
     t = m.workgroup_id().x
+    if 0 < rank_group < rank:
+        # rows r0 .. r0 + rank_group - 1; the last group reads row rank - 1 in
+        # place of rows past the end and does not store them
+        r0 = m.let(m.workgroup_id().y * rank_group, "r0")
+        rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(rank_group)]
+        accs = _partial_dots(m, A, x, rank_group, in_n, t, m.local_index(), threads, rows=rows)
+        hs = _reduce(m, accs, threads, subgroups)
+        with m.if_(m.local_index() == 0):
+            for q in range(rank_group):
+                if (rank % rank_group) and q >= rank % rank_group:
+                    with m.if_(r0 + q < rank):
+                        h[t * rank + r0 + q] = hs[q]
+                else:
+                    h[t * rank + r0 + q] = hs[q]
+        return
     accs = _partial_dots(m, A, x, rank, in_n, t, m.local_index(), threads)
     hs = _reduce(m, accs, threads, subgroups)
     with m.if_(m.local_index() == 0):
@@ -193,8 +250,8 @@ def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False)
 def _b_row(m, Bm, i, rank):
     """Row i of B as lets: vec4 pieces when rank % 4 == 0, else scalars."""
     if _width(rank) == 4:
-        return [m.let(Bm[i * (rank // 4) + q], f"b{q}") for q in range(rank // 4)]
-    return [m.let(Bm[i * rank + r], f"b{r}") for r in range(rank)]
+        return [m.let(_wide(Bm[i * (rank // 4) + q]), f"b{q}") for q in range(rank // 4)]
+    return [m.let(_wide(Bm[i * rank + r]), f"b{r}") for r in range(rank)]
 
 
 def _row_dot(row, hs):
@@ -224,9 +281,9 @@ def _load_h(m, h, rank, t, threads):
     return [m.let(hw[r], f"h{r}") for r in range(rank)]
 
 
-def project_b(m, out_dim, rank, tokens=1, threads=256):
-    """y = B @ h: one thread per output element, h in workgroup memory."""
-    Bm, _ = _rows(m, "B", out_dim, rank)
+def project_b(m, out_dim, rank, tokens=1, threads=256, dtype="f32"):
+    """y = B @ h: one thread per output element, h in workgroup memory (y is f32)."""
+    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
     h = m.declare_input_buffer("h", f32, tokens * rank)
     y = m.declare_output_buffer("y", f32, tokens * out_dim)
     t = m.workgroup_id().y
@@ -236,31 +293,38 @@ def project_b(m, out_dim, rank, tokens=1, threads=256):
         y[t * out_dim + i] = _b_row_dot(m, Bm, i, rank, hs)
 
 
-def add_scaled(m, num_elements, scale):
-    """output[i] += scale * y[i]."""
+def add_scaled(m, num_elements, scale, dtype="f32"):
+    """output[i] += scale * y[i] (y is f32, output ``dtype``)."""
     y = m.declare_input_buffer("y", f32, num_elements)
-    out = m.declare_output_buffer("output", f32, num_elements)
+    out = _output(m, num_elements, dtype)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < num_elements):
-        out[i] += scale * y[i]
+        if dtype == "f32":
+            out[i] += scale * y[i]
+        else:
+            _store(out, i, _wide(out[i]) + scale * y[i])
 
 
-def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256):
+def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
     """output[i] += scale * sum_r B[i, r] * h[r]: project_b and add_scaled in one."""
-    Bm, _ = _rows(m, "B", out_dim, rank)
+    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
     h = m.declare_input_buffer("h", f32, tokens * rank)
-    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    out = _output(m, tokens * out_dim, dtype)
     t = m.workgroup_id().y
     hs = _load_h(m, h, rank, t, threads)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < out_dim):
-        out[t * out_dim + i] += scale * _b_row_dot(m, Bm, i, rank, hs)
+        if dtype == "f32":
+            out[t * out_dim + i] += scale * _b_row_dot(m, Bm, i, rank, hs)
+        else:
+            j = m.let(t * out_dim + i, "j")
+            _store(out, j, _wide(out[j]) + scale * _b_row_dot(m, Bm, i, rank, hs))
 
 
 # ------------------------------------------------------------------ one dispatch
 
 def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                  outputs_per_thread=1, subgroups=False, unroll=True):
+                  outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32"):
     """The whole LoRA delta in one dispatch.
 
     Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
@@ -269,10 +333,10 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     than a second dispatch. The B rows and output values this thread will
     need are loaded first, so their latency overlaps the work on h.
     """
-    A, in_n = _rows(m, "A", rank, in_dim)
-    x, _ = _rows(m, "x", tokens, in_dim)
-    Bm, _ = _rows(m, "B", out_dim, rank)
-    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    A, in_n = _rows(m, "A", rank, in_dim, dtype)
+    x, _ = _rows(m, "x", tokens, in_dim, dtype)
+    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
+    out = _output(m, tokens * out_dim, dtype)
     wid = m.workgroup_id()
     t = wid.y
     tid = m.local_index()
@@ -281,16 +345,16 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     for k in range(outputs_per_thread):
         i = m.let(base + k * threads, f"col{k}")
         safe = m.let(B.min(i, out_dim - 1), f"safe{k}")  # in-bounds prefetch
-        mine.append((i, _b_row(m, Bm, safe, rank), m.let(out[t * out_dim + safe], f"o{k}")))
+        mine.append((i, _b_row(m, Bm, safe, rank), m.let(_wide(out[t * out_dim + safe]), f"o{k}")))
     accs = _partial_dots(m, A, x, rank, in_n, t, tid, threads, unroll)
     hs = _reduce(m, accs, threads, subgroups)
     for i, row, old in mine:
         with m.if_(i < out_dim):
-            out[t * out_dim + i] = old + scale * _row_dot(row, hs)
+            _store(out, t * out_dim + i, old + scale * _row_dot(row, hs))
 
 
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                  unroll=True):
+                  unroll=True, dtype="f32"):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1: threads // tile_tokens lanes per token reduce h = A @ x[t] and
@@ -303,10 +367,10 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     if tile_tokens > threads or threads % tile_tokens:
         raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
     lanes = threads // tile_tokens
-    A, in_n = _rows(m, "A", rank, in_dim)
-    x, _ = _rows(m, "x", tokens, in_dim)
-    Bm, _ = _rows(m, "B", out_dim, rank)
-    out = m.declare_output_buffer("output", f32, tokens * out_dim)
+    A, in_n = _rows(m, "A", rank, in_dim, dtype)
+    x, _ = _rows(m, "x", tokens, in_dim, dtype)
+    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
+    out = _output(m, tokens * out_dim, dtype)
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
     tl = m.let(tid / lanes, "tl")
@@ -337,7 +401,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
         row = _b_row(m, Bm, i, rank)
         dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * out_dim + i, f"d{k}")
                  for k in range(tile_tokens)]
-        olds = [m.let(out[d], f"o{k}") for k, d in enumerate(dests)]
+        olds = [m.let(_wide(out[d]), f"o{k}") for k, d in enumerate(dests)]
         for k in range(tile_tokens):
             hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
             if w == 4:
@@ -348,52 +412,60 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                 total = _row_dot(row, hs)
             if ragged:
                 with m.if_(t0 + k < tokens):
-                    out[dests[k]] = olds[k] + total
+                    _store(out, dests[k], olds[k] + total)
             else:
-                out[dests[k]] = olds[k] + total
+                _store(out, dests[k], olds[k] + total)
 
     _unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)
 
 
 # ------------------------------------------------------------------ compiled kernels
 
-def project_a_kernel(rank, in_dim, tokens=1, strategy="workgroup", threads=256, subgroups=False):
-    """Kernel for h = A @ x (bindings A, x, h)."""
+def _name(base: str, dtype: str) -> str:
+    return base if dtype == "f32" else f"{base}_{dtype}"
+
+
+def project_a_kernel(rank, in_dim, tokens=1, strategy="workgroup", threads=256, subgroups=False,
+                     dtype="f32", rank_group=0):
+    """Kernel for h = A @ x (bindings A, x, h); grid (tokens, ceil(rank / rank_group))."""
     if strategy == "seed":
-        return sd.compile(project_a_seed, 64, name="project_a_seed", rank=rank, in_dim=in_dim, tokens=tokens)
-    return sd.compile(project_a_workgroup, threads, name="project_a", rank=rank, in_dim=in_dim,
-                      tokens=tokens, threads=threads, subgroups=subgroups)
+        return sd.compile(project_a_seed, 64, name=_name("project_a_seed", dtype), rank=rank,
+                          in_dim=in_dim, tokens=tokens, dtype=dtype)
+    return sd.compile(project_a_workgroup, threads, name=_name("project_a", dtype), rank=rank,
+                      in_dim=in_dim, tokens=tokens, threads=threads, subgroups=subgroups,
+                      dtype=dtype, rank_group=rank_group if 0 < rank_group < rank else 0)
 
 
-def project_b_kernel(out_dim, rank, tokens=1, threads=256):
+def project_b_kernel(out_dim, rank, tokens=1, threads=256, dtype="f32"):
     """Kernel for y = B @ h (bindings B, h, y)."""
-    return sd.compile(project_b, threads, name="project_b", out_dim=out_dim, rank=rank,
-                      tokens=tokens, threads=threads)
+    return sd.compile(project_b, threads, name=_name("project_b", dtype), out_dim=out_dim,
+                      rank=rank, tokens=tokens, threads=threads, dtype=dtype)
 
 
-def add_scaled_kernel(num_elements, scale, threads=256):
+def add_scaled_kernel(num_elements, scale, threads=256, dtype="f32"):
     """Kernel for output[i] += scale * y[i] (bindings y, output)."""
-    return sd.compile(add_scaled, threads, name="add_scaled", num_elements=num_elements,
-                      scale=float(scale))
+    return sd.compile(add_scaled, threads, name=_name("add_scaled", dtype),
+                      num_elements=num_elements, scale=float(scale), dtype=dtype)
 
 
-def fused_b_add_kernel(out_dim, rank, scale, tokens=1, threads=256):
+def fused_b_add_kernel(out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
     """Kernel for output += scale * B @ h (bindings B, h, output)."""
-    return sd.compile(fused_b_add, threads, name="fused_b_add", out_dim=out_dim, rank=rank,
-                      scale=float(scale), tokens=tokens, threads=threads)
+    return sd.compile(fused_b_add, threads, name=_name("fused_b_add", dtype), out_dim=out_dim,
+                      rank=rank, scale=float(scale), tokens=tokens, threads=threads, dtype=dtype)
 
 
 def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                         outputs_per_thread=1, subgroups=False, unroll=True):
+                         outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32"):
     """Kernel for output += scale * B @ (A @ x) in one dispatch (bindings A, x, B, output)."""
-    return sd.compile(fused_forward, threads, name="fused_forward", rank=rank, in_dim=in_dim,
-                      out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
-                      outputs_per_thread=outputs_per_thread, subgroups=subgroups, unroll=unroll)
+    return sd.compile(fused_forward, threads, name=_name("fused_forward", dtype), rank=rank,
+                      in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
+                      threads=threads, outputs_per_thread=outputs_per_thread,
+                      subgroups=subgroups, unroll=unroll, dtype=dtype)
 
 
 def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                         unroll=True):
+                         unroll=True, dtype="f32"):
     """Kernel for output += scale * B @ (A @ x) over tiles of tokens (bindings A, x, B, output)."""
-    return sd.compile(tiled_forward, threads, name="tiled_forward", rank=rank, in_dim=in_dim,
-                      out_dim=out_dim, scale=float(scale), tokens=tokens, threads=threads,
-                      tile_tokens=tile_tokens, unroll=unroll)
+    return sd.compile(tiled_forward, threads, name=_name("tiled_forward", dtype), rank=rank,
+                      in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
+                      threads=threads, tile_tokens=tile_tokens, unroll=unroll, dtype=dtype)

@@ -14,6 +14,7 @@ from shaderdsl.errors import AliasingError, BindingError, FeatureError
 from shaderdsl.runtime import Buffer
 
 from . import kernels as K
+from .weight import check_f16, wgsl_dtype
 
 STRATEGIES = ("seed", "split", "fused", "tiled")
 
@@ -23,7 +24,8 @@ class Strategy:
     """How to run one forward.
 
     ``seed``: Hesper's design, h by one thread per element, then fused B-add (2 dispatches).
-    ``split``: h by one workgroup per token with a workgroup reduction, then fused B-add (2).
+    ``split``: h by one workgroup per token (or per token and ``rank_group``
+    ranks) with a workgroup reduction, then fused B-add (2).
     ``fused``: one dispatch; each workgroup recomputes h and adds its slice of outputs.
     ``tiled``: one dispatch; each workgroup takes ``tile_tokens`` tokens and all outputs.
     """
@@ -34,6 +36,7 @@ class Strategy:
     subgroups: bool = False
     tile_tokens: int = 16
     unroll: bool = True  # fused/tiled: unroll column loops in Python ("loop" in the text: don't)
+    rank_group: int = 0  # split: ranks per workgroup of project_a (0: all)
 
     def __post_init__(self):
         if self.name not in STRATEGIES:
@@ -45,6 +48,9 @@ class Strategy:
         if self.name == "tiled" and (self.tile_tokens < 1 or self.threads % self.tile_tokens):
             raise ValueError(f"tile_tokens must divide threads, got {self.tile_tokens} "
                              f"and {self.threads}")
+        if self.rank_group < 0 or (self.rank_group and self.name != "split"):
+            raise ValueError(f"rank_group applies to the split strategy only and must be >= 0, "
+                             f"got {self.rank_group} for {self.name!r}")
         if self.name == "seed" and self.subgroups:
             raise ValueError("the seed strategy has no subgroup form")
         if self.name == "tiled" and self.subgroups:
@@ -54,6 +60,8 @@ class Strategy:
         if self.name == "seed":
             return "seed"
         text = f"{self.name}:{self.threads}"
+        if self.name == "split" and self.rank_group:
+            text += f":{self.rank_group}"
         if self.name == "fused":
             text += f":{self.outputs_per_thread}"
         if self.name == "tiled":
@@ -64,7 +72,8 @@ class Strategy:
 
     @classmethod
     def parse(cls, text: str) -> "Strategy":
-        """Inverse of str(): 'seed', 'split:256', 'fused:256:2:sg', 'tiled:256:16:loop'."""
+        """Inverse of str(): 'seed', 'split:256', 'split:256:8:sg', 'fused:256:2:sg',
+        'tiled:256:16:loop'."""
         parts = text.split(":")
         sg = parts[-1] == "sg"
         if sg:
@@ -79,7 +88,8 @@ class Strategy:
                              f"'split:256', 'fused:256:1', 'fused:256:1:sg' or 'tiled:256:16'") from None
         if name not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r} in {text!r}")
-        keys = {"seed": (), "split": ("threads",), "fused": ("threads", "outputs_per_thread"),
+        keys = {"seed": (), "split": ("threads", "rank_group"),
+                "fused": ("threads", "outputs_per_thread"),
                 "tiled": ("threads", "tile_tokens")}[name]
         if len(nums) > len(keys):
             raise ValueError(f"strategy {text!r}: {name!r} takes at most {len(keys)} number(s) "
@@ -88,15 +98,18 @@ class Strategy:
 
 
 class Plan:
-    """One forward ``output += scale * B @ (A @ x)`` for fixed shapes, ready to record."""
+    """One forward ``output += scale * B @ (A @ x)`` for fixed shapes, ready to
+    record. x and output are stored like the weight (float32 or float16)."""
 
     def __init__(self, device, weight, scale: float, tokens: int, strategy: Strategy):
         if strategy.subgroups and not device.has_feature("subgroup"):
             raise FeatureError(f"strategy {strategy} needs the 'subgroup' feature, which "
                                f"{device.name!r} ({device.backend}) lacks")
+        check_f16(device, weight.dtype, f"Plan {strategy}")
         self.device, self.weight, self.scale = device, weight, float(scale)
-        self.tokens, self.strategy = tokens, strategy
+        self.tokens, self.strategy, self.dtype = tokens, strategy, weight.dtype
         r, i, o, t, s = weight.rank, weight.in_dim, weight.out_dim, tokens, strategy
+        dt = wgsl_dtype(weight.dtype)
         self.x_shape = (i,) if t == 1 else (t, i)
         self.out_shape = (o,) if t == 1 else (t, o)
         # (dim,) and (1, dim) both hold one token
@@ -106,22 +119,24 @@ class Plan:
         b_grid = (-(-o // b_threads), t, 1)
         if s.name == "fused":
             k = K.fused_forward_kernel(r, i, o, self.scale, t, s.threads, s.outputs_per_thread,
-                                       s.subgroups, s.unroll)
+                                       s.subgroups, s.unroll, dt)
             grid = (-(-o // (s.threads * s.outputs_per_thread)), t, 1)
             self.steps = [(k, ("A", "x", "B", "output"), grid)]
             self.h = None
         elif s.name == "tiled":
-            k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens, s.unroll)
+            k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens, s.unroll,
+                                       dt)
             self.steps = [(k, ("A", "x", "B", "output"), (-(-t // s.tile_tokens), 1, 1))]
             self.h = None
         else:
             if s.name == "seed":
-                ka = K.project_a_kernel(r, i, t, strategy="seed")
+                ka = K.project_a_kernel(r, i, t, strategy="seed", dtype=dt)
                 a_grid = (-(-r // ka.workgroup_size[0]), t, 1)
             else:
-                ka = K.project_a_kernel(r, i, t, threads=s.threads, subgroups=s.subgroups)
-                a_grid = (t, 1, 1)
-            kb = K.fused_b_add_kernel(o, r, self.scale, t, b_threads)
+                ka = K.project_a_kernel(r, i, t, threads=s.threads, subgroups=s.subgroups, dtype=dt,
+                                        rank_group=s.rank_group)
+                a_grid = (t, -(-r // s.rank_group) if 0 < s.rank_group < r else 1, 1)
+            kb = K.fused_b_add_kernel(o, r, self.scale, t, b_threads, dt)
             self.h = device.empty((t, r), np.float32, name="lora_h")
             self.steps = [(ka, ("A", "x", "h"), a_grid), (kb, ("B", "h", "output"), b_grid)]
         self.dispatches = len(self.steps)
@@ -132,7 +147,7 @@ class Plan:
     def __repr__(self) -> str:
         w = self.weight
         return (f"<Plan {self.strategy} rank={w.rank} in={w.in_dim} out={w.out_dim} "
-                f"tokens={self.tokens} scale={self.scale}>")
+                f"tokens={self.tokens} scale={self.scale} {self.dtype.name}>")
 
     def check(self, x_buf, out_buf) -> None:
         """Shapes and dtypes of the activation buffers, before anything is recorded."""
@@ -141,10 +156,11 @@ class Plan:
                 got = repr(buf) if isinstance(buf, Buffer) else type(buf).__name__
                 raise BindingError(f"{self!r}: {what} buffer must be a live Buffer on "
                                    f"{self.device!r}, got {got}")
-            if buf.dtype != np.float32 or \
+            if buf.dtype != self.dtype or \
                     getattr(buf, "shape", None) not in self._shapes[what]:
                 got = f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}"
-                raise BindingError(f"{self!r}: {what} buffer must be float32 {shape}, got {got}")
+                raise BindingError(f"{self!r}: {what} buffer must be {self.dtype.name} {shape} "
+                                   f"(the weight's dtype), got {got}")
         for name, buf in (("input", x_buf), ("weight A", self.weight.a), ("weight B", self.weight.b)):
             if out_buf is buf:
                 raise AliasingError(f"{self!r}: the output buffer is also the {name} buffer")

@@ -71,6 +71,18 @@ def tolerance(x, a, b, scale, base=None, rtol: float = RTOL_OUT, atol: float = A
     return rtol * mag + atol
 
 
+F16_ROUNDING = 2.0 ** -11  # float16's unit roundoff: the store of an f32 result to f16
+
+
+def f16_tolerance(x, a, b, scale, base=None) -> np.ndarray:
+    """Bound for a forward stored as float16 (inputs already float16 values,
+    sums in f32): the f32 bound of :func:`tolerance`, plus rounding the result
+    to the nearest float16, at most 2**-11 of it (2**-25 among subnormals)."""
+    tol = tolerance(x, a, b, scale, base)
+    want = np.abs(forward(x, a, b, scale, base))
+    return tol + F16_ROUNDING * (want + tol) + 2.0 ** -25
+
+
 def h_tolerance(x, a, rtol: float = RTOL_H, atol: float = ATOL) -> np.ndarray:
     """Elementwise bound on ``|gpu h - project_a(a, x)|``: ``rtol * |A| @ |x| + atol``."""
     return rtol * project_a(np.abs(_f(a, F64)), np.abs(_f(x, F64))) + atol
@@ -83,4 +95,5 @@ def within(got, want, tol) -> bool:
 
 
 __all__ = ["project_a", "project_b", "add_scaled", "fused_b_add", "lora_delta", "forward",
-           "tolerance", "h_tolerance", "within", "RTOL_H", "RTOL_Y", "RTOL_ADD", "RTOL_OUT", "ATOL"]
+           "tolerance", "f16_tolerance", "h_tolerance", "within", "RTOL_H", "RTOL_Y", "RTOL_ADD",
+           "RTOL_OUT", "ATOL", "F16_ROUNDING"]

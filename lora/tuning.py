@@ -1,7 +1,7 @@
 """Choosing the fastest strategy per (shape, adapter), measured once, cached on disk.
 
 The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
-``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build and shape.
+``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build, shape and storage dtype.
 ``LORA_STRATEGY=fused:256:1`` (or the ``strategy`` argument) forces a choice.
 """
 from __future__ import annotations
@@ -25,14 +25,19 @@ def cache_path() -> Path:
     return Path(root) / "lora_tuning.json"
 
 
-def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> str:
-    return f"{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens: int,
+              dtype=np.float32) -> str:
+    key = f"{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+    return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
 
 def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> list[Strategy]:
     """The strategies worth timing for this shape on this device."""
     sgs = [False, True] if device.has_feature("subgroup") else [False]
     out = [Strategy("seed")]  # Hesper's design wins on some adapters (CPU ones: few, long threads)
+    if rank > 8 and tokens <= 64:  # share A's rows among workgroups: project_a per rank group
+        for group in (4, 8):
+            out += [Strategy("split", 256, subgroups=sg, rank_group=group) for sg in sgs]
     if tokens == 1:
         for sg in sgs:
             out.append(Strategy("split", 256, subgroups=sg))
@@ -103,25 +108,31 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
              forwards: int | None = None, progress=None) -> Strategy:
     """Time every candidate on scratch buffers; return the fastest. With
     ``use_cache`` the on-disk cache is read first and written after."""
-    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
     if use_cache:
         hit = _load().get(key)
         if hit:
             return Strategy.parse(hit["strategy"])
     rng = np.random.default_rng(0)
-    x = device.buffer(rng.standard_normal((tokens, weight.in_dim)).astype(np.float32))
-    out = device.buffer(rng.standard_normal((tokens, weight.out_dim)).astype(np.float32))
+    x = device.buffer(rng.standard_normal((tokens, weight.in_dim)).astype(weight.dtype))
+    out = device.buffer(rng.standard_normal((tokens, weight.out_dim)).astype(weight.dtype))
     if forwards is None:
         forwards = max(4, min(200, 2_000_000 // (tokens * (weight.in_dim + weight.out_dim))))
     timings = {}
-    for s in candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens):
-        try:
-            plan = Plan(device, weight, scale, tokens, s)
-        except DispatchError:  # e.g. over this device's workgroup memory: not a candidate here
-            continue
-        timings[str(s)] = time_plan(device, plan, x, out, forwards, repeats=3)
-        if progress:
-            progress(f"  {s}: {timings[str(s)]:.2f} us")
+    try:
+        for s in candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens):
+            try:
+                plan = Plan(device, weight, scale, tokens, s)
+            except DispatchError:  # e.g. over this device's workgroup memory: not a candidate
+                continue
+            timings[str(s)] = time_plan(device, plan, x, out, forwards, repeats=3)
+            if plan.h is not None:
+                device.release(plan.h)
+            if progress:
+                progress(f"  {s}: {timings[str(s)]:.2f} us")
+    finally:
+        device.release(x)
+        device.release(out)
     best = min(timings, key=timings.get)
     if use_cache:
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})

@@ -1,4 +1,5 @@
-"""The LoRA weights on the GPU: A ``[rank, in_dim]`` and B ``[out_dim, rank]``, row-major f32."""
+"""The LoRA weights on the GPU: A ``[rank, in_dim]`` and B ``[out_dim, rank]``, row-major,
+stored as float32 or (on adapters with shader-f16) float16."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from shaderdsl.errors import BindingError
+from shaderdsl.errors import BindingError, FeatureError
 
 _uids = itertools.count(1)
 
@@ -18,12 +19,40 @@ def _dim(value, what: str) -> int:
     return int(value)
 
 
-def host_matrix(array, what: str, layout: str) -> np.ndarray:
-    """``array`` as a C-contiguous float32 matrix, or a clear BindingError.
+STORAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
-    Accepts any real floating dtype (float16/32/64; cast to float32); refuses
+
+def storage_dtype(dtype) -> np.dtype:
+    """float32 or float16 as a numpy dtype, or a ValueError naming the choices."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in STORAGE_DTYPES:
+        raise ValueError(f"dtype: expected float32 or float16, got {dtype!r}")
+    return dt
+
+
+def check_f16(device, dtype: np.dtype, what: str) -> None:
+    """float16 storage needs the adapter's shader-f16: refuse before allocating."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        raise FeatureError(f"{what}: float16 storage needs the 'shader-f16' feature, which "
+                           f"{device.name!r} ({device.backend}) lacks; use float32")
+
+
+def wgsl_dtype(dtype: np.dtype) -> str:
+    """The kernels' name for a storage dtype: "f32" or "f16"."""
+    return "f16" if dtype == np.float16 else "f32"
+
+
+def host_matrix(array, what: str, layout: str, dtype=np.float32) -> np.ndarray:
+    """``array`` as a C-contiguous matrix of ``dtype`` (float32 or float16), or
+    a clear BindingError.
+
+    Accepts any real floating dtype (float16/32/64; cast to ``dtype``); refuses
     ints, bools, complex and objects rather than guessing, and values that are
-    NaN or infinite after the cast (a float64 over 3.4e38 becomes inf).
+    NaN or infinite after the cast (a float64 over 3.4e38, or anything over
+    65504 in float16, becomes inf).
     """
     arr = np.asarray(array)
     if arr.dtype.kind != "f":
@@ -35,16 +64,19 @@ def host_matrix(array, what: str, layout: str) -> np.ndarray:
         raise BindingError(f"Weight: {what} {layout} must have no empty dimension, got shape "
                            f"{arr.shape}")
     with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
-        out = np.ascontiguousarray(arr, dtype=np.float32)
+        out = np.ascontiguousarray(arr, dtype=dtype)
     bad = np.count_nonzero(~np.isfinite(out))
     if bad:
-        raise BindingError(f"Weight: {what} has {bad} NaN or infinite value(s) as float32")
+        limit = " (float16 holds at most 65504)" if out.dtype == np.float16 else ""
+        raise BindingError(f"Weight: {what} has {bad} NaN or infinite value(s) as "
+                           f"{out.dtype.name}{limit}")
     return out
 
 
 class Weight:
     """GPU buffers of one LoRA adapter: ``a`` (A, ``[rank, in_dim]``) and
-    ``b`` (B, ``[out_dim, rank]``), both row-major float32, on ``device``.
+    ``b`` (B, ``[out_dim, rank]``), both row-major, float32 or float16
+    (``dtype``; the activations of a forward must match it), on ``device``.
 
     Make one with :meth:`from_numpy` (your trained weights) or :meth:`init`
     (a fresh adapter, initialised the way peft does). The execute functions in
@@ -54,27 +86,32 @@ class Weight:
     __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "__weakref__")
 
     def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
-        """Wrap existing buffers (float32, shaped ``(rank, in_dim)`` and
-        ``(out_dim, rank)``); most code wants :meth:`from_numpy` instead."""
+        """Wrap existing buffers (both float32 or both float16, shaped
+        ``(rank, in_dim)`` and ``(out_dim, rank)``); most code wants
+        :meth:`from_numpy` instead."""
         self.in_dim = _dim(in_dim, "in_dim")
         self.out_dim = _dim(out_dim, "out_dim")
         self.rank = _dim(rank, "rank")
         for what, buf, shape in (("a", a, (rank, in_dim)), ("b", b, (out_dim, rank))):
             if getattr(buf, "device", None) is not device:
                 raise BindingError(f"Weight: {what} must be a Buffer on {device!r}, got {buf!r}")
-            if buf.dtype != np.float32 or buf.shape != shape:
-                raise BindingError(f"Weight: {what} must be float32{list(shape)}, got "
+            if buf.dtype != a.dtype or buf.dtype not in STORAGE_DTYPES or buf.shape != shape:
+                raise BindingError(f"Weight: {what} must be float32{list(shape)} or "
+                                   f"float16{list(shape)} (a and b alike), got "
                                    f"{buf.dtype.name}{list(buf.shape)}")
         self.device, self.a, self.b = device, a, b
         self.uid = next(_uids)  # never reused, unlike id(): plan caches key on it
 
     @classmethod
-    def from_numpy(cls, device, a, b, *, name: str = "lora") -> "Weight":
+    def from_numpy(cls, device, a, b, *, dtype=np.float32, name: str = "lora") -> "Weight":
         """Upload A ``[rank, in_dim]`` and B ``[out_dim, rank]`` (any real float
-        dtype; stored as float32). Shapes, dtypes and finiteness are checked
+        dtype), stored as ``dtype`` (float32, or float16 where the adapter has
+        shader-f16). Shapes, dtypes, finiteness and the feature are checked
         before anything is allocated."""
-        a = host_matrix(a, "a", "[rank, in_dim]")
-        b = host_matrix(b, "b", "[out_dim, rank]")
+        dtype = storage_dtype(dtype)
+        check_f16(device, dtype, "Weight")
+        a = host_matrix(a, "a", "[rank, in_dim]", dtype)
+        b = host_matrix(b, "b", "[out_dim, rank]", dtype)
         if b.shape[1] != a.shape[0]:
             raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, so b "
                                f"must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
@@ -85,7 +122,7 @@ class Weight:
 
     @classmethod
     def init(cls, device, in_dim: int, out_dim: int, rank: int, seed: int = 0, *,
-             name: str = "lora") -> "Weight":
+             dtype=np.float32, name: str = "lora") -> "Weight":
         """A fresh adapter as peft initialises one: B = 0, and A drawn from
         U(-1/sqrt(in_dim), 1/sqrt(in_dim)).
 
@@ -101,20 +138,26 @@ class Weight:
         rng = np.random.default_rng(seed)
         a = rng.uniform(-bound, bound, (rank, in_dim)).astype(np.float32)
         b = np.zeros((out_dim, rank), np.float32)
-        return cls.from_numpy(device, a, b, name=name)
+        return cls.from_numpy(device, a, b, dtype=dtype, name=name)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The storage dtype of A and B (and of the activations a forward takes)."""
+        return self.a.dtype
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) read back from the GPU."""
         return self.device.read(self.a), self.device.read(self.b)
 
     def write(self, a=None, b=None) -> None:
-        """Overwrite A and/or B in place (same shapes; any real float dtype)."""
+        """Overwrite A and/or B in place (same shapes; any real float dtype,
+        cast to the weight's)."""
         if a is not None:
-            a = host_matrix(a, "a", "[rank, in_dim]")
+            a = host_matrix(a, "a", "[rank, in_dim]", self.dtype)
             if a.shape != self.a.shape:
                 raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got {list(a.shape)}")
         if b is not None:
-            b = host_matrix(b, "b", "[out_dim, rank]")
+            b = host_matrix(b, "b", "[out_dim, rank]", self.dtype)
             if b.shape != self.b.shape:
                 raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got {list(b.shape)}")
         if a is not None:
@@ -124,4 +167,4 @@ class Weight:
 
     def __repr__(self) -> str:
         return (f"<Weight rank={self.rank} in_dim={self.in_dim} out_dim={self.out_dim} "
-                f"on {self.device.name!r}>")
+                f"{self.dtype.name} on {self.device.name!r}>")

@@ -1,10 +1,11 @@
 """``python -m lora bench --quick``: the JSON it writes and the plot.
 
-The quick matrix (tokens 1 and 16, rank 8, 256 -> 320) runs once for the
-module; every test reads its output. Accuracy fields are the bench's own
-relative errors (|gpu - numpy| / (1 + the forward on absolute values)), held
-to 1e-5. Nothing here asserts a speed: only that the timings are there,
-positive, and consistent with each other.
+The quick matrix (f32 and f16, tokens 1 and 16, rank 8, 256 -> 320) runs
+once for the module; every test reads its output. Accuracy fields are the
+bench's own relative errors (|gpu - numpy| / (1 + the forward on absolute
+values)), held to 1e-5 for f32 and to 2**-11 (float16's rounding of the
+result) for f16. Nothing here asserts a speed: only that the timings are
+there, positive, and consistent with each other.
 """
 from __future__ import annotations
 
@@ -63,11 +64,17 @@ def test_header(results, device):
     assert isinstance(floor, float) and (math.isnan(floor) or floor > 0)
 
 
-def test_rows_cover_the_quick_matrix(results):
+def test_rows_cover_the_quick_matrix(results, device):
     rows = results["rows"]
-    assert {(r["tokens"], r["rank"]) for r in rows} >= {(1, 8), (16, 8)}
+    dtypes = ["f32", "f16"] if device.has_feature("shader-f16") else ["f32"]
+    assert [(r["dtype"], r["tokens"], r["rank"]) for r in rows] == \
+        [(d, t, 8) for d in dtypes for t in (1, 16)]
     for r in rows:
         assert r["in_dim"] >= 1 and r["out_dim"] >= 1
+    if "f16" not in dtypes:
+        assert results["skipped"] == ["f16: adapter lacks shader-f16"]
+    else:
+        assert results["skipped"] == []
 
 
 def test_row_fields(results, device):
@@ -80,12 +87,12 @@ def test_row_fields(results, device):
         for key in ("best_gpu_us", "seed_gpu_us", "host_us", "gbps", "numpy_us"):
             assert positive(r.get(key)), (where, key, r.get(key))
         for key in ("best_rel_err", "seed_rel_err"):
-            assert 0 <= r[key] < 1e-5, (where, key, r[key])
+            assert 0 <= r[key] < (1e-5 if r["dtype"] == "f32" else 2.0 ** -11), (where, key, r[key])
         assert r["vs_seed"] == pytest.approx(r["seed_gpu_us"] / r["best_gpu_us"], rel=1e-9)
         assert r["vs_numpy"] == pytest.approx(r["numpy_us"] / r["best_gpu_us"], rel=1e-9)
         assert r["gbps"] == pytest.approx(r["min_bytes"] / (r["best_gpu_us"] * 1e3), rel=1e-9)
         assert r["min_bytes"] == bench.minimal_bytes(r["tokens"], r["rank"], r["in_dim"],
-                                                     r["out_dim"])
+                                                     r["out_dim"], 4 if r["dtype"] == "f32" else 2)
         assert r["frac_copy"] == pytest.approx(r["gbps"] / results["copy_gbps"], rel=1e-9)
         assert r["dispatches"] == (2 if s.name in ("seed", "split") else 1), where
 
@@ -116,3 +123,10 @@ def test_plot(quick):
     png = out / "bench.png"
     assert png.is_file()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_dtype_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--dtypes", "f32,bf16", "--out", str(tmp_path)])
+    assert "--dtypes: unknown bf16; expected f32 and/or f16" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

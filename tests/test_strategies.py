@@ -42,12 +42,13 @@ from lora.plan import STRATEGIES, Plan, Strategy
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# One or more of every kind: seed, split (with and without subgroups), fused
+# One or more of every kind: seed, split (with and without subgroups, all
+# ranks or a group of ranks per workgroup), fused
 # (1..3 outputs per thread, unrolled and looped, subgroups), tiled (tiles from
 # 1 token to a whole workgroup of one lane per token, unrolled and looped).
 STRATEGY_TEXTS = [
     "seed",
-    "split:64", "split:256", "split:64:sg",
+    "split:64", "split:256", "split:64:sg", "split:64:4", "split:32:3:sg",
     "fused:64:1", "fused:128:2:loop", "fused:64:1:sg", "fused:32:3:loop:sg", "fused:256:1",
     "tiled:64:4", "tiled:128:8:loop", "tiled:64:16", "tiled:32:32:loop", "tiled:16:1",
 ]
@@ -215,7 +216,8 @@ def test_strategy_text_round_trip(device):
         s = Strategy.parse(text)
         assert str(s) == text
         assert Strategy.parse(str(s)) == s
-    for s in tuning.candidates(device, 8, 256, 300, 1) + tuning.candidates(device, 8, 256, 300, 7):
+    for s in tuning.candidates(device, 8, 256, 300, 1) + tuning.candidates(device, 8, 256, 300, 7) \
+            + tuning.candidates(device, 64, 256, 300, 3):
         assert Strategy.parse(str(s)) == s
 
 
@@ -228,6 +230,7 @@ def test_strategy_fields():
         ("tiled", 256, 8, False, False)
     assert Strategy.parse("seed") == Strategy("seed")
     assert Strategy.parse("split:512:sg") == Strategy("split", 512, subgroups=True)
+    assert Strategy.parse("split:128:8:sg") == Strategy("split", 128, subgroups=True, rank_group=8)
     assert str(Strategy()) == "fused:256:1"
 
 
@@ -254,7 +257,7 @@ def test_strategy_bad_text(text, message):
     assert len(str(info.value)) > 20
 
 
-@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:8", "split:64:5", "seed:64"])
+@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:8", "split:64:5:2", "seed:64"])
 def test_strategy_too_many_numbers(text):
     with pytest.raises(ValueError, match="takes at most"):
         Strategy.parse(text)
@@ -267,6 +270,10 @@ def test_strategy_bad_values():
         Strategy("fused", 48)
     with pytest.raises(ValueError, match="must divide threads"):
         Strategy("tiled", 64, tile_tokens=5)
+    with pytest.raises(ValueError, match="rank_group applies to the split strategy only"):
+        Strategy("fused", 64, rank_group=4)
+    with pytest.raises(ValueError, match="must be >= 0, got -1"):
+        Strategy("split", 64, rank_group=-1)
 
 
 # ---------------------------------------------------------------- Plan.check: before any dispatch

@@ -120,6 +120,25 @@ def lora_entries() -> list[Entry]:
     for n, (threads, tile, unroll, rank) in enumerate(tiled):
         add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=threads, tile_tokens=tile,
             unroll=unroll)
+
+    # project_a over groups of ranks (split:T:G), and every kernel with f16 storage
+    for n, (group, sg, rank) in enumerate(itertools.product((3, 4), (False, True), RANKS)):
+        add(K.project_a_kernel, rank=rank, in_dim=_spread(n)["in_dim"], tokens=_spread(n)["tokens"],
+            threads=64, subgroups=sg, rank_group=group)
+    for n, rank in enumerate(RANKS):
+        s = _spread(n)
+        add(K.project_a_kernel, rank=rank, in_dim=s["in_dim"], tokens=s["tokens"],
+            strategy="seed", dtype="f16")
+        add(K.project_a_kernel, rank=rank, in_dim=s["in_dim"], tokens=s["tokens"], threads=64,
+            subgroups=bool(n % 2), dtype="f16")
+        add(K.project_b_kernel, out_dim=s["out_dim"], rank=rank, tokens=s["tokens"], dtype="f16")
+        add(K.fused_b_add_kernel, out_dim=s["out_dim"], rank=rank, scale=s["scale"],
+            tokens=s["tokens"], dtype="f16")
+        add(K.add_scaled_kernel, num_elements=s["out_dim"], scale=s["scale"], dtype="f16")
+        add(K.fused_forward_kernel, rank=rank, **s, threads=128, outputs_per_thread=1 + n % 2,
+            subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype="f16")
+        add(K.tiled_forward_kernel, rank=rank, **s, threads=128, tile_tokens=4,
+            unroll=bool(n % 2), dtype="f16")
     return out
 
 

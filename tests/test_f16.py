@@ -1,0 +1,228 @@
+"""float16 storage: A, B, x and output stored as f16, every sum in f32.
+
+Inputs are drawn as float16 values, so the float64 reference sees exactly
+what the GPU reads. The bound (``reference.f16_tolerance``) is the f32 bound
+of tests/test_strategies.py plus rounding the result to the nearest float16:
+
+    |gpu - numpy| <= tol32 + 2**-11 * (|numpy| + tol32) + 2**-25
+
+where tol32 = 1e-4 * (|scale| * |B| @ (|A| @ |x|) + |base|). Every test here
+needs the adapter's shader-f16 and says so when it skips (llvmpipe's OpenGL
+driver lacks it; lavapipe has it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from shaderdsl.errors import BindingError, FeatureError
+
+import lora.execute as E
+from lora import Weight, reference as R
+from lora import tuning
+from lora.plan import Plan, Strategy
+
+from test_strategies import EDGE_DIMS, STRATEGY_TEXTS, lead
+
+F16 = np.float16
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 600))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_f16(device):
+    if not device.has_feature("shader-f16"):
+        pytest.skip(f"adapter {device.name!r} ({device.backend}) lacks shader-f16")
+
+
+@pytest.fixture(scope="module")
+def sub_ok(device):
+    return device.has_feature("subgroup")
+
+
+def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
+    """Random float16 A, B, x, base; A scaled by 1/sqrt(in_dim) as a trained
+    adapter's would be, so sums stay far from float16's 65504."""
+    a = rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)
+    b = rng.standard_normal((out_dim, rank))
+    x = rng.standard_normal(lead(tokens) + (in_dim,))
+    base = rng.standard_normal(lead(tokens) + (out_dim,))
+    if positive:
+        a, b, x = np.abs(a) + 0.01, np.abs(b) + 0.01, np.abs(x) + 0.01
+    return tuple(v.astype(F16) for v in (a, b, x, base))
+
+
+def check(got, a, b, x, base, scale, what):
+    assert got.dtype == F16, what
+    if scale == 0:
+        assert np.array_equal(got.view(np.uint16), base.view(np.uint16)), \
+            f"{what}: scale 0 must leave the base exactly"
+        return
+    got = got.astype(np.float64)
+    want = R.forward(x, a, b, scale, base)
+    tol = R.f16_tolerance(x, a, b, scale, base)
+    assert not np.isnan(got).any(), what
+    bad = np.argwhere(np.abs(got - want) > tol)
+    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
+                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want "
+                           f"{want[tuple(bad[0])]}, tol {tol[tuple(bad[0])]}")
+
+
+def run_plan(device, a, b, x, base, scale, tokens, strategy):
+    w = Weight.from_numpy(device, a, b, dtype=F16)
+    plan = Plan(device, w, scale, tokens, Strategy.parse(strategy))
+    x_buf, out = device.buffer(x), device.buffer(base)
+    before = device.stats["dispatches"]
+    plan(x_buf, out)
+    assert device.stats["dispatches"] - before == plan.dispatches
+    got = device.read(out).reshape(base.shape)
+    assert np.array_equal(device.read(x_buf).reshape(x.shape).view(np.uint16),
+                          x.view(np.uint16)), "the input was modified"
+    return got
+
+
+@SETTINGS
+@given(strategy=st.sampled_from(STRATEGY_TEXTS), tokens=st.integers(1, 40),
+       rank=st.integers(1, 16), in_dim=dims, out_dim=dims,
+       scale=st.sampled_from([0.0, 1.0, -1.0, 2.0, -3.5, 0.125]), positive=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_plan_f16_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, out_dim, scale,
+                                positive, seed):
+    if strategy.endswith(":sg"):
+        assume(sub_ok)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens, positive)
+    got = run_plan(device, a, b, x, base, scale, tokens, strategy)
+    check(got, a, b, x, base, scale, strategy)
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
+def test_f16_every_output_written(device, sub_ok, strategy):
+    """Ragged tiles and workgroups; all-positive inputs, so a skipped element
+    would stay at its base."""
+    if strategy.endswith(":sg") and not sub_ok:
+        pytest.skip("adapter lacks 'subgroup'")
+    a, b, x, base = problem(np.random.default_rng(37), 5, 131, 259, 37, positive=True)
+    got = run_plan(device, a, b, x, base, 0.5, 37, strategy)
+    assert np.all(got.astype(np.float32) > base.astype(np.float32) + 0.1)
+    check(got, a, b, x, base, 0.5, strategy)
+
+
+@pytest.mark.parametrize("path", ["three", "fused", "single", "auto"])
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_forward_f16_paths(device, path, tokens):
+    """lora.forward(dtype=float16): every path stores and returns float16."""
+    a, b, x, base = problem(np.random.default_rng(tokens), 8, 260, 130, tokens)
+    got = E.forward(x, a, b, base, scale=1.5, device=device, path=path, dtype=F16)
+    assert got.shape == base.shape
+    check(got, a, b, x, base, 1.5, path)
+
+
+def test_forward_f16_from_float32_input(device):
+    """float32 (or float64) arrays are rounded to float16 first: the result is
+    the forward of the rounded values."""
+    rng = np.random.default_rng(5)
+    a, b, x = rng.random((4, 64)), rng.random((48, 4)), rng.random((3, 64))
+    got = E.forward(x, a, b, scale=0.5, device=device, dtype="float16")
+    a16, b16, x16 = (v.astype(F16) for v in (a, b, x))
+    check(got, a16, b16, x16, np.zeros((3, 48), F16), 0.5, "cast")
+
+
+def test_execute_functions_f16(device):
+    """The per-kernel execute functions with a float16 weight: x and output
+    float16, the scratch h and y float32."""
+    rng = np.random.default_rng(9)
+    a, b, x, base = problem(rng, 4, 100, 72, 3)
+    w = Weight.from_numpy(device, a, b, dtype=F16)
+    assert w.dtype == F16 and "float16" in repr(w)
+    x_buf, out = device.buffer(x), device.buffer(base)
+    h, y = device.empty((3, 4), np.float32), device.empty((3, 72), np.float32)
+    E.execute_project_a(device, w, x_buf, h)
+    assert np.all(np.abs(device.read(h) - R.project_a(a, x)) <= R.h_tolerance(x, a))
+    E.execute_project_b(device, w, h, y)
+    E.execute_add_scaled(device, y, out, scale=-2.0)
+    check(device.read(out).reshape(3, 72), a, b, x, base, -2.0, "three kernels")
+
+
+def test_add_scaled_f16_output(device):
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal(101).astype(np.float32)
+    base = rng.standard_normal(101).astype(F16)
+    out = device.buffer(base)
+    E.execute_add_scaled(device, device.buffer(y), out, scale=0.75)
+    want = base.astype(np.float64) + 0.75 * y
+    got = device.read(out).astype(np.float64)
+    assert np.all(np.abs(got - want) <= R.F16_ROUNDING * np.abs(want) * 1.001 + 2.0 ** -25)
+
+
+def test_mixed_dtypes_refused_before_dispatch(device):
+    """A float16 weight with float32 activations (and the reverse) is refused,
+    naming both dtypes, before anything is recorded."""
+    a, b, x, base = problem(np.random.default_rng(2), 4, 32, 40, 2)
+    w16 = Weight.from_numpy(device, a, b, dtype=F16)
+    w32 = Weight.from_numpy(device, a, b)
+    x16, out16 = device.buffer(x), device.buffer(base)
+    x32, out32 = device.buffer(x.astype(np.float32)), device.buffer(base.astype(np.float32))
+    before = device.stats["dispatches"]
+    cases = [(w16, x32, out16), (w16, x16, out32), (w32, x16, out32), (w32, x32, out16)]
+    for w, xb, ob in cases:
+        with pytest.raises(BindingError, match="expected dtype float(16|32), got float(32|16)"):
+            E.execute_lora_forward_single(device, w, 1.0, xb, ob)
+        with pytest.raises(BindingError, match="the weight's dtype"):
+            Plan(device, w, 1.0, 2, Strategy.parse("tiled:64:4"))(xb, ob)
+    with pytest.raises(BindingError, match="h_buf: expected dtype float32, got float16"):
+        E.execute_lora_forward_fused(device, w16, 1.0, x16, out16, device.empty((2, 4), F16))
+    assert device.stats["dispatches"] == before
+    assert np.array_equal(device.read(out16).view(np.uint16), base.view(np.uint16))
+
+
+def test_f16_needs_the_feature(device, monkeypatch):
+    """Without shader-f16 the float16 weight is refused before any upload."""
+    monkeypatch.setattr(type(device), "has_feature", lambda self, name: name != "shader-f16")
+    monkeypatch.setattr(device, "_new_buffer", boom)
+    with pytest.raises(FeatureError, match="float16 storage needs the 'shader-f16' feature"):
+        Weight.from_numpy(device, np.ones((2, 8)), np.ones((8, 2)), dtype=F16)
+    with pytest.raises(FeatureError, match="shader-f16"):
+        E.forward(np.ones(8), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
+
+
+def boom(*args, **kwargs):
+    raise AssertionError("a buffer was allocated")
+
+
+@pytest.mark.parametrize("bad", ["int8", np.float64, "bfloat16", None])
+def test_bad_storage_dtype(device, bad):
+    with pytest.raises((ValueError, TypeError), match="dtype: expected float32 or float16"):
+        Weight.from_numpy(device, np.ones((2, 8)), np.ones((8, 2)), dtype=bad)
+
+
+def test_values_beyond_f16_range_refused(device):
+    with pytest.raises(BindingError, match=r"a has 16 NaN or infinite value\(s\) as float16 \(float16 holds at most 65504\)"):
+        Weight.from_numpy(device, np.full((2, 8), 70000.0), np.ones((8, 2)), dtype=F16)
+    with pytest.raises(BindingError, match="x: values beyond float16's range"):
+        E.forward(np.full(8, 1e5), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
+
+
+@pytest.mark.parametrize("n, size", [(7, 7), (6, 9), (9, 9)])
+def test_save_activation_f16(device, n, size):
+    """float16 copies go in 4-byte words: an even count, or the whole destination."""
+    src = np.arange(1, size + 1, dtype=F16)
+    dst0 = np.full(size, -1.0, F16)
+    dst = device.buffer(dst0)
+    E.save_activation(device, device.buffer(src), dst, n)
+    got = device.read(dst)
+    assert np.array_equal(got[:n], src[:n]) and np.array_equal(got[n:], dst0[n:])
+
+
+def test_save_activation_f16_odd_count_refused(device):
+    src, dst = device.buffer(np.ones(9, F16)), device.buffer(np.zeros(9, F16))
+    with pytest.raises(BindingError, match="copy an even count"):
+        E.save_activation(device, src, dst, 5)
+    assert not device.read(dst).any()
+
+
+def test_tuning_cache_keeps_dtypes_apart(device):
+    k32 = tuning.cache_key(device, 8, 64, 64, 1)
+    k16 = tuning.cache_key(device, 8, 64, 64, 1, F16)
+    assert k32 != k16 and k16.endswith("|float16") and "float" not in k32
