@@ -21,38 +21,42 @@ KERNELS = ("project_a", "project_b", "add_scaled", "fused_b_add", "fused_forward
 
 def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int = 1,
                  strategy: str = "workgroup", threads: int = 256, outputs_per_thread: int = 1,
-                 subgroups: bool = False, tile_tokens: int = 16):
+                 subgroups: bool = False, tile_tokens: int = 16, dtype: str = "f32",
+                 rank_group: int = 0, token_block: int = 1):
     """The Kernel the execute functions would dispatch for these parameters."""
     from . import kernels as K
 
     if name == "project_a":
         return K.project_a_kernel(rank, in_dim, tokens, strategy=strategy, threads=threads,
-                                  subgroups=subgroups)
+                                  subgroups=subgroups, dtype=dtype, rank_group=rank_group)
     if name == "project_b":
-        return K.project_b_kernel(out_dim, rank, tokens, threads)
+        return K.project_b_kernel(out_dim, rank, tokens, threads, dtype)
     if name == "add_scaled":
-        return K.add_scaled_kernel(tokens * out_dim, scale, threads)
+        return K.add_scaled_kernel(tokens * out_dim, scale, threads, dtype)
     if name == "fused_b_add":
-        return K.fused_b_add_kernel(out_dim, rank, scale, tokens, threads)
+        return K.fused_b_add_kernel(out_dim, rank, scale, tokens, threads, dtype)
     if name == "fused_forward":
         return K.fused_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads,
-                                      outputs_per_thread, subgroups)
+                                      outputs_per_thread, subgroups, dtype=dtype)
     if name == "tiled_forward":
-        return K.tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads, tile_tokens)
+        return K.tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads, tile_tokens,
+                                      dtype=dtype, token_block=token_block)
     raise ValueError(f"unknown kernel {name!r}; expected one of {KERNELS}")
 
 
 def cmd_wgsl(args) -> int:
     from shaderdsl.errors import ShaderDSLError
 
-    for what in ("rank", "in_dim", "out_dim", "tokens", "threads", "outputs_per_thread"):
+    for what in ("rank", "in_dim", "out_dim", "tokens", "threads", "outputs_per_thread",
+                 "token_block"):
         if getattr(args, what) < 1:
             print(f"error: --{what.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
     try:
         kernel = build_kernel(args.kernel, args.rank, args.in_dim, args.out_dim, args.scale,
                               args.tokens, args.strategy, args.threads, args.outputs_per_thread,
-                              args.subgroups, args.tile_tokens)
+                              args.subgroups, args.tile_tokens, args.dtype, args.rank_group,
+                              args.token_block)
     except (ShaderDSLError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -341,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--subgroups", action="store_true",
                    help="project_a/fused_forward: reduce with subgroupAdd")
     w.add_argument("--tile-tokens", type=int, default=16, help="tiled_forward only")
+    w.add_argument("--token-block", type=int, default=1,
+                   help="tiled_forward only: tokens per thread while computing h (default 1)")
+    w.add_argument("--rank-group", type=int, default=0,
+                   help="project_a only: ranks per workgroup (default 0: all)")
+    w.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                   help="storage of A, B, x and output (default f32)")
     w.add_argument("--info", action="store_true", help="also print bindings and features")
 
     d = sub.add_parser("demo", help="run the seed case through every path; errors and timings")

@@ -194,20 +194,28 @@ def _unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=
 def _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
     for r < rank; ``rows``: the start of each row in A (default r * in_n).
+    ``t`` is one token (returns one accumulator per rank) or a list of tokens
+    (returns a list per token): each load of A then serves every token.
 
     With few iterations the loop is unrolled in Python, so every load is
     issued before the first multiply waits on memory.
     """
-    accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
+    ts = t if isinstance(t, list) else [t]
+    tag = [""] if len(ts) == 1 else [f"{j}_" for j in range(len(ts))]
+    accs = [[m.var(f32, 0.0, f"acc{tag[j]}{r}") for r in range(rank)] for j in range(len(ts))]
     rows = rows or [r * in_n for r in range(rank)]
 
     def step(c):
-        xv = m.let(_wide(x[t * in_n + c]), "xv")
+        xvs = [m.let(_wide(x[tj * in_n + c]), f"xv{tag[j].rstrip('_')}") for j, tj in enumerate(ts)]
         for r in range(rank):
-            accs[r] += _dot(_wide(A[rows[r] + c]), xv)
+            a = _wide(A[rows[r] + c])
+            if len(ts) > 1:
+                a = m.let(a, f"a{r}")
+            for j, xv in enumerate(xvs):
+                accs[j][r] += _dot(a, xv)
 
-    _unrolled_or_loop(m, lane, in_n, lanes, rank + 1, step, "c", unroll)
-    return accs
+    _unrolled_or_loop(m, lane, in_n, lanes, (rank + 1) * len(ts), step, "c", unroll)
+    return accs if isinstance(t, list) else accs[0]
 
 
 def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False, dtype="f32",
@@ -353,43 +361,102 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
             _store(out, t * out_dim + i, old + scale * _row_dot(row, hs))
 
 
+MAX_BLOCK_ACCS = 64  # accumulators per thread in tiled_forward's phase 1 before ranks are split
+
+
+def _rank_split(rank: int, token_block: int, w: int) -> tuple[int, int]:
+    """(ranks per thread, rank groups) for tiled_forward's phase 1: at most
+    MAX_BLOCK_ACCS accumulators per thread, a power-of-two number of groups
+    (so the lanes per group stay a power of two), and whole vec4s of h."""
+    if token_block * rank <= MAX_BLOCK_ACCS:
+        return rank, 1
+    per = max(1, MAX_BLOCK_ACCS // token_block)
+    groups = 1 << (-(-rank // per) - 1).bit_length()
+    per = -(-rank // groups)
+    per += -per % w
+    return per, groups
+
+
+def tiled_fits(rank: int, threads: int, tile_tokens: int, token_block: int) -> bool:
+    """Whether tiled_forward's phase 1 has a thread for every (token block, rank group)."""
+    return tile_tokens // token_block * _rank_split(rank, token_block, _width(rank))[1] <= threads
+
+
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                  unroll=True, dtype="f32"):
+                  unroll=True, dtype="f32", token_block=1):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
-    Phase 1: threads // tile_tokens lanes per token reduce h = A @ x[t] and
-    leave scale * h for the whole tile in workgroup memory. Phase 2: each
-    thread owns output columns; it loads its row of B once and updates that
-    column for every token of the tile. A and B are read once per tile, not
-    once per token, which is what limits the one-token-per-workgroup kernel.
+    Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
+    Each thread sums a strided slice of in_dim for ``token_block`` tokens at
+    once (each load of A serves them all) and for all ranks, or, when that
+    would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
+    threads sharing (tokens, ranks) then reduce. Phase 2: each thread owns
+    output columns; it loads its row of B once and updates that column for
+    every token of the tile. A and B are read once per tile (per token block
+    in phase 1), not once per token, which is what limits the
+    one-token-per-workgroup kernel.
     """
     _check_threads(threads)
     if tile_tokens > threads or threads % tile_tokens:
         raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
-    lanes = threads // tile_tokens
+    if token_block < 1 or tile_tokens % token_block:
+        raise ValueError(f"token_block ({token_block}) must divide tile_tokens ({tile_tokens})")
+    w = _width(rank)  # scale * h of the tile, as vec4 when rank allows: fewer loads in phase 2
+    per, rank_groups = _rank_split(rank, token_block, w)
+    if not tiled_fits(rank, threads, tile_tokens, token_block):
+        raise ValueError(f"tiled_forward: rank {rank} in blocks of {token_block} tokens needs "
+                         f"more than {threads} threads")
+    groups = tile_tokens // token_block * rank_groups
+    lanes = threads // groups
     A, in_n = _rows(m, "A", rank, in_dim, dtype)
     x, _ = _rows(m, "x", tokens, in_dim, dtype)
     Bm, _ = _rows(m, "B", out_dim, rank, dtype)
     out = _output(m, tokens * out_dim, dtype)
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
-    tl = m.let(tid / lanes, "tl")
-    lane = m.let(tid % lanes, "lane")
-    t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
-
-    accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
-    w = _width(rank)  # scale * h of the tile, as vec4 when rank allows: fewer loads in phase 2
+    lane = None
+    if token_block == 1 and rank_groups == 1:
+        tl = m.let(tid / lanes, "tl")
+        lane = m.let(tid % lanes, "lane")
+        t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
+        accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
+        firsts, r0, rows = [tl], 0, None
+    else:
+        group = m.let(tid / lanes, "group")
+        lane = m.let(tid % lanes, "lane")
+        tg = m.let(group / rank_groups if rank_groups > 1 else group, "tg")
+        first = m.let(tg * token_block, "tl")  # the block's first token within the tile
+        ts = [m.let(B.min(t0 + first + j, tokens - 1), f"tk{j}") for j in range(token_block)]
+        if rank_groups > 1:
+            r0 = m.let((group % rank_groups) * per, "r0")
+            rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(per)]
+        else:
+            r0, rows = 0, None
+        accs = [a for block in _partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows)
+                for a in block]
+        firsts = [first + j for j in range(token_block)]
     hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
 
     def finish(red, chunk, g0):
         with m.if_(lane == 0):
             for q in range(len(chunk)):
-                r = g0 + q
-                target = hw[tl * (rank // w) + r // w]
-                if w == 4:
-                    setattr(target, "xyzw"[r % 4], scale * red[q * threads + tid])
+                j, k = divmod(g0 + q, per)  # token of the block, rank of the group
+                value = scale * red[q * threads + tid]
+                ragged = rank_groups * per > rank and k >= rank - (rank_groups - 1) * per
+
+                def store():
+                    if w == 4:
+                        target = hw[firsts[j] * (rank // 4) + r0 / 4 + k // 4 if rank_groups > 1
+                                    else firsts[j] * (rank // 4) + k // 4]
+                        setattr(target, "xyzw"[k % 4], value)
+                    else:
+                        hw[firsts[j] * rank + r0 + k] = value
+
+                if ragged:
+                    with m.if_(r0 + k < rank):
+                        store()
                 else:
-                    hw[tl * rank + r] = scale * red[q * threads + tid]
+                    store()
 
     _tree(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
 
@@ -428,6 +495,8 @@ def _name(base: str, dtype: str) -> str:
 def project_a_kernel(rank, in_dim, tokens=1, strategy="workgroup", threads=256, subgroups=False,
                      dtype="f32", rank_group=0):
     """Kernel for h = A @ x (bindings A, x, h); grid (tokens, ceil(rank / rank_group))."""
+    if rank_group < 0:
+        raise ValueError(f"rank_group must be >= 0 (0: all ranks in one workgroup), got {rank_group}")
     if strategy == "seed":
         return sd.compile(project_a_seed, 64, name=_name("project_a_seed", dtype), rank=rank,
                           in_dim=in_dim, tokens=tokens, dtype=dtype)
@@ -464,8 +533,9 @@ def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
 
 
 def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                         unroll=True, dtype="f32"):
+                         unroll=True, dtype="f32", token_block=1):
     """Kernel for output += scale * B @ (A @ x) over tiles of tokens (bindings A, x, B, output)."""
     return sd.compile(tiled_forward, threads, name=_name("tiled_forward", dtype), rank=rank,
                       in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
-                      threads=threads, tile_tokens=tile_tokens, unroll=unroll, dtype=dtype)
+                      threads=threads, tile_tokens=tile_tokens, unroll=unroll, dtype=dtype,
+                      token_block=token_block)

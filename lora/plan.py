@@ -27,7 +27,8 @@ class Strategy:
     ``split``: h by one workgroup per token (or per token and ``rank_group``
     ranks) with a workgroup reduction, then fused B-add (2).
     ``fused``: one dispatch; each workgroup recomputes h and adds its slice of outputs.
-    ``tiled``: one dispatch; each workgroup takes ``tile_tokens`` tokens and all outputs.
+    ``tiled``: one dispatch; each workgroup takes ``tile_tokens`` tokens and all outputs,
+    each thread of its first phase ``token_block`` tokens at a time.
     """
 
     name: str = "fused"
@@ -37,6 +38,7 @@ class Strategy:
     tile_tokens: int = 16
     unroll: bool = True  # fused/tiled: unroll column loops in Python ("loop" in the text: don't)
     rank_group: int = 0  # split: ranks per workgroup of project_a (0: all)
+    token_block: int = 1  # tiled: tokens per thread while computing h
 
     def __post_init__(self):
         if self.name not in STRATEGIES:
@@ -51,6 +53,11 @@ class Strategy:
         if self.rank_group < 0 or (self.rank_group and self.name != "split"):
             raise ValueError(f"rank_group applies to the split strategy only and must be >= 0, "
                              f"got {self.rank_group} for {self.name!r}")
+        if self.token_block != 1 and (self.name != "tiled" or self.token_block < 1
+                                      or self.tile_tokens % self.token_block):
+            raise ValueError(f"token_block applies to the tiled strategy only and must divide "
+                             f"tile_tokens, got {self.token_block} for {self.name!r} with "
+                             f"tile_tokens {self.tile_tokens}")
         if self.name == "seed" and self.subgroups:
             raise ValueError("the seed strategy has no subgroup form")
         if self.name == "tiled" and self.subgroups:
@@ -65,7 +72,7 @@ class Strategy:
         if self.name == "fused":
             text += f":{self.outputs_per_thread}"
         if self.name == "tiled":
-            text += f":{self.tile_tokens}"
+            text += f":{self.tile_tokens}" + (f":{self.token_block}" if self.token_block != 1 else "")
         if self.name in ("fused", "tiled") and not self.unroll:
             text += ":loop"
         return text + (":sg" if self.subgroups else "")
@@ -73,7 +80,7 @@ class Strategy:
     @classmethod
     def parse(cls, text: str) -> "Strategy":
         """Inverse of str(): 'seed', 'split:256', 'split:256:8:sg', 'fused:256:2:sg',
-        'tiled:256:16:loop'."""
+        'tiled:256:16:loop', 'tiled:512:16:4'."""
         parts = text.split(":")
         sg = parts[-1] == "sg"
         if sg:
@@ -90,7 +97,7 @@ class Strategy:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r} in {text!r}")
         keys = {"seed": (), "split": ("threads", "rank_group"),
                 "fused": ("threads", "outputs_per_thread"),
-                "tiled": ("threads", "tile_tokens")}[name]
+                "tiled": ("threads", "tile_tokens", "token_block")}[name]
         if len(nums) > len(keys):
             raise ValueError(f"strategy {text!r}: {name!r} takes at most {len(keys)} number(s) "
                              f"({', '.join(keys) or 'none'})")
@@ -125,7 +132,7 @@ class Plan:
             self.h = None
         elif s.name == "tiled":
             k = K.tiled_forward_kernel(r, i, o, self.scale, t, s.threads, s.tile_tokens, s.unroll,
-                                       dt)
+                                       dt, s.token_block)
             self.steps = [(k, ("A", "x", "B", "output"), (-(-t // s.tile_tokens), 1, 1))]
             self.h = None
         else:

@@ -17,6 +17,7 @@ import numpy as np
 from shaderdsl.errors import DispatchError
 from shaderdsl.runtime import WGPU_BUILD
 
+from . import kernels as K
 from .plan import Plan, Strategy
 
 
@@ -50,6 +51,9 @@ def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> lis
                 if tile <= max(4, tokens):
                     for unroll in (True, False):
                         out.append(Strategy("tiled", threads, tile_tokens=tile, unroll=unroll))
+                        if tile >= 8 and tokens >= 64 and K.tiled_fits(rank, threads, tile, 4):
+                            out.append(Strategy("tiled", threads, tile_tokens=tile,
+                                                unroll=unroll, token_block=4))
         whole = -(-out_dim // 256)
         for sg in sgs:
             out.append(Strategy("split", 256, subgroups=sg))

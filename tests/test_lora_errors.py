@@ -417,6 +417,17 @@ def test_cli_wgsl_every_kernel(capsys):
     assert main(["wgsl", "project_b", "--rank", "0"]) == 2
     with pytest.raises(SystemExit):
         main(["wgsl", "nope"])
+    assert main(["wgsl", "fused_forward", "--dtype", "f16", "--info"]) == 0
+    out = capsys.readouterr().out
+    assert "enable f16;" in out and "A: array<vec4<f16>" in out and "output: array<f16," in out
+    assert "// kernel fused_forward_f16" in out and "shader-f16" in out
+    assert main(["wgsl", "project_a", "--rank", "64", "--rank-group", "8"]) == 0
+    assert "let r0 = workgroup_id.y * 8u;" in capsys.readouterr().out
+    assert main(["wgsl", "tiled_forward", "--rank", "64", "--tokens", "32", "--token-block", "4"]) == 0
+    assert "acc3_15" in capsys.readouterr().out  # 4 tokens x 16 of the 64 ranks per thread
+    assert main(["wgsl", "tiled_forward", "--token-block", "3"]) == 1
+    assert "token_block (3) must divide tile_tokens (16)" in capsys.readouterr().err
+    assert main(["wgsl", "project_a", "--rank-group", "-1"]) == 1
 
 
 def test_cli_check_and_demo(device, capsys):

@@ -45,12 +45,14 @@ SETTINGS = settings(max_examples=40, deadline=None,
 # One or more of every kind: seed, split (with and without subgroups, all
 # ranks or a group of ranks per workgroup), fused
 # (1..3 outputs per thread, unrolled and looped, subgroups), tiled (tiles from
-# 1 token to a whole workgroup of one lane per token, unrolled and looped).
+# 1 token to a whole workgroup of one lane per token, unrolled and looped,
+# one token or a block of tokens per thread).
 STRATEGY_TEXTS = [
     "seed",
     "split:64", "split:256", "split:64:sg", "split:64:4", "split:32:3:sg",
     "fused:64:1", "fused:128:2:loop", "fused:64:1:sg", "fused:32:3:loop:sg", "fused:256:1",
     "tiled:64:4", "tiled:128:8:loop", "tiled:64:16", "tiled:32:32:loop", "tiled:16:1",
+    "tiled:64:8:4", "tiled:128:16:2:loop",
 ]
 EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
              511, 512, 513, 597, 599, 600]
@@ -159,8 +161,21 @@ def test_every_output_written(device, sub_ok, strategy):
     check_result(got, a, b, x, base, 0.5, strategy)
 
 
+@pytest.mark.parametrize("rank", [20, 36, 64])
+@pytest.mark.parametrize("strategy", ["tiled:64:8:4", "tiled:128:16:2:loop", "tiled:16:16:4"])
+def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
+    """Blocks of tokens times all ranks would be over 64 accumulators: the
+    ranks are split over groups of threads (the last group ragged for 20 and
+    36). All-positive inputs and ragged tiles: a skipped element stays at its base."""
+    a, b, x, base = problem(np.random.default_rng(rank), rank, 67, 70, 37, positive=True)
+    got, plan, _ = run_plan(device, a, b, x, base, 0.25, 37, strategy)
+    assert plan.strategy.token_block > 1
+    assert np.all(got > base + 0.1)
+    check_result(got, a, b, x, base, 0.25, strategy)
+
+
 @pytest.mark.parametrize("tokens, rank, in_dim, out_dim",
-                         [(1, 8, 130, 257), (5, 3, 64, 300)])
+                         [(1, 8, 130, 257), (5, 3, 64, 300), (70, 8, 64, 40)])
 def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
     """Whatever the autotuner may pick for these shapes computes the forward."""
     cands = tuning.candidates(device, rank, in_dim, out_dim, tokens)
@@ -257,7 +272,7 @@ def test_strategy_bad_text(text, message):
     assert len(str(info.value)) > 20
 
 
-@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:8", "split:64:5:2", "seed:64"])
+@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:2:1", "split:64:5:2", "seed:64"])
 def test_strategy_too_many_numbers(text):
     with pytest.raises(ValueError, match="takes at most"):
         Strategy.parse(text)
@@ -270,6 +285,10 @@ def test_strategy_bad_values():
         Strategy("fused", 48)
     with pytest.raises(ValueError, match="must divide threads"):
         Strategy("tiled", 64, tile_tokens=5)
+    with pytest.raises(ValueError, match="token_block applies to the tiled strategy only"):
+        Strategy("fused", 64, token_block=2)
+    with pytest.raises(ValueError, match="must divide tile_tokens, got 3 for 'tiled'"):
+        Strategy("tiled", 64, tile_tokens=8, token_block=3)
     with pytest.raises(ValueError, match="rank_group applies to the split strategy only"):
         Strategy("fused", 64, rank_group=4)
     with pytest.raises(ValueError, match="must be >= 0, got -1"):

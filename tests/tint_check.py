@@ -121,6 +121,10 @@ def lora_entries() -> list[Entry]:
         add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=threads, tile_tokens=tile,
             unroll=unroll)
 
+    # tiled with blocks of tokens per thread (ranks split over thread groups at rank 64)
+    for n, (block, unroll, rank) in enumerate(itertools.product((2, 4), (False, True), RANKS)):
+        add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=128, tile_tokens=8,
+            unroll=unroll, token_block=block)
     # project_a over groups of ranks (split:T:G), and every kernel with f16 storage
     for n, (group, sg, rank) in enumerate(itertools.product((3, 4), (False, True), RANKS)):
         add(K.project_a_kernel, rank=rank, in_dim=_spread(n)["in_dim"], tokens=_spread(n)["tokens"],
@@ -138,7 +142,7 @@ def lora_entries() -> list[Entry]:
         add(K.fused_forward_kernel, rank=rank, **s, threads=128, outputs_per_thread=1 + n % 2,
             subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype="f16")
         add(K.tiled_forward_kernel, rank=rank, **s, threads=128, tile_tokens=4,
-            unroll=bool(n % 2), dtype="f16")
+            unroll=bool(n % 2), dtype="f16", token_block=1 + n % 2)
     return out
 
 
