@@ -50,9 +50,13 @@ def _rows(m, name, n_rows, row_len, dtype="f32"):
     return m.declare_input_buffer(name, elem, n_rows * row_len // w), row_len // w
 
 
-def _output(m, n, dtype):
+def _scalar(dtype: str):
     _check_dtype(dtype)
-    return m.declare_output_buffer("output", f16 if dtype == "f16" else f32, n)
+    return f16 if dtype == "f16" else f32
+
+
+def _output(m, n, dtype):
+    return m.declare_output_buffer("output", _scalar(dtype), n)
 
 
 def _wide(e):
@@ -77,8 +81,8 @@ def _dot(a, b):
 
 def project_a_seed(m, rank, in_dim, tokens=1, dtype="f32"):
     """Hesper's design: one thread per h element, a serial loop over in_dim."""
-    A = m.declare_input_buffer("A", f16 if dtype == "f16" else f32, rank * in_dim)
-    x = m.declare_input_buffer("x", f16 if dtype == "f16" else f32, tokens * in_dim)
+    A = m.declare_input_buffer("A", _scalar(dtype), rank * in_dim)
+    x = m.declare_input_buffer("x", _scalar(dtype), tokens * in_dim)
     h = m.declare_output_buffer("h", f32, tokens * rank)
     gid = m.global_id()
     r, t = gid.x, gid.y
@@ -414,7 +418,6 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     out = _output(m, tokens * out_dim, dtype)
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
-    lane = None
     if token_block == 1 and rank_groups == 1:
         tl = m.let(tid / lanes, "tl")
         lane = m.let(tid % lanes, "lane")
