@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from . import consts
 from . import types as T
 from .errors import ShaderTypeError, ShaderScopeError
 
@@ -408,9 +409,9 @@ def binary(op: str, a, b) -> Expr:
         want = T.u32 if isinstance(ta, T.Scalar) else T.Vector(ta.size, T.u32)
         if tb != want:
             raise type_error(f"`{op}` needs a shift amount of type {want}, got {tb}")
-        if isinstance(b, Lit) and b.value >= 32:
-            raise type_error(f"`{op} {b.value}`: a constant shift of 32 or more is a WGSL "
-                             f"shader-creation error")
+        why = consts.refuse_shift(op, a, b, sa)
+        if why:
+            raise type_error(why)
         return Binary(op, a, b, ta)
 
     if sa != sb:
@@ -445,8 +446,9 @@ def binary(op: str, a, b) -> Expr:
             if not sa.is_int:
                 raise type_error(f"`//` needs integer operands, got {ta}; use `/` for floats")
             op = "/"
-        if op in ("/", "%") and sa.is_int and isinstance(b, Lit) and b.value == 0:
-            raise type_error(f"integer `{op}` by a constant zero is a WGSL shader-creation error")
+        why = consts.refuse_division(op, a, b, sa) if op in ("/", "%") and sa.is_int else None
+        if why:
+            raise type_error(why)
         if ta == tb:
             rt = ta
         elif isinstance(ta, T.Vector) and tb == sa:

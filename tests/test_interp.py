@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import re
 
 import numpy as np
 import pytest
@@ -538,8 +539,8 @@ class ExactGen:
     def expr(self, ty, depth):
         """An expression of type ty. No operation has only constant operands:
         WGSL evaluates those when the shader is created, where an overflowing
-        `<<` or a zero divisor is an error that the DSL does not check (see
-        "DSL findings" below); such an operation becomes an input instead."""
+        `<<` or a zero divisor is an error (the DSL refuses it, see "DSL
+        findings" below); such an operation becomes an input instead."""
         node, b = self._expr(ty, depth)
         if node[0] not in ("lit", "vec", "splat") and is_const(node):
             return self.runtime_leaf(ty)
@@ -1501,21 +1502,20 @@ def test_random_subgroup_ops_gpu_vs_interpreter(device, device_subgroup_size, da
 #   read `v<w, ...>`: the module failed to parse (naga and Tint).
 # * Fixed: sd.compile's cache took params that compare equal for the same
 #   (0.0 and -0.0, 1 and 1.0 and True) and returned the first one's kernel.
-# * Fixed for literals: an integer / or % by a constant zero, and a constant
-#   shift amount >= 32, are WGSL shader-creation errors; the DSL emitted them
-#   (naga rejects `33u` shifts; Tint also rejects `x / 0u` with a runtime x,
-#   which naga accepts, so such a kernel ran under wgpu-native and failed
-#   under Dawn). The DSL now refuses a literal zero divisor or amount.
-# * Open (strict xfail below): the same errors from a constant that is not a
-#   single literal (`vec2<u32>(1u, 0u)` or `3u - 3u` as a divisor, a splat of
-#   32u as a shift amount), and all-constant expressions whose evaluation
-#   fails (`32u << 27u` overflows; naga and Tint reject it). The DSL would
-#   need to evaluate its constant subexpressions to refuse them.
-# * Open (strict xfail below): `v < x >> y` is emitted without parentheses
-#   around the shift, and WGSL's template-list discovery reads `v<x>` (the
-#   `>>` closes it): "unexpected template" from naga, an error from Tint too.
-#   The same happens in a for-loop header over `n >> 1` (`j < n >> 1u`) and
-#   inside a parenthesized argument. ExactGen.op_cmp writes `x >> y > v`.
+# * Fixed: an integer / or % by a constant zero, and a constant shift amount
+#   >= 32, are WGSL shader-creation errors; the DSL emitted them (naga rejects
+#   `33u` shifts; Tint also rejects `x / 0u` with a runtime x, which naga
+#   accepts, so such a kernel ran under wgpu-native and failed under Dawn).
+#   First fixed for literals; now for any constant the DSL builds
+#   (`vec2<u32>(1u, 0u)` or `3u - 3u` as a divisor, a splat of 32u as a shift
+#   amount), and for the other constant operations WGSL rejects: `32u << 27u`
+#   (shifts out a 1 bit), `1i << 31u` (changes the sign), `-2147483648i / -1i`
+#   (shaderdsl.consts evaluates the constant operands).
+# * Fixed: `v < x >> y` was emitted without parentheses around the shift, and
+#   WGSL's template-list discovery read `v<x>` (the `>>` closes it):
+#   "unexpected template" from naga, an error from Tint too. The same in a
+#   for-loop header over `n >> 1` (`j < n >> 1u`). ExactGen.op_cmp writes
+#   `x >> y > v`.
 # * naga, not the DSL: naga rejects `v << vec2<u32>(x, 32u)` (a runtime x),
 #   which WGSL allows (the amount is not a const-expression) and Tint accepts.
 
@@ -1571,21 +1571,48 @@ def _constant_shift_overflow(m):
     out[0] = x[0] + (u32(32) << u32(27))                     # naga and Tint reject
 
 
-@pytest.mark.xfail(strict=True, reason="the DSL emits constant expressions that WGSL makes "
-                   "shader-creation errors when the constant is not a single literal")
-@pytest.mark.parametrize("fn", [_vector_zero_divisor, _subexpression_zero_divisor,
-                                _splat_big_shift, _constant_shift_overflow])
-def test_dsl_refuses_constant_expressions_wgsl_rejects(fn):
-    with pytest.raises(sd.ShaderTypeError):
+def _sign_changing_shift(m):
+    x = m.declare_input_buffer("x", i32)
+    out = m.declare_output_buffer("out", i32)
+    out[0] = x[0] + (i32(1) << u32(31))                      # naga and Tint reject
+
+
+def _min_over_minus_one(m):
+    x = m.declare_input_buffer("x", i32)
+    out = m.declare_output_buffer("out", i32)
+    out[0] = x[0] + (i32(-2**31) / i32(-1))                  # Tint rejects; naga accepts
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_vector_zero_divisor, "by a constant zero"),
+    (_subexpression_zero_divisor, "by a constant zero"),
+    (_splat_big_shift, "`<< (32, 32)`: a constant shift of 32 or more"),
+    (_constant_shift_overflow, "`32 << 27` of u32 constants shifts out a 1 bit"),
+    (_sign_changing_shift, "`1 << 31` of i32 constants changes the sign"),
+    (_min_over_minus_one, "`-2147483648 / -1` of i32 constants does not fit i32")])
+def test_dsl_refuses_constant_expressions_wgsl_rejects(fn, message):
+    with pytest.raises(sd.ShaderTypeError, match=re.escape(message)):
         sd.compile(fn, 1)
 
 
-def test_open_constant_cases_run_in_the_interpreter():
-    """The interpreter gives them their runtime meaning: x / 0 = x, shifts modulo 32."""
-    x = np.array([5, 6], np.uint32)
-    for fn, want in [(_vector_zero_divisor, 5), (_subexpression_zero_divisor, 5),
-                     (_splat_big_shift, 5), (_constant_shift_overflow, 5)]:
-        assert run(fn, 1, 1, {"x": x, "out": np.zeros(1, np.uint32)})["out"][0] == want
+def _constants_that_wgsl_accepts(m):
+    x = m.declare_input_buffer("x", u32)
+    out = m.declare_output_buffer("out", u32)
+    out[0] = x[0] + (u32(2) - u32(3)) + (u32(65536) * u32(65536))  # wrap: 2**32 - 1, 0
+    out[1] = x[0] + (u32(1) << u32(31)) + (u32(7) >> u32(31))      # 2**31, 0
+    out[2] = u32(i32(x[0]) + (i32(-1) << u32(31)) / i32(-2))        # -2**31 / -2 = 2**30
+    out[3] = x[0] / (T.vec2u(u32(3), u32(1)) - u32(2)).y            # x / (1 - 2 wrapped)
+
+
+def test_constants_that_wgsl_accepts_compile_and_match(device):
+    """Constant operations WGSL allows (unsigned wrap-around, a shift into the
+    sign bit of -1, a divisor that is not zero) still build, and the GPU
+    agrees with the interpreter and with Python's arithmetic modulo 2**32."""
+    x = np.array([5, 0, 0, 0], np.uint32)
+    got, want, _ = _gpu_and_interp(device, _constants_that_wgsl_accepts, 1, 1,
+                                   {"x": x, "out": np.zeros(4, np.uint32)})
+    expect = [(5 + 2**32 - 1) % 2**32, 5 + 2**31, 5 + 2**30, 0]
+    assert got["out"].tolist() == want["out"].tolist() == expect
 
 
 def _vector_shift_amount(m):
@@ -1672,3 +1699,73 @@ def test_runtime_shift_amount_wraps_in_the_interpreter():
 
     out = run(shift, 1, 1, {"x": np.array([1, 33], np.uint32), "out": np.zeros(1, np.uint32)})
     assert out["out"][0] == 2
+
+
+# ---------------------------------------------------------------- constant integer expressions
+
+_CONST_OPS = ["+", "-", "*", "/", "%", "&", "|", "^", "<<", ">>"]
+_EDGE_INTS = {"u32": [0, 1, 2, 3, 7, 31, 32, 2**31 - 1, 2**31, 2**32 - 1],
+              "i32": [0, 1, -1, 2, -2, 7, 31, -2**31, 2**31 - 1]}
+
+
+@st.composite
+def const_tree(draw, scalar, depth=3):
+    """A constant i32/u32 expression as a nested tuple: literals, ~, unary -,
+    binary operators (shift amounts u32), conversions between i32 and u32."""
+    kinds = ["lit"] if depth == 0 else ["lit", "bin", "bin", "bin", "un", "conv"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "lit":
+        return ("lit", scalar, draw(st.sampled_from(_EDGE_INTS[scalar]) |
+                                    st.integers(*((0, 2**32 - 1) if scalar == "u32"
+                                                  else (-2**31, 2**31 - 1)))))
+    if kind == "un":
+        op = draw(st.sampled_from(["~", "-"] if scalar == "i32" else ["~"]))
+        return ("un", scalar, op, draw(const_tree(scalar, depth - 1)))
+    if kind == "conv":
+        return ("conv", scalar, draw(const_tree("u32" if scalar == "i32" else "i32", depth - 1)))
+    op = draw(st.sampled_from(_CONST_OPS))
+    rhs = "u32" if op in ("<<", ">>") else scalar
+    return ("bin", scalar, op, draw(const_tree(scalar, depth - 1)), draw(const_tree(rhs, depth - 1)))
+
+
+def _dsl(node):
+    """The DSL expression of a const_tree node."""
+    kind, scalar = node[0], node[1]
+    t = u32 if scalar == "u32" else i32
+    if kind == "lit":
+        return t(node[2])
+    if kind == "un":
+        return ~_dsl(node[3]) if node[2] == "~" else -_dsl(node[3])
+    if kind == "conv":
+        return t(_dsl(node[2]))
+    fn = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv,
+          "%": operator.mod, "&": operator.and_, "|": operator.or_, "^": operator.xor,
+          "<<": operator.lshift, ">>": operator.rshift}[node[2]]
+    return fn(_dsl(node[3]), _dsl(node[4]))
+
+
+def _constant_kernel(m, tree):
+    out = m.declare_output_buffer("out", u32 if tree[1] == "u32" else i32, 1)
+    out[0] = _dsl(tree)
+
+
+@settings(max_examples=round(30 * SCALE), **SETTINGS)
+@given(tree=st.sampled_from(["u32", "i32"]).flatmap(const_tree))
+def test_constant_integer_values_match_the_gpu(device, tree):
+    """shaderdsl.consts against the GPU and the interpreter: every constant
+    expression the DSL accepts compiles, and its value is the one the DSL
+    computed for its checks (those it refuses raise ShaderTypeError naming
+    the WGSL rule; test_dsl_refuses_constant_expressions_wgsl_rejects pins
+    that compilers reject such cases)."""
+    try:
+        kernel = sd.compile(_constant_kernel, 1, tree=tree)
+    except sd.ShaderTypeError as e:
+        assert "shader-creation error" in str(e)
+        return
+    dtype = np.uint32 if tree[1] == "u32" else np.int32
+    got, want, _ = _gpu_and_interp(device, _constant_kernel, 1, 1,
+                                   {"out": np.zeros(1, dtype)}, tree=tree)
+    from shaderdsl import consts
+    value = consts.int_value(_dsl(tree))
+    assert value is not None and len(value) == 1, tree
+    assert got["out"][0] == want["out"][0] == value[0], (tree, kernel.wgsl)

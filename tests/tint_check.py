@@ -364,6 +364,17 @@ def c_int_math(m):
     b[3] = vec4u(B.bitcast(u32, f32(n) * 0.5), u32(n), u32(B.bitcast(f32, y.x) > 0.0), 0)
 
 
+def c_int_constants(m):
+    """Constant integer operations at the edge of what WGSL accepts at shader
+    creation (unsigned wrap-around, shifts into the top bit; the DSL refuses
+    the ones just past it)."""
+    b = m.declare_output_buffer("b", vec4u)
+    a = m.declare_output_buffer("a", vec4i)
+    y = m.let(b[0], "y")
+    b[1] = y + vec4u(u32(2) - u32(3), u32(65536) * u32(65536), u32(1) << u32(31), ~u32(0))
+    a[1] = a[0] + vec4i(i32(-1) << u32(31), i32(-2**31) / i32(-2), i32(-7) % i32(3), -i32(5))
+
+
 def construct_entries() -> list[Entry]:
     table = [
         *[(c_subgroup_ops, 64, dict(elem=e)) for e in (f32, i32, u32, f16)],
@@ -373,6 +384,7 @@ def construct_entries() -> list[Entry]:
         (c_control_flow, 64, {}),
         (c_workgroup_3d, (4, 4, 4), {}),
         (c_int_math, 1, {}),
+        (c_int_constants, 1, {}),
     ]
     out = []
     for fn, ws, params in table:
