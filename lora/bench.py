@@ -31,7 +31,7 @@ from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from . import reference
 from .plan import Plan, Strategy
-from .tuning import autotune, time_plan
+from .tuning import MIN_BATCH_NS, autotune, time_plan
 from .weight import Weight
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
@@ -59,18 +59,24 @@ def copy_bandwidth(device, mib: int) -> float:
     groups = -(-n4 // 256)
     gx = min(groups, 65535)
     grid = (gx, -(-groups // gx), 1)
-    times = []
-    for _ in range(5):
+
+    def batch(copies):
         t0 = time.perf_counter()
         with device.batch(timestamps=True) as b:
-            for _ in range(4):
+            for _ in range(copies):
                 device.dispatch(k, [src, dst], grid)
         ns = b.gpu_time_ns
         if ns is None:
             device.sync()
             ns = (time.perf_counter() - t0) * 1e9
-        times.append(ns / 4)
-    return 2 * src.nbytes / statistics.median(times)
+        return ns / copies
+
+    per_copy = batch(4)
+    copies = max(4, min(200, int(MIN_BATCH_NS / max(per_copy, 1.0)) + 1))  # Dawn's 65.5 us quanta
+    gbps = 2 * src.nbytes / statistics.median([batch(copies) for _ in range(5)])
+    device.release(src)
+    device.release(dst)
+    return gbps
 
 
 def bump(m, n):
