@@ -74,6 +74,11 @@ def _buffer(device, buf, what: str, dtype=_F32, why: str = "") -> Buffer:
     return buf
 
 
+def _storage_of(buf) -> np.dtype:
+    """float16 for a float16 buffer, else float32: the dtype a check then expects."""
+    return np.dtype(np.float16) if getattr(buf, "dtype", None) == np.float16 else _F32
+
+
 def _activation(device, buf, what: str, weight: Weight) -> Buffer:
     """x or output: stored like the weight."""
     return _buffer(device, buf, what, weight.dtype, "; activations are stored like the weight")
@@ -324,11 +329,8 @@ def execute_add_scaled(device, y_buf, output_buf, num_elements: int | None = Non
     def build():
         _device(device)
         y = _buffer(device, y_buf, "y_buf")
-        dtype = getattr(output_buf, "dtype", _F32)
-        if dtype == np.float16:
-            check_f16(device, dtype, "output_buf")
-        else:
-            dtype = _F32
+        dtype = _storage_of(output_buf)
+        check_f16(device, dtype, "output_buf")
         out = _buffer(device, output_buf, "output_buf", dtype, "; float32 or float16")
         n = out.size if num_elements is None else _int(num_elements, "num_elements")
         _hold(n, ("y_buf", y), ("output_buf", out))
@@ -498,8 +500,7 @@ def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -
     activation for a later backward pass (which needs x to form dB and dA). A
     GPU-side copy, recorded into the open batch if there is one."""
     _device(device)
-    dtype = getattr(src_buf, "dtype", _F32)
-    dtype = dtype if dtype == np.float16 else _F32
+    dtype = _storage_of(src_buf)
     src = _buffer(device, src_buf, "src_buf", dtype, "; float32 or float16")
     dst = _buffer(device, dst_buf, "dst_buf", dtype, "; like src_buf")
     n = src.size if num_elements is None else _int(num_elements, "num_elements")
