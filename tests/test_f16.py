@@ -109,6 +109,17 @@ def test_f16_every_output_written(device, sub_ok, strategy):
     check(got, a, b, x, base, 0.5, strategy)
 
 
+@settings(SETTINGS, max_examples=15)
+@given(path=st.sampled_from(["three", "fused", "single"]), rank=st.integers(1, 16),
+       in_dim=dims, out_dim=dims, tokens=st.integers(1, 5),
+       scale=st.sampled_from([1.0, -0.5, 2.0]), seed=st.integers(0, 2**32 - 1))
+def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, tokens, scale, seed):
+    """The execute paths of the lora issue, on float16 storage, over random shapes."""
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens)
+    got = E.forward(x, a, b, base, scale=scale, device=device, path=path, dtype=F16)
+    check(got, a, b, x, base, scale, path)
+
+
 @pytest.mark.parametrize("path", ["three", "fused", "single", "auto"])
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_forward_f16_paths(device, path, tokens):
