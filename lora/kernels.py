@@ -447,11 +447,9 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                 value = scale * red[q * threads + tid]
                 ragged = rank_groups * per > rank and k >= rank - (rank_groups - 1) * per
 
-                def store():
+                def store():  # r0 is a multiple of 4 when w == 4 (_rank_split)
                     if w == 4:
-                        target = hw[firsts[j] * (rank // 4) + r0 / 4 + k // 4 if rank_groups > 1
-                                    else firsts[j] * (rank // 4) + k // 4]
-                        setattr(target, "xyzw"[k % 4], value)
+                        setattr(hw[firsts[j] * (rank // 4) + r0 // 4 + k // 4], "xyzw"[k % 4], value)
                     else:
                         hw[firsts[j] * rank + r0 + k] = value
 
