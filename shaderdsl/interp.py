@@ -409,25 +409,29 @@ def build_shader(fn, workgroup_size=64, *, name: str | None = None, **params) ->
     return m
 
 
+def _operands(e: Expr) -> tuple:
+    """The subexpressions of ``e``, left to right."""
+    if isinstance(e, Unary):
+        return (e.a,)
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, AddressOf):
+        return (e.target,)
+    if isinstance(e, Index):
+        return (e.base, e.index)
+    if isinstance(e, Member):
+        return (e.base,)
+    return ()
+
+
 def _walk_subgroup_calls(e: Expr, out: list) -> None:
     """Subgroup calls inside ``e``, innermost first."""
-    if isinstance(e, Unary):
-        _walk_subgroup_calls(e.a, out)
-    elif isinstance(e, Binary):
-        _walk_subgroup_calls(e.a, out)
-        _walk_subgroup_calls(e.b, out)
-    elif isinstance(e, Call):
-        for a in e.args:
-            _walk_subgroup_calls(a, out)
-        if e.feature == "subgroup":
-            out.append(e)
-    elif isinstance(e, AddressOf):
-        _walk_subgroup_calls(e.target, out)
-    elif isinstance(e, Index):
-        _walk_subgroup_calls(e.base, out)
-        _walk_subgroup_calls(e.index, out)
-    elif isinstance(e, Member):
-        _walk_subgroup_calls(e.base, out)
+    for sub in _operands(e):
+        _walk_subgroup_calls(sub, out)
+    if isinstance(e, Call) and e.feature == "subgroup":
+        out.append(e)
 
 
 def _root(e: Expr):
