@@ -32,7 +32,7 @@ import numpy as np
 
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
 from shaderdsl.runtime import Buffer, get_device
-from shaderdsl.runtime import checks
+from shaderdsl import checks
 
 from . import kernels as K
 from . import tuning
@@ -58,20 +58,7 @@ def _device(device):
 
 def _buffer(device, buf, what: str, dtype=_F32, why: str = "") -> Buffer:
     """A live storage Buffer of ``dtype`` on ``device``."""
-    if not isinstance(buf, Buffer):
-        raise BindingError(f"{what}: expected a shaderdsl Buffer (device.buffer(array) or "
-                           f"device.empty(shape, np.float32)), got {type(buf).__name__}")
-    if buf.released:
-        raise BindingError(f"{what}: {buf!r} was released")
-    if buf.device is not device:
-        raise BindingError(f"{what}: {buf!r} belongs to device {buf.device.name!r}, not to the "
-                           f"device this call runs on")
-    if buf.usage_kind != "storage":
-        raise BindingError(f"{what}: expected a storage buffer, got {buf!r}")
-    if buf.dtype != dtype:
-        raise BindingError(f"{what}: expected dtype {np.dtype(dtype).name}, got "
-                           f"{buf.dtype.name} ({buf!r}){why}")
-    return buf
+    return checks.live_buffer(buf, device, what, "storage", dtype, why)
 
 
 def _storage_of(buf) -> np.dtype:

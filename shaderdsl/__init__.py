@@ -5,12 +5,12 @@ on ``m`` (a ShaderM, the mirror of Hesper's shader monad); ``compile`` turns it
 into a Kernel (WGSL, bindings, features); ``shaderdsl.runtime`` runs it.
 """
 from . import builtins
-from .build import compile
+from .compiler import compile
 from .errors import (AliasingError, BindingError, DispatchError, FeatureError, KernelBuildError,
                      NoAdapterError, ShaderDSLError, ShaderNameError, ShaderScopeError,
                      ShaderTypeError, WGSLCompileError)
 from .kernel import Binding, Kernel, Override
-from .monad import ShaderM
+from .builder import ShaderM
 from .types import (Array, Atomic, Scalar, Vector, WType, array, atomic, bool_, f16, f32, i32,
                     u32, vec2, vec2f, vec2h, vec2i, vec2u, vec3, vec3f, vec3h, vec3i, vec3u, vec4,
                     vec4f, vec4h, vec4i, vec4u)

@@ -6,7 +6,7 @@ import ast
 import importlib
 import sys
 
-from .build import compile
+from .compiler import compile
 from .errors import ShaderDSLError
 
 

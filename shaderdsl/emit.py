@@ -1,8 +1,10 @@
-"""ShaderM -> WGSL text, in a fixed section order.
+"""Module -> WGSL text, in a fixed section order.
 
 Sections: enables, overrides, bindings, workgroup variables, entry point.
 Features are collected from the tree while it is printed, never by searching
 the text. The output is deterministic: the same kernel gives the same bytes.
+Expression and statement kinds are printed by functions looked up by node
+type; operators are spelled and parenthesized from their registry entries.
 """
 from __future__ import annotations
 
@@ -10,17 +12,11 @@ import math
 
 import numpy as np
 
-from . import stmt as S
+from . import nodes as N
 from . import types as T
 from .errors import ShaderTypeError
-from .expr import AddressOf, Binary, Call, Expr, Index, Lit, Member, Ref, Unary
-from .monad import BUILTIN_VALUES, ShaderM
 
 INDENT = "    "
-
-_MUL, _ADD, _SHIFT = {"*", "/", "%"}, {"+", "-"}, {"<<", ">>"}
-_REL = {"<", "<=", ">", ">=", "==", "!="}
-_BIT, _LOGIC = {"&", "|", "^"}, {"&&", "||"}
 
 
 def float_text(value: float, scalar: T.Scalar) -> str:
@@ -38,7 +34,7 @@ def float_text(value: float, scalar: T.Scalar) -> str:
     return f"{sign}{text}{'h' if scalar == T.f16 else 'f'}"
 
 
-def literal_text(lit: Lit) -> str:
+def literal_text(lit: N.Lit) -> str:
     v, t = lit.value, lit.type
     if t == T.bool_:
         return "true" if v else "false"
@@ -52,29 +48,33 @@ def literal_text(lit: Lit) -> str:
         raise ShaderTypeError(f"{lit.where}: {e}") from None
 
 
-def _needs_parens(parent: str, child: Expr, left: bool) -> bool:
+def _needs_parens(parent, child: N.Expr, left: bool) -> bool:
     """WGSL's grammar: bit and shift operands must be unary, and mixing && with ||
     or & with | needs parentheses; arithmetic follows the usual precedence."""
-    if not isinstance(child, Binary):
+    if not isinstance(child, N.Binary):
         return False
-    c = child.op
-    if parent in _MUL:
-        return not (c in _MUL and left)
-    if parent in _ADD:
-        return not (c in _MUL or (c in _ADD and left))
-    if parent in _SHIFT:
-        return True
-    if parent in _REL:
+    p, c = parent.group, child.op.group
+    if p == "mul":
+        return not (c == "mul" and left)
+    if p == "add":
+        return not (c == "mul" or (c == "add" and left))
+    if p == "rel":
         # `v < x >> y` would read as the template `v<x>`: shifts get parentheses too
-        return not (c in _MUL or c in _ADD)
-    if parent in _BIT:
-        return not (c == parent and left)
-    if parent in _LOGIC:
-        return not (c in _REL or (c == parent and left))
-    return True
+        return c not in ("mul", "add")
+    if p in ("bit", "logic"):
+        same = child.op is parent and left
+        return not (same or (p == "logic" and c == "rel"))
+    return True  # shift operands must be unary expressions
+
+
+_TEMPLATE_LIKE = {"<", ">", "<=", ">="}
+# Compound assignments spell some bool operators differently (`a &= b` on bool).
+_COMPOUND = {"&&": "&", "||": "|"}
 
 
 class Emitter:
+    """Prints nodes; records the features the printed types and calls need."""
+
     def __init__(self):
         self.features: set[str] = set()
 
@@ -82,108 +82,146 @@ class Emitter:
         if t is not None and T.uses_f16(t):
             self.features.add("shader-f16")
 
-    def expr(self, e: Expr) -> str:
-        self._note_type(e.type)
-        if isinstance(e, Lit):
-            return literal_text(e)
-        if isinstance(e, Ref):
-            return e.name
-        if isinstance(e, Binary):
-            a, b = self.expr(e.a), self.expr(e.b)
-            if _needs_parens(e.op, e.a, True):
-                a = f"({a})"
-            if _needs_parens(e.op, e.b, False):
-                b = f"({b})"
-            return f"{a} {e.op} {b}"
-        if isinstance(e, Unary):
-            a = self.expr(e.a)
-            if isinstance(e.a, (Binary, Unary)) or (isinstance(e.a, Lit) and a.startswith("-")):
-                a = f"({a})"
-            return f"{e.op}{a}"
-        if isinstance(e, Call):
-            if e.feature:
-                self.features.add(e.feature)
-            return f"{e.fn}({', '.join(self._argument(a) for a in e.args)})"
-        if isinstance(e, AddressOf):
-            return f"&{self.expr(e.target)}"
-        if isinstance(e, Index):
-            return f"{self._primary(e.base)}[{self.expr(e.index)}]"
-        if isinstance(e, Member):
-            return f"{self._primary(e.base)}.{e.name}"
-        raise TypeError(f"cannot emit {type(e).__name__}")
+    # ------------------------------------------------------------ expressions
 
-    def _argument(self, e: Expr) -> str:
+    def expr(self, e: N.Expr) -> str:
+        self._note_type(e.type)
+        return _EXPR[type(e)](self, e)
+
+    def _lit(self, e: N.Lit) -> str:
+        return literal_text(e)
+
+    def _ref(self, e: N.Ref) -> str:
+        return e.name
+
+    def _binary(self, e: N.Binary) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        if _needs_parens(e.op, e.a, True):
+            a = f"({a})"
+        if _needs_parens(e.op, e.b, False):
+            b = f"({b})"
+        return f"{a} {e.op.wgsl} {b}"
+
+    def _unary(self, e: N.Unary) -> str:
+        a = self.expr(e.a)
+        if isinstance(e.a, (N.Binary, N.Unary)) or (isinstance(e.a, N.Lit) and a.startswith("-")):
+            a = f"({a})"
+        return f"{e.op.wgsl}{a}"
+
+    def _call(self, e: N.Call) -> str:
+        if e.op.feature:
+            self.features.add(e.op.feature)
+        return f"{e.op.spell(e.type)}({', '.join(self._argument(a) for a in e.args)})"
+
+    def _address_of(self, e: N.AddressOf) -> str:
+        return f"&{self.expr(e.target)}"
+
+    def _index(self, e: N.Index) -> str:
+        return f"{self._primary(e.base)}[{self.expr(e.index)}]"
+
+    def _member(self, e: N.Member) -> str:
+        return f"{self._primary(e.base)}.{e.name}"
+
+    def _argument(self, e: N.Expr) -> str:
         """A call argument. A `<` or `>` comparison is parenthesized: unwrapped,
         `f(a < b, c > d)` reads as the template list `a<b, c>` in WGSL."""
         text = self.expr(e)
-        return f"({text})" if isinstance(e, Binary) and e.op in ("<", ">", "<=", ">=") else text
+        return f"({text})" if isinstance(e, N.Binary) and e.op.wgsl in _TEMPLATE_LIKE else text
 
-    def _primary(self, e: Expr) -> str:
+    def _primary(self, e: N.Expr) -> str:
         text = self.expr(e)
-        if isinstance(e, (Binary, Unary)) or (isinstance(e, Lit) and text.startswith("-")):
+        if isinstance(e, (N.Binary, N.Unary)) or (isinstance(e, N.Lit) and text.startswith("-")):
             return f"({text})"
         return text
 
-    def block(self, block: S.Block, depth: int, out: list) -> None:
+    def _operand(self, e: N.Expr) -> str:
+        """A loop bound after `<`: anything but arithmetic gets parentheses."""
+        text = self.expr(e)
+        return f"({text})" if isinstance(e, N.Binary) and e.op.group not in ("mul", "add") \
+            else text
+
+    # ------------------------------------------------------------ statements
+
+    def block(self, block: N.Block, depth: int, out: list) -> None:
         for st in block.stmts:
             self.stmt(st, depth, out)
 
     def stmt(self, st, depth: int, out: list) -> None:
-        pad = INDENT * depth
-        line = lambda text: out.append((pad + text, st.where))
-        if isinstance(st, S.Let):
-            line(f"let {st.ref.name} = {self.expr(st.value)};")
-        elif isinstance(st, S.VarDecl):
-            self._note_type(st.ref.type)
-            init = f" = {self.expr(st.init)}" if st.init is not None else ""
-            line(f"var {st.ref.name}: {st.ref.type}{init};")
-        elif isinstance(st, S.Assign):
-            line(f"{self.expr(st.target)} {st.op}= {self.expr(st.value)};")
-        elif isinstance(st, S.Effect):
-            call = self.expr(st.call)
-            line(f"let {st.ref.name} = {call};" if st.ref is not None else f"{call};")
-        elif isinstance(st, S.If):
-            for k, (cond, body) in enumerate(st.branches):
-                head = "if" if k == 0 else "} else if"
-                line(f"{head} ({self.expr(cond)}) {{")
-                self.block(body, depth + 1, out)
-            if st.else_body is not None:
-                line("} else {")
-                self.block(st.else_body, depth + 1, out)
-            line("}")
-        elif isinstance(st, S.For):
-            i = st.var.name
-            cmp = ">" if st.descending else "<"
-            inc = "-=" if st.descending else "+="
-            line(f"for (var {i}: {st.var.type} = {self.expr(st.start)}; {i} {cmp} "
-                 f"{self._operand(st.end)}; {i} {inc} {self.expr(st.step)}) {{")
-            self.block(st.body, depth + 1, out)
-            line("}")
-        elif isinstance(st, S.While):
-            line(f"while ({self.expr(st.cond)}) {{")
-            self.block(st.body, depth + 1, out)
-            line("}")
-        elif isinstance(st, S.Jump):
-            line(f"{st.kind};")
-        elif isinstance(st, S.Barrier):
-            line(f"{st.kind}Barrier();")
-        elif isinstance(st, S.Comment):
-            line(f"// {st.text}")
+        """Append (text, python location) lines of one statement to ``out``."""
+        _STMT[type(st)](self, st, depth, out)
+
+    @staticmethod
+    def _line(out: list, depth: int, text: str, where: str) -> None:
+        out.append((INDENT * depth + text, where))
+
+    def _let(self, st: N.Let, depth, out):
+        self._line(out, depth, f"let {st.ref.name} = {self.expr(st.value)};", st.where)
+
+    def _var(self, st: N.VarDecl, depth, out):
+        self._note_type(st.ref.type)
+        init = f" = {self.expr(st.init)}" if st.init is not None else ""
+        self._line(out, depth, f"var {st.ref.name}: {st.ref.type}{init};", st.where)
+
+    def _assign(self, st: N.Assign, depth, out):
+        target, value = self.expr(st.target), self.expr(st.value)
+        if st.op is None:
+            text = f"{target} = {value};"
+        elif st.op.group == "rel":  # `^=` on bool: WGSL has no `!=` assignment
+            text = f"{target} = {target} {st.op.wgsl} {self._primary(st.value)};"
         else:
-            raise TypeError(f"cannot emit statement {type(st).__name__}")
+            text = f"{target} {_COMPOUND.get(st.op.wgsl, st.op.wgsl)}= {value};"
+        self._line(out, depth, text, st.where)
 
-    def _operand(self, e: Expr) -> str:
-        text = self.expr(e)
-        return f"({text})" if isinstance(e, Binary) and e.op in _REL | _BIT | _LOGIC | _SHIFT else text
+    def _effect(self, st: N.Effect, depth, out):
+        call = self.expr(st.call)
+        text = f"let {st.ref.name} = {call};" if st.ref is not None else f"{call};"
+        self._line(out, depth, text, st.where)
+
+    def _if(self, st: N.If, depth, out):
+        for k, (cond, body) in enumerate(st.branches):
+            head = "if" if k == 0 else "} else if"
+            self._line(out, depth, f"{head} ({self.expr(cond)}) {{", st.where)
+            self.block(body, depth + 1, out)
+        if st.else_body is not None:
+            self._line(out, depth, "} else {", st.else_where or st.where)
+            self.block(st.else_body, depth + 1, out)
+        self._line(out, depth, "}", st.where)
+
+    def _for(self, st: N.For, depth, out):
+        i = st.var.name
+        cmp, inc = (">", "-=") if st.descending else ("<", "+=")
+        self._line(out, depth, f"for (var {i}: {st.var.type} = {self.expr(st.start)}; {i} {cmp} "
+                               f"{self._operand(st.end)}; {i} {inc} {self.expr(st.step)}) {{",
+                   st.where)
+        self.block(st.body, depth + 1, out)
+        self._line(out, depth, "}", st.where)
+
+    def _while(self, st: N.While, depth, out):
+        self._line(out, depth, f"while ({self.expr(st.cond)}) {{", st.where)
+        self.block(st.body, depth + 1, out)
+        self._line(out, depth, "}", st.where)
+
+    def _jump(self, st: N.Jump, depth, out):
+        self._line(out, depth, f"{st.kind};", st.where)
+
+    def _barrier(self, st: N.Barrier, depth, out):
+        self._line(out, depth, f"{st.kind}Barrier();", st.where)
+
+    def _comment(self, st: N.Comment, depth, out):
+        self._line(out, depth, f"// {st.text}", st.where)
 
 
-def emit(m: ShaderM) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
-    """WGSL text, (line -> Python file:line) map, and required features."""
-    em = Emitter()
-    em.features |= m.features
-    body: list[tuple[str, str]] = []
-    em.block(m.body, 1, body)
+_EXPR = {N.Lit: Emitter._lit, N.Ref: Emitter._ref, N.Binary: Emitter._binary,
+         N.Unary: Emitter._unary, N.Call: Emitter._call, N.AddressOf: Emitter._address_of,
+         N.Index: Emitter._index, N.Member: Emitter._member}
+_STMT = {N.Let: Emitter._let, N.VarDecl: Emitter._var, N.Assign: Emitter._assign,
+         N.Effect: Emitter._effect, N.If: Emitter._if, N.For: Emitter._for,
+         N.While: Emitter._while, N.Jump: Emitter._jump, N.Barrier: Emitter._barrier,
+         N.Comment: Emitter._comment}
 
+
+def _declarations(em: Emitter, m: N.Module) -> list[str]:
+    """Overrides, bindings and workgroup variables, each section ended by a blank line."""
     decls: list[str] = []
     for ref, default in m.overrides:
         em._note_type(ref.type)
@@ -202,23 +240,28 @@ def emit(m: ShaderM) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
         decls.append(f"var<workgroup> {ref.name}: {ref.type};")
     if m.workgroup_vars:
         decls.append("")
+    return decls
 
-    enables = ["enable f16;", ""] if "shader-f16" in em.features else []
 
-    params = []
-    for key, (builtin, ty, _) in BUILTIN_VALUES.items():
-        if key in m.builtins:
-            params.append(f"@builtin({builtin}) {key}: {ty}")
+def _entry_point(m: N.Module) -> list[str]:
+    params = [f"@builtin({builtin}) {key}: {ty}"
+              for key, (builtin, ty, _) in N.BUILTIN_VALUES.items() if key in m.builtins]
     x, y, z = m.workgroup_size
     head = [f"@compute @workgroup_size({x}, {y}, {z})"]
     if len(params) <= 1:
-        head.append(f"fn main({''.join(params)}) {{")
-    else:
-        head.append("fn main(")
-        head += [f"{INDENT}{p}," for p in params]
-        head.append(") {")
+        return head + [f"fn main({''.join(params)}) {{"]
+    return head + ["fn main("] + [f"{INDENT}{p}," for p in params] + [") {"]
 
-    lines = [f"// kernel {m.name}", *enables, *decls, *head]
+
+def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
+    """WGSL text, (line -> Python file:line) map, and required features."""
+    em = Emitter()
+    em.features |= m.features
+    body: list[tuple[str, str]] = []
+    em.block(m.body, 1, body)
+    decls = _declarations(em, m)
+    enables = ["enable f16;", ""] if "shader-f16" in em.features else []
+    lines = [f"// kernel {m.name}", *enables, *decls, *_entry_point(m)]
     source_map = []
     for text, where in body:
         lines.append(text)
@@ -227,6 +270,16 @@ def emit(m: ShaderM) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
     return "\n".join(lines) + "\n", tuple(source_map), frozenset(em.features)
 
 
-def expr_text(e: Expr) -> str:
+def expr_text(e: N.Expr) -> str:
     """WGSL text of one expression (for repr and error messages)."""
     return Emitter().expr(e)
+
+
+def stmt_text(st) -> str:
+    """The first WGSL line of one statement (for traces)."""
+    out: list = []
+    Emitter().stmt(st, 0, out)
+    return out[0][0] if out else ""
+
+
+N.hooks.text = expr_text

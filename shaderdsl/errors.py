@@ -69,3 +69,16 @@ class WGSLCompileError(ShaderDSLError):
         if excerpt:
             parts.append(excerpt)
         super().__init__("\n".join(parts))
+
+
+class InterpreterError(ShaderDSLError):
+    """The interpreter met something it cannot give a meaning to (barrier
+    divergence, a runaway loop, missing bindings)."""
+
+
+class OutOfBoundsError(InterpreterError, IndexError):
+    """An index outside a buffer, workgroup array, array var or vector.
+
+    A GPU clamps or drops such an access (WebGPU's robustness rules); the
+    interpreter stops and says which index, where and in which invocation.
+    """

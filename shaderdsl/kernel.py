@@ -6,6 +6,7 @@ touches a device, so it can be built, printed and compared on any machine.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -73,8 +74,11 @@ class Kernel:
     workgroup_bytes: int = 0  # var<workgroup> storage the kernel declares
     # (WGSL line number, "file.py:line") for each emitted statement line.
     source_map: tuple[tuple[int, str], ...] = field(default=(), compare=False, repr=False)
+    # The tree the WGSL was printed from (shaderdsl.nodes.Module): what the
+    # interpreter runs. None for a Kernel made from WGSL text alone.
+    ir: object = field(default=None, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def cache_key(self) -> str:
         """Identifies the compiled module: same key, same shader."""
         h = hashlib.sha256()

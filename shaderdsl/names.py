@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from .ops import spellings
+
 # WGSL keywords and reserved words (WGSL spec, sections "Keyword Summary" and
 # "Reserved Words").
 RESERVED = frozenset("""
@@ -28,27 +30,23 @@ throw trait try type typedef typeid typename typeof union unless unorm unsafe un
 use using varying virtual volatile wgsl where with writeonly yield
 """.split())
 
-# Predeclared types and builtin functions: legal to shadow in WGSL, but a
-# buffer named `min` or `f32` makes the generated code unreadable and breaks
-# every later use of the builtin, so they are refused too.
-PREDECLARED = frozenset("""
+# Predeclared types, address spaces and builtin functions: legal to shadow in
+# WGSL, but a buffer named `min` or `f32` makes the generated code unreadable
+# and breaks every later use of the builtin, so they are refused too. The
+# functions the DSL offers come from the operation registry; these are the rest.
+WGSL_TYPES_AND_SPACES = frozenset("""
 bool f16 f32 i32 u32 vec2 vec3 vec4 mat2x2 mat2x3 mat2x4 mat3x2 mat3x3 mat3x4 mat4x2
 mat4x3 mat4x4 array atomic ptr sampler sampler_comparison texture_1d texture_2d
 texture_3d texture_cube texture_storage_2d read write read_write function private
 workgroup uniform storage main
-abs acos acosh all any arrayLength asin asinh atan atan2 atanh bitcast ceil clamp cos
-cosh countLeadingZeros countOneBits countTrailingZeros cross degrees determinant
-distance dot exp exp2 extractBits faceForward firstLeadingBit firstTrailingBit floor
-fma fract frexp insertBits inverseSqrt ldexp length log log2 max min mix modf normalize
-pow quantizeToF16 radians reflect refract reverseBits round saturate select sign sin
-sinh smoothstep sqrt step tan tanh transpose trunc workgroupBarrier storageBarrier
-textureBarrier atomicAdd atomicSub atomicMax atomicMin atomicAnd atomicOr atomicXor
-atomicExchange atomicLoad atomicStore atomicCompareExchangeWeak subgroupAdd
-subgroupMul subgroupMax subgroupMin subgroupAnd subgroupOr subgroupXor subgroupAll
-subgroupAny subgroupBallot subgroupBroadcast subgroupBroadcastFirst subgroupShuffle
-subgroupShuffleXor subgroupShuffleUp subgroupShuffleDown subgroupInclusiveAdd
-subgroupExclusiveAdd
 """.split())
+OTHER_WGSL_FUNCTIONS = frozenset("""
+acos acosh asin asinh atan atan2 atanh bitcast cosh countLeadingZeros countTrailingZeros
+degrees determinant extractBits faceForward frexp insertBits ldexp modf quantizeToF16
+radians reflect refract sinh transpose workgroupBarrier storageBarrier textureBarrier
+atomicCompareExchangeWeak
+""".split())
+PREDECLARED = WGSL_TYPES_AND_SPACES | OTHER_WGSL_FUNCTIONS | spellings()
 
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 

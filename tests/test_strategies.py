@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-import shaderdsl.build
+import shaderdsl.compiler
 from shaderdsl.errors import AliasingError, BindingError, FeatureError
 
 import lora
@@ -511,7 +511,7 @@ def test_auto_correct_and_second_call_builds_nothing(device, cache_dir, monkeypa
     check_result(device.read(out), a, b, x, base, -0.75, "auto")
     assert (cache_dir / "lora_tuning.json").exists()
 
-    monkeypatch.setattr(shaderdsl.build, "_build", boom)
+    monkeypatch.setattr(shaderdsl.compiler, "_build", boom)
     monkeypatch.setattr(tuning, "autotune", boom)
     monkeypatch.setattr(tuning, "time_plan", boom)
     for name in ("project_a_kernel", "fused_b_add_kernel", "fused_forward_kernel",
@@ -624,7 +624,7 @@ def test_recording_a_plan_creates_nothing(device, monkeypatch, strategy):
     plan = Plan(device, w, 0.01, 2, Strategy.parse(strategy))
     x_buf, out = device.buffer(x), device.buffer(base)
     plan(x_buf, out)  # first call: pipelines and bind groups
-    monkeypatch.setattr(shaderdsl.build, "_build", boom)
+    monkeypatch.setattr(shaderdsl.compiler, "_build", boom)
     device.sync()
     before = dict(device.stats)
     with device.batch():

@@ -428,7 +428,8 @@ def compile_one(device, kernel) -> str:
     or "module: <why>" when the kernel is over this device's limits, so only its
     WGSL could be compiled. Raises WGSLCompileError on rejection, Unsupported
     when the device lacks a feature."""
-    from shaderdsl.runtime import COMPILER, checks
+    from shaderdsl import checks
+    from shaderdsl.runtime import COMPILER
     from shaderdsl.runtime.pipelines import compile_error
 
     missing = sorted(set(kernel.features) - set(device.features))

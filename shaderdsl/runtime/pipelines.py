@@ -12,7 +12,7 @@ import re
 
 import wgpu
 
-from .build_choice import COMPILER
+from .wgpu_build import COMPILER
 
 from ..errors import WGSLCompileError
 

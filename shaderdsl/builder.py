@@ -11,34 +11,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+from . import nodes as S
 from . import types as T
-from . import stmt as S
 from .errors import ShaderNameError, ShaderScopeError
-from .expr import _seq, Call, Expr, Index, Member, Ref, as_expr, binary, caller_location, \
-    is_assignable, literal, reads, root, type_error
+from .expr import index
+from .literals import as_expr, literal
+from .location import caller_location
 from .names import PREDECLARED, RESERVED, check_user_name
-
-_active: list["ShaderM"] = []
-
-
-def current_builder() -> "ShaderM":
-    """The ShaderM whose kernel function is running (stores and atomics go there)."""
-    if not _active:
-        raise ShaderScopeError(f"{caller_location()}: a store, compound assignment or atomic "
-                               f"was used outside a kernel function being compiled")
-    return _active[-1]
-
-
-# name -> (WGSL builtin, type, feature or None); declared as entry-point parameters on use.
-BUILTIN_VALUES = {
-    "global_id": ("global_invocation_id", T.vec3u, None),
-    "local_id": ("local_invocation_id", T.vec3u, None),
-    "workgroup_id": ("workgroup_id", T.vec3u, None),
-    "num_workgroups": ("num_workgroups", T.vec3u, None),
-    "local_index": ("local_invocation_index", T.u32, None),
-    "subgroup_invocation_id": ("subgroup_invocation_id", T.u32, "subgroup"),
-    "subgroup_size": ("subgroup_size", T.u32, "subgroup"),
-}
+from .nodes import (BUILTIN_VALUES, Call, Expr, Member, Ref, is_assignable, next_seq, reads, root,
+                    type_error)
+from .ops import SHIFT, binary_rule
 
 
 class ShaderM:
@@ -251,20 +233,19 @@ class ShaderM:
         if isinstance(target, Member) and len(target.name) > 1:
             raise type_error(f"WGSL cannot assign to a swizzle ({target.name!r}); assign one "
                              f"component at a time or the whole vector")
-        value = as_expr(value, target.type)
+        value = as_expr(value, T.u32 if op in SHIFT else target.type)
         if op:
-            binary(op, target, value)  # type check of `target op value`
-            op = "/" if op == "//" else op
+            op, _ = binary_rule(op, target, value)  # the type check of `target op value`
         elif value.type != target.type:
             raise type_error(f"cannot assign {value.type} to a {target.type} location")
         self._check_use(target)
         self._check_use(value)
-        self._emit(S.Assign(target, value, op, caller_location()))
+        self._emit(S.Assign(target, value, op or None, caller_location()))
         self._bump(target)
 
-    def store(self, buffer: Expr, index, value) -> None:
+    def store(self, buffer: Expr, i, value) -> None:
         """``buffer[index] = value`` (Hesper's ``writeBuffer``)."""
-        self.assign(Index(buffer, index), value)
+        self.assign(index(buffer, i), value)
 
     def effect(self, call: Call) -> Ref | None:
         """Emit a side-effecting call now; bind its result to a let if it has one."""
@@ -291,7 +272,7 @@ class ShaderM:
         if loop:
             self._loop_depth += 1
             self._uses.append([])
-            start = dict(self._version), next(_seq)
+            start = dict(self._version), next_seq()
         try:
             yield
         finally:
@@ -345,6 +326,7 @@ class ShaderM:
         """``with m.else_():`` right after an if_/elif_ block."""
         st = self._open_if("else_")
         st.else_body = S.Block(next(self._block_ids))
+        st.else_where = caller_location()
         return self._open(st.else_body)
 
     @contextlib.contextmanager
@@ -410,3 +392,11 @@ class ShaderM:
 
     def version(self, name: str) -> int:
         return self._version.get(name, 0)
+
+    # ------------------------------------------------------------ result
+
+    def module(self) -> S.Module:
+        """The kernel built so far, as the tree the emitter and interpreter read."""
+        return S.Module(self.name, tuple(self.workgroup_size), tuple(self.bindings),
+                        tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
+                        frozenset(self.features), self.body)

@@ -1,9 +1,13 @@
-"""Dispatch-argument validation, done before anything reaches the GPU.
+"""Host-side checks, shared by every device (the GPU runtime, the interpreter)
+and by lora: made before anything reaches a device.
 
 Each check raises the library's own exception with a message naming the
-kernel, the binding and what was expected versus what was given. The device
-runs these once per (kernel, buffers) and caches the result, so the hot path
-only pays for them on the first dispatch of a combination.
+kernel, the binding and what was expected versus what was given. The GPU
+device runs the dispatch checks once per (kernel, buffers) and caches the
+result, so the hot path only pays for them on the first dispatch of a
+combination. Nothing here touches a device: a device is anything with
+``name``, ``backend``, ``features`` and ``limits`` (and, optionally,
+``adapters_with(feature)`` for the message of a missing feature).
 """
 from __future__ import annotations
 
@@ -11,9 +15,140 @@ import operator
 
 import numpy as np
 
-from ..errors import AliasingError, BindingError, DispatchError, FeatureError
-from ..types import Array, Scalar, numpy_dtype
-from .buffers import Buffer
+from .errors import AliasingError, BindingError, DispatchError, FeatureError
+from .types import Array, Scalar, numpy_dtype
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
+                    np.dtype(np.uint32))
+
+
+def describe(dtype: np.dtype, shape: tuple) -> str:
+    return f"{np.dtype(dtype).name}{list(shape)}"
+
+
+def check_dtype(dtype, what: str = "buffer") -> np.dtype:
+    """The numpy dtype as a np.dtype, or BindingError if WGSL cannot hold it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise BindingError(f"{what}: {dtype!r} is not a numpy dtype") from e
+    if dt not in SUPPORTED_DTYPES:
+        raise BindingError(
+            f"{what}: dtype {dt.str} ({dt.name}) is not supported; use native-endian "
+            f"float32, float16, int32 or uint32 (convert with arr.astype(np.float32) etc.)")
+    return dt
+
+
+def host_array(array, what: str = "buffer") -> np.ndarray:
+    """A C-contiguous array of a supported dtype; never converts dtypes silently."""
+    if not isinstance(array, np.ndarray):
+        raise BindingError(f"{what}: expected a numpy array, got {type(array).__name__}")
+    check_dtype(array.dtype, what)
+    return np.ascontiguousarray(array)
+
+
+def uniform_array(value) -> np.ndarray:
+    """Host array for a uniform: numpy arrays/scalars keep their dtype,
+    Python float -> float32, Python int -> uint32 (counts and sizes)."""
+    if isinstance(value, np.ndarray):
+        return host_array(value, "uniform")
+    if isinstance(value, np.generic):
+        return host_array(np.asarray(value), "uniform")
+    if isinstance(value, bool):
+        raise BindingError("uniform: bool is not host-shareable; pass np.uint32(0/1)")
+    if isinstance(value, float):
+        return np.asarray(value, np.float32)
+    if isinstance(value, int):
+        if not 0 <= value < 2**32:
+            raise BindingError(f"uniform: Python int {value} does not fit u32; pass an "
+                               f"np.int32 for a signed uniform")
+        return np.asarray(value, np.uint32)
+    raise BindingError(f"uniform: expected a numpy array or scalar, got {type(value).__name__}")
+
+
+class DeviceBuffer:
+    """What the checks know of a buffer on some device: the numpy shape and
+    dtype it was made for, its kind ("storage" or "uniform") and whether it
+    has been released. Each device subclasses it."""
+
+    __slots__ = ()
+    device: object
+    shape: tuple
+    dtype: np.dtype
+    size: int
+    nbytes: int
+    id: int
+    usage_kind: str
+
+    @property
+    def released(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def bound_bytes(self) -> int:
+        """Bytes a binding of this buffer covers (its padded size on the device)."""
+        return self.nbytes
+
+
+def live_buffer(buf, device, what: str, kind: str | None = "storage", dtype=None, why: str = ""):
+    """``buf`` is a live buffer on ``device``, of ``kind`` ("storage", "uniform";
+    None: either) and of ``dtype`` when given."""
+    if not isinstance(buf, DeviceBuffer):
+        raise BindingError(f"{what}: expected a Buffer (device.buffer(array)), got "
+                           f"{type(buf).__name__}")
+    if buf.released:
+        raise BindingError(f"{what}: {buf!r} was released")
+    if buf.device is not device:
+        raise BindingError(f"{what}: {buf!r} belongs to another device "
+                           f"({getattr(buf.device, 'name', buf.device)!r})")
+    if kind is not None and buf.usage_kind != kind:
+        hint = "device.uniform(value)" if kind == "uniform" else "device.buffer(array)"
+        raise BindingError(f"{what}: needs a {kind} buffer, got a {buf.usage_kind} buffer "
+                           f"{buf!r}; create it with {hint}")
+    if dtype is not None and buf.dtype != dtype:
+        raise BindingError(f"{what}: expected dtype {np.dtype(dtype).name}, got "
+                           f"{buf.dtype.name} ({buf!r}){why}")
+    return buf
+
+
+def binding_size(what: str, nbytes: int, device, kind: str = "storage") -> None:
+    """A binding of ``nbytes`` fits the device's binding-size limit (checked
+    before any pipeline is built: some drivers fail compiling otherwise)."""
+    key = "max-uniform-buffer-binding-size" if kind == "uniform" else \
+        "max-storage-buffer-binding-size"
+    cap = device.limits.get(key)
+    if cap is not None and nbytes > cap:
+        raise BindingError(f"{what}: buffer of {nbytes} bytes is over {key} = {cap} on "
+                           f"{device.name!r}")
+
+
+def distinct(*uses) -> None:
+    """``uses``: (what, buffer, writes). No buffer may appear twice where one use writes it."""
+    seen: dict = {}
+    for what, buf, writes in uses:
+        prev = seen.get(buf.id)
+        if prev is None:
+            seen[buf.id] = (what, writes)
+        elif writes or prev[1]:
+            raise AliasingError(f"{prev[0]} and {what} are the same buffer {buf!r}; WebGPU "
+                                f"forbids binding a buffer twice where one use writes it. "
+                                f"Allocate another with device.empty(...)")
+
+
+def check_features(what: str, needed, device) -> None:
+    """FeatureError naming the missing features and the adapters that have them."""
+    missing = sorted(set(needed) - set(device.features))
+    if not missing:
+        return
+    where_else = getattr(device, "adapters_with", lambda feature: [])
+    parts = []
+    for feat in missing:
+        having = where_else(feat)
+        parts.append(f"{feat!r} (available on: {', '.join(having) or 'no adapter on this machine'})")
+    raise FeatureError(
+        f"{what} needs feature(s) {', '.join(parts)}; device {device.name!r} "
+        f"({device.backend}) lacks it. Pick another adapter with SHADERDSL_ADAPTER / "
+        f"SHADERDSL_BACKEND or get_device(backend=..., adapter=...).")
 
 # Limits whose names the messages use (wgpu-py spells limits in kebab-case).
 MAX_WORKGROUPS = "max-compute-workgroups-per-dimension"
@@ -35,23 +170,7 @@ def expected_dtype(binding) -> np.dtype | None:
 
 def check_kernel(kernel, device) -> None:
     """Features and workgroup size: things that depend only on kernel and device."""
-    missing = sorted(set(kernel.features) - device.features)
-    if missing:
-        from .device import list_adapters
-
-        try:
-            adapters = list_adapters()
-        except Exception:  # listing is only for the message
-            adapters = []
-        parts = []
-        for feat in missing:
-            having = [f"{a['name']} ({a['backend']})" for a in adapters if feat in a["features"]]
-            where = ", ".join(having) if having else "no adapter on this machine"
-            parts.append(f"{feat!r} (available on: {where})")
-        raise FeatureError(
-            f"kernel {kernel.name!r} needs feature(s) {', '.join(parts)}; device "
-            f"{device.name!r} ({device.backend}) lacks it. Pick another adapter with "
-            f"SHADERDSL_ADAPTER / SHADERDSL_BACKEND or get_device(backend=..., adapter=...).")
+    check_features(f"kernel {kernel.name!r}", kernel.features, device)
     limits = device.limits
     wg = kernel.workgroup_size
     for axis, (n, key) in enumerate(zip(wg, MAX_WG_SIZE)):
@@ -162,22 +281,11 @@ def order_buffers(kernel, bindings) -> list:
 
 def check_buffers(kernel, buffers: list, device) -> None:
     """Each buffer fits its binding, and no written buffer is bound twice."""
-    limits = device.limits
     seen: dict[int, list] = {}
     for binding, buf in zip(kernel.bindings, buffers):
         where = f"kernel {kernel.name!r} binding {binding.name!r} (@binding({binding.index}))"
-        if not isinstance(buf, Buffer):
-            raise BindingError(f"{where}: expected a Buffer (device.buffer(array)), got "
-                               f"{type(buf).__name__}")
-        if buf.released:
-            raise BindingError(f"{where}: {buf!r} was released")
-        if buf.device is not device:
-            raise BindingError(f"{where}: {buf!r} belongs to another device ({buf.device.name!r})")
         kind = "uniform" if binding.access == "uniform" else "storage"
-        if buf.usage_kind != kind:
-            hint = "device.uniform(value)" if kind == "uniform" else "device.buffer(array)"
-            raise BindingError(f"{where}: needs a {kind} buffer, got a {buf.usage_kind} buffer "
-                               f"{buf!r}; create it with {hint}")
+        live_buffer(buf, device, where, kind)
         want = expected_dtype(binding)
         if want is not None and buf.dtype != want:
             raise BindingError(f"{where}: expected dtype {want.name} (WGSL {binding.elem}), got "
@@ -187,12 +295,7 @@ def check_buffers(kernel, buffers: list, device) -> None:
             length = f"{binding.length} x " if binding.length else ""
             raise BindingError(f"{where}: buffer has {buf.nbytes} bytes, needs at least {need} "
                                f"({length}{binding.elem}, stride {binding.elem_stride}); got {buf!r}")
-        cap_key = ("max-uniform-buffer-binding-size" if kind == "uniform"
-                   else "max-storage-buffer-binding-size")
-        cap = limits.get(cap_key)
-        if cap is not None and buf.wgpu_buffer.size > cap:
-            raise BindingError(f"{where}: buffer of {buf.wgpu_buffer.size} bytes is over {cap_key} "
-                               f"= {cap} on {device.name!r}")
+        binding_size(where, buf.bound_bytes, device, kind)
         seen.setdefault(buf.id, []).append(binding)
     for uses in seen.values():
         if len(uses) > 1 and any(b.writable for b in uses):
@@ -201,7 +304,3 @@ def check_buffers(kernel, buffers: list, device) -> None:
                 f"kernel {kernel.name!r}: one buffer is bound to {names}; WebGPU forbids binding "
                 f"a buffer more than once when one use writes it. Use a separate output buffer "
                 f"(device.empty/zeros) and copy back if needed.")
-
-
-__all__ = ["check_kernel", "workgroups", "overrides_key", "order_buffers", "check_buffers",
-           "expected_dtype"]

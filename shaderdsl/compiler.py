@@ -1,18 +1,21 @@
-"""compile(): run a kernel function on a fresh ShaderM and package the result."""
+"""compile(): run a kernel function on a fresh ShaderM and package the result.
+
+The one build path: the builder records the tree, the emitter prints it, and
+the Kernel keeps both (the interpreter runs the tree, the runtime the text).
+"""
 from __future__ import annotations
 
 import functools
-import os
 import traceback
 
+from . import context
+from . import types as T
+from .builder import ShaderM
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
 from .kernel import Binding, Kernel, Override
-from .monad import ShaderM, _active
-from . import types as T
+from .location import is_library_file
 from .types import size_and_align
-
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _workgroup_size(ws) -> tuple[int, int, int]:
@@ -72,19 +75,20 @@ def _build(fn, ws, name, params) -> Kernel:
     name = name or getattr(fn, "__name__", "kernel")
     if not isinstance(name, str) or not name.isprintable() or not name:
         raise ValueError(f"kernel name must be a one-line printable str, got {name!r}")
-    m = ShaderM(ws, name)
-    _active.append(m)
+    builder = ShaderM(ws, name)
+    context.push(builder)
     try:
-        fn(m, **params)
+        fn(builder, **params)
     except ShaderDSLError:
         raise
     except Exception as e:
         frames = traceback.extract_tb(e.__traceback__)
-        frame = next((f for f in reversed(frames) if not f.filename.startswith(_PKG_DIR)), frames[-1])
+        frame = next((f for f in reversed(frames) if not is_library_file(f.filename)), frames[-1])
         raise KernelBuildError(f"kernel function {name!r} raised {type(e).__name__} at "
                                f"{frame.filename}:{frame.lineno}: {e}") from e
     finally:
-        _active.pop()
+        context.pop()
+    m = builder.module()
     wgsl, source_map, features = emit(m)
     bindings = tuple(
         Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
@@ -96,4 +100,4 @@ def _build(fn, ws, name, params) -> Kernel:
     workgroup_bytes = sum(_bytes(r.type) for r in m.workgroup_vars)
     return Kernel(name=name, wgsl=wgsl, workgroup_size=ws, bindings=bindings,
                   overrides=overrides, features=features, source_map=source_map,
-                  workgroup_bytes=workgroup_bytes)
+                  workgroup_bytes=workgroup_bytes, ir=m)

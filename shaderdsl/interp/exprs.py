@@ -1,0 +1,147 @@
+"""Expressions to Python closures ``f(inv) -> value``, one compiler per node type.
+
+Values are numpy values (``shaderdsl.values``); what each operator and
+builtin does is its registry entry's semantics (``shaderdsl.ops``), the same
+functions constant evaluation uses. Subgroup calls are computed before the
+statement that holds them runs (see ``stmts``) and read here from ``inv.sg``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import nodes as N
+from .. import types as T
+from .. import values as V
+from ..errors import InterpreterError, OutOfBoundsError
+
+_KIND_WORDS = {"buffer": "storage buffer", "workgroup": "workgroup array", "var": "var",
+               "let": "let", "uniform": "uniform", "builtin": "builtin", "override": "override",
+               "loop": "loop counter"}
+
+
+class ExprCompiler:
+    """Compiles the expressions of one kernel; ``name`` is used in messages."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, e: N.Expr) -> Callable:
+        return _EXPR[type(e)](self, e)
+
+    def _lit(self, e: N.Lit) -> Callable:
+        v = V.DTYPES[e.type.name].type(e.value)
+        return lambda inv: v
+
+    def _ref(self, e: N.Ref) -> Callable:
+        name = e.name
+        if e.kind in ("var", "workgroup", "buffer") and isinstance(e.type, (T.Vector, T.Array)):
+            return lambda inv: inv.env[name].copy()   # a snapshot, not a view of the variable
+        return lambda inv: inv.env[name]
+
+    def _unary(self, e: N.Unary) -> Callable:
+        a = self(e.a)
+        f = e.op.semantics((e.a.type,), e.type)
+        return lambda inv: f(a(inv))
+
+    def _binary(self, e: N.Binary) -> Callable:
+        a, b = self(e.a), self(e.b)
+        if e.op.wgsl == "&&":
+            return lambda inv: np.bool_(a(inv) and b(inv))
+        if e.op.wgsl == "||":
+            return lambda inv: np.bool_(a(inv) or b(inv))
+        f = e.op.semantics((e.a.type, e.b.type), e.type)
+        return lambda inv: f(a(inv), b(inv))
+
+    def _call(self, e: N.Call) -> Callable:
+        if e.op.collective:
+            key = id(e)
+            return lambda inv: inv.sg[key]
+        if e.op.effect:
+            raise InterpreterError(f"{e.where}: {e.op.wgsl}() is a statement; it cannot appear "
+                                   f"inside an expression")
+        args = [self(x) for x in e.args]
+        f = e.op.semantics(tuple(x.type for x in e.args), e.type)
+        if len(args) == 1:
+            (a,) = args
+            return lambda inv: f(a(inv))
+        if len(args) == 2:
+            a, b = args
+            return lambda inv: f(a(inv), b(inv))
+        return lambda inv: f(*[a(inv) for a in args])
+
+    def _address_of(self, e: N.AddressOf) -> Callable:
+        """``&buf`` (arrayLength's argument): the buffer itself."""
+        if isinstance(e.target, N.Ref):
+            name = e.target.name
+            return lambda inv: inv.env[name]
+        raise InterpreterError(f"{e.where}: `&` is only meaningful as an atomic or "
+                               f"arrayLength argument")
+
+    def _access(self, e) -> Callable:
+        """Index/Member: a load from a named location, or a part of a computed value."""
+        if isinstance(N.root(e), N.Ref):
+            place = self.place(e)
+
+            def load(inv):
+                c, k = place(inv)
+                return V.copy(c[k])
+            return load
+        base = self(e.base)
+        if isinstance(e, N.Member):
+            ks = e.components
+            if len(ks) == 1:
+                k = ks[0]
+                return lambda inv: base(inv)[k]
+            return lambda inv: base(inv)[ks]
+        idx, check = self(e.index), self.bounds_check(e)
+
+        def part(inv):
+            v = base(inv)
+            return V.copy(v[check(inv, v, idx(inv))])
+        return part
+
+    def bounds_check(self, e: N.Index) -> Callable:
+        r = N.root(e)
+        what = f"{_KIND_WORDS.get(r.kind, r.kind)} `{r.name}`" if isinstance(r, N.Ref) \
+            else f"a value of type {e.base.type}"
+        where, name = e.where, self.name
+
+        def check(inv, container, i):
+            i = int(i)
+            n = len(container)
+            if not 0 <= i < n:
+                raise OutOfBoundsError(
+                    f"{where}: index {i} is out of bounds for {what} ({n} elements) in "
+                    f"kernel {name!r}, invocation {inv.describe()}")
+            return i
+        return check
+
+    def place(self, e: N.Expr) -> Callable:
+        """``f(inv) -> (container, key)`` for a location rooted at a name."""
+        if isinstance(e, N.Ref):
+            name = e.name
+            return lambda inv: (inv.env, name)
+        parent = self.place(e.base)
+        if isinstance(e, N.Member):
+            ks = e.components
+            key = ks[0] if len(ks) == 1 else ks
+
+            def member(inv):
+                c, k = parent(inv)
+                return c[k], key
+            return member
+        idx, check = self(e.index), self.bounds_check(e)
+
+        def index(inv):
+            c, k = parent(inv)
+            arr = c[k]
+            return arr, check(inv, arr, idx(inv))
+        return index
+
+
+_EXPR = {N.Lit: ExprCompiler._lit, N.Ref: ExprCompiler._ref, N.Unary: ExprCompiler._unary,
+         N.Binary: ExprCompiler._binary, N.Call: ExprCompiler._call,
+         N.AddressOf: ExprCompiler._address_of, N.Index: ExprCompiler._access,
+         N.Member: ExprCompiler._access}
