@@ -1,7 +1,9 @@
 """lora: the LoRA forward pass ``out = base(x) + (alpha / rank) * B @ (A @ x)`` on WebGPU.
 
-The kernels are written in shaderdsl (:mod:`lora.kernels`); the execute
-functions (:mod:`lora.execute`) dispatch them on a shaderdsl Device; the numpy
+The kernels are written in shaderdsl (:mod:`lora.kernels`, importable and
+printable without wgpu); a :class:`Strategy` names the kernels of a forward,
+a :class:`Plan` resolves it for one shape on one device, and the execute
+functions (:mod:`lora.execute`) are plans of fixed strategies; the numpy
 reference (:mod:`lora.reference`) is what every kernel is checked against.
 
     import numpy as np, lora
@@ -16,14 +18,24 @@ reference (:mod:`lora.reference`) is what every kernel is checked against.
 """
 from . import kernels, reference
 from .config import Config
-from .execute import (PATHS, STRATEGIES, clear_plan_cache, execute_add_scaled, execute_lora_forward_auto,
-                      execute_fused_b_add, execute_lora_forward, execute_lora_forward_fused,
-                      execute_lora_forward_single, execute_project_a, execute_project_b, forward,
-                      save_activation)
+from .plan import Plan
+from .strategy import STRATEGIES, Strategy
 from .weight import Weight
 
-__all__ = ["Config", "Weight", "kernels", "reference", "forward", "execute_project_a",
-           "execute_project_b", "execute_add_scaled", "execute_fused_b_add",
-           "execute_lora_forward", "execute_lora_forward_fused", "execute_lora_forward_single",
-           "execute_lora_forward_auto",
-           "save_activation", "clear_plan_cache", "STRATEGIES", "PATHS"]
+# The execute functions need the GPU runtime (wgpu): imported on first use,
+# so that `import lora.kernels` works on a machine without wgpu.
+_EXECUTE = ("PATHS", "clear_plan_cache", "execute_add_scaled", "execute_lora_forward_auto",
+            "execute_fused_b_add", "execute_lora_forward", "execute_lora_forward_fused",
+            "execute_lora_forward_single", "execute_project_a", "execute_project_b", "forward",
+            "save_activation")
+
+
+def __getattr__(name):
+    if name in _EXECUTE:
+        from . import execute
+        return getattr(execute, name)
+    raise AttributeError(f"module 'lora' has no attribute {name!r}")
+
+
+__all__ = ["Config", "Weight", "Plan", "Strategy", "STRATEGIES", "kernels", "reference",
+           *_EXECUTE]

@@ -17,31 +17,26 @@ import numpy as np
 KERNELS = ("project_a", "project_b", "add_scaled", "fused_b_add", "fused_forward", "tiled_forward")
 
 
-# ---------------------------------------------------------------- wgsl
-
 def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int = 1,
                  strategy: str = "workgroup", threads: int = 256, outputs_per_thread: int = 1,
                  subgroups: bool = False, tile_tokens: int = 16, dtype: str = "f32",
                  rank_group: int = 0, token_block: int = 1):
-    """The Kernel the execute functions would dispatch for these parameters."""
-    from . import kernels as K
+    """The Kernel a plan would dispatch for these parameters (lora.kernels.KERNELS)."""
+    from .kernels import KERNELS as SPECS
 
-    if name == "project_a":
-        return K.project_a_kernel(rank, in_dim, tokens, strategy=strategy, threads=threads,
-                                  subgroups=subgroups, dtype=dtype, rank_group=rank_group)
-    if name == "project_b":
-        return K.project_b_kernel(out_dim, rank, tokens, threads, dtype)
-    if name == "add_scaled":
-        return K.add_scaled_kernel(tokens * out_dim, scale, threads, dtype)
-    if name == "fused_b_add":
-        return K.fused_b_add_kernel(out_dim, rank, scale, tokens, threads, dtype)
-    if name == "fused_forward":
-        return K.fused_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads,
-                                      outputs_per_thread, subgroups, dtype=dtype)
-    if name == "tiled_forward":
-        return K.tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads, tile_tokens,
-                                      dtype=dtype, token_block=token_block)
-    raise ValueError(f"unknown kernel {name!r}; expected one of {KERNELS}")
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel {name!r}; expected one of {KERNELS}")
+    if rank_group < 0:
+        raise ValueError(f"rank_group must be >= 0 (0: all ranks in one workgroup), got {rank_group}")
+    if name == "project_a" and strategy == "seed":
+        name = "project_a_seed"
+    given = dict(rank=rank, in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
+                 threads=threads, outputs_per_thread=outputs_per_thread, subgroups=subgroups,
+                 tile_tokens=tile_tokens, dtype=dtype, token_block=token_block,
+                 rank_group=rank_group if 0 < rank_group < rank else 0,
+                 num_elements=tokens * out_dim)
+    spec = SPECS[name]
+    return spec.kernel(**{k: v for k, v in given.items() if k in spec.parameter_names})
 
 
 def cmd_wgsl(args) -> int:
@@ -81,107 +76,111 @@ def _random(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _runner(dev, path, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw):
-    """A zero-argument function running one forward on ``path``."""
+def _runner(dev, name, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw):
+    """A zero-argument function running one forward of strategy ``name`` the way
+    its execute function does (``auto``: the autotuned or a given ``strategy``)."""
     F = _execute()
-    if path == "three":
+    if name == "three":
         return lambda: F.execute_lora_forward(dev, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw)
-    if path == "fused":
+    if name == "split":
         return lambda: F.execute_lora_forward_fused(dev, weight, scale, x_buf, out_buf, h_buf, **kw)
-    if path == "auto":
+    if name == "auto":
         return lambda: F.execute_lora_forward_auto(dev, weight, scale, x_buf, out_buf,
                                                    strategy=kw.get("strategy"))
     kw.pop("strategy", None)
     return lambda: F.execute_lora_forward_single(dev, weight, scale, x_buf, out_buf, **kw)
 
 
-PATH_NAMES = {"three": "three-dispatch (project_a, project_b, add_scaled)",
-              "fused": "fused (project_a, fused_b_add)",
-              "single": "single (fused_forward)",
-              "seed": "seed: Hesper's design (2 dispatches)",
-              "auto": "auto: autotuned"}
+ROW_NAMES = {"three": "three: project_a, project_b, add_scaled",
+             "split": "split: project_a, fused_b_add",
+             "fused": "fused: fused_forward (one dispatch)",
+             "seed": "seed: Hesper's design (2 dispatches)",
+             "auto": "auto: autotuned"}
 
 
 # ---------------------------------------------------------------- demo
+
+def _demo_problem(args):
+    """Config, host arrays, the float64 reference and its tolerance."""
+    from . import reference as R
+    from .config import Config
+
+    cfg = Config(args.rank, args.alpha)
+    rng = np.random.default_rng(args.seed)
+    a = _random(rng, (cfg.rank, args.dim))
+    b = _random(rng, (args.dim, cfg.rank))
+    lead = () if args.tokens == 1 else (args.tokens,)
+    x, base = _random(rng, lead + (args.dim,)), _random(rng, lead + (args.dim,))
+    return cfg, a, b, x, base, R.forward(x, a, b, cfg.scale, base), \
+        R.tolerance(x, a, b, cfg.scale, base)
+
+
+def _demo_row(dev, run, out_buf, base, ref, tol, args) -> tuple[bool, str]:
+    """Run once (checking against numpy), then time; returns (ok, table cells)."""
+    from . import reference as R
+
+    dev.write(out_buf, base)
+    before = dict(dev.stats)
+    t0 = time.perf_counter()
+    run()
+    disp = dev.stats["dispatches"] - before["dispatches"]
+    subm = dev.stats["submits"] - before["submits"]
+    got = dev.read(out_buf)
+    first_ms = (time.perf_counter() - t0) * 1e3
+    err = np.abs(got.astype(np.float64) - ref)
+    ok = R.within(got, ref, tol)
+    gpu, host = [], []
+    for _ in range(args.trials):
+        with dev.batch(timestamps=True) as batch:
+            t0 = time.perf_counter()
+            for _ in range(args.repeat):
+                run()
+            host.append((time.perf_counter() - t0) / args.repeat * 1e6)
+        dev.sync()
+        if batch.gpu_time_ns is not None:
+            gpu.append(batch.gpu_time_ns / args.repeat / 1e3)
+    gpu_text = f"{statistics.median(gpu):10.2f}" if gpu else f"{'n/a':>10}"
+    return ok, (f"{disp:>4} {subm:>4} {err.max():11.3e} {err.max() / np.abs(ref).max():11.3e} "
+                f"{'ok' if ok else 'FAIL':>4} {first_ms:8.1f} {gpu_text} "
+                f"{statistics.median(host):11.2f}")
+
 
 def cmd_demo(args) -> int:
     from shaderdsl.runtime import get_device
 
     from . import reference as R
-    from .config import Config
+    from .tuning import choose
     from .weight import Weight
 
     dev = get_device()
-    cfg = Config(args.rank, args.alpha)
-    in_dim = out_dim = args.dim
-    T = args.tokens
-    rng = np.random.default_rng(args.seed)
-    a = _random(rng, (cfg.rank, in_dim))
-    b = _random(rng, (out_dim, cfg.rank))
-    xshape = (in_dim,) if T == 1 else (T, in_dim)
-    oshape = (out_dim,) if T == 1 else (T, out_dim)
-    x, base = _random(rng, xshape), _random(rng, oshape)
-    ref = R.forward(x, a, b, cfg.scale, base)
-    tol = R.tolerance(x, a, b, cfg.scale, base)
-
+    cfg, a, b, x, base, ref, tol = _demo_problem(args)
     print(f"LoRA forward: out = base + (alpha/rank) * B @ (A @ x)   rank {cfg.rank}, "
-          f"in_dim {in_dim}, out_dim {out_dim}, {T} token(s), alpha {cfg.alpha:g} "
+          f"in_dim {args.dim}, out_dim {args.dim}, {args.tokens} token(s), alpha {cfg.alpha:g} "
           f"-> scale {cfg.scale:g}")
     print(f"adapter: {dev.name}  backend {dev.backend}  type {dev.adapter_type}")
     print(f"A, B, x, base ~ N(0, 1), float32 (seed {args.seed}); reference: numpy float64")
     timed = dev.has_feature("timestamp-query")
     print(f"timing: {args.trials} batches of {args.repeat} forwards each; GPU time from "
           f"{'timestamp queries' if timed else '(no timestamp-query on this adapter)'}, median")
-    header = (f"{'path':<50} {'disp':>4} {'subm':>4} {'max abs err':>11} {'max rel err':>11} "
-              f"{'tol':>4} {'first ms':>8} {'GPU us/fwd':>10} {'host us/fwd':>11}")
     weight = Weight.from_numpy(dev, a, b)
-    x_buf = dev.buffer(x, name="x")
-    h_buf = dev.empty(xshape[:-1] + (cfg.rank,), np.float32, name="h")
-    y_buf = dev.empty(oshape, np.float32, name="y")
-    out_buf = dev.empty(oshape, np.float32, name="output")
-    from .tuning import choose
+    x_buf, out_buf = dev.buffer(x, name="x"), dev.empty(base.shape, np.float32, name="output")
+    h_buf = dev.empty(x.shape[:-1] + (cfg.rank,), np.float32, name="h")
+    y_buf = dev.empty(base.shape, np.float32, name="y")
     t0 = time.perf_counter()
-    best = choose(dev, weight, cfg.scale, T)
+    best = choose(dev, weight, cfg.scale, args.tokens)
     print(f"auto: chose {best} in {time.perf_counter() - t0:.1f} s (timed once per shape "
-          f"and adapter, then cached)")
-    print()
-    print(header)
-    print("-" * len(header))
+          f"and adapter, then cached)\n")
+    header = (f"{'strategy':<50} {'disp':>4} {'subm':>4} {'max abs err':>11} {'max rel err':>11} "
+              f"{'tol':>4} {'first ms':>8} {'GPU us/fwd':>10} {'host us/fwd':>11}")
+    print(header + "\n" + "-" * len(header))
     failed = False
-    for path in ("three", "fused", "single", "seed", "auto"):
-        if path == "seed":
-            run = _runner(dev, "auto", weight, cfg.scale, x_buf, out_buf, h_buf, y_buf,
-                          strategy="seed")
-        else:
-            run = _runner(dev, path, weight, cfg.scale, x_buf, out_buf, h_buf, y_buf)
-        dev.write(out_buf, base)
-        before = dict(dev.stats)
-        t0 = time.perf_counter()
-        run()
-        disp = dev.stats["dispatches"] - before["dispatches"]
-        subm = dev.stats["submits"] - before["submits"]
-        got = dev.read(out_buf)
-        first_ms = (time.perf_counter() - t0) * 1e3
-        err = np.abs(got.astype(np.float64) - ref)
-        ok = R.within(got, ref, tol)
+    for name in ROW_NAMES:
+        run = _runner(dev, "auto" if name == "seed" else name, weight, cfg.scale, x_buf, out_buf,
+                      h_buf, y_buf, **({"strategy": "seed"} if name == "seed" else {}))
+        ok, cells = _demo_row(dev, run, out_buf, base, ref, tol, args)
         failed |= not ok
-        gpu, host = [], []
-        for _ in range(args.trials):
-            with dev.batch(timestamps=True) as batch:
-                t0 = time.perf_counter()
-                for _ in range(args.repeat):
-                    run()
-                host.append((time.perf_counter() - t0) / args.repeat * 1e6)
-            dev.sync()
-            if batch.gpu_time_ns is not None:
-                gpu.append(batch.gpu_time_ns / args.repeat / 1e3)
-        gpu_text = f"{statistics.median(gpu):10.2f}" if gpu else f"{'n/a':>10}"
-        name = PATH_NAMES[path] + (f" ({best})" if path == "auto" else "")
-        print(f"{name:<50} {disp:>4} {subm:>4} {err.max():11.3e} "
-              f"{err.max() / np.abs(ref).max():11.3e} {'ok' if ok else 'FAIL':>4} "
-              f"{first_ms:8.1f} {gpu_text} {statistics.median(host):11.2f}")
-    print()
-    print("disp/subm: dispatches and queue submits for one forward (device.stats); "
+        print(f"{ROW_NAMES[name] + (f' ({best})' if name == 'auto' else ''):<50} {cells}")
+    print("\ndisp/subm: dispatches and queue submits for one forward (device.stats); "
           "max rel err = max|got - ref| / max|ref|;")
     print(f"tol: every element within {R.RTOL_OUT:g} * (|scale| |B| @ (|A| @ |x|) + |base|); "
           "first ms: first call incl. compile and read-back;")
@@ -194,100 +193,119 @@ def cmd_demo(args) -> int:
 
 # ---------------------------------------------------------------- check
 
-def _check_items(dev):
-    """(name, function returning (ok, max error)) for every kernel and path."""
-    from . import reference as R
-    from .weight import Weight
+class _SelfCheck:
+    """Every kernel and execute function once, on a small odd shape, against numpy."""
 
-    F = _execute()
-    rng = np.random.default_rng(1234)
-    rank, in_dim, out_dim, T, scale = 5, 37, 300, 2, -0.75
-    a, b = _random(rng, (rank, in_dim)), _random(rng, (out_dim, rank))
-    x, base = _random(rng, (T, in_dim)), _random(rng, (T, out_dim))
-    hval, yval = _random(rng, (T, rank)), _random(rng, (T, out_dim))
-    w = Weight.from_numpy(dev, a, b)
-    nan = np.float32("nan")
+    SHAPE = dict(rank=5, in_dim=37, out_dim=300, tokens=2, scale=-0.75)
 
+    def __init__(self, dev):
+        from .weight import Weight
+
+        self.dev, self.F = dev, _execute()
+        rank, in_dim, out_dim, T = (self.SHAPE[k] for k in ("rank", "in_dim", "out_dim", "tokens"))
+        rng = np.random.default_rng(1234)
+        self.a, self.b = _random(rng, (rank, in_dim)), _random(rng, (out_dim, rank))
+        self.x, self.base = _random(rng, (T, in_dim)), _random(rng, (T, out_dim))
+        self.h, self.y = _random(rng, (T, rank)), _random(rng, (T, out_dim))
+        self.w = Weight.from_numpy(dev, self.a, self.b)
+        self.scale = self.SHAPE["scale"]
+
+    @staticmethod
     def result(got, want, tol):
+        from . import reference as R
+
         err = np.abs(np.asarray(got, np.float64) - want)
         return R.within(got, want, tol), float(np.nanmax(err)) if err.size else 0.0
 
-    def project_a(**kw):
-        def go():
-            xb, hb = dev.buffer(x), dev.buffer(np.full((T, rank), nan))
-            F.execute_project_a(dev, w, xb, hb, **kw)
-            return result(dev.read(hb), R.project_a(a, x), R.h_tolerance(x, a))
-        return go
+    def nans(self, shape):
+        return self.dev.buffer(np.full(shape, np.nan, np.float32))
 
-    def project_b():
-        yb = dev.buffer(np.full((T, out_dim), nan))
-        F.execute_project_b(dev, w, dev.buffer(hval), yb)
-        want = R.project_b(b, hval)
-        return result(dev.read(yb), want, R.RTOL_Y * R.project_b(np.abs(b), np.abs(hval)) + R.ATOL)
+    def project_a(self, **kw):
+        from . import reference as R
 
-    def add_scaled():
-        ob = dev.buffer(base)
-        F.execute_add_scaled(dev, dev.buffer(yval), ob, base.size, scale)
-        want = R.add_scaled(yval, base, scale)
-        return result(dev.read(ob), want, R.RTOL_ADD * (abs(scale) * np.abs(yval) + np.abs(base)))
+        xb, hb = self.dev.buffer(self.x), self.nans(self.h.shape)
+        self.F.execute_project_a(self.dev, self.w, xb, hb, **kw)
+        return self.result(self.dev.read(hb), R.project_a(self.a, self.x), R.h_tolerance(self.x, self.a))
 
-    def fused_b_add():
-        ob = dev.buffer(base)
-        F.execute_fused_b_add(dev, w, scale, dev.buffer(hval), ob)
-        want = R.fused_b_add(b, hval, base, scale)
-        mag = abs(scale) * R.project_b(np.abs(b), np.abs(hval)) + np.abs(base)
-        return result(dev.read(ob), want, R.RTOL_Y * mag + R.ATOL)
+    def project_b(self):
+        from . import reference as R
 
-    def path(name, tokens=T, **kw):
-        def go():
-            xs = x if tokens == T else x[0]
-            bs = base if tokens == T else base[0]
-            xb, ob = dev.buffer(xs), dev.buffer(bs)
-            hb = dev.buffer(np.full(xs.shape[:-1] + (rank,), nan))
-            yb = dev.buffer(np.full(bs.shape, nan))
-            _runner(dev, name, w, scale, xb, ob, hb, yb, **kw)()
-            return result(dev.read(ob), R.forward(xs, a, b, scale, bs),
-                          R.tolerance(xs, a, b, scale, bs))
-        return go
+        yb = self.nans(self.y.shape)
+        self.F.execute_project_b(self.dev, self.w, self.dev.buffer(self.h), yb)
+        tol = R.RTOL_Y * R.project_b(np.abs(self.b), np.abs(self.h)) + R.ATOL
+        return self.result(self.dev.read(yb), R.project_b(self.b, self.h), tol)
 
-    def save_activation():
-        src, dst = dev.buffer(x), dev.buffer(np.full(x.shape, nan))
-        F.save_activation(dev, src, dst, x.size)
-        got = dev.read(dst)
-        return bool(np.array_equal(got, x)), float(np.abs(got - x).max())
+    def add_scaled(self):
+        from . import reference as R
 
-    def numpy_forward():
-        got = F.forward(x, a, b, base, scale=scale, device=dev)
-        return result(got, R.forward(x, a, b, scale, base), R.tolerance(x, a, b, scale, base))
+        ob, s = self.dev.buffer(self.base), self.scale
+        self.F.execute_add_scaled(self.dev, self.dev.buffer(self.y), ob, self.base.size, s)
+        tol = R.RTOL_ADD * (abs(s) * np.abs(self.y) + np.abs(self.base))
+        return self.result(self.dev.read(ob), R.add_scaled(self.y, self.base, s), tol)
 
-    sub = dev.has_feature("subgroup")
-    items = [
-        ("kernel project_a (workgroup)", project_a()),
-        ("kernel project_a (seed)", project_a(strategy="seed")),
-        ("kernel project_a (workgroup, subgroups)", project_a(subgroups=True) if sub else None),
-        ("kernel project_b", project_b),
-        ("kernel add_scaled", add_scaled),
-        ("kernel fused_b_add", fused_b_add),
-        ("kernel fused_forward (single path)", path("single")),
-        ("kernel fused_forward (subgroups, 2 outputs/thread)",
-         path("single", subgroups=True, outputs_per_thread=2) if sub else None),
-        ("path three-dispatch", path("three")),
-        ("path three-dispatch, seed strategy", path("three", strategy="seed")),
-        ("path fused (two dispatches)", path("fused")),
-        ("path fused, one token", path("fused", tokens=1)),
-        ("save_activation", save_activation),
-        ("lora.forward (numpy in and out)", numpy_forward),
-    ]
-    return items, dict(rank=rank, in_dim=in_dim, out_dim=out_dim, tokens=T, scale=scale)
+    def fused_b_add(self):
+        from . import reference as R
+
+        ob, s = self.dev.buffer(self.base), self.scale
+        self.F.execute_fused_b_add(self.dev, self.w, s, self.dev.buffer(self.h), ob)
+        mag = abs(s) * R.project_b(np.abs(self.b), np.abs(self.h)) + np.abs(self.base)
+        return self.result(self.dev.read(ob), R.fused_b_add(self.b, self.h, self.base, s),
+                           R.RTOL_Y * mag + R.ATOL)
+
+    def forward(self, name, one_token=False, **kw):
+        from . import reference as R
+
+        xs, bs = (self.x[0], self.base[0]) if one_token else (self.x, self.base)
+        xb, ob = self.dev.buffer(xs), self.dev.buffer(bs)
+        hb, yb = self.nans(xs.shape[:-1] + (self.SHAPE["rank"],)), self.nans(bs.shape)
+        _runner(self.dev, name, self.w, self.scale, xb, ob, hb, yb, **kw)()
+        return self.result(self.dev.read(ob), R.forward(xs, self.a, self.b, self.scale, bs),
+                           R.tolerance(xs, self.a, self.b, self.scale, bs))
+
+    def save_activation(self):
+        src, dst = self.dev.buffer(self.x), self.nans(self.x.shape)
+        self.F.save_activation(self.dev, src, dst, self.x.size)
+        got = self.dev.read(dst)
+        return bool(np.array_equal(got, self.x)), float(np.abs(got - self.x).max())
+
+    def numpy_forward(self):
+        from . import reference as R
+
+        got = self.F.forward(self.x, self.a, self.b, self.base, scale=self.scale, device=self.dev)
+        want = R.forward(self.x, self.a, self.b, self.scale, self.base)
+        return self.result(got, want, R.tolerance(self.x, self.a, self.b, self.scale, self.base))
+
+    def items(self) -> list:
+        """(name, function returning (ok, max error), or None when the adapter lacks subgroups)."""
+        sub = self.dev.has_feature("subgroup")
+        run = lambda f, *a, **kw: (lambda: f(*a, **kw))  # noqa: E731
+        maybe = lambda f, *a, **kw: run(f, *a, **kw) if sub else None  # noqa: E731
+        return [
+            ("kernel project_a (workgroup)", run(self.project_a)),
+            ("kernel project_a (seed)", run(self.project_a, strategy="seed")),
+            ("kernel project_a (workgroup, subgroups)", maybe(self.project_a, subgroups=True)),
+            ("kernel project_b", self.project_b),
+            ("kernel add_scaled", self.add_scaled),
+            ("kernel fused_b_add", self.fused_b_add),
+            ("fused: execute_lora_forward_single", run(self.forward, "fused")),
+            ("fused:256:2:sg: execute_lora_forward_single",
+             maybe(self.forward, "fused", subgroups=True, outputs_per_thread=2)),
+            ("three: execute_lora_forward", run(self.forward, "three")),
+            ("three:256:seed: execute_lora_forward", run(self.forward, "three", strategy="seed")),
+            ("split: execute_lora_forward_fused", run(self.forward, "split")),
+            ("split, one token", run(self.forward, "split", one_token=True)),
+            ("save_activation", self.save_activation),
+            ("lora.forward (numpy in and out)", self.numpy_forward),
+        ]
 
 
 def cmd_check(args) -> int:
     from shaderdsl.runtime import get_device
 
     dev = get_device()
-    items, shape = _check_items(dev)
+    items = _SelfCheck(dev).items()
     print(f"lora self-check on {dev.name} ({dev.backend}): "
-          + ", ".join(f"{k} {v}" for k, v in shape.items()) + "; against numpy float64")
+          + ", ".join(f"{k} {v}" for k, v in _SelfCheck.SHAPE.items()) + "; against numpy float64")
     failures = 0
     for name, fn in items:
         if fn is None:

@@ -30,7 +30,8 @@ from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from . import reference
-from .plan import Plan, Strategy
+from .plan import Plan
+from .strategy import Strategy
 from .tuning import MIN_BATCH_NS, autotune, time_plan
 from .weight import Weight
 

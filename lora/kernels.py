@@ -2,7 +2,9 @@
 
 Shapes (row-major): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
 h [tokens, rank], y and output [tokens, out_dim]. Every kernel is a plain
-function of Python parameters; ``kernel(...)`` below compiles (and caches) it.
+function of Python parameters; :data:`KERNELS` registers each with the role
+of its bindings, its workgroup size and its grid, and ``KERNELS[name].kernel(...)``
+compiles (and caches) it. Nothing here needs wgpu.
 
 ``dtype`` is the storage type of A, B, x and output: "f32", or "f16" (needs
 the adapter's shader-f16). Arithmetic is f32 either way: every f16 load is
@@ -14,6 +16,11 @@ variable and stays in a register under both naga and Tint. Rows are read as
 vec4 when their length is a multiple of 4.
 """
 from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import shaderdsl as sd
 from shaderdsl import builtins as B
@@ -386,20 +393,9 @@ def tiled_fits(rank: int, threads: int, tile_tokens: int, token_block: int) -> b
     return tile_tokens // token_block * _rank_split(rank, token_block, _width(rank))[1] <= threads
 
 
-def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                  unroll=True, dtype="f32", token_block=1):
-    """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
-
-    Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
-    Each thread sums a strided slice of in_dim for ``token_block`` tokens at
-    once (each load of A serves them all) and for all ranks, or, when that
-    would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
-    threads sharing (tokens, ranks) then reduce. Phase 2: each thread owns
-    output columns; it loads its row of B once and updates that column for
-    every token of the tile. A and B are read once per tile (per token block
-    in phase 1), not once per token, which is what limits the
-    one-token-per-workgroup kernel.
-    """
+def _tile_shape(rank, threads, tile_tokens, token_block):
+    """(vector width of h, ranks per thread group, rank groups, lanes per group),
+    after checking the tile fits the workgroup."""
     _check_threads(threads)
     if tile_tokens > threads or threads % tile_tokens:
         raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
@@ -410,35 +406,36 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     if not tiled_fits(rank, threads, tile_tokens, token_block):
         raise ValueError(f"tiled_forward: rank {rank} in blocks of {token_block} tokens needs "
                          f"more than {threads} threads")
-    groups = tile_tokens // token_block * rank_groups
-    lanes = threads // groups
-    A, in_n = _rows(m, "A", rank, in_dim, dtype)
-    x, _ = _rows(m, "x", tokens, in_dim, dtype)
-    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
-    out = _output(m, tokens * out_dim, dtype)
+    return w, per, rank_groups, threads // (tile_tokens // token_block * rank_groups)
+
+
+def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, token_block, unroll):
+    """Phase 1's partial sums: (accumulators, lane, first token of each block
+    row within the tile, first rank r0 of the thread's group)."""
     tid = m.local_index()
-    t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
     if token_block == 1 and rank_groups == 1:
         tl = m.let(tid / lanes, "tl")
         lane = m.let(tid % lanes, "lane")
         t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
-        accs = _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll)
-        firsts, r0, rows = [tl], 0, None
+        return _partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll), lane, [tl], 0
+    group = m.let(tid / lanes, "group")
+    lane = m.let(tid % lanes, "lane")
+    tg = m.let(group / rank_groups if rank_groups > 1 else group, "tg")
+    first = m.let(tg * token_block, "tl")  # the block's first token within the tile
+    ts = [m.let(B.min(t0 + first + j, tokens - 1), f"tk{j}") for j in range(token_block)]
+    if rank_groups > 1:
+        r0 = m.let((group % rank_groups) * per, "r0")
+        rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(per)]
     else:
-        group = m.let(tid / lanes, "group")
-        lane = m.let(tid % lanes, "lane")
-        tg = m.let(group / rank_groups if rank_groups > 1 else group, "tg")
-        first = m.let(tg * token_block, "tl")  # the block's first token within the tile
-        ts = [m.let(B.min(t0 + first + j, tokens - 1), f"tk{j}") for j in range(token_block)]
-        if rank_groups > 1:
-            r0 = m.let((group % rank_groups) * per, "r0")
-            rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(per)]
-        else:
-            r0, rows = 0, None
-        accs = [a for block in _partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows)
-                for a in block]
-        firsts = [first + j for j in range(token_block)]
-    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
+        r0, rows = 0, None
+    accs = [a for block in _partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows)
+            for a in block]
+    return accs, lane, [first + j for j in range(token_block)], r0
+
+
+def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale):
+    """The ``finish`` of phase 1's reduction: lane 0 of each group stores scale * h."""
+    tid = m.local_index()
 
     def finish(red, chunk, g0):
         with m.if_(lane == 0):
@@ -458,9 +455,11 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                         store()
                 else:
                     store()
+    return finish
 
-    _tree(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
 
+def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
+    """Phase 2 for output column i: B's row once, then every token of the tile."""
     ragged = tokens % tile_tokens != 0
 
     def column(i):
@@ -483,60 +482,152 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                     _store(out, dests[k], olds[k] + total)
             else:
                 _store(out, dests[k], olds[k] + total)
+    return column
 
+
+def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                  unroll=True, dtype="f32", token_block=1):
+    """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
+
+    Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
+    Each thread sums a strided slice of in_dim for ``token_block`` tokens at
+    once (each load of A serves them all) and for all ranks, or, when that
+    would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
+    threads sharing (tokens, ranks) then reduce. Phase 2: each thread owns
+    output columns; it loads its row of B once and updates that column for
+    every token of the tile. A and B are read once per tile (per token block
+    in phase 1), not once per token, which is what limits the
+    one-token-per-workgroup kernel.
+    """
+    w, per, rank_groups, lanes = _tile_shape(rank, threads, tile_tokens, token_block)
+    A, in_n = _rows(m, "A", rank, in_dim, dtype)
+    x, _ = _rows(m, "x", tokens, in_dim, dtype)
+    Bm, _ = _rows(m, "B", out_dim, rank, dtype)
+    out = _output(m, tokens * out_dim, dtype)
+    tid = m.local_index()
+    t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
+    accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per,
+                                            rank_groups, token_block, unroll)
+    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
+    finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale)
+    _tree(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
+    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0)
     _unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)
 
 
-# ------------------------------------------------------------------ compiled kernels
+# ------------------------------------------------------------------ the registry
 
-def _name(base: str, dtype: str) -> str:
-    return base if dtype == "f32" else f"{base}_{dtype}"
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
 
 
-def project_a_kernel(rank, in_dim, tokens=1, strategy="workgroup", threads=256, subgroups=False,
-                     dtype="f32", rank_group=0):
-    """Kernel for h = A @ x (bindings A, x, h); grid (tokens, ceil(rank / rank_group))."""
-    if rank_group < 0:
-        raise ValueError(f"rank_group must be >= 0 (0: all ranks in one workgroup), got {rank_group}")
+@dataclass(frozen=True)
+class KernelSpec:
+    """One LoRA kernel: its DSL function, the role of each binding, its
+    workgroup size and its grid, both computed from the parameters alone.
+
+    ``kernel(**params)`` compiles it (cached by ``shaderdsl.compile``);
+    ``grid(**params)`` is the workgroup count a dispatch needs. Parameters
+    are the function's keyword parameters (defaults filled in), plus
+    ``threads`` wherever the workgroup size is not one of them.
+    """
+
+    name: str
+    function: Callable
+    roles: tuple[str, ...]
+    workgroup: Callable[[dict], int]
+    grid_rule: Callable[[dict], tuple[int, int, int]]
+    doc: str
+
+    @property
+    def parameter_names(self) -> set[str]:
+        return set(inspect.signature(self.function).parameters) - {"m"} | {"threads"}
+
+    def params(self, **given) -> dict:
+        """``given`` over the function's defaults (and threads=256)."""
+        sig = inspect.signature(self.function)
+        out = {"threads": 256}
+        out.update({k: p.default for k, p in sig.parameters.items()
+                    if p.default is not inspect.Parameter.empty})
+        unknown = set(given) - self.parameter_names
+        if unknown:
+            raise TypeError(f"kernel {self.name!r} takes no parameter(s) {sorted(unknown)}; "
+                            f"it takes {sorted(self.parameter_names)}")
+        out.update(given)
+        return out
+
+    def kernel(self, **given) -> sd.Kernel:
+        p = self.params(**given)
+        sig = inspect.signature(self.function).parameters
+        name = self.name if p.get("dtype", "f32") == "f32" else f"{self.name}_{p['dtype']}"
+        return sd.compile(self.function, self.workgroup(p), name=name,
+                          **{k: v for k, v in p.items() if k in sig})
+
+    def grid(self, **given) -> tuple[int, int, int]:
+        return self.grid_rule(self.params(**given))
+
+
+KERNELS = {spec.name: spec for spec in (
+    KernelSpec("project_a_seed", project_a_seed, ("A", "x", "h"), lambda p: 64,
+               lambda p: (_ceil(p["rank"], 64), p["tokens"], 1),
+               "h = A @ x, Hesper's design: one thread per element of h"),
+    KernelSpec("project_a", project_a_workgroup, ("A", "x", "h"), lambda p: p["threads"],
+               lambda p: (p["tokens"], _ceil(p["rank"], p["rank_group"])
+                          if 0 < p["rank_group"] < p["rank"] else 1, 1),
+               "h = A @ x: one workgroup per token (and per group of ranks)"),
+    KernelSpec("project_b", project_b, ("B", "h", "y"), lambda p: p["threads"],
+               lambda p: (_ceil(p["out_dim"], p["threads"]), p["tokens"], 1),
+               "y = B @ h: one thread per element of y"),
+    KernelSpec("add_scaled", add_scaled, ("y", "output"), lambda p: p["threads"],
+               lambda p: (_ceil(p["num_elements"], p["threads"]), 1, 1),
+               "output += scale * y"),
+    KernelSpec("fused_b_add", fused_b_add, ("B", "h", "output"), lambda p: p["threads"],
+               lambda p: (_ceil(p["out_dim"], p["threads"]), p["tokens"], 1),
+               "output += scale * B @ h"),
+    KernelSpec("fused_forward", fused_forward, ("A", "x", "B", "output"), lambda p: p["threads"],
+               lambda p: (_ceil(p["out_dim"], p["threads"] * p["outputs_per_thread"]),
+                          p["tokens"], 1),
+               "output += scale * B @ (A @ x), one dispatch, h recomputed per workgroup"),
+    KernelSpec("tiled_forward", tiled_forward, ("A", "x", "B", "output"), lambda p: p["threads"],
+               lambda p: (_ceil(p["tokens"], p["tile_tokens"]), 1, 1),
+               "output += scale * B @ (A @ x), one dispatch, a tile of tokens per workgroup"),
+)}
+
+
+def _deprecated(old: str, spec: str, adapt=lambda **kw: kw):
+    def fn(*args, **kw):
+        warnings.warn(f"lora.kernels.{old} is deprecated; use lora.kernels.KERNELS[{spec!r}]"
+                      f".kernel(...)", DeprecationWarning, stacklevel=2)
+        params = adapt(**dict(zip(_OLD_ORDER[old], args)), **kw)
+        target = KERNELS[params.pop("spec", spec)]
+        return target.kernel(**{k: v for k, v in params.items() if k in target.parameter_names})
+    fn.__name__ = old
+    return fn
+
+
+_OLD_ORDER = {
+    "project_a_kernel": ("rank", "in_dim", "tokens", "strategy", "threads", "subgroups", "dtype",
+                         "rank_group"),
+    "project_b_kernel": ("out_dim", "rank", "tokens", "threads", "dtype"),
+    "add_scaled_kernel": ("num_elements", "scale", "threads", "dtype"),
+    "fused_b_add_kernel": ("out_dim", "rank", "scale", "tokens", "threads", "dtype"),
+    "fused_forward_kernel": ("rank", "in_dim", "out_dim", "scale", "tokens", "threads",
+                             "outputs_per_thread", "subgroups", "unroll", "dtype"),
+    "tiled_forward_kernel": ("rank", "in_dim", "out_dim", "scale", "tokens", "threads",
+                             "tile_tokens", "unroll", "dtype", "token_block"),
+}
+
+
+def _project_a_args(strategy="workgroup", rank_group=0, **kw):
     if strategy == "seed":
-        return sd.compile(project_a_seed, 64, name=_name("project_a_seed", dtype), rank=rank,
-                          in_dim=in_dim, tokens=tokens, dtype=dtype)
-    return sd.compile(project_a_workgroup, threads, name=_name("project_a", dtype), rank=rank,
-                      in_dim=in_dim, tokens=tokens, threads=threads, subgroups=subgroups,
-                      dtype=dtype, rank_group=rank_group if 0 < rank_group < rank else 0)
+        return dict(kw, spec="project_a_seed")
+    return dict(kw, rank_group=rank_group if 0 < rank_group < kw["rank"] else 0)
 
 
-def project_b_kernel(out_dim, rank, tokens=1, threads=256, dtype="f32"):
-    """Kernel for y = B @ h (bindings B, h, y)."""
-    return sd.compile(project_b, threads, name=_name("project_b", dtype), out_dim=out_dim,
-                      rank=rank, tokens=tokens, threads=threads, dtype=dtype)
-
-
-def add_scaled_kernel(num_elements, scale, threads=256, dtype="f32"):
-    """Kernel for output[i] += scale * y[i] (bindings y, output)."""
-    return sd.compile(add_scaled, threads, name=_name("add_scaled", dtype),
-                      num_elements=num_elements, scale=float(scale), dtype=dtype)
-
-
-def fused_b_add_kernel(out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
-    """Kernel for output += scale * B @ h (bindings B, h, output)."""
-    return sd.compile(fused_b_add, threads, name=_name("fused_b_add", dtype), out_dim=out_dim,
-                      rank=rank, scale=float(scale), tokens=tokens, threads=threads, dtype=dtype)
-
-
-def fused_forward_kernel(rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                         outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32"):
-    """Kernel for output += scale * B @ (A @ x) in one dispatch (bindings A, x, B, output)."""
-    return sd.compile(fused_forward, threads, name=_name("fused_forward", dtype), rank=rank,
-                      in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
-                      threads=threads, outputs_per_thread=outputs_per_thread,
-                      subgroups=subgroups, unroll=unroll, dtype=dtype)
-
-
-def tiled_forward_kernel(rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                         unroll=True, dtype="f32", token_block=1):
-    """Kernel for output += scale * B @ (A @ x) over tiles of tokens (bindings A, x, B, output)."""
-    return sd.compile(tiled_forward, threads, name=_name("tiled_forward", dtype), rank=rank,
-                      in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
-                      threads=threads, tile_tokens=tile_tokens, unroll=unroll, dtype=dtype,
-                      token_block=token_block)
+# The wrappers of the previous release, kept as aliases that warn.
+project_a_kernel = _deprecated("project_a_kernel", "project_a", _project_a_args)
+project_b_kernel = _deprecated("project_b_kernel", "project_b")
+add_scaled_kernel = _deprecated("add_scaled_kernel", "add_scaled")
+fused_b_add_kernel = _deprecated("fused_b_add_kernel", "fused_b_add")
+fused_forward_kernel = _deprecated("fused_forward_kernel", "fused_forward")
+tiled_forward_kernel = _deprecated("tiled_forward_kernel", "tiled_forward")

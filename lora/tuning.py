@@ -18,7 +18,8 @@ from shaderdsl.errors import DispatchError
 from shaderdsl.runtime import WGPU_BUILD
 
 from . import kernels as K
-from .plan import Plan, Strategy
+from .plan import Plan
+from .strategy import Strategy
 
 
 def cache_path() -> Path:
@@ -130,8 +131,7 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
             except DispatchError:  # e.g. over this device's workgroup memory: not a candidate
                 continue
             timings[str(s)] = time_plan(device, plan, x, out, forwards, repeats=3)
-            if plan.h is not None:
-                device.release(plan.h)
+            plan.release()
             if progress:
                 progress(f"  {s}: {timings[str(s)]:.2f} us")
     finally:

@@ -83,7 +83,7 @@ class Weight:
     :mod:`lora.execute` take a Weight and the activation buffers.
     """
 
-    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "__weakref__")
+    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "plans", "__weakref__")
 
     def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
         """Wrap existing buffers (both float32 or both float16, shaped
@@ -100,7 +100,10 @@ class Weight:
                                    f"float16{list(shape)} (a and b alike), got "
                                    f"{buf.dtype.name}{list(buf.shape)}")
         self.device, self.a, self.b = device, a, b
-        self.uid = next(_uids)  # never reused, unlike id(): plan caches key on it
+        self.uid = next(_uids)  # never reused, unlike id()
+        # Plans and checked calls of this weight (lora.execute's cache): they
+        # hold its buffers, not the Weight, so they go when the weight goes.
+        self.plans: dict = {}
 
     @classmethod
     def from_numpy(cls, device, a, b, *, dtype=np.float32, name: str = "lora") -> "Weight":

@@ -129,14 +129,14 @@ def test_allocation_churn_is_flat(device, capsys):
         call()
     gc.collect()
     rss_before = rss_bytes()
-    sizes_before = (len(cache.bind_groups), len(cache._holders), len(lora.execute._AUTO))
+    sizes_before = (len(cache.bind_groups), len(cache._holders), sum(isinstance(o, lora.Plan) for o in gc.get_objects()))
     start = time.perf_counter()
     for _ in range(CHURN_CALLS):
         call()
     end = time.perf_counter()
     gc.collect()
     rss_after = rss_bytes()
-    assert (len(cache.bind_groups), len(cache._holders), len(lora.execute._AUTO)) == sizes_before
+    assert (len(cache.bind_groups), len(cache._holders), sum(isinstance(o, lora.Plan) for o in gc.get_objects())) == sizes_before
     growth = rss_after - rss_before
     with capsys.disabled():
         print(f"\n[endurance] {CHURN_CALLS} lora.forward calls (allocate, run, read, release) on "

@@ -440,10 +440,10 @@ def test_cli_check_and_demo(device, capsys):
                  "--trials", "1"]) == 0
     out = capsys.readouterr().out
     assert device.name in out
-    from lora.__main__ import PATH_NAMES
+    from lora.__main__ import ROW_NAMES
 
-    for path, dispatches in (("three", 3), ("fused", 2), ("single", 1)):
-        name = PATH_NAMES[path]
+    for strategy, dispatches in (("three", 3), ("split", 2), ("fused", 1)):
+        name = ROW_NAMES[strategy]
         row = next(r for r in out.splitlines() if r.startswith(name))
         fields = row[len(name):].split()
         assert fields[:2] == [str(dispatches), "1"], row   # dispatches, submits per forward

@@ -509,11 +509,11 @@ def test_timestamps_survive_a_read_inside_the_batch():
 def test_no_adapter_message_says_how_to_get_one(monkeypatch):
     import wgpu
 
-    import shaderdsl.runtime.device as device_module
+    import shaderdsl.runtime.adapters as adapters_module
 
     monkeypatch.setattr(wgpu.gpu, "enumerate_adapters_sync", lambda: [])
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
-    monkeypatch.setattr(device_module, "_adapters", None)  # forget the process's list
+    monkeypatch.setattr(adapters_module, "_adapters", None)  # forget the process's list
     with pytest.raises(NoAdapterError, match="apt-get install mesa-vulkan-drivers") as info:
         get_device(adapter="not-cached-yet")
     assert "SHADERDSL_BACKEND=OpenGL" in str(info.value)

@@ -94,54 +94,54 @@ def lora_entries() -> list[Entry]:
 
     out: list[Entry] = []
 
-    def add(factory, **params):
-        out.append(Entry("lora", factory.__name__, params, factory(**params)))
+    def add(name, **params):
+        out.append(Entry("lora", name, params, K.KERNELS[name].kernel(**params)))
 
-    a_variants = [dict(strategy="seed")] + [
-        dict(strategy="workgroup", threads=t, subgroups=sg)
+    a_variants = [("project_a_seed", {})] + [
+        ("project_a", dict(threads=t, subgroups=sg))
         for t, sg in itertools.product((64, 256), (False, True))]
-    for n, (variant, rank, (in_dim, _)) in enumerate(itertools.product(a_variants, RANKS, DIMS)):
-        add(K.project_a_kernel, rank=rank, in_dim=in_dim, tokens=_spread(n)["tokens"], **variant)
+    for n, ((name, variant), rank, (in_dim, _)) in enumerate(
+            itertools.product(a_variants, RANKS, DIMS)):
+        add(name, rank=rank, in_dim=in_dim, tokens=_spread(n)["tokens"], **variant)
 
     for n, (rank, (_, out_dim)) in enumerate(itertools.product(RANKS, DIMS)):
         s = _spread(n)
-        add(K.project_b_kernel, out_dim=out_dim, rank=rank, tokens=s["tokens"])
-        add(K.fused_b_add_kernel, out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"])
+        add("project_b", out_dim=out_dim, rank=rank, tokens=s["tokens"])
+        add("fused_b_add", out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"])
 
     for n, ((_, out_dim), scale) in enumerate(itertools.product(DIMS, SCALES)):
-        add(K.add_scaled_kernel, num_elements=out_dim * TOKENS[n % 2], scale=scale)
+        add("add_scaled", num_elements=out_dim * TOKENS[n % 2], scale=scale)
 
     fused = itertools.product((128, 256), (1, 2), (False, True), (False, True), RANKS)
     for n, (threads, per_thread, sg, unroll, rank) in enumerate(fused):
-        add(K.fused_forward_kernel, rank=rank, **_spread(n), threads=threads,
+        add("fused_forward", rank=rank, **_spread(n), threads=threads,
             outputs_per_thread=per_thread, subgroups=sg, unroll=unroll)
 
     tiled = itertools.product((128, 256), (4, 16), (False, True), RANKS)
     for n, (threads, tile, unroll, rank) in enumerate(tiled):
-        add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=threads, tile_tokens=tile,
+        add("tiled_forward", rank=rank, **_spread(n), threads=threads, tile_tokens=tile,
             unroll=unroll)
 
     # tiled with blocks of tokens per thread (ranks split over thread groups at rank 64)
     for n, (block, unroll, rank) in enumerate(itertools.product((2, 4), (False, True), RANKS)):
-        add(K.tiled_forward_kernel, rank=rank, **_spread(n), threads=128, tile_tokens=8,
+        add("tiled_forward", rank=rank, **_spread(n), threads=128, tile_tokens=8,
             unroll=unroll, token_block=block)
     # project_a over groups of ranks (split:T:G), and every kernel with f16 storage
     for n, (group, sg, rank) in enumerate(itertools.product((3, 4), (False, True), RANKS)):
-        add(K.project_a_kernel, rank=rank, in_dim=_spread(n)["in_dim"], tokens=_spread(n)["tokens"],
+        add("project_a", rank=rank, in_dim=_spread(n)["in_dim"], tokens=_spread(n)["tokens"],
             threads=64, subgroups=sg, rank_group=group)
     for n, rank in enumerate(RANKS):
         s = _spread(n)
-        add(K.project_a_kernel, rank=rank, in_dim=s["in_dim"], tokens=s["tokens"],
-            strategy="seed", dtype="f16")
-        add(K.project_a_kernel, rank=rank, in_dim=s["in_dim"], tokens=s["tokens"], threads=64,
+        add("project_a_seed", rank=rank, in_dim=s["in_dim"], tokens=s["tokens"], dtype="f16")
+        add("project_a", rank=rank, in_dim=s["in_dim"], tokens=s["tokens"], threads=64,
             subgroups=bool(n % 2), dtype="f16")
-        add(K.project_b_kernel, out_dim=s["out_dim"], rank=rank, tokens=s["tokens"], dtype="f16")
-        add(K.fused_b_add_kernel, out_dim=s["out_dim"], rank=rank, scale=s["scale"],
+        add("project_b", out_dim=s["out_dim"], rank=rank, tokens=s["tokens"], dtype="f16")
+        add("fused_b_add", out_dim=s["out_dim"], rank=rank, scale=s["scale"],
             tokens=s["tokens"], dtype="f16")
-        add(K.add_scaled_kernel, num_elements=s["out_dim"], scale=s["scale"], dtype="f16")
-        add(K.fused_forward_kernel, rank=rank, **s, threads=128, outputs_per_thread=1 + n % 2,
+        add("add_scaled", num_elements=s["out_dim"], scale=s["scale"], dtype="f16")
+        add("fused_forward", rank=rank, **s, threads=128, outputs_per_thread=1 + n % 2,
             subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype="f16")
-        add(K.tiled_forward_kernel, rank=rank, **s, threads=128, tile_tokens=4,
+        add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4,
             unroll=bool(n % 2), dtype="f16", token_block=1 + n % 2)
     return out
 
@@ -153,17 +153,17 @@ def planner_entries() -> list[Entry]:
 
     out: list[Entry] = []
 
-    def add(factory, **params):
-        out.append(Entry("lora-autotuner", factory.__name__, params, factory(**params)))
+    def add(name, **params):
+        out.append(Entry("lora-autotuner", name, params, K.KERNELS[name].kernel(**params)))
 
     for threads, sg, unroll in itertools.product((512, 1024), (False, True), (False, True)):
-        add(K.fused_forward_kernel, rank=8, in_dim=2560, out_dim=2560, scale=2.0, tokens=1,
+        add("fused_forward", rank=8, in_dim=2560, out_dim=2560, scale=2.0, tokens=1,
             threads=threads, outputs_per_thread=1, subgroups=sg, unroll=unroll)
     for sg in (False, True):
-        add(K.fused_forward_kernel, rank=16, in_dim=2560, out_dim=2560, scale=-1.5, tokens=5,
+        add("fused_forward", rank=16, in_dim=2560, out_dim=2560, scale=-1.5, tokens=5,
             threads=256, outputs_per_thread=10, subgroups=sg, unroll=False)
     for tile, unroll in itertools.product((4, 8, 16), (False, True)):
-        add(K.tiled_forward_kernel, rank=8, in_dim=256, out_dim=320, scale=2.0, tokens=5,
+        add("tiled_forward", rank=8, in_dim=256, out_dim=320, scale=2.0, tokens=5,
             threads=512, tile_tokens=tile, unroll=unroll)
     return out
 

@@ -1,0 +1,126 @@
+"""The LoRA arguments, checked before anything is allocated or recorded.
+
+Built on ``shaderdsl.checks`` (live buffers, aliasing, binding sizes,
+features); what is LoRA's own is here: a Weight, a scale, a power-of-two
+thread count, token counts read off activation shapes, and each message
+naming the argument as the caller spelled it.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from shaderdsl import checks
+from shaderdsl.errors import BindingError, DispatchError, FeatureError
+
+from .weight import Weight, check_f16  # noqa: F401  (one of the checks)
+
+F32 = np.dtype(np.float32)
+PROJECTIONS = ("workgroup", "seed")  # how project_a sums: a workgroup per token, or Hesper's
+
+
+def device_of(device):
+    if device is None or not hasattr(device, "dispatch"):
+        raise TypeError(f"device: expected a shaderdsl Device (shaderdsl.runtime.get_device()), "
+                        f"got {type(device).__name__}")
+    return device
+
+
+def weight_on(device, weight) -> Weight:
+    if not isinstance(weight, Weight):
+        raise BindingError(f"weight: expected a lora.Weight (Weight.from_numpy or Weight.init), "
+                           f"got {type(weight).__name__}")
+    if weight.device is not device:
+        raise BindingError(f"weight: {weight!r} lives on another device than {device!r}")
+    for what, buf in (("weight.a", weight.a), ("weight.b", weight.b)):
+        if buf.released:
+            raise BindingError(f"{what}: {buf!r} was released")
+    return weight
+
+
+def storage(device, buf, what: str, dtype=F32, why: str = ""):
+    """A live storage buffer of ``dtype`` on ``device``."""
+    return checks.live_buffer(buf, device, what, "storage", dtype, why)
+
+
+def storage_dtype_of(buf) -> np.dtype:
+    """float16 for a float16 buffer, else float32: the dtype a check then expects."""
+    return np.dtype(np.float16) if getattr(buf, "dtype", None) == np.float16 else F32
+
+
+def tokens_of(buf, dim: int, what: str, dim_name: str) -> int:
+    """Token count of an activation: shape ``(dim,)`` is one token, ``(T, dim)`` T tokens."""
+    shape = buf.shape
+    if shape == (dim,):
+        return 1
+    if len(shape) == 2 and shape[1] == dim and shape[0] >= 1:
+        return shape[0]
+    raise BindingError(f"{what}: expected shape ({dim_name},) = ({dim},) or (tokens, {dim}), "
+                       f"got {list(shape)} ({buf!r})")
+
+
+def shaped(buf, tokens: int, dim: int, what: str, dim_name: str) -> None:
+    """``buf`` is exactly ``(tokens, dim)`` (or ``(dim,)`` for one token)."""
+    shape = buf.shape
+    if shape == (tokens, dim) or (tokens == 1 and shape == (dim,)):
+        return
+    want = f"({dim},) or (1, {dim})" if tokens == 1 else f"({tokens}, {dim})"
+    raise BindingError(f"{what}: expected shape {want} for {tokens} token(s) of {dim_name} = "
+                       f"{dim}, got {list(shape)} ({buf!r})")
+
+
+def holds(n: int, *named) -> None:
+    """Each (what, buffer) holds at least ``n`` elements."""
+    for what, buf in named:
+        if buf.size < n:
+            raise BindingError(f"{what}: num_elements = {n} but the buffer holds only "
+                               f"{buf.size} elements ({buf!r})")
+
+
+def scale_value(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__} {scale!r}")
+    s = float(scale)
+    if not math.isfinite(s) or not abs(s) <= float(np.finfo(np.float32).max):
+        raise ValueError(f"scale: expected a finite float32 value, got {scale!r}")
+    return s
+
+
+def count(value, what: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{what}: expected an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def threads_value(device, threads, subgroups: bool = False) -> int:
+    t = count(threads, "threads")
+    if t & (t - 1):
+        raise ValueError(f"threads: expected a power of two (the kernels reduce by halving), "
+                         f"got {t}")
+    cap = device.limits.get("max-compute-invocations-per-workgroup")
+    if cap is not None and t > cap:
+        raise DispatchError(f"threads: {t} is over max-compute-invocations-per-workgroup = {cap} "
+                            f"on {device.name!r}")
+    if subgroups and t < 4:
+        raise ValueError(f"threads: the subgroup reduction needs threads >= 4, got {t}")
+    return t
+
+
+def subgroups_value(device, subgroups, projection: str = "workgroup") -> bool:
+    if not isinstance(subgroups, (bool, np.bool_)):
+        raise TypeError(f"subgroups: expected True or False, got {subgroups!r}")
+    if subgroups and projection != "workgroup":
+        raise ValueError(f"subgroups=True applies to strategy='workgroup' only, got "
+                         f"strategy={projection!r}")
+    if subgroups and not device.has_feature("subgroup"):
+        raise FeatureError(f"subgroups=True needs the 'subgroup' feature, which {device.name!r} "
+                           f"({device.backend}) lacks; call with subgroups=False")
+    return bool(subgroups)
+
+
+def projection_value(strategy) -> str:
+    if strategy not in PROJECTIONS:
+        raise ValueError(f"strategy: expected one of {PROJECTIONS}, got {strategy!r}")
+    return strategy

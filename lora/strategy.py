@@ -1,0 +1,148 @@
+"""Strategies: the one vocabulary for how a LoRA forward runs.
+
+A strategy names the kernels of a forward and their parameters; its text
+form (``str``/``parse``) is what the autotuner caches, ``LORA_STRATEGY`` and
+``--strategy`` take, and the benchmark tables print:
+
+============================  ===========  =================================================
+text                          dispatches   kernels
+============================  ===========  =================================================
+``seed``                      2            project_a_seed (Hesper's design), fused_b_add
+``three:T[:sg|:seed]``        3            project_a, project_b, add_scaled (Hesper's three)
+``split:T[:G][:sg|:seed]``    2            project_a (per token, G ranks per workgroup), fused_b_add
+``fused:T:O[:loop][:sg]``     1            fused_forward (h recomputed by every workgroup)
+``tiled:T:TT[:B][:loop]``     1            tiled_forward (TT tokens per workgroup, B per thread)
+============================  ===========  =================================================
+
+``T`` is the workgroup size, ``sg`` reduces with subgroup operations,
+``loop`` keeps column loops as WGSL loops instead of unrolling them, and
+``:seed`` computes h with Hesper's one-thread-per-element kernel (``seed``
+is Hesper's whole design: that kernel, then fused_b_add with 256 threads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("seed", "three", "split", "fused", "tiled")
+_NUMBERS = {"seed": (), "three": ("threads",), "split": ("threads", "rank_group"),
+            "fused": ("threads", "outputs_per_thread"),
+            "tiled": ("threads", "tile_tokens", "token_block")}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How to run one forward (see the module docstring for each name)."""
+
+    name: str = "fused"
+    threads: int = 256
+    outputs_per_thread: int = 1
+    subgroups: bool = False
+    tile_tokens: int = 16
+    unroll: bool = True  # fused/tiled: unroll column loops in Python ("loop" in the text: don't)
+    rank_group: int = 0  # split: ranks per workgroup of project_a (0: all)
+    token_block: int = 1  # tiled: tokens per thread while computing h
+    projection: str = "workgroup"  # three/split: project_a by a workgroup per token, or "seed"
+
+    def __post_init__(self):
+        if self.name not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.name!r}")
+        if self.threads < 1 or self.threads & (self.threads - 1):
+            raise ValueError(f"threads must be a power of two, got {self.threads}")
+        if self.outputs_per_thread < 1:
+            raise ValueError(f"outputs_per_thread must be >= 1, got {self.outputs_per_thread}")
+        if self.name == "tiled" and (self.tile_tokens < 1 or self.threads % self.tile_tokens):
+            raise ValueError(f"tile_tokens must divide threads, got {self.tile_tokens} "
+                             f"and {self.threads}")
+        if self.rank_group < 0 or (self.rank_group and self.name != "split"):
+            raise ValueError(f"rank_group applies to the split strategy only and must be >= 0, "
+                             f"got {self.rank_group} for {self.name!r}")
+        if self.token_block != 1 and (self.name != "tiled" or self.token_block < 1
+                                      or self.tile_tokens % self.token_block):
+            raise ValueError(f"token_block applies to the tiled strategy only and must divide "
+                             f"tile_tokens, got {self.token_block} for {self.name!r} with "
+                             f"tile_tokens {self.tile_tokens}")
+        if self.projection not in ("workgroup", "seed") or \
+                (self.projection == "seed" and self.name not in ("three", "split")):
+            raise ValueError(f"projection 'seed' applies to the three and split strategies only, "
+                             f"got {self.projection!r} for {self.name!r}")
+        if self.subgroups and (self.name in ("seed", "tiled") or self.projection == "seed"):
+            raise ValueError(f"the {self} strategy has no subgroup form" if self.name != "tiled"
+                             else "the tiled strategy reduces in workgroup memory; it has no "
+                                  "subgroup form")
+
+    @property
+    def dispatches(self) -> int:
+        return {"seed": 2, "three": 3, "split": 2}.get(self.name, 1)
+
+    @property
+    def scratch(self) -> tuple[str, ...]:
+        """The f32 buffers between dispatches: h [tokens, rank], y [tokens, out_dim]."""
+        return {"seed": ("h",), "split": ("h",), "three": ("h", "y")}.get(self.name, ())
+
+    def kernels(self, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int,
+                dtype: str) -> list[tuple[str, dict]]:
+        """(name in lora.kernels.KERNELS, parameters) of each dispatch, in order."""
+        t, s = (256 if self.name == "seed" else self.threads), float(scale)
+        shape = dict(rank=rank, in_dim=in_dim, tokens=tokens, dtype=dtype)
+        fused_b = ("fused_b_add", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
+                                       threads=t, dtype=dtype))
+        if self.name == "seed" or self.projection == "seed":
+            project_a = ("project_a_seed", shape)
+        else:
+            group = self.rank_group if 0 < self.rank_group < rank else 0
+            project_a = ("project_a", dict(shape, threads=t, subgroups=self.subgroups,
+                                           rank_group=group))
+        if self.name in ("seed", "split"):
+            return [project_a, fused_b]
+        if self.name == "three":
+            return [project_a,
+                    ("project_b", dict(out_dim=out_dim, rank=rank, tokens=tokens, threads=t,
+                                       dtype=dtype)),
+                    ("add_scaled", dict(num_elements=tokens * out_dim, scale=s, threads=t,
+                                        dtype=dtype))]
+        both = dict(rank=rank, in_dim=in_dim, out_dim=out_dim, scale=s, tokens=tokens, threads=t,
+                    unroll=self.unroll, dtype=dtype)
+        if self.name == "fused":
+            return [("fused_forward", dict(both, outputs_per_thread=self.outputs_per_thread,
+                                           subgroups=self.subgroups))]
+        return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
+                                       token_block=self.token_block))]
+
+    def __str__(self) -> str:
+        if self.name == "seed":
+            return "seed"
+        text = f"{self.name}:{self.threads}"
+        if self.name == "split" and self.rank_group:
+            text += f":{self.rank_group}"
+        if self.name == "fused":
+            text += f":{self.outputs_per_thread}"
+        if self.name == "tiled":
+            text += f":{self.tile_tokens}" + (f":{self.token_block}" if self.token_block != 1 else "")
+        if self.name in ("fused", "tiled") and not self.unroll:
+            text += ":loop"
+        if self.projection == "seed":
+            text += ":seed"
+        return text + (":sg" if self.subgroups else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "Strategy":
+        """Inverse of str(): 'seed', 'three:256:seed', 'split:256:8:sg', 'fused:256:2:sg',
+        'tiled:256:16:loop', 'tiled:512:16:4'."""
+        parts = text.split(":")
+        flags = {}
+        for flag, key, value in (("sg", "subgroups", True), ("seed", "projection", "seed"),
+                                 ("loop", "unroll", False)):
+            if len(parts) > 1 and parts[-1] == flag:
+                parts, flags[key] = parts[:-1], value
+        try:
+            name, nums = parts[0], [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"cannot parse strategy {text!r}; expected e.g. 'seed', "
+                             f"'split:256', 'fused:256:1', 'fused:256:1:sg' or 'tiled:256:16'") from None
+        if name not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r} in {text!r}")
+        keys = _NUMBERS[name]
+        if len(nums) > len(keys):
+            raise ValueError(f"strategy {text!r}: {name!r} takes at most {len(keys)} number(s) "
+                             f"({', '.join(keys) or 'none'})")
+        return cls(name, **flags, **dict(zip(keys, nums)))

@@ -1,0 +1,159 @@
+"""The shape of the code: imports flow one way, functions read at once, each
+operation defined once (docs and names derived from the registry), lora's
+kernels print without wgpu, and plans go with their weight."""
+from __future__ import annotations
+
+import ast
+import gc
+import re
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("shaderdsl", "lora")
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imported(module: str, path: Path, known: dict) -> set[str]:
+    """Modules of ours that ``module`` imports anywhere (function-level imports too)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in known}
+    # a package's __init__ importing its own submodules is its face, not a cycle
+    return {m for m in found if m != module and not (path.name == "__init__.py"
+                                                     and m.startswith(module + "."))}
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {m: imported(m, p, known) for m, p in known.items()}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join(trail + [start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_layers_import_downwards():
+    """The bottom of the DSL imports nothing above it; the runtime builds no tree."""
+    known = modules()
+    below = {"shaderdsl.errors": set(), "shaderdsl.types": {"shaderdsl.errors"},
+             "shaderdsl.location": set(), "shaderdsl.context": {"shaderdsl.errors",
+                                                                "shaderdsl.location"}}
+    for mod, allowed in below.items():
+        assert imported(mod, known[mod], known) <= allowed, mod
+    for mod, path in known.items():
+        if mod.startswith("shaderdsl.runtime"):
+            forbidden = {"shaderdsl.builder", "shaderdsl.expr", "shaderdsl.nodes", "shaderdsl.emit"}
+            assert not imported(mod, path, known) & forbidden, mod
+
+
+def test_no_long_functions():
+    long = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)
+
+
+def test_lora_kernels_print_without_wgpu():
+    probe = ("import sys; sys.modules['wgpu'] = None\n"
+             "import lora, lora.kernels as K, shaderdsl\n"
+             "k = K.KERNELS['tiled_forward'].kernel(rank=8, in_dim=64, out_dim=64, scale=2.0,"
+             " tokens=40, threads=64, tile_tokens=8)\n"
+             "print(k.wgsl.splitlines()[0], lora.Strategy.parse('tiled:64:8'))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["//", "kernel", "tiled_forward", "tiled:64:8"]
+
+
+def test_builtin_table_in_the_docs_is_the_registry():
+    """docs/dsl.md 3.8 names every builtin function the registry has, and no other."""
+    from shaderdsl import builtins as B
+    from shaderdsl.ops import BUILTINS
+
+    text = (ROOT / "docs" / "dsl.md").read_text()
+    table = text[text.index("### 3.8"):text.index("### 3.9")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    documented = set()
+    for row in rows[1:]:
+        documented |= set(re.findall(r"`([a-z_0-9]+)(?:\(|`)", row.split("|")[2]))
+    documented -= {"u32", "i32"}  # types named in the notes of a row
+    assert documented == set(BUILTINS), (sorted(documented - set(BUILTINS)),
+                                         sorted(set(BUILTINS) - documented))
+    assert all(callable(getattr(B, name)) for name in BUILTINS)
+
+
+def test_reserved_names_include_every_registry_spelling():
+    from shaderdsl.names import PREDECLARED, check_user_name
+    from shaderdsl.ops import BUILTINS
+
+    for op in BUILTINS.values():
+        if "{" not in op.wgsl:
+            assert op.wgsl in PREDECLARED and check_user_name(op.wgsl), op.wgsl
+
+
+def test_plan_buffers_go_with_their_weight(device):
+    """A cached plan holds the weight's buffers, not the weight: dropping the
+    weight frees the plan and its scratch buffers."""
+    import lora
+
+    rng = np.random.default_rng(0)
+    w = lora.Weight.from_numpy(device, rng.standard_normal((4, 32)), rng.standard_normal((24, 4)))
+    x = device.buffer(rng.standard_normal((3, 32)).astype(np.float32))
+    out = device.buffer(np.zeros((3, 24), np.float32))
+    lora.execute_lora_forward_auto(device, w, 1.0, x, out, strategy="split:64")
+    (plan,) = w.plans.values()
+    scratch = weakref.ref(plan.h)
+    plan_ref = weakref.ref(plan)
+    del plan, w
+    gc.collect()
+    assert plan_ref() is None and scratch() is None
+    assert not np.isnan(device.read(out)).any()
+
+
+def test_python_version_is_the_tested_one():
+    """requires-python names the oldest Python CI runs (3.11)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in text
+    assert sys.version_info >= (3, 11)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
