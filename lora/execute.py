@@ -29,6 +29,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
+import weakref
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from .weight import Weight, host_matrix, storage_dtype, wgsl_dtype
 PATHS = ("auto", "three", "fused", "single")  # lora.forward's former `path` names
 
 _DEVICE_CACHE: dict = {}  # device -> {key: steps} for calls without a weight (add_scaled)
+_WEIGHTS: "weakref.WeakSet" = weakref.WeakSet()  # weights whose ``plans`` hold something
 _LIMIT = 256  # checked combinations kept per weight (or device) before starting afresh
 
 
@@ -53,8 +55,17 @@ _LIMIT = 256  # checked combinations kept per weight (or device) before starting
 def _table(owner) -> dict | None:
     """Where checked calls are kept: the weight's ``plans``, or per device."""
     if isinstance(owner, Weight):
+        _WEIGHTS.add(owner)
         return owner.plans
     return _DEVICE_CACHE.setdefault(owner, {}) if hasattr(owner, "dispatch") else None
+
+
+def _forget(table: dict) -> None:
+    """Empty one cache, freeing the scratch buffers of its plans now."""
+    for entry in table.values():
+        if isinstance(entry, Plan):
+            entry.release()
+    table.clear()
 
 
 def _cached(owner, key, buffers, build):
@@ -75,7 +86,7 @@ def _cached(owner, key, buffers, build):
     hit = build()
     if table is not None:
         if len(table) >= _LIMIT:
-            table.clear()
+            _forget(table)
         table[key] = hit
     return hit
 
@@ -85,14 +96,12 @@ def _ids(*bufs) -> tuple:
 
 
 def clear_plan_cache(weight: Weight | None = None) -> None:
-    """Forget the checked calls and plans of ``weight`` (default: every device's
-    weightless calls; weights keep theirs until they go). Kernels stay compiled."""
-    tables = [weight.plans] if weight is not None else list(_DEVICE_CACHE.values())
+    """Forget the checked calls and plans of ``weight`` (default: of every
+    weight and device), freeing their scratch buffers. Kernels stay compiled."""
+    tables = [weight.plans] if weight is not None else \
+        [w.plans for w in list(_WEIGHTS)] + list(_DEVICE_CACHE.values())
     for table in tables:
-        for entry in table.values():
-            if isinstance(entry, Plan):
-                entry.release()
-        table.clear()
+        _forget(table)
 
 
 def _run_steps(device, owner, key, buffers: dict, build) -> None:
@@ -300,6 +309,8 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
                         "; activations are stored like the weight")
         t = C.tokens_of(x, w.in_dim, "input_buf", "in_dim")
         C.shaped(out, t, w.out_dim, "output_buf", "out_dim")
+        host.distinct(("input_buf", x, False), ("output_buf", out, True),
+                      ("weight.a", w.a, False), ("weight.b", w.b, False))
         return Plan(device, w, s, t, tuning.choose(device, w, s, t, strategy))
 
     plan = _cached(weight, ("auto", scale, tokens, str(strategy)), (), build)

@@ -596,10 +596,10 @@ KERNELS = {spec.name: spec for spec in (
 
 def _deprecated(old: str, spec: str, adapt=lambda **kw: kw):
     def fn(*args, **kw):
-        warnings.warn(f"lora.kernels.{old} is deprecated; use lora.kernels.KERNELS[{spec!r}]"
-                      f".kernel(...)", DeprecationWarning, stacklevel=2)
         params = adapt(**dict(zip(_OLD_ORDER[old], args)), **kw)
         target = KERNELS[params.pop("spec", spec)]
+        warnings.warn(f"lora.kernels.{old} is deprecated; use lora.kernels.KERNELS"
+                      f"[{target.name!r}].kernel(...)", DeprecationWarning, stacklevel=2)
         return target.kernel(**{k: v for k, v in params.items() if k in target.parameter_names})
     fn.__name__ = old
     return fn

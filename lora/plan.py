@@ -111,7 +111,7 @@ class Plan:
     @property
     def h(self):
         """The plan's own h scratch buffer, or None."""
-        return self.scratch.get("h")
+        return (self.scratch or {}).get("h")
 
     def __repr__(self) -> str:
         return (f"<Plan {self.strategy} rank={self.rank} in={self.in_dim} out={self.out_dim} "
@@ -138,6 +138,8 @@ class Plan:
         the open batch). ``scratch`` (h, y) replaces the plan's own. Call
         check() first for buffers not used before; the runtime validates
         bindings it has not seen."""
+        if self.scratch is None:
+            raise BindingError(f"{self!r} was released; make a new Plan")
         buffers = {"A": self.a, "B": self.b, "x": x_buf, "output": out_buf}
         if self.scratch:
             buffers.update(self.scratch)
@@ -151,6 +153,6 @@ class Plan:
 
     def release(self) -> None:
         """Free the plan's scratch buffers now (it cannot record afterwards)."""
-        for buf in self.scratch.values():
+        for buf in (self.scratch or {}).values():
             self.device.release(buf)
-        self.scratch = {}
+        self.scratch = None

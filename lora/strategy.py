@@ -65,6 +65,9 @@ class Strategy:
                 (self.projection == "seed" and self.name not in ("three", "split")):
             raise ValueError(f"projection 'seed' applies to the three and split strategies only, "
                              f"got {self.projection!r} for {self.name!r}")
+        if self.rank_group and self.projection == "seed":
+            raise ValueError(f"rank_group applies to the workgroup projection, not to "
+                             f"Hesper's seed projection (split:T:{self.rank_group}:seed)")
         if self.subgroups and (self.name in ("seed", "tiled") or self.projection == "seed"):
             raise ValueError(f"the {self} strategy has no subgroup form" if self.name != "tiled"
                              else "the tiled strategy reduces in workgroup memory; it has no "

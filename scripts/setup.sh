@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine:
 # a virtual environment in .venv with the package and its test extras, and,
-# when wgpu finds no adapter, Debian's software Vulkan driver (lavapipe).
+# when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe).
 # Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,12 +26,13 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
-has_adapter() {
-    .venv/bin/python -c "import wgpu, sys; sys.exit(0 if wgpu.gpu.enumerate_adapters_sync() else 1)" 2>/dev/null
+has_adapter() {  # $1: a backend name, or empty for any
+    .venv/bin/python -c "import wgpu, sys; b = sys.argv[1]; sys.exit(0 if any(not b or a.info['backend_type'] == b for a in wgpu.gpu.enumerate_adapters_sync()) else 1)" "${1:-}" 2>/dev/null
 }
-if ! has_adapter; then
+# The default run is on Vulkan: a machine with only Mesa's OpenGL driver gets lavapipe too.
+if ! has_adapter Vulkan; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "[setup] no WebGPU adapter: installing Debian's mesa-vulkan-drivers (lavapipe)"
+        echo "[setup] no Vulkan adapter: installing Debian's mesa-vulkan-drivers (lavapipe)"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq mesa-vulkan-drivers >/dev/null

@@ -99,8 +99,9 @@ def live_buffer(buf, device, what: str, kind: str | None = "storage", dtype=None
     if buf.released:
         raise BindingError(f"{what}: {buf!r} was released")
     if buf.device is not device:
+        owner = buf.device
         raise BindingError(f"{what}: {buf!r} belongs to another device "
-                           f"({getattr(buf.device, 'name', buf.device)!r})")
+                           f"({getattr(owner, 'name', owner)!r}, {getattr(owner, 'backend', '?')})")
     if kind is not None and buf.usage_kind != kind:
         hint = "device.uniform(value)" if kind == "uniform" else "device.buffer(array)"
         raise BindingError(f"{what}: needs a {kind} buffer, got a {buf.usage_kind} buffer "

@@ -16,6 +16,20 @@ if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):
     os.environ["XDG_RUNTIME_DIR"] = path
 
 
+def device_or_skip(backend=None, **kw):
+    """get_device(backend, ...), or a skip naming the adapter when it is listed
+    but cannot open a device (the H200's OpenGL adapter: "Parent device is lost")."""
+    from shaderdsl.errors import NoAdapterError
+    from shaderdsl.runtime import get_device
+
+    try:
+        return get_device(backend, **kw)
+    except NoAdapterError as e:
+        if "cannot open a device" not in str(e):
+            raise
+        pytest.skip(str(e).splitlines()[0])
+
+
 @pytest.fixture(scope="session")
 def device():
     from shaderdsl.runtime import get_device

@@ -32,6 +32,8 @@ from shaderdsl.errors import (AliasingError, BindingError, DispatchError, Featur
                               WGSLCompileError)
 from shaderdsl.runtime import COMPILER, get_device, list_adapters
 
+from conftest import device_or_skip
+
 from lora import Weight
 from lora.execute import execute_lora_forward_auto, forward
 from lora.plan import Plan, Strategy
@@ -88,14 +90,14 @@ def other_device(device):
     if not others:
         pytest.skip("only one adapter backend on this machine")
     settle()
-    return get_device(backend=others[0]["backend"])
+    return device_or_skip(backend=others[0]["backend"])
 
 
 def opengl_device():
     if not BACKENDS & {"OpenGL", "OpenGLES"}:
         pytest.skip("no OpenGL adapter on this machine")
     settle()
-    return get_device(backend="OpenGL")
+    return device_or_skip(backend="OpenGL")
 
 
 def is_llvmpipe(device) -> bool:
@@ -630,6 +632,7 @@ def test_release_through_the_wrong_device():
     (In a subprocess: before the fix, the owner's next dispatch aborted the process.)"""
     if not {"Vulkan", "OpenGL"} <= BACKENDS:
         pytest.skip("needs a Vulkan and an OpenGL adapter")
+    opengl_device()  # skips where the OpenGL adapter cannot open a device
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("SHADERDSL_BACKEND", None)
     r = subprocess.run([sys.executable, "-c", RELEASE_ON_THE_WRONG_DEVICE], capture_output=True,
@@ -752,6 +755,23 @@ def test_lora_subgroup_strategy_on_the_opengl_adapter():
                                    r".* \(OpenGL\) lacks", [out]):
         execute_lora_forward_auto(gl, w, 1.0, gl.buffer(np.ones(4, np.float32)), out,
                                   strategy="fused:64:1:sg")
+
+
+def test_adapter_that_cannot_open_a_device():
+    """The H200 machine lists an OpenGL adapter whose request_device fails: the
+    documented NoAdapterError names it (tests needing it skip with that text)."""
+    from shaderdsl.runtime import Device
+
+    class Broken:
+        info = {"device": "Broken GPU", "backend_type": "OpenGL", "adapter_type": "Unknown"}
+        features, limits = frozenset(), {}
+
+        def request_device_sync(self, **kw):
+            raise RuntimeError("Request device failed (3): Parent device is lost")
+
+    with pytest.raises(NoAdapterError, match=r"adapter 'Broken GPU' \(OpenGL\) is listed but "
+                                             r"cannot open a device: Request device failed"):
+        Device(Broken())
 
 
 def test_unknown_backend():

@@ -191,7 +191,9 @@ def test_mixed_dtypes_refused_before_dispatch(device):
 
 def test_f16_needs_the_feature(device, monkeypatch):
     """Without shader-f16 the float16 weight is refused before any upload."""
-    monkeypatch.setattr(type(device), "has_feature", lambda self, name: name != "shader-f16")
+    # on the instance: a class-level patch is shadowed where an earlier test's
+    # instance-level monkeypatch left the bound method in the instance's dict
+    monkeypatch.setattr(device, "has_feature", lambda name: name != "shader-f16")
     monkeypatch.setattr(device, "_new_buffer", boom)
     with pytest.raises(FeatureError, match="float16 storage needs the 'shader-f16' feature"):
         Weight.from_numpy(device, np.ones((2, 8)), np.ones((8, 2)), dtype=F16)

@@ -17,6 +17,8 @@ from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_
                           execute_project_a, execute_project_b, forward, save_activation)
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
 
+from conftest import device_or_skip
+
 RANK, IN, OUT = 3, 40, 24
 
 
@@ -266,7 +268,7 @@ def test_buffer_of_another_device(device, setup):
     others = [a for a in list_adapters() if a["backend"] != device.backend]
     if not others:
         pytest.skip("only one adapter backend on this machine")
-    other = get_device(backend=others[0]["backend"])
+    other = device_or_skip(backend=others[0]["backend"])
     w, b, host = setup
     x = other.buffer(host["x"])
     with NoDispatch(device, BindingError, r"input_buf: .* belongs to another device"):

@@ -14,6 +14,8 @@ from shaderdsl.errors import (AliasingError, BindingError, DispatchError, Featur
                               NoAdapterError, WGSLCompileError)
 from shaderdsl.kernel import Binding, Kernel, Override
 from shaderdsl.runtime import Buffer, get_device, list_adapters
+
+from conftest import device_or_skip
 from shaderdsl.types import f16, f32, u32
 
 try:
@@ -435,7 +437,7 @@ def test_env_backend(monkeypatch):
 def test_opengl_backend():
     if not any(a["backend"] in ("OpenGL", "OpenGLES") for a in list_adapters()):
         pytest.skip("no OpenGL adapter on this machine")
-    gl = get_device("OpenGL")
+    gl = device_or_skip("OpenGL")
     assert gl.backend in ("OpenGL", "OpenGLES")
     x, y = rand(500, 11), rand(500, 12)
     out = gl.buffer(np.full(500, NAN))
@@ -476,7 +478,7 @@ def test_required_features_steer_choice():
 def test_opengl_timestamps_and_f16_absent():
     if not any(a["backend"] == "OpenGL" for a in list_adapters()):
         pytest.skip("no OpenGL adapter on this machine")
-    gl = get_device("opengl")
+    gl = device_or_skip("opengl")
     with gl.batch(timestamps=True) as b:
         gl.copy(gl.buffer(np.ones(1 << 16, np.float32)), gl.zeros(1 << 16, np.float32))
     if gl.has_feature("timestamp-query"):

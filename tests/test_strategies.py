@@ -643,3 +643,30 @@ def test_recording_a_plan_creates_nothing(device, monkeypatch, strategy):
     # 101 forwards in all; each step's rounding is bounded at the final magnitude
     want = base + 101 * R.lora_delta(x, a, b, 0.01)
     assert_close(device.read(out), want, 101 * R.tolerance(x, a, b, 102 * 0.01, base), "101x")
+
+
+def test_released_plan_refuses_to_record(device):
+    rng = np.random.default_rng(14)
+    a, b, x, base = problem(rng, 3, 40, 24, 2)
+    plan = Plan(device, Weight.from_numpy(device, a, b), 1.0, 2, Strategy.parse("split:64"))
+    x_buf, out = device.buffer(x), device.buffer(base)
+    plan.release()
+    assert plan.h is None
+    with pytest.raises(BindingError, match=r"<Plan split:64 .*> was released; make a new Plan"):
+        plan(x_buf, out)
+    assert np.array_equal(device.read(out), base)
+
+
+def test_seed_projection_takes_no_rank_group():
+    assert str(Strategy.parse("split:128:seed")) == "split:128:seed"
+    with pytest.raises(ValueError, match="rank_group applies to the workgroup projection"):
+        Strategy.parse("split:256:4:seed")
+
+
+def test_auto_refuses_aliasing_before_tuning(device, monkeypatch):
+    rng = np.random.default_rng(15)
+    w = Weight.from_numpy(device, normal(rng, (2, 8)), normal(rng, (8, 2)))
+    x = device.buffer(normal(rng, (3, 8)))
+    monkeypatch.setattr(tuning, "autotune", boom)
+    with pytest.raises(AliasingError, match="input_buf and output_buf are the same buffer"):
+        execute_lora_forward_auto(device, w, 1.0, x, x)
