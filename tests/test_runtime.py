@@ -371,6 +371,20 @@ def test_parse_error_has_line():
     assert "let i = gid.x" in info.value.excerpt
 
 
+@pytest.mark.parametrize("message, where", [
+    ("Error while parsing WGSL: :10:18 error: no matching overload for 'operator +'", (10, 18)),
+    ("Error while parsing WGSL: :9:5 error: expected ';' for variable declaration\n"
+     "   9 |     if (i < arrayLength(&out)) {\n> 12 | }", (9, 5)),   # wgpudawn on the H200
+    ("saxpy:3:7 error: unresolved value 'q'", (3, 7)),                 # Tint with a file name
+    ("Shader 'k' parsing error: expected ';'\n  ┌─ wgsl:8:18\n  │", (8, 18)),   # naga
+    ("Validation Error\n  ┌─ :6:12\n  │", (6, 12)),
+    ("no location here", (None, None))])
+def test_compiler_messages_give_their_line(message, where):
+    from shaderdsl.runtime.pipelines import error_location
+
+    assert error_location(message) == where
+
+
 # -- caches and timing ---------------------------------------------------
 
 def test_second_dispatch_creates_nothing():

@@ -22,9 +22,11 @@ _ACCESS_TO_TYPE = {
     "uniform": wgpu.BufferBindingType.uniform,
 }
 
-# naga: "┌─ wgsl:3:7" (parse errors) or "┌─ :6:12" (validation); Tint: "name:3:7 error".
+# naga: "┌─ wgsl:3:7" (parse errors) or "┌─ :6:12" (validation); Tint: "name:3:7 error",
+# or under wgpudawn "Error while parsing WGSL: :10:18 error: ..." (no file name).
 _LOCATION_RES = (re.compile(r"─\s*(?:wgsl)?[^\s:]*:(\d+):(\d+)"),
                  re.compile(r"wgsl:(\d+):(\d+)"),
+                 re.compile(r"(?:^|\s)[^\s:]*:(\d+):(\d+) error"),
                  re.compile(r"(?m)^\S*?:(\d+):(\d+)"))
 
 
