@@ -55,7 +55,6 @@ _LIMIT = 256  # checked combinations kept per weight (or device) before starting
 def _table(owner) -> dict | None:
     """Where checked calls are kept: the weight's ``plans``, or per device."""
     if isinstance(owner, Weight):
-        _WEIGHTS.add(owner)
         return owner.plans
     return _DEVICE_CACHE.setdefault(owner, {}) if hasattr(owner, "dispatch") else None
 
@@ -88,6 +87,8 @@ def _cached(owner, key, buffers, build):
         if len(table) >= _LIMIT:
             _forget(table)
         table[key] = hit
+        if isinstance(owner, Weight):
+            _WEIGHTS.add(owner)
     return hit
 
 

@@ -101,11 +101,6 @@ class Interpreter:
         self._trace = None
 
     @property
-    def shader(self) -> Module:
-        """The tree this interpreter runs (an alias of ``module``)."""
-        return self.module
-
-    @property
     def wgsl(self) -> str:
         """The WGSL that ``emit`` gives for the interpreted tree."""
         return emit(self.module)[0]
