@@ -1,0 +1,239 @@
+"""Building blocks shared by the LoRA kernels: buffers, f16 handling, reductions, loops.
+
+``dtype`` is the storage type of A, B, x and output: "f32", or "f16" (needs
+the adapter's shader-f16). Arithmetic is f32 either way: every f16 load is
+widened, and only a final store to f16 storage rounds. Loops over rank are
+unrolled in Python, so each accumulator is its own WGSL variable and stays
+in a register under both naga and Tint. Rows are read as vec4 when their
+length is a multiple of 4.
+"""
+from __future__ import annotations
+
+from shaderdsl import builtins as B
+from shaderdsl import f16, f32, vec4f, vec4h
+from shaderdsl import types as T
+
+SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
+
+
+def check_threads(threads: int) -> None:
+    """The reductions halve the workgroup: its size must be a power of two."""
+    if not isinstance(threads, int) or threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, got {threads!r}")
+
+
+def width(n: int) -> int:
+    """Vector width for rows of length n: vec4 when it divides, else scalar."""
+    return 4 if n % 4 == 0 else 1
+
+
+DTYPES = ("f32", "f16")
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+
+
+def input_matrix(m, name, n_rows, row_len, dtype="f32"):
+    """Declare a read-only row-major matrix; returns (buffer, elements per row)."""
+    check_dtype(dtype)
+    w = width(row_len)
+    elem = {("f32", 4): vec4f, ("f32", 1): f32, ("f16", 4): vec4h, ("f16", 1): f16}[dtype, w]
+    return m.declare_input_buffer(name, elem, n_rows * row_len // w), row_len // w
+
+
+def storage_scalar(dtype: str):
+    check_dtype(dtype)
+    return f16 if dtype == "f16" else f32
+
+
+def output_buffer(m, n, dtype):
+    return m.declare_output_buffer("output", storage_scalar(dtype), n)
+
+
+def widen(e):
+    """An f16 (or vec4<f16>) value widened to f32; f32 values unchanged."""
+    if e.type == f16:
+        return f32(e)
+    if e.type == vec4h:
+        return vec4f(e)
+    return e
+
+
+def store_output(out, i, value):
+    """out[i] = value (f32), rounded to f16 when out holds f16."""
+    out[i] = f16(value) if out.type.elem == f16 else value
+
+
+def dot_or_mul(a, b):
+    return B.dot(a, b) if a.type == vec4f else a * b
+
+
+
+def reduce_sum(m, accs, threads, subgroups):
+    """Sum each accumulator over the workgroup; returns lets holding the sums.
+
+    With subgroups: one subgroupAdd per value, one slot per subgroup in
+    workgroup memory, then each subgroup adds the slots (1 barrier). Without: a tree in
+    workgroup memory, in groups of values that fit 16 KiB (log2(threads) + 2
+    barriers per group).
+    """
+    check_threads(threads)
+    tid = m.local_index()
+    rank = len(accs)
+    if subgroups:
+        slots = threads // 4  # subgroups are at least 4 wide
+        part = m.shared(f32, rank * slots, "partial")
+        lane = m.subgroup_invocation_id()
+        sg = m.let(tid / m.subgroup_size(), "sg")
+        sums = [m.let(B.subgroup_add(a)) for a in accs]
+        with m.if_(lane == 0):
+            for r, s in enumerate(sums):
+                part[r * slots + sg] = s
+        m.barrier()
+        # Every subgroup adds all the per-subgroup partials itself (one per lane
+        # on wide subgroups): no second barrier, and the subgroupAdd stays in
+        # uniform control flow, as Tint requires.
+        count = m.let((threads + m.subgroup_size() - 1) / m.subgroup_size(), "nsg")
+        vs = [m.var(f32, 0.0, f"v{r}") for r in range(rank)]
+        with m.loop(lane, count, m.subgroup_size(), name="j") as j:
+            for r in range(rank):
+                vs[r] += part[r * slots + j]
+        return [m.let(B.subgroup_add(v), f"h{r}") for r, v in enumerate(vs)]
+    out = []
+
+    def finish(red, chunk, g0):
+        out.extend(m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk)))
+
+    tree_sum(m, accs, threads, threads, tid, finish)
+    return out
+
+
+def tree_sum(m, accs, threads, lanes, lane, finish, floats=SHARED_FLOATS):
+    """Sum each accumulator over groups of ``lanes`` consecutive threads in
+    workgroup memory, a group of ranks at a time so the array fits ``floats``;
+    ``lane`` is the thread's index within its group; ``finish(red, chunk, g0)``
+    reads the sums (at red[q * threads + group start]).
+
+    Few levels are unrolled in Python (constant offsets); many ranks make the
+    halving a runtime loop, which keeps compile times short on software drivers.
+    """
+    tid = m.local_index()
+    rank = len(accs)
+    group = max(1, min(rank, floats // threads))
+    red = m.shared(f32, group * threads, "red")
+    levels = lanes.bit_length() - 1
+    for g0 in range(0, rank, group):
+        chunk = accs[g0:g0 + group]
+        for q, a in enumerate(chunk):
+            red[q * threads + tid] = a
+        m.barrier()
+
+        def level(s):
+            with m.if_(lane < s):
+                for q in range(len(chunk)):
+                    red[q * threads + tid] += red[q * threads + tid + s]
+            m.barrier()
+
+        if len(chunk) * levels <= 64:
+            s = lanes // 2
+            while s > 0:
+                level(s)
+                s //= 2
+        else:
+            s = m.var(T.u32, lanes // 2, "s")
+            with m.while_(s > 0):
+                level(s)
+                s >>= 1
+        finish(red, chunk, g0)
+        m.barrier()  # the next group reuses `red`
+
+
+UNROLL_BUDGET = 256  # statements a loop may unroll into in Python; beyond, a runtime loop
+
+
+def unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=True):
+    """``for c in range(start, stop, stride): body(c)``: unrolled in Python while
+    it stays under UNROLL_BUDGET statements (every load issued up front), else
+    (or with ``unroll=False``) a runtime loop. ``start`` is a shader
+    expression, ``stop`` and ``stride`` ints. Tint profits from unrolling;
+    naga's output can run slower unrolled, so the autotuner tries both."""
+    iterations = -(-stop // stride)
+    if unroll and iterations * per_iteration <= UNROLL_BUDGET:
+        for j in range(iterations):
+            c = m.let(start + j * stride, f"{name}{j}")
+            if (j + 1) * stride > stop:
+                with m.if_(c < stop):
+                    body(c)
+            else:
+                body(c)
+    else:
+        with m.loop(start, stop, stride, name=name) as c:
+            body(c)
+
+
+def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None):
+    """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
+    for r < rank; ``rows``: the start of each row in A (default r * in_n).
+    ``t`` is one token (returns one accumulator per rank) or a list of tokens
+    (returns a list per token): each load of A then serves every token.
+
+    With few iterations the loop is unrolled in Python, so every load is
+    issued before the first multiply waits on memory.
+    """
+    ts = t if isinstance(t, list) else [t]
+    tag = [""] if len(ts) == 1 else [f"{j}_" for j in range(len(ts))]
+    accs = [[m.var(f32, 0.0, f"acc{tag[j]}{r}") for r in range(rank)] for j in range(len(ts))]
+    rows = rows or [r * in_n for r in range(rank)]
+
+    def step(c):
+        xvs = [m.let(widen(x[tj * in_n + c]), f"xv{tag[j].rstrip('_')}") for j, tj in enumerate(ts)]
+        for r in range(rank):
+            a = widen(A[rows[r] + c])
+            if len(ts) > 1:
+                a = m.let(a, f"a{r}")
+            for j, xv in enumerate(xvs):
+                accs[j][r] += dot_or_mul(a, xv)
+
+    unrolled_or_loop(m, lane, in_n, lanes, (rank + 1) * len(ts), step, "c", unroll)
+    return accs if isinstance(t, list) else accs[0]
+
+
+
+def b_row(m, Bm, i, rank):
+    """Row i of B as lets: vec4 pieces when rank % 4 == 0, else scalars."""
+    if width(rank) == 4:
+        return [m.let(widen(Bm[i * (rank // 4) + q]), f"b{q}") for q in range(rank // 4)]
+    return [m.let(widen(Bm[i * rank + r]), f"b{r}") for r in range(rank)]
+
+
+def row_dot(row, hs):
+    """sum_r row[r] * h[r] for a row from b_row (vec4 pieces or scalars)."""
+    if row[0].type == vec4f:
+        terms = [B.dot(v, vec4f(*hs[4 * q:4 * q + 4])) for q, v in enumerate(row)]
+    else:
+        terms = [v * h for v, h in zip(row, hs)]
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def b_row_dot(m, Bm, i, rank, hs):
+    """sum_r B[i, r] * h[r], with vec4 loads of the row when rank % 4 == 0."""
+    return row_dot(b_row(m, Bm, i, rank), hs)
+
+
+def load_h(m, h, rank, t, threads):
+    """Copy h[t] into workgroup memory once; each thread reads it from there."""
+    tid = m.local_index()
+    hw = m.shared(f32, rank, "hw")
+    with m.loop(tid, rank, threads, name="r") as r:
+        hw[r] = h[t * rank + r]
+    m.barrier()
+    return [m.let(hw[r], f"h{r}") for r in range(rank)]
+
+
+def ceil_div(n: int, d: int) -> int:
+    return -(-n // d)

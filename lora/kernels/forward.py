@@ -1,0 +1,283 @@
+"""The LoRA forward kernels: h = A @ x, y = B @ h, the scaled add, and fused forms.
+
+Shapes (row-major): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
+h [tokens, rank], y and output [tokens, out_dim]. The scratch buffers h and
+y are always f32 (see ``common`` for dtypes).
+"""
+from __future__ import annotations
+
+from shaderdsl import builtins as B
+from shaderdsl import f32, vec4f
+
+from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, input_matrix, load_h,
+                     output_buffer, partial_dots, reduce_sum, row_dot, storage_scalar, store_output,
+                     tree_sum, unrolled_or_loop, widen, width)
+
+# ------------------------------------------------------------------ A @ x
+
+def project_a_seed(m, rank, in_dim, tokens=1, dtype="f32"):
+    """Hesper's design: one thread per h element, a serial loop over in_dim."""
+    A = m.declare_input_buffer("A", storage_scalar(dtype), rank * in_dim)
+    x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
+    h = m.declare_output_buffer("h", f32, tokens * rank)
+    gid = m.global_id()
+    r, t = gid.x, gid.y
+    with m.if_(r < rank):
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(in_dim, name="k") as k:
+            acc += widen(A[r * in_dim + k]) * widen(x[t * in_dim + k])
+        h[t * rank + r] = acc
+
+
+
+def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False, dtype="f32",
+                        rank_group=0):
+    """h = A @ x with one workgroup per token (grid (tokens, 1)): every thread
+    takes a strided slice of in_dim for all ranks, then the workgroup reduces.
+
+    With ``rank_group`` (0 < rank_group < rank) workgroup (t, g) does ranks
+    g * rank_group onwards only (grid (tokens, ceil(rank / rank_group))):
+    more workgroups share the rows of A when the rank is high and tokens few.
+    """
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    h = m.declare_output_buffer("h", f32, tokens * rank)
+    t = m.workgroup_id().x
+    if 0 < rank_group < rank:
+        # rows r0 .. r0 + rank_group - 1; the last group reads row rank - 1 in
+        # place of rows past the end and does not store them
+        r0 = m.let(m.workgroup_id().y * rank_group, "r0")
+        rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(rank_group)]
+        accs = partial_dots(m, A, x, rank_group, in_n, t, m.local_index(), threads, rows=rows)
+        hs = reduce_sum(m, accs, threads, subgroups)
+        with m.if_(m.local_index() == 0):
+            for q in range(rank_group):
+                if (rank % rank_group) and q >= rank % rank_group:
+                    with m.if_(r0 + q < rank):
+                        h[t * rank + r0 + q] = hs[q]
+                else:
+                    h[t * rank + r0 + q] = hs[q]
+        return
+    accs = partial_dots(m, A, x, rank, in_n, t, m.local_index(), threads)
+    hs = reduce_sum(m, accs, threads, subgroups)
+    with m.if_(m.local_index() == 0):
+        for r in range(rank):
+            h[t * rank + r] = hs[r]
+
+
+# ------------------------------------------------------------------ B @ h, scaled add
+
+
+def project_b(m, out_dim, rank, tokens=1, threads=256, dtype="f32"):
+    """y = B @ h: one thread per output element, h in workgroup memory (y is f32)."""
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    h = m.declare_input_buffer("h", f32, tokens * rank)
+    y = m.declare_output_buffer("y", f32, tokens * out_dim)
+    t = m.workgroup_id().y
+    hs = load_h(m, h, rank, t, threads)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < out_dim):
+        y[t * out_dim + i] = b_row_dot(m, Bm, i, rank, hs)
+
+
+def add_scaled(m, num_elements, scale, dtype="f32"):
+    """output[i] += scale * y[i] (y is f32, output ``dtype``)."""
+    y = m.declare_input_buffer("y", f32, num_elements)
+    out = output_buffer(m, num_elements, dtype)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < num_elements):
+        if dtype == "f32":
+            out[i] += scale * y[i]
+        else:
+            store_output(out, i, widen(out[i]) + scale * y[i])
+
+
+def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
+    """output[i] += scale * sum_r B[i, r] * h[r]: project_b and add_scaled in one."""
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    h = m.declare_input_buffer("h", f32, tokens * rank)
+    out = output_buffer(m, tokens * out_dim, dtype)
+    t = m.workgroup_id().y
+    hs = load_h(m, h, rank, t, threads)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < out_dim):
+        if dtype == "f32":
+            out[t * out_dim + i] += scale * b_row_dot(m, Bm, i, rank, hs)
+        else:
+            j = m.let(t * out_dim + i, "j")
+            store_output(out, j, widen(out[j]) + scale * b_row_dot(m, Bm, i, rank, hs))
+
+
+# ------------------------------------------------------------------ one dispatch
+
+def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
+                  outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32"):
+    """The whole LoRA delta in one dispatch.
+
+    Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
+    scale * B @ h to its slice of threads * outputs_per_thread outputs of
+    token t. WebGPU has no sync between workgroups; recomputing h is cheaper
+    than a second dispatch. The B rows and output values this thread will
+    need are loaded first, so their latency overlaps the work on h.
+    """
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    out = output_buffer(m, tokens * out_dim, dtype)
+    wid = m.workgroup_id()
+    t = wid.y
+    tid = m.local_index()
+    base = m.let(wid.x * (threads * outputs_per_thread) + tid, "base")
+    mine = []
+    for k in range(outputs_per_thread):
+        i = m.let(base + k * threads, f"col{k}")
+        safe = m.let(B.min(i, out_dim - 1), f"safe{k}")  # in-bounds prefetch
+        mine.append((i, b_row(m, Bm, safe, rank), m.let(widen(out[t * out_dim + safe]), f"o{k}")))
+    accs = partial_dots(m, A, x, rank, in_n, t, tid, threads, unroll)
+    hs = reduce_sum(m, accs, threads, subgroups)
+    for i, row, old in mine:
+        with m.if_(i < out_dim):
+            store_output(out, t * out_dim + i, old + scale * row_dot(row, hs))
+
+
+MAX_BLOCK_ACCS = 64  # accumulators per thread in tiled_forward's phase 1 before ranks are split
+
+
+def _rank_split(rank: int, token_block: int, w: int) -> tuple[int, int]:
+    """(ranks per thread, rank groups) for tiled_forward's phase 1: at most
+    MAX_BLOCK_ACCS accumulators per thread, a power-of-two number of groups
+    (so the lanes per group stay a power of two), and whole vec4s of h."""
+    if token_block * rank <= MAX_BLOCK_ACCS:
+        return rank, 1
+    per = max(1, MAX_BLOCK_ACCS // token_block)
+    groups = 1 << (-(-rank // per) - 1).bit_length()
+    per = -(-rank // groups)
+    per += -per % w
+    return per, groups
+
+
+def tiled_fits(rank: int, threads: int, tile_tokens: int, token_block: int) -> bool:
+    """Whether tiled_forward's phase 1 has a thread for every (token block, rank group)."""
+    return tile_tokens // token_block * _rank_split(rank, token_block, width(rank))[1] <= threads
+
+
+def _tile_shape(rank, threads, tile_tokens, token_block):
+    """(vector width of h, ranks per thread group, rank groups, lanes per group),
+    after checking the tile fits the workgroup."""
+    check_threads(threads)
+    if tile_tokens > threads or threads % tile_tokens:
+        raise ValueError(f"tile_tokens ({tile_tokens}) must divide threads ({threads})")
+    if token_block < 1 or tile_tokens % token_block:
+        raise ValueError(f"token_block ({token_block}) must divide tile_tokens ({tile_tokens})")
+    w = width(rank)  # scale * h of the tile, as vec4 when rank allows: fewer loads in phase 2
+    per, rank_groups = _rank_split(rank, token_block, w)
+    if not tiled_fits(rank, threads, tile_tokens, token_block):
+        raise ValueError(f"tiled_forward: rank {rank} in blocks of {token_block} tokens needs "
+                         f"more than {threads} threads")
+    return w, per, rank_groups, threads // (tile_tokens // token_block * rank_groups)
+
+
+def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, token_block, unroll):
+    """Phase 1's partial sums: (accumulators, lane, first token of each block
+    row within the tile, first rank r0 of the thread's group)."""
+    tid = m.local_index()
+    if token_block == 1 and rank_groups == 1:
+        tl = m.let(tid / lanes, "tl")
+        lane = m.let(tid % lanes, "lane")
+        t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
+        return partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll), lane, [tl], 0
+    group = m.let(tid / lanes, "group")
+    lane = m.let(tid % lanes, "lane")
+    tg = m.let(group / rank_groups if rank_groups > 1 else group, "tg")
+    first = m.let(tg * token_block, "tl")  # the block's first token within the tile
+    ts = [m.let(B.min(t0 + first + j, tokens - 1), f"tk{j}") for j in range(token_block)]
+    if rank_groups > 1:
+        r0 = m.let((group % rank_groups) * per, "r0")
+        rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(per)]
+    else:
+        r0, rows = 0, None
+    accs = [a for block in partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows)
+            for a in block]
+    return accs, lane, [first + j for j in range(token_block)], r0
+
+
+def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale):
+    """The ``finish`` of phase 1's reduction: lane 0 of each group stores scale * h."""
+    tid = m.local_index()
+
+    def finish(red, chunk, g0):
+        with m.if_(lane == 0):
+            for q in range(len(chunk)):
+                j, k = divmod(g0 + q, per)  # token of the block, rank of the group
+                value = scale * red[q * threads + tid]
+                ragged = rank_groups * per > rank and k >= rank - (rank_groups - 1) * per
+
+                def store_h():  # r0 is a multiple of 4 when w == 4 (_rank_split)
+                    if w == 4:
+                        setattr(hw[firsts[j] * (rank // 4) + r0 // 4 + k // 4], "xyzw"[k % 4], value)
+                    else:
+                        hw[firsts[j] * rank + r0 + k] = value
+
+                if ragged:
+                    with m.if_(r0 + k < rank):
+                        store_h()
+                else:
+                    store_h()
+    return finish
+
+
+def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
+    """Phase 2 for output column i: B's row once, then every token of the tile."""
+    ragged = tokens % tile_tokens != 0
+
+    def column(i):
+        # All loads of this column first (B row, then every token's output),
+        # so they are in flight together; then the stores.
+        row = b_row(m, Bm, i, rank)
+        dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * out_dim + i, f"d{k}")
+                 for k in range(tile_tokens)]
+        olds = [m.let(widen(out[d]), f"o{k}") for k, d in enumerate(dests)]
+        for k in range(tile_tokens):
+            hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
+            if w == 4:
+                total = B.dot(row[0], hs[0])
+                for v, h in zip(row[1:], hs[1:]):
+                    total = total + B.dot(v, h)
+            else:
+                total = row_dot(row, hs)
+            if ragged:
+                with m.if_(t0 + k < tokens):
+                    store_output(out, dests[k], olds[k] + total)
+            else:
+                store_output(out, dests[k], olds[k] + total)
+    return column
+
+
+def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                  unroll=True, dtype="f32", token_block=1):
+    """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
+
+    Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
+    Each thread sums a strided slice of in_dim for ``token_block`` tokens at
+    once (each load of A serves them all) and for all ranks, or, when that
+    would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
+    threads sharing (tokens, ranks) then reduce. Phase 2: each thread owns
+    output columns; it loads its row of B once and updates that column for
+    every token of the tile. A and B are read once per tile (per token block
+    in phase 1), not once per token, which is what limits the
+    one-token-per-workgroup kernel.
+    """
+    w, per, rank_groups, lanes = _tile_shape(rank, threads, tile_tokens, token_block)
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    out = output_buffer(m, tokens * out_dim, dtype)
+    tid = m.local_index()
+    t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
+    accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per,
+                                            rank_groups, token_block, unroll)
+    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
+    finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale)
+    tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
+    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0)
+    unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)
