@@ -97,3 +97,114 @@ def within(got, want, tol) -> bool:
 __all__ = ["project_a", "project_b", "add_scaled", "fused_b_add", "lora_delta", "forward",
            "tolerance", "f16_tolerance", "h_tolerance", "within", "RTOL_H", "RTOL_Y", "RTOL_ADD",
            "RTOL_OUT", "ATOL", "F16_ROUNDING"]
+
+
+# ================================================================ training
+#
+# The backward of ``out = base + s * B @ (A @ x)`` for every token, the
+# losses, the optimizers and the initialisation, in float64 unless told
+# otherwise. x and g are ``(tokens, dim)`` (or ``(dim,)`` for one token).
+
+def backward(x, a, b, g, scale, dtype=F64) -> dict:
+    """Gradients of a LoRA layer: with h = A x and upstream gradient g,
+    dh = s g B, dB = s g^T h, dA = dh^T x, dx = dh A. Returns a dict with
+    ``h``, ``dh``, ``grad_a`` [rank, in], ``grad_b`` [out, rank], ``grad_x``."""
+    x2, g2 = np.atleast_2d(_f(x, dtype)), np.atleast_2d(_f(g, dtype))
+    a, b, s = _f(a, dtype), _f(b, dtype), _f(scale, dtype)
+    h = x2 @ a.T
+    dh = s * (g2 @ b)
+    grad_x = dh @ a
+    return {"h": h, "dh": dh, "grad_a": dh.T @ x2, "grad_b": s * (g2.T @ h),
+            "grad_x": grad_x.reshape(np.shape(x))}
+
+
+def mse(out, target, dtype=F64) -> tuple[float, np.ndarray]:
+    """Mean squared error over every element and its gradient 2 (out - target) / N."""
+    d = _f(out, dtype) - _f(target, dtype)
+    return float(np.mean(d * d)), 2.0 * d / d.size
+
+
+def softmax_cross_entropy(logits, labels, dtype=F64) -> tuple[float, np.ndarray]:
+    """Mean over tokens of -log softmax(logits)[label], and its gradient
+    (softmax - onehot) / tokens. logits ``(tokens, classes)``, labels ints."""
+    z = np.atleast_2d(_f(logits, dtype))
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    labels = np.asarray(labels).reshape(-1)
+    rows = np.arange(len(labels))
+    loss = float(np.mean(-np.log(p[rows, labels])))
+    grad = p.copy()
+    grad[rows, labels] -= 1.0
+    return loss, (grad / len(labels)).reshape(np.shape(logits))
+
+
+def adamw_step(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+               dtype=F64):
+    """One step of torch.optim.AdamW (decoupled weight decay, bias correction),
+    in the order its implementation computes it:
+
+        p *= 1 - lr * wd
+        m  = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
+        p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    ``step`` is t (1 for the first step). Returns (p, m, v)."""
+    p, g, m, v = (_f(z, dtype) for z in (p, g, m, v))
+    b1, b2 = (p.dtype.type(beta) for beta in betas)
+    one = p.dtype.type(1)
+    lr_, eps_, wd = (p.dtype.type(z) for z in (lr, eps, weight_decay))
+    t = p.dtype.type(step)
+    p = p * (one - lr_ * wd)
+    m = b1 * m + (one - b1) * g
+    v = b2 * v + (one - b2) * (g * g)
+    bc1, bc2 = one - b1 ** t, one - b2 ** t
+    denom = np.sqrt(v) / np.sqrt(bc2) + eps_
+    return p - (lr_ / bc1) * m / denom, m, v
+
+
+def sgd_step(p, g, buf, step, lr, momentum=0.0, weight_decay=0.0, dtype=F64):
+    """One step of torch.optim.SGD (dampening 0, no Nesterov): g += wd p;
+    buf = g on the first step, else momentum buf + g; p -= lr buf. Returns (p, buf)."""
+    p, g, buf = (_f(z, dtype) for z in (p, g, buf))
+    g = g + p.dtype.type(weight_decay) * p
+    buf = g if step == 1 or momentum == 0 else p.dtype.type(momentum) * buf + g
+    return p - p.dtype.type(lr) * buf, buf
+
+
+def clip_scale(grads, max_norm: float, dtype=F64) -> float:
+    """torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6))."""
+    norm = np.sqrt(sum(float(np.sum(_f(gr, dtype) ** 2)) for gr in grads))
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+def learning_rate(step: int, lr: float, schedule: str = "constant", warmup: int = 0,
+                  total: int = 0, min_ratio: float = 0.0) -> float:
+    """The learning rate at ``step`` (1-based): ``constant``; ``linear`` warm-up
+    over ``warmup`` steps then constant; ``cosine``: warm-up, then a cosine
+    decay to ``min_ratio * lr`` at step ``total``."""
+    if warmup and step <= warmup:
+        return lr * step / warmup
+    if schedule != "cosine":
+        return lr
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * progress)))
+
+
+def init_lora(in_dim: int, out_dim: int, rank: int, seed: int = 0, *, kind: str = "kaiming",
+              dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """A fresh adapter as peft makes one: B = 0 and A from Kaiming-uniform with
+    a = sqrt(5) (bound 1/sqrt(in_dim)), or ``kind="gaussian"``: A ~ N(0, 1/rank)
+    (peft's init_lora_weights="gaussian"). Seeded: the same seed, the same A."""
+    rng = np.random.default_rng(seed)
+    if kind == "kaiming":
+        bound = 1.0 / np.sqrt(in_dim)
+        a = rng.uniform(-bound, bound, (rank, in_dim))
+    elif kind == "gaussian":
+        a = rng.normal(0.0, 1.0 / rank, (rank, in_dim))
+    else:
+        raise ValueError(f"init kind must be 'kaiming' or 'gaussian', got {kind!r}")
+    return a.astype(dtype), np.zeros((out_dim, rank), dtype)
+
+
+__all__ += ["backward", "mse", "softmax_cross_entropy", "adamw_step", "sgd_step", "clip_scale",
+            "learning_rate", "init_lora"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine:
-# a virtual environment in .venv with the package and its test extras, and,
+# a virtual environment in .venv with the package and its extras (test, bench, train), and,
 # when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe).
 # Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
 set -euo pipefail
@@ -16,7 +16,7 @@ stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     echo "[setup] installing shaderdsl with its test extras into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,bench]"
+    .venv/bin/python -m pip install -q -e ".[test,bench,train]"
     touch "$stamp"
 fi
 
