@@ -33,20 +33,22 @@ class Step:
     grid: object  # int, or (x, y, z)
 
 
-def build_steps(device, kernels: list[tuple[str, dict]], sizes: dict) -> list[Step]:
-    """Compile and check each (kernel name, parameters): grid limits, the size
-    of each binding (``sizes``: role -> bytes), then features, workgroup size
-    and memory, WGSL. Raises before anything is recorded."""
+def build_steps(device, kernels: list[tuple], sizes: dict) -> list[Step]:
+    """Compile and check each (kernel name, parameters[, renames]): grid limits,
+    the size of each binding (``sizes``: role -> bytes; a binding's role is its
+    name unless renamed), then features, workgroup size and memory, WGSL.
+    Raises before anything is recorded."""
     steps = []
-    for name, params in kernels:
+    for name, params, *rename in kernels:
         spec = KERNELS[name]
         kernel = spec.kernel(**params)
         grid = checks.workgroups(kernel, spec.grid(**params),
                                  device.limits["max-compute-workgroups-per-dimension"])
-        for b, role in zip(kernel.bindings, spec.roles):
+        roles = tuple((rename[0] if rename else {}).get(b.name, b.name) for b in kernel.bindings)
+        for b, role in zip(kernel.bindings, roles):
             where = f"kernel {kernel.name!r} binding {b.name!r} (@binding({b.index}))"
             checks.binding_size(where, sizes[role], device)
-        steps.append(Step(kernel, spec.roles, grid[0] if grid[1:] == (1, 1) else grid))
+        steps.append(Step(kernel, roles, grid[0] if grid[1:] == (1, 1) else grid))
     for step in steps:
         device.prepare(step.kernel)
     return steps

@@ -25,6 +25,10 @@ def float_text(value: float, scalar: T.Scalar) -> str:
         raise ShaderTypeError(f"WGSL has no literal for {value}; pass it in a buffer or uniform")
     x = np.float16(value) if scalar == T.f16 else np.float32(value)
     text = str(abs(x))
+    if float(text) > float(np.finfo(x.dtype).max):
+        # The shortest decimal of the largest f32 (3.4028235e38) lies above it:
+        # Tint refuses it ("cannot be represented"). The double's decimal is exact.
+        text = repr(float(abs(x)))
     if "e" in text:
         mant, exp = text.split("e")
         text = f"{mant}e{int(exp)}"

@@ -143,7 +143,48 @@ def lora_entries() -> list[Entry]:
             subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype="f16")
         add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4,
             unroll=bool(n % 2), dtype="f16", token_block=1 + n % 2)
+    _training_entries(add)
     return out
+
+
+def _training_entries(add) -> None:
+    """The training kernels (lora.kernels.backward, loss, optimizer, network) and
+    the forwards that save h, over ranks, token counts, dtypes and options."""
+    for n, rank in enumerate(RANKS):
+        s, dt = _spread(n), ("f32", "f16")[n % 2]
+        t, i, o = s["tokens"], s["in_dim"], s["out_dim"]
+        add("fused_forward", rank=rank, **s, threads=128, save_h=True, dtype=dt)
+        add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, save_h=True,
+            token_block=1 + n % 2, dtype=dt)
+        add("grad_dh_seed", out_dim=o, rank=rank, scale=s["scale"], tokens=t, dtype=dt)
+        add("grad_dh", out_dim=o, rank=rank, scale=s["scale"], tokens=t, threads=64,
+            subgroups=bool(n % 2), dtype=dt)
+        add("grad_dh_b", out_dim=o, rank=rank, scale=s["scale"], tokens=min(t, 2), threads=64,
+            accumulate=bool(n % 2), dtype=dt)
+        for layout, dim in (("jr", o), ("rj", i)):
+            add("grad_outer_seed", n=dim, rank=rank, scale=s["scale"], tokens=t, layout=layout,
+                accumulate=bool(n % 2), dtype=dt)
+            add("grad_outer", n=dim, rank=rank, scale=s["scale"], tokens=t, threads=64,
+                chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
+        add("grad_outer_reduce", size=i * rank, chunks=3, accumulate=bool(n % 2))
+        add("grad_input_seed", in_dim=i, rank=rank, tokens=t, accumulate=bool(n % 2), dtype=dt)
+        add("grad_input", in_dim=i, rank=rank, tokens=t, threads=64, dtype=dt)
+        add("grad_a_input", in_dim=i, rank=rank, tokens=min(t, 2), threads=64,
+            with_dx=bool(n % 2), dtype=dt)
+    for n, (schedule, grads) in enumerate(itertools.product(("constant", "linear", "cosine"),
+                                                            ((), (40, 7), (5, 6, 7, 8, 9, 10)))):
+        add("optim_begin", grad_sizes=grads, schedule=schedule, threads=64)
+    for sizes in ((40,), (24, 320)):
+        add("adamw_update", sizes=sizes)
+        add("sgd_update", sizes=sizes)
+    for n, (classes, dt) in enumerate(itertools.product((10, 1000), ("f32", "f16"))):
+        add("mse", n=classes * 3, threads=64, dtype=dt)
+        add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt)
+        add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt)
+        add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
+            dtype=dt)
+        add("relu", n=classes, dtype=dt)
+        add("relu_grad", n=classes, dtype=dt)
 
 
 def planner_entries() -> list[Entry]:

@@ -48,8 +48,8 @@ def storage_scalar(dtype: str):
     return f16 if dtype == "f16" else f32
 
 
-def output_buffer(m, n, dtype):
-    return m.declare_output_buffer("output", storage_scalar(dtype), n)
+def output_buffer(m, n, dtype, name="output"):
+    return m.declare_output_buffer(name, storage_scalar(dtype), n)
 
 
 def widen(e):

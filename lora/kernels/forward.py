@@ -111,19 +111,21 @@ def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
 # ------------------------------------------------------------------ one dispatch
 
 def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
-                  outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32"):
+                  outputs_per_thread=1, subgroups=False, unroll=True, dtype="f32", save_h=False):
     """The whole LoRA delta in one dispatch.
 
     Workgroup (i, t) recomputes h = A @ x[t] (A stays in L2), then adds
     scale * B @ h to its slice of threads * outputs_per_thread outputs of
     token t. WebGPU has no sync between workgroups; recomputing h is cheaper
     than a second dispatch. The B rows and output values this thread will
-    need are loaded first, so their latency overlaps the work on h.
+    need are loaded first, so their latency overlaps the work on h. With
+    ``save_h`` the workgroups of column 0 also write h (f32) for the backward.
     """
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
     out = output_buffer(m, tokens * out_dim, dtype)
+    h = m.declare_output_buffer("h", f32, tokens * rank) if save_h else None
     wid = m.workgroup_id()
     t = wid.y
     tid = m.local_index()
@@ -138,6 +140,10 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     for i, row, old in mine:
         with m.if_(i < out_dim):
             store_output(out, t * out_dim + i, old + scale * row_dot(row, hs))
+    if save_h:
+        with m.if_((wid.x == 0) & (tid == 0)):
+            for r in range(rank):
+                h[t * rank + r] = hs[r]
 
 
 MAX_BLOCK_ACCS = 64  # accumulators per thread in tiled_forward's phase 1 before ranks are split
@@ -201,8 +207,9 @@ def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, tok
     return accs, lane, [first + j for j in range(token_block)], r0
 
 
-def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale):
-    """The ``finish`` of phase 1's reduction: lane 0 of each group stores scale * h."""
+def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale, saved=None):
+    """The ``finish`` of phase 1's reduction: lane 0 of each group stores scale * h
+    (and, with ``saved`` = (h buffer, t0, tokens), h itself for the backward)."""
     tid = m.local_index()
 
     def finish(red, chunk, g0):
@@ -217,6 +224,10 @@ def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, s
                         setattr(hw[firsts[j] * (rank // 4) + r0 // 4 + k // 4], "xyzw"[k % 4], value)
                     else:
                         hw[firsts[j] * rank + r0 + k] = value
+                    if saved is not None:
+                        h, t0, tokens = saved
+                        with m.if_(t0 + firsts[j] < tokens):
+                            h[(t0 + firsts[j]) * rank + r0 + k] = red[q * threads + tid]
 
                 if ragged:
                     with m.if_(r0 + k < rank):
@@ -254,7 +265,7 @@ def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
 
 
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                  unroll=True, dtype="f32", token_block=1):
+                  unroll=True, dtype="f32", token_block=1, save_h=False):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
@@ -265,19 +276,22 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     output columns; it loads its row of B once and updates that column for
     every token of the tile. A and B are read once per tile (per token block
     in phase 1), not once per token, which is what limits the
-    one-token-per-workgroup kernel.
+    one-token-per-workgroup kernel. With ``save_h`` phase 1 also writes h (f32)
+    for the backward.
     """
     w, per, rank_groups, lanes = _tile_shape(rank, threads, tile_tokens, token_block)
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
     out = output_buffer(m, tokens * out_dim, dtype)
+    h = m.declare_output_buffer("h", f32, tokens * rank) if save_h else None
     tid = m.local_index()
     t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
     accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per,
                                             rank_groups, token_block, unroll)
     hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
-    finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale)
+    finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale,
+                           (h, t0, tokens) if save_h else None)
     tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
     column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0)
     unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)

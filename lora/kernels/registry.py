@@ -1,6 +1,8 @@
-"""The registry of LoRA kernels: each DSL function with its binding roles,
-workgroup size and grid, so plans, the command line and the tests name a
-kernel and its parameters, and nothing else computes a grid."""
+"""The registry of LoRA kernels: each DSL function with its workgroup size and
+grid, so plans, the command line and the tests name a kernel and its
+parameters, and nothing else computes a grid. A binding's name is the role
+of the buffer bound to it (A, x, h, output, ...); a plan step may rename the
+generic ones (grad_outer's G, H and out are g, h and dB for dB)."""
 from __future__ import annotations
 
 import inspect
@@ -10,6 +12,7 @@ from typing import Callable
 
 import shaderdsl as sd
 
+from . import backward, loss, network, optimizer
 from .common import ceil_div
 from .forward import (add_scaled, fused_b_add, fused_forward, project_a_seed, project_a_workgroup,
                       project_b, tiled_forward)
@@ -17,8 +20,8 @@ from .forward import (add_scaled, fused_b_add, fused_forward, project_a_seed, pr
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One LoRA kernel: its DSL function, the role of each binding, its
-    workgroup size and its grid, both computed from the parameters alone.
+    """One LoRA kernel: its DSL function, its workgroup size and its grid, both
+    computed from the parameters alone.
 
     ``kernel(**params)`` compiles it (cached by ``shaderdsl.compile``);
     ``grid(**params)`` is the workgroup count a dispatch needs. Parameters
@@ -28,7 +31,6 @@ class KernelSpec:
 
     name: str
     function: Callable
-    roles: tuple[str, ...]
     workgroup: Callable[[dict], int]
     grid_rule: Callable[[dict], tuple[int, int, int]]
     doc: str
@@ -62,30 +64,92 @@ class KernelSpec:
 
 
 KERNELS = {spec.name: spec for spec in (
-    KernelSpec("project_a_seed", project_a_seed, ("A", "x", "h"), lambda p: 64,
+    KernelSpec("project_a_seed", project_a_seed, lambda p: 64,
                lambda p: (ceil_div(p["rank"], 64), p["tokens"], 1),
                "h = A @ x, Hesper's design: one thread per element of h"),
-    KernelSpec("project_a", project_a_workgroup, ("A", "x", "h"), lambda p: p["threads"],
+    KernelSpec("project_a", project_a_workgroup, lambda p: p["threads"],
                lambda p: (p["tokens"], ceil_div(p["rank"], p["rank_group"])
                           if 0 < p["rank_group"] < p["rank"] else 1, 1),
                "h = A @ x: one workgroup per token (and per group of ranks)"),
-    KernelSpec("project_b", project_b, ("B", "h", "y"), lambda p: p["threads"],
+    KernelSpec("project_b", project_b, lambda p: p["threads"],
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
                "y = B @ h: one thread per element of y"),
-    KernelSpec("add_scaled", add_scaled, ("y", "output"), lambda p: p["threads"],
+    KernelSpec("add_scaled", add_scaled, lambda p: p["threads"],
                lambda p: (ceil_div(p["num_elements"], p["threads"]), 1, 1),
                "output += scale * y"),
-    KernelSpec("fused_b_add", fused_b_add, ("B", "h", "output"), lambda p: p["threads"],
+    KernelSpec("fused_b_add", fused_b_add, lambda p: p["threads"],
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
                "output += scale * B @ h"),
-    KernelSpec("fused_forward", fused_forward, ("A", "x", "B", "output"), lambda p: p["threads"],
+    KernelSpec("fused_forward", fused_forward, lambda p: p["threads"],
                lambda p: (ceil_div(p["out_dim"], p["threads"] * p["outputs_per_thread"]),
                           p["tokens"], 1),
                "output += scale * B @ (A @ x), one dispatch, h recomputed per workgroup"),
-    KernelSpec("tiled_forward", tiled_forward, ("A", "x", "B", "output"), lambda p: p["threads"],
+    KernelSpec("tiled_forward", tiled_forward, lambda p: p["threads"],
                lambda p: (ceil_div(p["tokens"], p["tile_tokens"]), 1, 1),
                "output += scale * B @ (A @ x), one dispatch, a tile of tokens per workgroup"),
 )}
+
+
+def _threads(p):
+    return p["threads"]
+
+
+def _columns(n_key):
+    """Grid of one thread per column and one workgroup row per token."""
+    return lambda p: (ceil_div(p[n_key], p["threads"]), p["tokens"], 1)
+
+
+def _elements(size):
+    return lambda p: (ceil_div(size(p), p["threads"]), 1, 1)
+
+
+def _outer_grid(p):
+    chunk = p["chunk"] if 0 < p["chunk"] < p["tokens"] else p["tokens"]
+    return (ceil_div(p["n"], p["threads"]), ceil_div(p["tokens"], chunk), 1)
+
+
+TRAINING_KERNELS = (
+    KernelSpec("grad_dh_seed", backward.grad_dh_seed, lambda p: 64,
+               lambda p: (ceil_div(p["rank"], 64), p["tokens"], 1),
+               "dh = s g B, Hesper's gradDh: one thread per element of dh"),
+    KernelSpec("grad_dh", backward.grad_dh, _threads, lambda p: (p["tokens"], 1, 1),
+               "dh = s g B: one workgroup per token"),
+    KernelSpec("grad_dh_b", backward.grad_dh_b, _threads, lambda p: (1, 1, 1),
+               "dh = s g B and dB = s g^T h from one read of g (a few tokens)"),
+    KernelSpec("grad_outer_seed", backward.grad_outer_seed, lambda p: 64,
+               _elements(lambda p: p["n"] * p["rank"]),
+               "dB or dA, Hesper's gradB/gradA: one thread per element"),
+    KernelSpec("grad_outer", backward.grad_outer, _threads, _outer_grid,
+               "dB = s g^T h or dA = dh^T x over chunks of tokens"),
+    KernelSpec("grad_outer_reduce", backward.grad_outer_reduce, _threads,
+               _elements(lambda p: p["size"]), "the sum of grad_outer's chunks"),
+    KernelSpec("grad_input_seed", backward.grad_input_seed, lambda p: 64,
+               lambda p: (ceil_div(p["in_dim"], 64), p["tokens"], 1),
+               "dx = dh A, Hesper's inputGrad: one thread per element"),
+    KernelSpec("grad_input", backward.grad_input, _threads, _columns("in_dim"),
+               "dx = dh A: one thread per element, dh in workgroup memory"),
+    KernelSpec("grad_a_input", backward.grad_a_input, _threads,
+               lambda p: (ceil_div(p["in_dim"], p["threads"]), 1, 1),
+               "dA = dh^T x and dx = dh A from one read of x (a few tokens)"),
+    KernelSpec("mse", loss.mse, _threads, _elements(lambda p: p["n"]),
+               "mean squared error: gradient and per-workgroup partial sums"),
+    KernelSpec("softmax_xent", loss.softmax_xent, _threads, lambda p: (p["tokens"], 1, 1),
+               "softmax cross-entropy: gradient and per-token losses"),
+    KernelSpec("optim_begin", optimizer.optim_begin, _threads, lambda p: (1, 1, 1),
+               "the step count, learning rate, bias corrections and clip factor"),
+    KernelSpec("adamw_update", optimizer.adamw_update, _threads,
+               _elements(lambda p: sum(p["sizes"])), "one AdamW step of up to two tensors"),
+    KernelSpec("sgd_update", optimizer.sgd_update, _threads,
+               _elements(lambda p: sum(p["sizes"])), "one SGD step of up to two tensors"),
+    KernelSpec("dense", network.dense, _threads, _columns("out_dim"),
+               "a frozen base layer: y = x W^T + b"),
+    KernelSpec("dense_grad_input", network.dense_grad_input, _threads, _columns("in_dim"),
+               "its input gradient: dx = g W"),
+    KernelSpec("relu", network.relu, _threads, _elements(lambda p: p["n"]), "y = max(z, 0)"),
+    KernelSpec("relu_grad", network.relu_grad, _threads, _elements(lambda p: p["n"]),
+               "dz = dy where z > 0"),
+)
+KERNELS.update({spec.name: spec for spec in TRAINING_KERNELS})
 
 
 def _deprecated(old: str, spec: str, adapt=lambda **kw: kw):

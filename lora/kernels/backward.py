@@ -1,0 +1,238 @@
+"""The LoRA backward kernels.
+
+With s the scale, h = A x saved by the forward and g the upstream gradient
+[tokens, out_dim]:
+
+    dh = s g B        [tokens, rank]     grad_dh (a workgroup per token)
+    dB = s g^T h      [out_dim, rank]    grad_outer, layout "jr"
+    dA = dh^T x       [rank, in_dim]     grad_outer, layout "rj"
+    dx = dh A         [tokens, in_dim]   grad_input
+
+Hesper's kernels (kept as the ``seed`` strategy) give every element of a
+result to one thread with a serial loop. Here the long sums are spread over a
+workgroup (dh: over out_dim) or over workgroups (dA, dB: over token chunks,
+summed by grad_outer_reduce), and for a few tokens grad_dh_b reads g once for
+both dh and dB and grad_a_input reads x once for both dA and dx. Every write
+is guarded: no thread writes out of bounds (Hesper's select-then-write did).
+``accumulate`` adds to a gradient (micro-batches) instead of overwriting it.
+g, x and dx are stored as ``dtype``; h, dh, dA and dB are f32.
+"""
+from __future__ import annotations
+
+from shaderdsl import builtins as B
+from shaderdsl import f32
+
+from .common import (b_row, check_threads, input_matrix, load_h, output_buffer, reduce_sum,
+                     storage_scalar, store_output, unrolled_or_loop, widen)
+
+
+def _component(row, r: int):
+    """Element r of a row from b_row (vec4 pieces or scalars)."""
+    return row[r] if row[0].type == f32 else getattr(row[r // 4], "xyzw"[r % 4])
+
+
+def _write(buf, i, value, accumulate: bool) -> None:
+    """buf[i] = value, or += value: a gradient that accumulates over micro-batches."""
+    if accumulate:
+        store_output(buf, i, widen(buf[i]) + value)
+    else:
+        store_output(buf, i, value)
+
+
+# ------------------------------------------------------------------ dh = s g B
+
+def grad_dh_seed(m, out_dim, rank, scale, tokens=1, dtype="f32"):
+    """Hesper's gradDh: one thread per element of dh, a serial loop over out_dim."""
+    Bm = m.declare_input_buffer("B", storage_scalar(dtype), out_dim * rank)
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    dh = m.declare_output_buffer("dh", f32, tokens * rank)
+    gid = m.global_id()
+    r, t = gid.x, gid.y
+    with m.if_(r < rank):
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(out_dim, name="o") as o:
+            acc += widen(Bm[o * rank + r]) * widen(g[t * out_dim + o])
+        dh[t * rank + r] = scale * acc
+
+
+def _dh_partials(m, Bm, g, out_dim, rank, ts, lane, lanes, unroll=True, on_column=None):
+    """Each lane's partial sums of g[t] . B[:, r] over columns lane, lane + lanes, ...
+    for every token in ``ts``; ``on_column(o, row, gvs)`` runs for each column too."""
+    accs = [[m.var(f32, 0.0, f"acc{j}_{r}" if len(ts) > 1 else f"acc{r}") for r in range(rank)]
+            for j in range(len(ts))]
+
+    def column(o):
+        row = b_row(m, Bm, o, rank)
+        gvs = [m.let(widen(g[t * out_dim + o]), f"g{j}" if len(ts) > 1 else "gv")
+               for j, t in enumerate(ts)]
+        for j, gv in enumerate(gvs):
+            for r in range(rank):
+                accs[j][r] += gv * _component(row, r)
+        if on_column is not None:
+            on_column(o, row, gvs)
+
+    unrolled_or_loop(m, lane, out_dim, lanes, (rank + 2) * len(ts), column, "o", unroll)
+    return accs
+
+
+def grad_dh(m, out_dim, rank, scale, tokens=1, threads=256, subgroups=False, dtype="f32",
+            unroll=True):
+    """dh = s g B with one workgroup per token (grid (tokens, 1)): every thread
+    sums a strided slice of out_dim for all ranks, then the workgroup reduces."""
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    dh = m.declare_output_buffer("dh", f32, tokens * rank)
+    t = m.workgroup_id().x
+    tid = m.local_index()
+    (accs,) = _dh_partials(m, Bm, g, out_dim, rank, [t], tid, threads, unroll)
+    sums = reduce_sum(m, accs, threads, subgroups)
+    with m.if_(tid == 0):
+        for r in range(rank):
+            dh[t * rank + r] = scale * sums[r]
+
+
+def grad_dh_b(m, out_dim, rank, scale, tokens=1, threads=256, accumulate=False, dtype="f32"):
+    """dh and dB from one read of g, for a few tokens (one workgroup, grid 1):
+    the thread that owns column o adds g[t, o] * B[o, :] into dh's partial sums
+    (reduced over the workgroup afterwards) and writes dB[o, :] = s sum_t g[t, o] h[t, :]."""
+    check_threads(threads)
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    h = m.declare_input_buffer("h", f32, tokens * rank)
+    dh = m.declare_output_buffer("dh", f32, tokens * rank)
+    dB = m.declare_output_buffer("dB", f32, out_dim * rank)
+    tid = m.local_index()
+    hs = [[m.let(h[t * rank + r], f"h{t}_{r}") for r in range(rank)] for t in range(tokens)]
+
+    def grad_b_column(o, row, gvs):
+        for r in range(rank):
+            total = gvs[0] * hs[0][r]
+            for j in range(1, tokens):
+                total = total + gvs[j] * hs[j][r]
+            _write(dB, o * rank + r, scale * total, accumulate)
+
+    accs = _dh_partials(m, Bm, g, out_dim, rank, list(range(tokens)), tid, threads,
+                        on_column=grad_b_column)
+    sums = reduce_sum(m, [a for per_token in accs for a in per_token], threads, False)
+    with m.if_(tid == 0):
+        for k, total in enumerate(sums):
+            dh[k] = scale * total
+
+
+# ------------------------------------------------------------------ dA = dh^T x, dB = s g^T h
+
+def _outer_index(j, r, n, rank, layout):
+    return j * rank + r if layout == "jr" else r * n + j
+
+
+def grad_outer_seed(m, n, rank, scale, tokens=1, layout="jr", accumulate=False, dtype="f32"):
+    """Hesper's gradB / gradA: one thread per element of the result, a serial loop
+    over tokens: out[j, r] (layout "jr") or out[r, j] ("rj") = s sum_t G[t, j] H[t, r]."""
+    G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
+    H = m.declare_input_buffer("H", f32, tokens * rank)
+    out = m.declare_output_buffer("out", f32, n * rank)
+    idx = m.let(m.global_id().x, "idx")
+    with m.if_(idx < n * rank):
+        j, r = (idx / rank, idx % rank) if layout == "jr" else (idx % n, idx / n)
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(tokens, name="t") as t:
+            acc += widen(G[t * n + j]) * H[t * rank + r]
+        _write(out, idx, scale * acc, accumulate)
+
+
+def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", accumulate=False,
+               dtype="f32"):
+    """s G^T H over a chunk of tokens per workgroup (grid (ceil(n / threads),
+    ceil(tokens / chunk))): the thread of column j sums G[t, j] H[t, :] over its
+    chunk. One chunk (chunk = 0 or >= tokens) writes the result; several write
+    partial results, ``partial[c]`` laid out like the result, for grad_outer_reduce."""
+    chunk = tokens if chunk <= 0 or chunk >= tokens else chunk
+    G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
+    H = m.declare_input_buffer("H", f32, tokens * rank)
+    chunks = -(-tokens // chunk)
+    out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
+    j = m.let(m.global_id().x, "j")
+    c = m.workgroup_id().y
+    accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
+    t0 = m.let(c * chunk, "t0")
+    with m.if_(j < n):
+        last = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t1")
+        with m.loop(t0, last, name="t") as t:
+            gv = m.let(widen(G[t * n + j]), "gv")
+            for r in range(rank):
+                accs[r] += gv * H[t * rank + r]
+        base = c * (n * rank) if chunks > 1 else 0
+        for r in range(rank):
+            k = _outer_index(j, r, n, rank, layout)
+            _write(out, base + k if chunks > 1 else k, scale * accs[r],
+                   accumulate and chunks == 1)
+
+
+def grad_outer_reduce(m, size, chunks, accumulate=False):
+    """out[k] (+)= sum_c partial[c, k]: the last step of a chunked grad_outer."""
+    partial = m.declare_input_buffer("partial", f32, chunks * size)
+    out = m.declare_output_buffer("out", f32, size)
+    k = m.let(m.global_id().x, "k")
+    with m.if_(k < size):
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(chunks, name="c") as c:
+            acc += partial[c * size + k]
+        _write(out, k, acc, accumulate)
+
+
+# ------------------------------------------------------------------ dx = dh A
+
+def grad_input_seed(m, in_dim, rank, tokens=1, accumulate=False, dtype="f32"):
+    """Hesper's inputGrad: one thread per element of dx, a loop over rank."""
+    A = m.declare_input_buffer("A", storage_scalar(dtype), rank * in_dim)
+    dh = m.declare_input_buffer("dh", f32, tokens * rank)
+    dx = output_buffer(m, tokens * in_dim, dtype, "dx")
+    gid = m.global_id()
+    i, t = gid.x, gid.y
+    with m.if_(i < in_dim):
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(rank, name="r") as r:
+            acc += widen(A[r * in_dim + i]) * dh[t * rank + r]
+        _write(dx, t * in_dim + i, acc, accumulate)
+
+
+def grad_input(m, in_dim, rank, tokens=1, threads=256, accumulate=False, dtype="f32"):
+    """dx = dh A: one thread per element (grid (ceil(in_dim / threads), tokens)),
+    the token's dh in workgroup memory, the loop over rank unrolled."""
+    A = m.declare_input_buffer("A", storage_scalar(dtype), rank * in_dim)
+    dh = m.declare_input_buffer("dh", f32, tokens * rank)
+    dx = output_buffer(m, tokens * in_dim, dtype, "dx")
+    t = m.workgroup_id().y
+    hs = load_h(m, dh, rank, t, threads)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < in_dim):
+        total = widen(A[i]) * hs[0]
+        for r in range(1, rank):
+            total = total + widen(A[r * in_dim + i]) * hs[r]
+        _write(dx, t * in_dim + i, total, accumulate)
+
+
+def grad_a_input(m, in_dim, rank, tokens=1, threads=256, accumulate=False, with_dx=True,
+                 dtype="f32"):
+    """dA = dh^T x and dx = dh A from one read of x and A, for a few tokens: the
+    thread of column i (grid ceil(in_dim / threads)) loops over the tokens."""
+    A = m.declare_input_buffer("A", storage_scalar(dtype), rank * in_dim)
+    x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
+    dh = m.declare_input_buffer("dh", f32, tokens * rank)
+    dA = m.declare_output_buffer("dA", f32, rank * in_dim)
+    dx = output_buffer(m, tokens * in_dim, dtype, "dx") if with_dx else None
+    hs = [[m.let(dh[t * rank + r], f"dh{t}_{r}") for r in range(rank)] for t in range(tokens)]
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < in_dim):
+        xs = [m.let(widen(x[t * in_dim + i]), f"x{t}") for t in range(tokens)]
+        a = [m.let(widen(A[r * in_dim + i]), f"a{r}") for r in range(rank)] if with_dx else []
+        for r in range(rank):
+            total = hs[0][r] * xs[0]
+            for t in range(1, tokens):
+                total = total + hs[t][r] * xs[t]
+            _write(dA, r * in_dim + i, total, accumulate)
+        for t in range(tokens if with_dx else 0):
+            total = hs[t][0] * a[0]
+            for r in range(1, rank):
+                total = total + hs[t][r] * a[r]
+            _write(dx, t * in_dim + i, total, accumulate)

@@ -1,0 +1,79 @@
+"""Losses on the GPU: each writes the gradient of the loss with respect to its
+input and partial sums of the loss value, which the host adds up (in float64)
+only when the value is asked for.
+
+    mse:          L = mean((out - want)^2) over all N elements; g = 2 (out - want) / N
+    softmax_xent: L = mean over tokens of -log softmax(logits)[label];
+                  g = (softmax(logits) - onehot(label)) / tokens
+"""
+from __future__ import annotations
+
+from shaderdsl import builtins as B
+from shaderdsl import f32, u32
+
+from .common import check_threads, reduce_sum, storage_scalar, store_output, widen
+
+
+def mse(m, n, threads=256, dtype="f32"):
+    """g = 2 (out - want) / n, one element per thread (grid ceil(n / threads));
+    each workgroup writes the sum of its squared errors to ``partial``."""
+    check_threads(threads)
+    out = m.declare_input_buffer("out", storage_scalar(dtype), n)
+    want = m.declare_input_buffer("want", storage_scalar(dtype), n)
+    g = m.declare_output_buffer("g", storage_scalar(dtype), n)
+    partial = m.declare_output_buffer("partial", f32, -(-n // threads))
+    i = m.let(m.global_id().x, "i")
+    d = m.var(f32, 0.0, "d")
+    with m.if_(i < n):
+        m.assign(d, widen(out[i]) - widen(want[i]))
+        store_output(g, i, (2.0 / n) * d)
+    (total,) = reduce_sum(m, [d * d], threads, False)
+    with m.if_(m.local_index() == 0):
+        partial[m.workgroup_id().x] = total
+
+
+def _workgroup_fold(m, value, threads, combine, name):
+    """Every thread's ``value`` folded over the workgroup with ``combine``; the
+    result, in a let every thread sees."""
+    tid = m.local_index()
+    red = m.shared(f32, threads, name)
+    red[tid] = value
+    m.barrier()
+    s = threads // 2
+    while s > 0:
+        with m.if_(tid < s):
+            red[tid] = combine(red[tid], red[tid + s])
+        m.barrier()
+        s //= 2
+    result = m.let(red[0], f"{name}_all")
+    m.barrier()
+    return result
+
+
+def softmax_xent(m, classes, tokens, threads=64, dtype="f32"):
+    """Softmax cross-entropy, one workgroup per token (grid tokens): the row's
+    max and sum of exponentials by workgroup reductions, then every thread
+    writes its columns of g; thread 0 writes the token's loss to ``losses``."""
+    check_threads(threads)
+    logits = m.declare_input_buffer("logits", storage_scalar(dtype), tokens * classes)
+    labels = m.declare_input_buffer("labels", u32, tokens)
+    g = m.declare_output_buffer("g", storage_scalar(dtype), tokens * classes)
+    losses = m.declare_output_buffer("losses", f32, tokens)
+    t = m.workgroup_id().x
+    tid = m.local_index()
+    row = m.let(t * classes, "row")
+    best = m.var(f32, -3.4028234663852886e38, "best")
+    with m.loop(tid, classes, threads, name="c") as c:
+        m.assign(best, B.max(best, widen(logits[row + c])))
+    top = _workgroup_fold(m, best, threads, B.max, "mx")
+    total = m.var(f32, 0.0, "total")
+    with m.loop(tid, classes, threads, name="c") as c:
+        total += B.exp(widen(logits[row + c]) - top)
+    norm = _workgroup_fold(m, total, threads, lambda a, b: a + b, "sum")
+    label = m.let(labels[t], "label")
+    with m.loop(tid, classes, threads, name="c") as c:
+        p = m.let(B.exp(widen(logits[row + c]) - top) / norm, "p")
+        hit = m.let(B.select(0.0, 1.0, c == label), "hit")
+        store_output(g, row + c, (p - hit) * (1.0 / tokens))
+    with m.if_(tid == 0):
+        losses[t] = B.log(norm) - (widen(logits[row + B.min(label, classes - 1)]) - top)

@@ -1,0 +1,144 @@
+"""Optimizers as GPU kernels: AdamW and SGD with momentum, global-norm clipping,
+learning-rate schedules, with the step count kept on the GPU.
+
+Two small buffers carry everything that changes between steps, so nothing is
+recompiled and a whole training loop can be recorded without a host write:
+
+- ``hyper`` (f32[HYPER_SIZE], written by the host when a setting changes):
+  HYPER's slots: lr, beta1 (AdamW) or momentum (SGD), beta2, eps,
+  weight_decay, max_norm (0: no clipping), warmup, total, min_ratio;
+- ``state`` (f32[STATE_SIZE], written by ``optim_begin`` every step): STATE's
+  slots: step, lr (this step's, after the schedule), bias1 = 1 - beta1^step,
+  bias2_sqrt = sqrt(1 - beta2^step), clip (the factor on every gradient),
+  norm (the gradients' global norm before clipping, when clipping).
+
+A step is ``optim_begin`` (one workgroup) then ``adamw_update`` or
+``sgd_update`` (one thread per parameter, up to two parameter tensors, the
+A and B of one LoRA layer, per dispatch). The update follows
+torch.optim.AdamW's order of operations exactly (see lora.reference.adamw_step).
+"""
+from __future__ import annotations
+
+import math
+
+from shaderdsl import builtins as B
+from shaderdsl import f32
+
+from .common import check_threads, reduce_sum
+
+HYPER = {"lr": 0, "beta1": 1, "beta2": 2, "eps": 3, "weight_decay": 4, "max_norm": 5,
+         "warmup": 6, "total": 7, "min_ratio": 8}
+HYPER_SIZE = 12
+STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5}
+STATE_SIZE = 8
+SCHEDULES = ("constant", "linear", "cosine")  # linear: warm-up, then constant
+MAX_UPDATE_TENSORS = 2  # p and g of each, moments, state, hyper: 7 storage bindings (WebGPU's 8)
+MAX_NORM_TENSORS = 6    # gradients, state, hyper: 8
+
+
+def _schedule_lr(m, hp, step, schedule):
+    """This step's learning rate (lora.reference.learning_rate, in f32)."""
+    lr, warmup = hp["lr"], hp["warmup"]
+    rate = m.var(f32, lr, "rate")
+    if schedule == "cosine":
+        span = m.let(B.max(hp["total"] - warmup, 1.0), "span")
+        progress = m.let(B.min((step - warmup) / span, 1.0), "progress")
+        low = hp["min_ratio"]
+        m.assign(rate, lr * (low + (1.0 - low) * 0.5 * (1.0 + B.cos(math.pi * progress))))
+    with m.if_((warmup > 0.0) & (step <= warmup)):
+        m.assign(rate, lr * step / warmup)
+    return rate
+
+
+def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
+    """Advance the step and write this step's lr, bias corrections and clip
+    factor to ``state`` (one workgroup). With ``grad_sizes`` (the gradients'
+    lengths, bound as g0, g1, ...) it also computes their global norm."""
+    check_threads(threads)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if len(grad_sizes) > MAX_NORM_TENSORS:
+        raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin, got {len(grad_sizes)}")
+    grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
+    state = m.declare_output_buffer("state", f32, STATE_SIZE)
+    hyper = m.declare_input_buffer("hyper", f32, HYPER_SIZE)
+    tid = m.local_index()
+    sums = []
+    if grads:
+        acc = m.var(f32, 0.0, "acc")
+        for g, n in zip(grads, grad_sizes):
+            with m.loop(tid, n, threads, name="i") as i:
+                acc += g[i] * g[i]
+        sums = reduce_sum(m, [acc], threads, False)
+    with m.if_(tid == 0):
+        hp = {k: m.let(hyper[v], k) for k, v in HYPER.items()}
+        step = m.let(state[STATE["step"]] + 1.0, "step")
+        state[STATE["step"]] = step
+        state[STATE["lr"]] = _schedule_lr(m, hp, step, schedule)
+        state[STATE["bias1"]] = 1.0 - B.pow(hp["beta1"], step)
+        state[STATE["bias2_sqrt"]] = B.sqrt(1.0 - B.pow(hp["beta2"], step))
+        clip = m.var(f32, 1.0, "clip")
+        if sums:
+            norm = m.let(B.sqrt(sums[0]), "norm")
+            state[STATE["norm"]] = norm
+            with m.if_(hp["max_norm"] > 0.0):
+                m.assign(clip, B.min(1.0, hp["max_norm"] / (norm + 1e-6)))
+        state[STATE["clip"]] = clip
+
+
+def _tensors(m, sizes):
+    if not 1 <= len(sizes) <= MAX_UPDATE_TENSORS:
+        raise ValueError(f"1 to {MAX_UPDATE_TENSORS} parameter tensors per update, got {len(sizes)}")
+    return [(m.declare_output_buffer(f"p{k}", f32, n), m.declare_input_buffer(f"g{k}", f32, n))
+            for k, n in enumerate(sizes)]
+
+
+def _for_each_element(m, sizes, body):
+    """body(p, g, j, k): one thread per element of all tensors in turn (j in
+    tensor p, k overall), each guarded to its own range."""
+    tensors = _tensors(m, sizes)
+    state = m.declare_input_buffer("state", f32, STATE_SIZE)
+    hyper = m.declare_input_buffer("hyper", f32, HYPER_SIZE)
+    k = m.let(m.global_id().x, "k")
+    start = 0
+    for (p, g), n in zip(tensors, sizes):
+        with m.if_((k >= start) & (k < start + n)) if start else m.if_(k < n):
+            body(p, g, m.let(k - start, "j") if start else k, k, state, hyper)
+        start += n
+
+
+def adamw_update(m, sizes):
+    """One AdamW step for every element of the parameter tensors p0 (and p1),
+    with moments m, v in ``moments`` ([m for all | v for all])."""
+    total = sum(sizes)
+    moments = m.declare_output_buffer("moments", f32, 2 * total)
+
+    def update(p, g, j, k, state, hyper):
+        lr = m.let(state[STATE["lr"]], "lr")
+        b1, b2 = m.let(hyper[HYPER["beta1"]], "b1"), m.let(hyper[HYPER["beta2"]], "b2")
+        grad = m.let(g[j] * state[STATE["clip"]], "grad")
+        param = m.let(p[j] * (1.0 - lr * hyper[HYPER["weight_decay"]]), "decayed")
+        mk = m.let(b1 * moments[k] + (1.0 - b1) * grad, "m")
+        vk = m.let(b2 * moments[total + k] + (1.0 - b2) * (grad * grad), "v")
+        moments[k] = mk
+        moments[total + k] = vk
+        denom = m.let(B.sqrt(vk) / state[STATE["bias2_sqrt"]] + hyper[HYPER["eps"]], "denom")
+        p[j] = param - (lr / state[STATE["bias1"]]) * mk / denom
+
+    _for_each_element(m, sizes, update)
+
+
+def sgd_update(m, sizes):
+    """One SGD step (torch.optim.SGD, dampening 0, no Nesterov): g += wd p;
+    buf = g on the first step, else momentum buf + g; p -= lr buf."""
+    total = sum(sizes)
+    buf = m.declare_output_buffer("momentum_buf", f32, total)
+
+    def update(p, g, j, k, state, hyper):
+        grad = m.let(g[j] * state[STATE["clip"]] + hyper[HYPER["weight_decay"]] * p[j], "grad")
+        first = m.let(state[STATE["step"]] <= 1.0, "first")
+        b = m.let(B.select(hyper[HYPER["beta1"]] * buf[k] + grad, grad, first), "b")
+        buf[k] = b
+        p[j] = p[j] - state[STATE["lr"]] * b
+
+    _for_each_element(m, sizes, update)
