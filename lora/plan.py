@@ -71,12 +71,13 @@ class Plan:
     record. x and output are stored like the weight (float32 or float16).
 
     ``scratch=False`` allocates no h/y buffers: the caller passes them to
-    :meth:`record` (the Hesper-mirror execute functions do). A Plan holds the
-    weight's buffers, not the Weight: plans cached for a weight go with it.
+    :meth:`record` (the Hesper-mirror execute functions do). ``save_h`` leaves
+    h = A @ x in ``plan.h`` for a backward, whatever the strategy. A Plan holds
+    the weight's buffers, not the Weight: plans cached for a weight go with it.
     """
 
     def __init__(self, device, weight, scale: float, tokens: int, strategy: Strategy, *,
-                 scratch: bool = True):
+                 scratch: bool = True, save_h: bool = False):
         if strategy.subgroups and not device.has_feature("subgroup"):
             raise FeatureError(f"strategy {strategy} needs the 'subgroup' feature, which "
                                f"{device.name!r} ({device.backend}) lacks")
@@ -90,12 +91,12 @@ class Plan:
         self.out_shape = (self.out_dim,) if tokens == 1 else (tokens, self.out_dim)
         self._scratch_shapes = {"h": (tokens, self.rank), "y": (tokens, self.out_dim)}
         self.steps = build_steps(device, strategy.kernels(
-            self.rank, self.in_dim, self.out_dim, self.scale, tokens, wgsl_dtype(weight.dtype)),
-            self._sizes())
+            self.rank, self.in_dim, self.out_dim, self.scale, tokens, wgsl_dtype(weight.dtype),
+            save_h), self._sizes())
         self.dispatches = len(self.steps)
         self.scratch = {role: device.empty(self._scratch_shapes[role], np.float32,
                                            name=f"lora_{role}")
-                        for role in strategy.scratch} if scratch else {}
+                        for role in strategy.scratch(save_h)} if scratch else {}
 
     def _sizes(self) -> dict:
         """Bytes of the buffer in each role."""

@@ -77,14 +77,16 @@ class Strategy:
     def dispatches(self) -> int:
         return {"seed": 2, "three": 3, "split": 2}.get(self.name, 1)
 
-    @property
-    def scratch(self) -> tuple[str, ...]:
-        """The f32 buffers between dispatches: h [tokens, rank], y [tokens, out_dim]."""
-        return {"seed": ("h",), "split": ("h",), "three": ("h", "y")}.get(self.name, ())
+    def scratch(self, save_h: bool = False) -> tuple[str, ...]:
+        """The f32 buffers between dispatches: h [tokens, rank], y [tokens, out_dim]
+        (and h for the backward when ``save_h``: the one-dispatch kernels then write it)."""
+        return {"seed": ("h",), "split": ("h",), "three": ("h", "y")}.get(
+            self.name, ("h",) if save_h else ())
 
     def kernels(self, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int,
-                dtype: str) -> list[tuple[str, dict]]:
-        """(name in lora.kernels.KERNELS, parameters) of each dispatch, in order."""
+                dtype: str, save_h: bool = False) -> list[tuple[str, dict]]:
+        """(name in lora.kernels.KERNELS, parameters) of each dispatch, in order;
+        ``save_h``: h is left in the "h" buffer for the backward."""
         t, s = (256 if self.name == "seed" else self.threads), float(scale)
         shape = dict(rank=rank, in_dim=in_dim, tokens=tokens, dtype=dtype)
         fused_b = ("fused_b_add", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
@@ -104,7 +106,7 @@ class Strategy:
                     ("add_scaled", dict(num_elements=tokens * out_dim, scale=s, threads=t,
                                         dtype=dtype))]
         both = dict(rank=rank, in_dim=in_dim, out_dim=out_dim, scale=s, tokens=tokens, threads=t,
-                    unroll=self.unroll, dtype=dtype)
+                    unroll=self.unroll, dtype=dtype, **({"save_h": True} if save_h else {}))
         if self.name == "fused":
             return [("fused_forward", dict(both, outputs_per_thread=self.outputs_per_thread,
                                            subgroups=self.subgroups))]
@@ -149,3 +151,142 @@ class Strategy:
             raise ValueError(f"strategy {text!r}: {name!r} takes at most {len(keys)} number(s) "
                              f"({', '.join(keys) or 'none'})")
         return cls(name, **flags, **dict(zip(keys, nums)))
+
+
+BACKWARDS = ("seed", "fused", "split")
+FUSED_TOKENS = 4  # the fused backward keeps tokens x rank sums per thread: for a few tokens
+
+
+@dataclass(frozen=True)
+class Backward:
+    """How to run one backward (dh, dB, dA and, when wanted, dx):
+
+    ``seed``: Hesper's four kernels, one thread per element of each result (4 dispatches);
+    ``fused:T``: dh and dB from one read of g, then dA and dx from one read of x
+    (2 dispatches; up to FUSED_TOKENS tokens);
+    ``split:T[:C][:sg]``: dh by a workgroup per token, dB and dA over chunks of
+    C tokens (0: as many as fill the GPU, then summed by a second kernel), dx
+    (3 to 6 dispatches; any token count).
+    """
+
+    name: str = "split"
+    threads: int = 256
+    chunk: int = 0
+    subgroups: bool = False
+
+    def __post_init__(self):
+        if self.name not in BACKWARDS:
+            raise ValueError(f"backward strategy must be one of {BACKWARDS}, got {self.name!r}")
+        if self.threads < 1 or self.threads & (self.threads - 1):
+            raise ValueError(f"threads must be a power of two, got {self.threads}")
+        if self.chunk < 0 or (self.chunk and self.name != "split"):
+            raise ValueError(f"chunk applies to the split backward only and must be >= 0, "
+                             f"got {self.chunk} for {self.name!r}")
+        if self.subgroups and self.name != "split":
+            raise ValueError(f"the {self.name} backward has no subgroup form")
+
+    @classmethod
+    def for_tokens(cls, tokens: int) -> "Backward":
+        """The default: fused for a few tokens, split beyond."""
+        return cls("fused") if tokens <= FUSED_TOKENS else cls("split")
+
+    def __str__(self) -> str:
+        if self.name == "seed":
+            return "seed"
+        text = f"{self.name}:{self.threads}" + (f":{self.chunk}" if self.chunk else "")
+        return text + (":sg" if self.subgroups else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "Backward":
+        """Inverse of str(): 'seed', 'fused:256', 'split:256:512:sg'."""
+        parts = text.split(":")
+        sg = len(parts) > 1 and parts[-1] == "sg"
+        parts = parts[:-1] if sg else parts
+        try:
+            nums = [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"cannot parse backward strategy {text!r}; expected e.g. 'seed', "
+                             f"'fused:256' or 'split:256:512'") from None
+        keys = {"seed": (), "fused": ("threads",), "split": ("threads", "chunk")}.get(parts[0])
+        if keys is None or len(nums) > len(keys):
+            raise ValueError(f"cannot parse backward strategy {text!r}: one of {BACKWARDS} "
+                             f"with at most {len(keys or ())} number(s)")
+        return cls(parts[0], subgroups=sg, **dict(zip(keys, nums)))
+
+    def chunk_for(self, tokens: int, columns: int) -> int:
+        """Tokens per workgroup row of dA and dB: enough rows to fill a big GPU
+        (about 1024 workgroups), at least 64 tokens each."""
+        if self.chunk:
+            return min(self.chunk, tokens)
+        rows = max(1, 1024 // max(1, -(-columns // self.threads)))
+        return max(64, -(-tokens // rows))
+
+    def scratch(self, tokens: int, rank: int, in_dim: int, out_dim: int) -> dict:
+        """name -> f32 shape of the buffers between its dispatches."""
+        out = {"dh": (tokens, rank)}
+        if self.name == "split":
+            for role, n in (("partial_b", out_dim), ("partial_a", in_dim)):
+                chunks = -(-tokens // self.chunk_for(tokens, n))
+                if chunks > 1:
+                    out[role] = (chunks, n * rank)
+        return out
+
+    def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False,
+                with_dx=True) -> list[tuple]:
+        """(kernel name, parameters[, binding renames]) of each dispatch, in order."""
+        if self.name == "fused":
+            if tokens > FUSED_TOKENS:
+                raise ValueError(f"the fused backward takes at most {FUSED_TOKENS} tokens, got "
+                                 f"{tokens}; use split")
+            acc, t = bool(accumulate), self.threads
+            return [("grad_dh_b", dict(out_dim=out_dim, rank=rank, scale=float(scale),
+                                       tokens=tokens, threads=t, accumulate=acc, dtype=dtype)),
+                    ("grad_a_input", dict(in_dim=in_dim, rank=rank, tokens=tokens, threads=t,
+                                          accumulate=acc, with_dx=with_dx, dtype=dtype))]
+        order = ("dB", "dh", "dA") if self.name == "seed" else ("dh", "dB", "dA")
+        return [k for grad in order + (("dx",) if with_dx else ())
+                for k in self.kernels_of(grad, rank, in_dim, out_dim, scale, tokens, dtype,
+                                         accumulate)]
+
+    def kernels_of(self, grad, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False):
+        """The dispatches of one result ("dh", "dB", "dA" or "dx") of a seed or split
+        backward (Hesper's one-kernel execute functions)."""
+        s, t, acc = float(scale), self.threads, bool(accumulate)
+        if self.name == "fused":
+            raise ValueError("the fused backward makes dh with dB and dA with dx: use seed or "
+                             "split for one result")
+        if grad == "dh":
+            if self.name == "seed":
+                return [("grad_dh_seed", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
+                                              dtype=dtype))]
+            return [("grad_dh", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
+                                     threads=t, subgroups=self.subgroups, dtype=dtype))]
+        if grad == "dx":
+            name = "grad_input_seed" if self.name == "seed" else "grad_input"
+            return [(name, dict(in_dim=in_dim, rank=rank, tokens=tokens, accumulate=acc,
+                                dtype=dtype, **({} if self.name == "seed" else {"threads": t})))]
+        which, n, sc = ("b", out_dim, s) if grad == "dB" else ("a", in_dim, 1.0)
+        if self.name == "seed":
+            return [("grad_outer_seed", dict(n=n, rank=rank, scale=sc, tokens=tokens,
+                                             layout="jr" if which == "b" else "rj",
+                                             accumulate=acc, dtype=dtype),
+                     {"G": "g" if which == "b" else "x", "H": "h" if which == "b" else "dh",
+                      "out": grad})]
+        return self._outer(which, n, rank, sc, tokens, acc, dtype)
+
+    def _outer(self, which, n, rank, scale, tokens, accumulate, dtype) -> list[tuple]:
+        """dB (which "b": g and h, layout jr) or dA ("a": x and dh, layout rj), chunked."""
+        chunk = self.chunk_for(tokens, n)
+        result, partial = f"d{which.upper()}", f"partial_{which}"
+        names = {"G": "g" if which == "b" else "x", "H": "h" if which == "b" else "dh",
+                 "out": result, "partial": partial}
+        steps = [("grad_outer", dict(n=n, rank=rank, scale=scale, tokens=tokens,
+                                     threads=self.threads, chunk=chunk,
+                                     layout="jr" if which == "b" else "rj",
+                                     accumulate=accumulate, dtype=dtype), names)]
+        chunks = -(-tokens // chunk)
+        if chunks > 1:
+            steps.append(("grad_outer_reduce", dict(size=n * rank, chunks=chunks,
+                                                    threads=self.threads, accumulate=accumulate),
+                          {"partial": partial, "out": result}))
+        return steps

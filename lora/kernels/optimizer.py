@@ -5,7 +5,7 @@ Two small buffers carry everything that changes between steps, so nothing is
 recompiled and a whole training loop can be recorded without a host write:
 
 - ``hyper`` (f32[HYPER_SIZE], written by the host when a setting changes):
-  HYPER's slots: lr, beta1 (AdamW) or momentum (SGD), beta2, eps,
+  HYPER's slots: lr, beta1 (AdamW) or momentum (SGD: the same slot), beta2, eps,
   weight_decay, max_norm (0: no clipping), warmup, total, min_ratio;
 - ``state`` (f32[STATE_SIZE], written by ``optim_begin`` every step): STATE's
   slots: step, lr (this step's, after the schedule), bias1 = 1 - beta1^step,
@@ -26,8 +26,8 @@ from shaderdsl import f32
 
 from .common import check_threads, reduce_sum
 
-HYPER = {"lr": 0, "beta1": 1, "beta2": 2, "eps": 3, "weight_decay": 4, "max_norm": 5,
-         "warmup": 6, "total": 7, "min_ratio": 8}
+HYPER = {"lr": 0, "beta1": 1, "momentum": 1, "beta2": 2, "eps": 3, "weight_decay": 4,
+         "max_norm": 5, "warmup": 6, "total": 7, "min_ratio": 8}
 HYPER_SIZE = 12
 STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5}
 STATE_SIZE = 8
@@ -137,7 +137,7 @@ def sgd_update(m, sizes):
     def update(p, g, j, k, state, hyper):
         grad = m.let(g[j] * state[STATE["clip"]] + hyper[HYPER["weight_decay"]] * p[j], "grad")
         first = m.let(state[STATE["step"]] <= 1.0, "first")
-        b = m.let(B.select(hyper[HYPER["beta1"]] * buf[k] + grad, grad, first), "b")
+        b = m.let(B.select(hyper[HYPER["momentum"]] * buf[k] + grad, grad, first), "b")
         buf[k] = b
         p[j] = p[j] - state[STATE["lr"]] * b
 

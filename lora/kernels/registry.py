@@ -99,8 +99,9 @@ def _columns(n_key):
     return lambda p: (ceil_div(p[n_key], p["threads"]), p["tokens"], 1)
 
 
-def _elements(size):
-    return lambda p: (ceil_div(size(p), p["threads"]), 1, 1)
+def _elements(size, workgroup=_threads):
+    """Grid of one thread per element (``workgroup`` threads per workgroup)."""
+    return lambda p: (ceil_div(size(p), workgroup(p)), 1, 1)
 
 
 def _outer_grid(p):
@@ -117,7 +118,7 @@ TRAINING_KERNELS = (
     KernelSpec("grad_dh_b", backward.grad_dh_b, _threads, lambda p: (1, 1, 1),
                "dh = s g B and dB = s g^T h from one read of g (a few tokens)"),
     KernelSpec("grad_outer_seed", backward.grad_outer_seed, lambda p: 64,
-               _elements(lambda p: p["n"] * p["rank"]),
+               _elements(lambda p: p["n"] * p["rank"], lambda p: 64),
                "dB or dA, Hesper's gradB/gradA: one thread per element"),
     KernelSpec("grad_outer", backward.grad_outer, _threads, _outer_grid,
                "dB = s g^T h or dA = dh^T x over chunks of tokens"),

@@ -1,0 +1,205 @@
+"""Optimizers on the GPU: AdamW and SGD with momentum, global-norm clipping and
+learning-rate schedules, with the step count kept on the GPU.
+
+Two ways to use one:
+
+- buffer level, for a training loop that stays on the GPU: ``attach`` the
+  (parameter, gradient) buffers once, then ``record()`` the step inside the
+  batch that also runs the forward and backward (see lora.training);
+- numpy in, numpy out: ``new_params = opt.step(params, grads)``, which keeps
+  the moments on the GPU between calls.
+
+The update is exactly torch.optim.AdamW's (see lora.reference.adamw_step for
+the formula in the order it is computed); SGD is torch.optim.SGD's with
+dampening 0. Changing ``lr`` (or any setting) rewrites a small buffer: no
+kernel is rebuilt. A schedule (constant, linear warm-up, cosine) is evaluated
+on the GPU from the step count, so it costs nothing per step.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from shaderdsl.errors import BindingError
+
+from .kernels.optimizer import (HYPER, HYPER_SIZE, MAX_NORM_TENSORS, MAX_UPDATE_TENSORS,
+                                SCHEDULES, STATE, STATE_SIZE)
+from .plan import build_steps, record_steps
+
+
+def _real(value, what: str, low: float = 0.0, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{what}: expected a finite number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+class _Optimizer:
+    """What AdamW and SGD share: settings, buffers, the recorded step."""
+
+    update_kernel = ""
+
+    def __init__(self, lr, *, max_grad_norm=None, schedule="constant", warmup=0, total=0,
+                 min_ratio=0.0, device=None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+        if schedule == "cosine" and total <= warmup:
+            raise ValueError(f"schedule 'cosine' needs total > warmup, got total={total}, "
+                             f"warmup={warmup}")
+        self.settings = {"lr": _real(lr, "lr"), "max_norm": 0.0 if max_grad_norm is None else
+                         _real(max_grad_norm, "max_grad_norm"),
+                         "warmup": _real(warmup, "warmup"), "total": _real(total, "total"),
+                         "min_ratio": _real(min_ratio, "min_ratio", 0.0, 1.0)}
+        self.schedule, self.device = schedule, device
+        self.groups = None  # [(param, grad), ...] once attached
+
+    # ------------------------------------------------------------ buffer level
+
+    def attach(self, device, params: list) -> None:
+        """Use ``params``: a list of (parameter buffer, gradient buffer), f32, on
+        ``device``. Allocates the moments, the state and the settings buffers."""
+        pairs = list(params)
+        for k, (p, g) in enumerate(pairs):
+            for what, buf in ((f"params[{k}]", p), (f"grads[{k}]", g)):
+                if getattr(buf, "device", None) is not device or buf.dtype != np.float32:
+                    raise BindingError(f"{type(self).__name__}.attach: {what} must be a float32 "
+                                       f"Buffer on {device!r}, got {buf!r}")
+            if p.size != g.size:
+                raise BindingError(f"{type(self).__name__}.attach: params[{k}] has {p.size} "
+                                   f"values, its gradient {g.size}")
+        if self.settings["max_norm"] and len(pairs) > MAX_NORM_TENSORS:
+            raise ValueError(f"global-norm clipping takes at most {MAX_NORM_TENSORS} tensors "
+                             f"per optimizer, got {len(pairs)}")
+        self.device, self.groups = device, pairs
+        self.hyper = device.buffer(self._hyper(), name="optim.hyper")
+        self.state = device.empty(STATE_SIZE, np.float32, name="optim.state")
+        self.extra = [device.empty(self._extra_size(sum(p.size for p, _ in chunk)), np.float32,
+                                   name="optim.moments") for chunk in self._chunks()]
+        self._steps = self._build()
+
+    def _chunks(self) -> list:
+        pairs = self.groups
+        return [pairs[i:i + MAX_UPDATE_TENSORS] for i in range(0, len(pairs), MAX_UPDATE_TENSORS)]
+
+    def _build(self) -> list:
+        """[(steps, buffers)]: optim_begin, then one update per chunk of tensors."""
+        grads = [g for _, g in self.groups] if self.settings["max_norm"] else []
+        buffers = {**{f"g{k}": g for k, g in enumerate(grads)}, "state": self.state,
+                   "hyper": self.hyper}
+        begin = build_steps(self.device, [("optim_begin", dict(
+            grad_sizes=tuple(g.size for g in grads), schedule=self.schedule))],
+            {role: b.bound_bytes for role, b in buffers.items()})
+        out = [(begin, buffers)]
+        for chunk, extra in zip(self._chunks(), self.extra):
+            buffers = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
+            for k, (p, g) in enumerate(chunk):
+                buffers[f"p{k}"], buffers[f"g{k}"] = p, g
+            steps = build_steps(self.device, [(self.update_kernel, dict(
+                sizes=tuple(p.size for p, _ in chunk)))],
+                {role: b.bound_bytes for role, b in buffers.items()})
+            out.append((steps, buffers))
+        return out
+
+    def record(self) -> None:
+        """Record one optimizer step (joins the open batch, or one submit)."""
+        if self.groups is None:
+            raise RuntimeError(f"{type(self).__name__}.record: attach(device, params) first")
+        with self.device.batch():
+            for steps, buffers in self._steps:
+                record_steps(self.device, steps, buffers)
+
+    def set(self, **settings) -> None:
+        """Change settings (lr=..., weight_decay=..., ...) from the next step on."""
+        for key, value in settings.items():
+            if key not in self.settings:
+                raise ValueError(f"{type(self).__name__}.set: unknown setting {key!r}; it has "
+                                 f"{sorted(self.settings)}")
+            self.settings[key] = _real(value, key)
+        if self.groups is not None:
+            self.device.write(self.hyper, self._hyper())
+
+    def _hyper(self) -> np.ndarray:
+        out = np.zeros(HYPER_SIZE, np.float32)
+        for key, value in self.settings.items():
+            if key in HYPER:
+                out[HYPER[key]] = value
+        return out
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (read back from the GPU)."""
+        return 0 if self.groups is None else int(self.device.read(self.state)[STATE["step"]])
+
+    def last_norm(self) -> float | None:
+        """The gradients' global norm at the last step (with clipping), read back."""
+        if self.groups is None or not self.settings["max_norm"]:
+            return None
+        return float(self.device.read(self.state)[STATE["norm"]])
+
+    # ------------------------------------------------------------ numpy in, numpy out
+
+    def step(self, params, grads):
+        """One step on numpy arrays (a list or a dict of float arrays, grads alike);
+        returns the new parameters in the same structure. The moments stay on
+        the GPU between calls; the shapes must stay the same."""
+        from shaderdsl.runtime import get_device
+
+        keys = list(params) if isinstance(params, dict) else None
+        ps = [params[k] for k in keys] if keys else list(params)
+        gs = [grads[k] for k in keys] if keys else list(grads)
+        if len(ps) != len(gs):
+            raise ValueError(f"step: {len(ps)} parameters but {len(gs)} gradients")
+        arrays = [(np.ascontiguousarray(p, np.float32), np.ascontiguousarray(g, np.float32))
+                  for p, g in zip(ps, gs)]
+        for k, (p, g) in enumerate(arrays):
+            if p.shape != g.shape:
+                raise ValueError(f"step: parameter {k} has shape {p.shape}, its gradient {g.shape}")
+        if self.groups is None:
+            device = self.device or get_device()
+            self.attach(device, [(device.buffer(p), device.buffer(g)) for p, g in arrays])
+        elif [p.shape for p, _ in arrays] != [b.shape for b, _ in self.groups]:
+            raise ValueError(f"step: shapes {[p.shape for p, _ in arrays]} differ from the "
+                             f"first call's {[b.shape for b, _ in self.groups]}")
+        for (pb, gb), (p, g) in zip(self.groups, arrays):
+            self.device.write(pb, p)
+            self.device.write(gb, g)
+        self.record()
+        new = [self.device.read(pb) for pb, _ in self.groups]
+        return dict(zip(keys, new)) if keys else new
+
+
+class AdamW(_Optimizer):
+    """torch.optim.AdamW on the GPU: ``AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    weight_decay=0.01, max_grad_norm=None, schedule="constant", warmup=0,
+    total=0, min_ratio=0.0)``."""
+
+    update_kernel, extra_role = "adamw_update", "moments"
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kw):
+        super().__init__(lr, **kw)
+        b1, b2 = betas
+        self.settings.update(beta1=_real(b1, "betas[0]", 0.0, 1.0),
+                             beta2=_real(b2, "betas[1]", 0.0, 1.0),
+                             eps=_real(eps, "eps"), weight_decay=_real(weight_decay, "weight_decay"))
+
+    @staticmethod
+    def _extra_size(n: int) -> int:
+        return 2 * n  # m and v
+
+
+class SGD(_Optimizer):
+    """torch.optim.SGD on the GPU (dampening 0, no Nesterov): ``SGD(lr, momentum=0.0,
+    weight_decay=0.0, max_grad_norm=None, schedule=..., warmup=..., total=...)``."""
+
+    update_kernel, extra_role = "sgd_update", "momentum_buf"
+
+    def __init__(self, lr=1e-2, momentum=0.0, weight_decay=0.0, **kw):
+        super().__init__(lr, **kw)
+        self.settings.update(momentum=_real(momentum, "momentum", 0.0, 1.0),
+                             weight_decay=_real(weight_decay, "weight_decay"))
+
+    @staticmethod
+    def _extra_size(n: int) -> int:
+        return n  # the momentum buffer
