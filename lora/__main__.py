@@ -1,9 +1,10 @@
-"""Command line: ``python -m lora {wgsl,demo,check,bench}``.
+"""Command line: ``python -m lora {wgsl,demo,check,bench,train}``.
 
     python -m lora wgsl fused_forward --rank 8 --in-dim 2560 --out-dim 2560 --scale 2.0
     python -m lora demo            # the seed case on the default adapter, every path
     python -m lora check           # every kernel and path once against numpy
     python -m lora bench ...       # lora.bench (benchmarks)
+    python -m lora train ...       # lora.train_cli (fine-tune on scikit-learn's digits)
 """
 from __future__ import annotations
 
@@ -382,6 +383,8 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("check", help="run every kernel and path once against numpy; exit 1 on failure")
     sub.add_parser("bench", help="benchmarks (lora.bench); arguments go to it", add_help=False)
+    sub.add_parser("train", help="fine-tune LoRA adapters on scikit-learn's digits (lora.train_cli)",
+                   add_help=False)
     return p
 
 
@@ -389,6 +392,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
+    if argv and argv[0] == "train":
+        from .train_cli import main as train
+        return train(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "wgsl":
         return cmd_wgsl(args)

@@ -10,7 +10,13 @@ recompiled and a whole training loop can be recorded without a host write:
 - ``state`` (f32[STATE_SIZE], written by ``optim_begin`` every step): STATE's
   slots: step, lr (this step's, after the schedule), bias1 = 1 - beta1^step,
   bias2_sqrt = sqrt(1 - beta2^step), clip (the factor on every gradient),
-  norm (the gradients' global norm before clipping, when clipping).
+  norm (the gradients' global norm before clipping, when clipping), bias2.
+
+f32 needs care in two places. ``1 - beta^t`` cancels (1 - 0.999 keeps 4
+digits), and WGSL's ``pow`` and ``cos`` may be off by 2^-11 (the spec's
+bound), so the bias corrections follow the recurrence
+``c_t = beta c_(t-1) + (1 - beta)`` (exact to a few ulp) and the cosine
+schedule uses a Taylor polynomial, exact in f32.
 
 A step is ``optim_begin`` (one workgroup) then ``adamw_update`` or
 ``sgd_update`` (one thread per parameter, up to two parameter tensors, the
@@ -29,11 +35,21 @@ from .common import check_threads, reduce_sum
 HYPER = {"lr": 0, "beta1": 1, "momentum": 1, "beta2": 2, "eps": 3, "weight_decay": 4,
          "max_norm": 5, "warmup": 6, "total": 7, "min_ratio": 8}
 HYPER_SIZE = 12
-STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5}
+STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5, "bias2": 6}
 STATE_SIZE = 8
 SCHEDULES = ("constant", "linear", "cosine")  # linear: warm-up, then constant
 MAX_UPDATE_TENSORS = 2  # p and g of each, moments, state, hyper: 7 storage bindings (WebGPU's 8)
 MAX_NORM_TENSORS = 6    # gradients, state, hyper: 8
+
+
+def _half_cosine(m, progress):
+    """(1 + cos(pi p)) / 2 = cos(pi p / 2)^2 for p in [0, 1], by the Taylor
+    series of cos on [0, pi/2] to x^16 (error under 1e-10)."""
+    x2 = m.let((0.5 * math.pi * progress) * (0.5 * math.pi * progress), "x2")
+    c = m.var(f32, 1.0, "c")
+    for k in range(8, 0, -1):  # Horner: 1 - x2/2 (1 - x2/12 (1 - ...))
+        m.assign(c, 1.0 - c * x2 / ((2 * k - 1) * (2 * k)))
+    return c * c
 
 
 def _schedule_lr(m, hp, step, schedule):
@@ -42,9 +58,9 @@ def _schedule_lr(m, hp, step, schedule):
     rate = m.var(f32, lr, "rate")
     if schedule == "cosine":
         span = m.let(B.max(hp["total"] - warmup, 1.0), "span")
-        progress = m.let(B.min((step - warmup) / span, 1.0), "progress")
+        progress = m.let(B.clamp((step - warmup) / span, 0.0, 1.0), "progress")
         low = hp["min_ratio"]
-        m.assign(rate, lr * (low + (1.0 - low) * 0.5 * (1.0 + B.cos(math.pi * progress))))
+        m.assign(rate, lr * (low + (1.0 - low) * _half_cosine(m, progress)))
     with m.if_((warmup > 0.0) & (step <= warmup)):
         m.assign(rate, lr * step / warmup)
     return rate
@@ -75,8 +91,11 @@ def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
         step = m.let(state[STATE["step"]] + 1.0, "step")
         state[STATE["step"]] = step
         state[STATE["lr"]] = _schedule_lr(m, hp, step, schedule)
-        state[STATE["bias1"]] = 1.0 - B.pow(hp["beta1"], step)
-        state[STATE["bias2_sqrt"]] = B.sqrt(1.0 - B.pow(hp["beta2"], step))
+        bias1 = m.let(hp["beta1"] * state[STATE["bias1"]] + (1.0 - hp["beta1"]), "bias1")
+        bias2 = m.let(hp["beta2"] * state[STATE["bias2"]] + (1.0 - hp["beta2"]), "bias2")
+        state[STATE["bias1"]] = bias1
+        state[STATE["bias2"]] = bias2
+        state[STATE["bias2_sqrt"]] = B.sqrt(bias2)
         clip = m.var(f32, 1.0, "clip")
         if sums:
             norm = m.let(B.sqrt(sums[0]), "norm")
