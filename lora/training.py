@@ -71,7 +71,8 @@ class BackwardPlan:
                 *((("grad_x_buf", "dx", grad_x, self.dtype, True),) if self.with_dx else ())):
             C.storage(self.device, buf, what, dtype)
             shape = self.shapes[role]
-            if buf.shape != shape and not (one and role in "xghdx" and buf.shape == shape[1:]):
+            if buf.shape != shape and not (one and role in ("x", "g", "h", "dx")
+                                           and buf.shape == shape[1:]):
                 raise BindingError(f"{self!r}: {what} must be {np.dtype(dtype).name} {shape}, got "
                                    f"{buf.dtype.name} {buf.shape}")
             uses.append((what, buf, writes))

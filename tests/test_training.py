@@ -1,0 +1,330 @@
+"""Training on the GPU: every backward kernel and strategy against float64
+numpy (and the reference against central finite differences), accumulation,
+the optimizers against a numpy transcription of their formula, the losses,
+a training step that stays on the GPU, bad input, and the train command."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import lora
+from lora import reference as R
+from lora.optim import SGD, AdamW
+from lora.strategy import Backward
+from lora.training import BackwardPlan, LayerTrainer
+from shaderdsl.errors import AliasingError, BindingError
+
+from test_lora_errors import NoDispatch
+
+SETTINGS = settings(max_examples=20, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+BACKWARD_TEXTS = ["seed", "fused:64", "fused:256", "split:64", "split:128:16", "split:64:3",
+                  "split:64:0:sg"]
+
+
+def normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def grad_tolerance(x, a, b, g, scale):
+    """|gpu - ref| bound per gradient: 1e-5 of the sums of absolute products."""
+    m = R.backward(np.abs(x), np.abs(a), np.abs(b), np.abs(g), abs(scale))
+    return {k: 1e-5 * m[k] + 1e-30 for k in ("dh", "grad_a", "grad_b", "grad_x")}
+
+
+def run_backward(device, x, a, b, g, scale, strategy, accumulate=False, start=None):
+    """BackwardPlan on fresh buffers (h from the float64 reference); the gradients."""
+    w = lora.Weight.from_numpy(device, a, b)
+    tokens = 1 if x.ndim == 1 else x.shape[0]
+    h = (np.atleast_2d(x).astype(np.float64) @ a.T).astype(np.float32)
+    plan = BackwardPlan(device, w, scale, tokens, strategy, accumulate=accumulate)
+    start = start or {}
+    bufs = {"g": device.buffer(g), "x": device.buffer(x), "h": device.buffer(h),
+            "dA": device.buffer(start.get("dA", np.full(a.shape, np.nan, np.float32))),
+            "dB": device.buffer(start.get("dB", np.full(b.shape, np.nan, np.float32))),
+            "dx": device.buffer(start.get("dx", np.full(x.shape, np.nan, np.float32)))}
+    plan(bufs["g"], bufs["x"], bufs["h"], bufs["dA"], bufs["dB"], bufs["dx"])
+    return {"grad_a": device.read(bufs["dA"]), "grad_b": device.read(bufs["dB"]),
+            "grad_x": device.read(bufs["dx"]), "dh": device.read(plan.dh)}
+
+
+def assert_within(got, want, tol, what):
+    got = np.asarray(got, np.float64)
+    assert got.shape == np.shape(want), (what, got.shape, np.shape(want))
+    bad = np.argwhere(~(np.abs(got - want) <= tol))
+    assert bad.size == 0, f"{what}: {len(bad)} out of tolerance, first {bad[0].tolist()}"
+
+
+# ---------------------------------------------------------------- backward
+
+@SETTINGS
+@given(strategy=st.sampled_from(BACKWARD_TEXTS), rank=st.integers(1, 20),
+       in_dim=st.integers(1, 300), out_dim=st.integers(1, 300), tokens=st.integers(1, 70),
+       scale=st.floats(-4, 4, allow_nan=False, width=32), seed=st.integers(0, 2**32 - 1))
+def test_backward_matches_numpy(device, strategy, rank, in_dim, out_dim, tokens, scale, seed):
+    s = Backward.parse(strategy)
+    if s.subgroups and not device.has_feature("subgroup"):
+        return
+    if s.name == "fused":
+        tokens = min(tokens, 4)
+    rng = np.random.default_rng(seed)
+    x, g = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
+    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
+    got = run_backward(device, x, a, b, g, scale, s)
+    want, tol = R.backward(x, a, b, g, scale), grad_tolerance(x, a, b, g, scale)
+    for key in ("grad_a", "grad_b", "grad_x"):
+        assert_within(got[key], want[key], tol[key], f"{strategy} {key}")
+
+
+@pytest.mark.parametrize("strategy", BACKWARD_TEXTS)
+def test_backward_of_one_token_and_accumulation(device, strategy):
+    """One 1-D token; then accumulate=True adds to what the gradients held."""
+    s = Backward.parse(strategy)
+    if s.subgroups and not device.has_feature("subgroup"):
+        pytest.skip("adapter lacks 'subgroup'")
+    rng = np.random.default_rng(7)
+    x, g = normal(rng, 37), normal(rng, 29)
+    a, b = normal(rng, (3, 37)), normal(rng, (29, 3))
+    want, tol = R.backward(x, a, b, g, 0.5), grad_tolerance(x, a, b, g, 0.5)
+    start = {"dA": normal(rng, a.shape), "dB": normal(rng, b.shape), "dx": normal(rng, x.shape)}
+    got = run_backward(device, x, a, b, g, 0.5, s, accumulate=True, start=start)
+    for key, role in (("grad_a", "dA"), ("grad_b", "dB"), ("grad_x", "dx")):
+        assert_within(got[key], want[key] + start[role], tol[key] + 1e-6, f"{strategy} {key}")
+
+
+def test_reference_backward_against_finite_differences():
+    rng = np.random.default_rng(8)
+    x, a, b, g = (rng.standard_normal(s) for s in ((3, 5), (2, 5), (4, 2), (3, 4)))
+    d = R.backward(x, a, b, g, 1.5)
+    loss = lambda xx, aa, bb: float(np.sum(g * R.forward(xx, aa, bb, 1.5)))  # noqa: E731
+    for key, arr, which in (("grad_a", a, 1), ("grad_b", b, 2), ("grad_x", x, 0)):
+        numeric = np.zeros_like(arr)
+        for i in np.ndindex(arr.shape):
+            args_p, args_m = [x.copy(), a.copy(), b.copy()], [x.copy(), a.copy(), b.copy()]
+            args_p[which][i] += 1e-6
+            args_m[which][i] -= 1e-6
+            numeric[i] = (loss(*args_p) - loss(*args_m)) / 2e-6
+        np.testing.assert_allclose(d[key], numeric, rtol=1e-6, atol=1e-8, err_msg=key)
+
+
+def test_gpu_gradients_against_finite_differences(device):
+    """The GPU's gradients of sum(g * out) agree with central differences of the
+    float64 forward (small shape, float32 tolerance)."""
+    rng = np.random.default_rng(9)
+    x, g = normal(rng, (2, 6)), normal(rng, (2, 5))
+    a, b = normal(rng, (3, 6)), normal(rng, (5, 3))
+    got = run_backward(device, x, a, b, g, 2.0, "split:64")
+    loss = lambda aa, bb: float(np.sum(g * R.forward(x, aa, bb, 2.0)))  # noqa: E731
+    for key, arr in (("grad_a", a), ("grad_b", b)):
+        numeric = np.zeros(arr.shape)
+        for i in np.ndindex(arr.shape):
+            plus, minus = arr.astype(np.float64), arr.astype(np.float64)
+            plus[i] += 1e-5
+            minus[i] -= 1e-5
+            args = (plus, b) if key == "grad_a" else (a, plus)
+            margs = (minus, b) if key == "grad_a" else (a, minus)
+            numeric[i] = (loss(*args) - loss(*margs)) / 2e-5
+        np.testing.assert_allclose(got[key], numeric, rtol=1e-4, atol=1e-4, err_msg=key)
+
+
+@pytest.mark.parametrize("strategy", ["seed", "split"])
+def test_execute_functions_one_kernel_each(device, strategy):
+    rng = np.random.default_rng(10)
+    x, g, a, b = normal(rng, (70, 40)), normal(rng, (70, 24)), normal(rng, (4, 40)), normal(rng, (24, 4))
+    w = lora.Weight.from_numpy(device, a, b)
+    ref = R.backward(x, a, b, g, 1.5)
+    tol = grad_tolerance(x, a, b, g, 1.5)
+    xb, gb, hb = device.buffer(x), device.buffer(g), device.buffer(ref["h"].astype(np.float32))
+    dh, dA = device.empty((70, 4), np.float32), device.empty((4, 40), np.float32)
+    dB, dx = device.empty((24, 4), np.float32), device.empty((70, 40), np.float32)
+    lora.execute_grad_b(device, w, 1.5, gb, hb, dB, strategy=strategy)
+    lora.execute_grad_dh(device, w, 1.5, gb, dh, strategy=strategy)
+    lora.execute_grad_a(device, w, dh, xb, dA, strategy=strategy)
+    lora.execute_grad_input(device, w, dh, dx, strategy=strategy)
+    for buf, key in ((dh, "dh"), (dA, "grad_a"), (dB, "grad_b"), (dx, "grad_x")):
+        assert_within(device.read(buf), ref[key], 4 * tol[key] + 1e-6, f"{strategy} {key}")
+
+
+@pytest.mark.parametrize("forward", ["fused:64:1", "tiled:64:8", "split:64", "three:64", "seed"])
+def test_forward_train_saves_h(device, forward):
+    rng = np.random.default_rng(11)
+    tokens = 1 if forward.startswith("fused") else 13
+    x, base = normal(rng, (tokens, 40)), normal(rng, (tokens, 24))
+    a, b = normal(rng, (3, 40)), normal(rng, (24, 3))
+    w = lora.Weight.from_numpy(device, a, b)
+    xb, ob, hb = device.buffer(x), device.buffer(base), device.empty((tokens, 3), np.float32)
+    lora.execute_lora_forward_train(device, w, 0.5, xb, ob, hb, strategy=forward)
+    assert_within(device.read(hb), R.project_a(a, x), R.h_tolerance(x, a), "h")
+    assert_within(device.read(ob), R.forward(x, a, b, 0.5, base), R.tolerance(x, a, b, 0.5, base),
+                  "out")
+
+
+def test_numpy_backward(device):
+    rng = np.random.default_rng(12)
+    x, g, a, b = normal(rng, (5, 33)), normal(rng, (5, 21)), normal(rng, (4, 33)), normal(rng, (21, 4))
+    gx, ga, gb = lora.backward(x, a, b, g, alpha=8.0, device=device)
+    want, tol = R.backward(x, a, b, g, 2.0), grad_tolerance(x, a, b, g, 2.0)
+    assert_within(gx, want["grad_x"], tol["grad_x"], "grad_x")
+    assert_within(ga, want["grad_a"], tol["grad_a"], "grad_a")
+    assert_within(gb, want["grad_b"], tol["grad_b"], "grad_b")
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_backward_refuses_bad_buffers_before_dispatch(device):
+    rng = np.random.default_rng(13)
+    w = lora.Weight.from_numpy(device, normal(rng, (3, 16)), normal(rng, (8, 3)))
+    bufs = {"g": device.buffer(normal(rng, (2, 8))), "x": device.buffer(normal(rng, (2, 16))),
+            "h": device.buffer(normal(rng, (2, 3))), "dA": device.empty((3, 16), np.float32),
+            "dB": device.empty((8, 3), np.float32)}
+    call = lambda **kw: lora.execute_lora_backward(  # noqa: E731
+        device, w, 1.0, *(kw.get(k, bufs[k]) for k in ("g", "x", "h", "dA", "dB")))
+    with NoDispatch(device, BindingError, r"grad_b_buf must be float32 \(8, 3\), got float32 \(3, 8\)"):
+        call(dB=device.empty((3, 8), np.float32))
+    with NoDispatch(device, BindingError, r"x_buf: expected dtype float32, got int32"):
+        call(x=device.buffer(np.ones((2, 16), np.int32)))
+    with NoDispatch(device, AliasingError, r"x_buf and grad_x_buf are the same buffer"):
+        lora.execute_lora_backward(device, w, 1.0, bufs["g"], bufs["x"], bufs["h"], bufs["dA"],
+                                   bufs["dB"], bufs["x"])
+    with NoDispatch(device, BindingError, r"grad_out_buf: expected shape \(out_dim,\) = \(8,\)"):
+        call(g=device.buffer(normal(rng, (2, 9))))
+    with pytest.raises(ValueError, match="the fused backward takes at most 4 tokens"):
+        BackwardPlan(device, w, 1.0, 5, "fused")
+    with pytest.raises(ValueError, match="cannot parse backward strategy 'split:x'"):
+        Backward.parse("split:x")
+
+
+# ---------------------------------------------------------------- optimizers
+
+def transcription(kind, steps, grads, p0, **kw):
+    """The documented update in float32 numpy, step by step (lora.reference)."""
+    p, state = p0.astype(np.float32), [np.zeros_like(p0, np.float32)] * 2
+    for step, g in enumerate(grads, 1):
+        if kind == "adamw":
+            p, m, v = R.adamw_step(p, g, state[0], state[1], step, kw["lr"], dtype=np.float32,
+                                   weight_decay=kw["weight_decay"])
+            state = [m, v]
+        else:
+            p, buf = R.sgd_step(p, g, state[0], step, kw["lr"], kw["momentum"], kw["weight_decay"],
+                                dtype=np.float32)
+            state = [buf, None]
+    return p
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_optimizer_against_the_formula(device, kind):
+    """40 steps with ordinary, zero, tiny and huge gradients: no NaN, and the
+    float32 transcription of the documented formula agrees to a few ulp."""
+    rng = np.random.default_rng(14)
+    p0 = [normal(rng, (3, 50)), normal(rng, (50, 3))]
+    grads = []
+    for step in range(40):
+        scale = [1.0, 0.0, 1e-30, 1e30][step % 4] if kind == "adamw" else [1.0, 0.0, 1e-30, 1e3][step % 4]
+        grads.append([normal(rng, p.shape) * np.float32(scale) for p in p0])
+    kw = dict(lr=1e-2, weight_decay=0.1) | ({} if kind == "adamw" else {"momentum": 0.9})
+    opt = AdamW(**kw, device=device) if kind == "adamw" else SGD(**kw, device=device)
+    params = p0
+    with np.errstate(over="ignore"):
+        for g in grads:
+            params = opt.step(params, g)
+        for k in range(2):
+            want = transcription(kind, 40, [g[k] for g in grads], p0[k], **kw)
+            assert np.isfinite(params[k]).all()
+            np.testing.assert_allclose(params[k], want, rtol=2e-5, atol=1e-6)
+    assert opt.step_count == 40
+
+
+def test_adamw_schedule_clip_and_settings_without_recompiling(device):
+    rng = np.random.default_rng(15)
+    p, ref = [normal(rng, (4, 8))], None
+    opt = AdamW(lr=1e-2, max_grad_norm=0.5, schedule="cosine", warmup=3, total=12, device=device)
+    pr = p[0].astype(np.float64)
+    m = v = np.zeros_like(pr)
+    for step in range(1, 13):
+        g = normal(rng, (4, 8)) * 4
+        if step == 7:
+            before = dict(device.stats)
+            opt.set(weight_decay=0.05)
+            assert device.stats["pipelines"] == before["pipelines"]
+        p = opt.step(p, [g])
+        lr = R.learning_rate(step, 1e-2, "cosine", 3, 12)
+        c = R.clip_scale([g], 0.5)
+        pr, m, v = R.adamw_step(pr, c * g.astype(np.float64), m, v, step, lr,
+                                weight_decay=0.05 if step >= 7 else 0.01)
+        np.testing.assert_allclose(opt.last_norm(), np.sqrt(np.sum(g.astype(np.float64) ** 2)),
+                                   rtol=1e-5)
+    np.testing.assert_allclose(p[0], pr, rtol=1e-4, atol=1e-6)
+
+
+def test_optimizer_refusals(device):
+    with pytest.raises(ValueError, match="lr: expected a finite number"):
+        AdamW(lr=float("nan"))
+    with pytest.raises(ValueError, match="schedule: expected one of"):
+        AdamW(schedule="step")
+    with pytest.raises(ValueError, match="schedule 'cosine' needs total > warmup"):
+        AdamW(schedule="cosine", warmup=10, total=5)
+    opt = SGD(lr=0.1, device=device)
+    opt.step([np.ones(3)], [np.ones(3)])
+    with pytest.raises(ValueError, match=r"shapes \[\(4,\)\] differ from the first call's \[\(3,\)\]"):
+        opt.step([np.ones(4)], [np.ones(4)])
+    with pytest.raises(ValueError, match="unknown setting 'beta3'"):
+        opt.set(beta3=0.5)
+
+
+# ---------------------------------------------------------------- losses and training steps
+
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_layer_trainer_matches_float64(device, loss):
+    """30 steps of forward, loss, backward and AdamW, one submit each, against
+    the same training in float64 numpy."""
+    rng = np.random.default_rng(16)
+    T, I, O, r, s = 6, 48, 10, 4, 2.0
+    a, b = R.init_lora(I, O, r, seed=1)
+    b = normal(rng, b.shape) * np.float32(0.1)
+    x, base = normal(rng, (T, I)), normal(rng, (T, O))
+    target = normal(rng, (T, O)) if loss == "mse" else rng.integers(0, O, T).astype(np.uint32)
+    w = lora.Weight.from_numpy(device, a, b)
+    trainer = LayerTrainer(device, w, s, T, AdamW(lr=1e-2), loss=loss)
+    xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
+    for step in range(1, 31):
+        device.copy(bb, ob)
+        before = device.stats["submits"]
+        trainer.record(xb, ob, tb)
+        assert device.stats["submits"] - before == 1
+        out = R.forward(x, ar, br, s, base)
+        want, g = R.mse(out, target) if loss == "mse" else R.softmax_cross_entropy(out, target)
+        d = R.backward(x, ar, br, g, s)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1], step, 1e-2)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3], step, 1e-2)
+        assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
+
+
+def test_init_is_peft_like_and_seeded():
+    a, b = R.init_lora(2560, 64, 8, seed=3)
+    assert a.shape == (8, 2560) and not b.any() and np.abs(a).max() <= 1 / np.sqrt(2560)
+    assert np.array_equal(a, R.init_lora(2560, 64, 8, seed=3)[0])
+    assert not np.array_equal(a, R.init_lora(2560, 64, 8, seed=4)[0])
+    g, _ = R.init_lora(1000, 10, 4, seed=0, kind="gaussian")
+    assert abs(g.std() - 0.25) < 0.01  # N(0, 1/rank)
+
+
+def test_train_command(tmp_path, capsys):
+    """python -m lora train --quick --check: trains, matches float64, writes a peft adapter."""
+    from lora.__main__ import main
+
+    assert main(["train", "--quick", "--check", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "check: the GPU loss trajectory is within" in out and ": ok" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["accuracy_after"] > summary["accuracy_before"] + 0.05
+    assert summary["max_relative_difference"] <= 1e-4
+    layers = lora.load_adapter(tmp_path / "adapter")
+    assert set(layers) == {"fc1", "fc2"} and layers["fc1"].rank == 8 and layers["fc1"].scale == 2.0
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["target_modules"] == ["fc1", "fc2"]
+    assert (tmp_path / "loss.png").stat().st_size > 1000
