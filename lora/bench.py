@@ -1,4 +1,4 @@
-"""``python -m lora bench``: LoRA forward timings beside seed, numpy and PyTorch.
+"""``python -m lora bench``: LoRA forward and training-step timings beside seed, numpy and PyTorch.
 
 For each (dtype, tokens, rank, in_dim, out_dim): the autotuned strategy and
 Hesper's ``seed`` design are checked against float64 numpy, then timed with
@@ -10,7 +10,8 @@ CUDA events, eagerly and as a CUDA graph, in the same process, in the same
 dtype (float16 rows: PyTorch in fp16). numpy runs in float32 for both dtypes
 (its float16 matmul is not a fair CPU baseline). f16 rows are skipped, with a
 message, on adapters without shader-f16. The JSON is rewritten after every
-case, so a run cut short keeps what it measured.
+case, so a run cut short keeps what it measured. Training steps
+(lora.bench_train) follow the forward cases unless ``--train no``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import shaderdsl as sd
 from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from . import reference
+from . import bench_train, reference
 from .plan import Plan
 from .strategy import Strategy
 from .tuning import MIN_BATCH_NS, autotune, time_plan
@@ -250,8 +251,10 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
     return row
 
 
-def run(quick: bool, log=print, grid: dict | None = None, save=None) -> dict:
-    """Measure every case of ``grid``; ``save(result)`` is called after each one."""
+def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str = "also") -> dict:
+    """Measure every case of ``grid`` (and, unless ``train`` is "no", the training
+    steps of lora.bench_train; "only": those alone); ``save(result)`` is called
+    after each case."""
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
@@ -268,11 +271,22 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None) -> dict:
               "compiler": COMPILER, "copy_gbps": copy, "dispatch_floor_us": floor, "quick": quick,
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "skipped": skipped, "rows": []}
-    cases = [(d, t, r, i, o) for d in dtypes for (i, o) in grid["dims"] for r in grid["ranks"]
-             for t in grid["tokens"]]
+    cases = [] if train == "only" else \
+        [(d, t, r, i, o) for d in dtypes for (i, o) in grid["dims"] for r in grid["ranks"]
+         for t in grid["tokens"]]
+    tgrid = bench_train.QUICK if quick else bench_train.FULL
+    train_cases = [] if train == "no" else \
+        [(t, r, i, o) for (i, o) in tgrid["dims"] for r in tgrid["ranks"] for t in tgrid["tokens"]]
+    total = len(cases) + len(train_cases)
     for k, case in enumerate(cases, 1):
-        log(f"[{k}/{len(cases)}]", end=" ")
+        log(f"[{k}/{total}]", end=" ")
         result["rows"].append(bench_case(device, *case, copy, quick, log))
+        if save:
+            save(result)
+    for k, case in enumerate(train_cases, len(cases) + 1):
+        log(f"[{k}/{total}]", end=" ")
+        result.setdefault("train_rows", []).append(
+            bench_train.train_case(device, *case, copy, quick, log))
         if save:
             save(result)
     return result
@@ -345,6 +359,8 @@ def main(argv=None) -> int:
                    help="comma-separated IN x OUT pairs, e.g. 2560x2560,2560x10240")
     p.add_argument("--dtypes", type=lambda v: tuple(v.split(",")),
                    help="comma-separated storage dtypes, f32 and/or f16 (default: both)")
+    p.add_argument("--train", choices=("also", "no", "only"), default="also",
+                   help="training steps (lora.bench_train) too (default), not, or alone")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     args = p.parse_args(argv)
@@ -367,11 +383,12 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
         os.replace(name + ".tmp", name)
 
-    results = [run(args.quick, log, grid, save)]
+    results = [run(args.quick, log, grid, save, args.train)]
     save(results[0])
     log(f"wrote {name}")
     if args.both_builds and WGPU_BUILD != "dawn":
-        cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out, "--train", args.train] + \
+            (["--quick"] if args.quick else [])
         for key in GRID_KEYS:
             if getattr(args, key):
                 cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v)

@@ -1,0 +1,143 @@
+"""Training-step benchmark: forward + MSE + backward + AdamW for one adapted
+layer, on the GPU beside PyTorch (eager and CUDA graph, AdamW(capturable=True))
+in the same process. Part of ``python -m lora bench`` (lora.bench).
+
+A step here is what PyTorch's does: ``out = base + s (x A^T) B^T``, the mean
+squared error against a target, its gradient, dA and dB (no dx: x needs no
+gradient), and one AdamW step of A and B. Ours copies the base output into
+the output buffer first (our forward adds in place), inside the timed batch.
+The minimal bytes of a step are x, base and target read once (float32).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from . import reference
+from .optim import AdamW
+from .training import LayerTrainer
+from .tuning import MIN_BATCH_NS
+from .weight import Weight
+
+FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),)}
+QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
+SCALE, LR = 2.0, 1e-4
+
+
+def _problem(tokens, rank, in_dim, out_dim):
+    rng = np.random.default_rng(tokens * 7 + rank)
+    a, _ = reference.init_lora(in_dim, out_dim, rank, seed=rank)
+    b = (rng.standard_normal((out_dim, rank)) * 0.01).astype(np.float32)  # as after some training
+    x, base, target = (rng.standard_normal((tokens, d)).astype(np.float32)
+                       for d in (in_dim, out_dim, out_dim))
+    return a, b, x, base, target
+
+
+def _check_one_step(device, trainer, weight, a, b, x, base, target, bufs) -> float:
+    """Relative error of A and B after one step, against float64."""
+    device.copy(bufs["base"], bufs["out"])
+    trainer.record(bufs["x"], bufs["out"], bufs["target"])
+    loss, g = reference.mse(reference.forward(x, a, b, SCALE, base), target)
+    d = reference.backward(x, a, b, g, SCALE)
+    zero = np.zeros_like
+    want_a = reference.adamw_step(a, d["grad_a"], zero(a), zero(a), 1, LR)[0]
+    want_b = reference.adamw_step(b, d["grad_b"], zero(b), zero(b), 1, LR)[0]
+    got_a, got_b = weight.numpy()
+    return float(max(np.abs(got_a - want_a).max() / np.abs(want_a).max(),
+                     np.abs(got_b - want_b).max() / np.abs(want_b).max()))
+
+
+def _time_steps(device, trainer, bufs, steps: int, repeats: int) -> float:
+    """Median GPU microseconds per step, batches of at least MIN_BATCH_NS."""
+    def batch(n):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(n):
+                device.copy(bufs["base"], bufs["out"])
+                trainer.record(bufs["x"], bufs["out"], bufs["target"])
+        ns = b.gpu_time_ns
+        if ns is None:
+            device.sync()
+            ns = (time.perf_counter() - t0) * 1e9
+        return ns
+
+    batch(min(steps, 5))
+    ns = batch(steps)
+    if ns < MIN_BATCH_NS:
+        steps = min(20_000, int(steps * MIN_BATCH_NS / max(ns, 1.0)) + 1)
+    return statistics.median(batch(steps) / steps / 1e3 for _ in range(repeats))
+
+
+def torch_step_times(a, b, x, base, target, steps: int) -> dict:
+    """PyTorch CUDA eager and CUDA-graph microseconds per training step, or why not."""
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "not installed"}
+    if not torch.cuda.is_available():
+        return {"torch": f"{torch.__version__} without CUDA"}
+    dev = torch.device("cuda")
+    A, B = (torch.nn.Parameter(torch.from_numpy(v).to(dev)) for v in (a, b))
+    X, BASE, TGT = (torch.from_numpy(v).to(dev) for v in (x, base, target))
+    opt = torch.optim.AdamW([A, B], lr=LR, capturable=True)
+
+    def step():
+        out = BASE + SCALE * ((X @ A.T) @ B.T)
+        torch.nn.functional.mse_loss(out, TGT).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def timed(fn, n) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1000 / n
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    eager = statistics.median(timed(lambda: [step() for _ in range(steps)], steps) for _ in range(5))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph_us = statistics.median(timed(lambda: [graph.replay() for _ in range(steps)], steps)
+                                 for _ in range(5))
+    return {"torch": torch.__version__, "torch_eager_us": eager, "torch_graph_us": graph_us}
+
+
+def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
+    a, b, x, base, target = _problem(tokens, rank, in_dim, out_dim)
+    weight = Weight.from_numpy(device, a, b)
+    trainer = LayerTrainer(device, weight, SCALE, tokens, AdamW(lr=LR), loss="mse")
+    bufs = {"x": device.buffer(x), "base": device.buffer(base), "target": device.buffer(target),
+            "out": device.empty(base.shape, np.float32)}
+    row = {"kind": "train", "tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
+           "forward": str(trainer.forward.strategy), "backward": str(trainer.backward.strategy),
+           "min_bytes": 4 * tokens * (in_dim + 2 * out_dim),
+           "dispatches": len(trainer.forward.steps) + len(trainer.loss_steps)
+           + len(trainer.backward.steps) + sum(len(s) for s, _ in trainer.optimizer._steps)}
+    row["rel_err"] = _check_one_step(device, trainer, weight, a, b, x, base, target, bufs)
+    steps = 5 if quick else max(10, min(500, 20_000_000 // (tokens * (in_dim + out_dim))))
+    row["gpu_us"] = _time_steps(device, trainer, bufs, steps, 3 if quick else 5)
+    row["gbps"] = row["min_bytes"] / (row["gpu_us"] * 1e3)
+    row["min_bytes_us"] = row["min_bytes"] / (copy_gbps * 1e3) if copy_gbps else None
+    row.update(torch_step_times(a, b, x, base, target, steps))
+    if "torch_graph_us" in row:
+        row["vs_torch_graph"] = row["torch_graph_us"] / row["gpu_us"]
+        row["vs_torch_eager"] = row["torch_eager_us"] / row["gpu_us"]
+    for buf in bufs.values():
+        device.release(buf)
+    torch_text = f"torch graph {row['torch_graph_us']:.1f} us, eager {row['torch_eager_us']:.1f} us" \
+        if "torch_graph_us" in row else f"PyTorch: {row['torch']}"
+    log(f"train T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['forward']} + "
+        f"{row['backward']} {row['gpu_us']:8.2f} us ({row['dispatches']} dispatches, "
+        f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), {torch_text}, "
+        f"err {row['rel_err']:.1e}")
+    return row
