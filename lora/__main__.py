@@ -40,9 +40,38 @@ def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, 
     return spec.kernel(**{k: v for k, v in given.items() if k in spec.parameter_names})
 
 
+def _registry_kernel(name: str, params: list[str]):
+    """Any kernel of lora.kernels.KERNELS from name=value parameters (Python literals)."""
+    import ast
+
+    from .kernels import KERNELS as SPECS
+
+    given = {}
+    for item in params:
+        key, eq, text = item.partition("=")
+        if not eq:
+            raise ValueError(f"parameter {item!r} is not name=value")
+        try:
+            given[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            given[key] = text
+    try:
+        return SPECS[name].kernel(**given)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
 def cmd_wgsl(args) -> int:
     from shaderdsl.errors import ShaderDSLError
 
+    if args.kernel not in KERNELS or args.params:
+        try:
+            kernel = _registry_kernel(args.kernel, args.params)
+        except (ShaderDSLError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(kernel.wgsl, end="")
+        return 0
     for what in ("rank", "in_dim", "out_dim", "tokens", "threads", "outputs_per_thread",
                  "token_block"):
         if getattr(args, what) < 1:
@@ -350,8 +379,14 @@ def parser() -> argparse.ArgumentParser:
                                             "self-check, benchmark.")
     sub = p.add_subparsers(dest="command", required=True)
 
+    from .kernels import KERNELS as SPECS
+
     w = sub.add_parser("wgsl", help="print the WGSL of one LoRA kernel")
-    w.add_argument("kernel", choices=KERNELS)
+    w.add_argument("kernel", choices=sorted(SPECS),
+                   help="a kernel of lora.kernels.KERNELS; the forward ones also take the "
+                        "options below, every one takes name=value parameters")
+    w.add_argument("params", nargs="*", metavar="name=value",
+                   help="the kernel function's parameters, e.g. out_dim=64 rank=4 (Python literals)")
     w.add_argument("--rank", type=int, default=8)
     w.add_argument("--in-dim", type=int, default=2560)
     w.add_argument("--out-dim", type=int, default=2560)

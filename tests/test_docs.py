@@ -1,4 +1,5 @@
-"""The WGSL listings in docs/lora.md are what the command above each prints."""
+"""The WGSL listings in docs/lora.md and docs/training.md are what the command
+above each prints."""
 import re
 import shlex
 from pathlib import Path
@@ -7,14 +8,18 @@ import pytest
 
 from lora.__main__ import main
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "lora.md"
+DOCS = [Path(__file__).resolve().parent.parent / "docs" / name
+        for name in ("lora.md", "training.md")]
 LISTING = re.compile(r"`(python -m lora wgsl [^`]+)`\s*\n(?:\s*<details>[^\n]*\n)?\s*```wgsl\n(.*?)```",
                      re.S)
 
 
 def listings():
-    found = LISTING.findall(DOC.read_text())
-    assert found, "docs/lora.md has no WGSL listings under a `python -m lora wgsl` command"
+    found = []
+    for doc in DOCS:
+        these = LISTING.findall(doc.read_text())
+        assert these, f"{doc.name} has no WGSL listings under a `python -m lora wgsl` command"
+        found += these
     return found
 
 

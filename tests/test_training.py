@@ -195,6 +195,10 @@ def test_backward_refuses_bad_buffers_before_dispatch(device):
         BackwardPlan(device, w, 1.0, 5, "fused")
     with pytest.raises(ValueError, match="cannot parse backward strategy 'split:x'"):
         Backward.parse("split:x")
+    if device.has_feature("shader-f16"):
+        w16 = lora.Weight.from_numpy(device, np.ones((3, 16)), np.ones((8, 3)), dtype=np.float16)
+        with pytest.raises(BindingError, match="LayerTrainer: training needs a float32 weight"):
+            LayerTrainer(device, w16, 1.0, 2, AdamW())
 
 
 # ---------------------------------------------------------------- optimizers
