@@ -70,6 +70,35 @@ def _time_steps(device, trainer, bufs, steps: int, repeats: int) -> float:
     return statistics.median(batch(steps) / steps / 1e3 for _ in range(repeats))
 
 
+def profile_step(device, trainer, bufs, repeats: int) -> dict:
+    """GPU microseconds of each dispatch of a step on its own (the copy, the
+    forward's kernels, the loss, the backward's, the optimizer's): each is
+    recorded ``repeats`` times in one timed batch."""
+    from .plan import record_steps
+
+    buffers = {**bufs, "A": trainer.forward.a, "B": trainer.forward.b, "h": trainer.forward.h,
+               "g": trainer.g, "dA": trainer.grad_a, "dB": trainer.grad_b, "want": bufs["target"],
+               "output": bufs["out"], trainer._loss_role: trainer.partial,
+               **trainer.forward.scratch, **trainer.backward.scratch}
+    parts = [(f"forward {s.kernel.name}", [s], buffers) for s in trainer.forward.steps]
+    parts += [(f"loss {s.kernel.name}", [s], buffers) for s in trainer.loss_steps]
+    parts += [(f"backward {s.kernel.name}", [s], buffers) for s in trainer.backward.steps]
+    parts += [(f"optimizer {s.kernel.name}", [s], b) for steps, b in trainer.optimizer._steps
+              for s in steps]
+    out = {}
+    for name, steps, bs in parts:
+        with device.batch(timestamps=True) as b:
+            for _ in range(repeats):
+                record_steps(device, steps, bs)
+        key = name if name not in out else f"{name} ({len(out)})"
+        out[key] = (b.gpu_time_ns or float("nan")) / repeats / 1e3
+    with device.batch(timestamps=True) as b:
+        for _ in range(repeats):
+            device.copy(bufs["base"], bufs["out"])
+    out["copy base -> out"] = (b.gpu_time_ns or float("nan")) / repeats / 1e3
+    return out
+
+
 def torch_step_times(a, b, x, base, target, steps: int) -> dict:
     """PyTorch CUDA eager and CUDA-graph microseconds per training step, or why not."""
     try:
@@ -126,6 +155,7 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
     row["rel_err"] = _check_one_step(device, trainer, weight, a, b, x, base, target, bufs)
     steps = 5 if quick else max(10, min(500, 20_000_000 // (tokens * (in_dim + out_dim))))
     row["gpu_us"] = _time_steps(device, trainer, bufs, steps, 3 if quick else 5)
+    row["profile_us"] = profile_step(device, trainer, bufs, 3 if quick else max(20, steps))
     row["gbps"] = row["min_bytes"] / (row["gpu_us"] * 1e3)
     row["min_bytes_us"] = row["min_bytes"] / (copy_gbps * 1e3) if copy_gbps else None
     row.update(torch_step_times(a, b, x, base, target, steps))
@@ -140,4 +170,5 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
         f"{row['backward']} {row['gpu_us']:8.2f} us ({row['dispatches']} dispatches, "
         f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), {torch_text}, "
         f"err {row['rel_err']:.1e}")
+    log("      per dispatch (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["profile_us"].items()))
     return row

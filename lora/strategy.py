@@ -164,15 +164,16 @@ class Backward:
     ``seed``: Hesper's four kernels, one thread per element of each result (4 dispatches);
     ``fused:T``: dh and dB from one read of g, then dA and dx from one read of x
     (2 dispatches; up to FUSED_TOKENS tokens);
-    ``split:T[:C][:sg]``: dh by a workgroup per token, dB and dA over chunks of
-    C tokens (0: as many as fill the GPU, then summed by a second kernel), dx
-    (3 to 6 dispatches; any token count).
+    ``split:T[:C[:G]][:sg]``: dh by a workgroup per token (and per G ranks), dB
+    and dA over chunks of C tokens (0: as many as fill the GPU, then summed by
+    a second kernel), dx (3 to 6 dispatches; any token count).
     """
 
     name: str = "split"
     threads: int = 256
     chunk: int = 0
     subgroups: bool = False
+    rank_group: int = 0
 
     def __post_init__(self):
         if self.name not in BACKWARDS:
@@ -184,21 +185,31 @@ class Backward:
                              f"got {self.chunk} for {self.name!r}")
         if self.subgroups and self.name != "split":
             raise ValueError(f"the {self.name} backward has no subgroup form")
+        if self.rank_group and (self.name != "split" or self.rank_group % 4):
+            raise ValueError(f"rank_group applies to the split backward and must be a multiple "
+                             f"of 4, got {self.rank_group} for {self.name!r}")
 
     @classmethod
-    def for_tokens(cls, tokens: int) -> "Backward":
-        """The default: fused for a few tokens, split beyond."""
-        return cls("fused") if tokens <= FUSED_TOKENS else cls("split")
+    def for_shape(cls, tokens: int, rank: int, subgroups: bool = False) -> "Backward":
+        """The default: fused for a few tokens at a low rank; else split, over
+        groups of 8 ranks when tokens are few and the rank high, with subgroup
+        reductions where the adapter has them."""
+        if tokens <= FUSED_TOKENS and tokens * rank <= 32:
+            return cls("fused")
+        group = 8 if rank > 8 and rank % 8 == 0 and tokens <= 64 else 0
+        return cls("split", subgroups=subgroups, rank_group=group)
 
     def __str__(self) -> str:
         if self.name == "seed":
             return "seed"
-        text = f"{self.name}:{self.threads}" + (f":{self.chunk}" if self.chunk else "")
+        text = f"{self.name}:{self.threads}"
+        if self.chunk or self.rank_group:
+            text += f":{self.chunk}" + (f":{self.rank_group}" if self.rank_group else "")
         return text + (":sg" if self.subgroups else "")
 
     @classmethod
     def parse(cls, text: str) -> "Backward":
-        """Inverse of str(): 'seed', 'fused:256', 'split:256:512:sg'."""
+        """Inverse of str(): 'seed', 'fused:256', 'split:256:512:sg', 'split:256:0:8'."""
         parts = text.split(":")
         sg = len(parts) > 1 and parts[-1] == "sg"
         parts = parts[:-1] if sg else parts
@@ -207,7 +218,8 @@ class Backward:
         except ValueError:
             raise ValueError(f"cannot parse backward strategy {text!r}; expected e.g. 'seed', "
                              f"'fused:256' or 'split:256:512'") from None
-        keys = {"seed": (), "fused": ("threads",), "split": ("threads", "chunk")}.get(parts[0])
+        keys = {"seed": (), "fused": ("threads",),
+                "split": ("threads", "chunk", "rank_group")}.get(parts[0])
         if keys is None or len(nums) > len(keys):
             raise ValueError(f"cannot parse backward strategy {text!r}: one of {BACKWARDS} "
                              f"with at most {len(keys or ())} number(s)")
@@ -259,8 +271,11 @@ class Backward:
             if self.name == "seed":
                 return [("grad_dh_seed", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
                                               dtype=dtype))]
+            group = self.rank_group if 0 < self.rank_group < rank and rank % self.rank_group == 0 \
+                and rank % 4 == 0 else 0
             return [("grad_dh", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
-                                     threads=t, subgroups=self.subgroups, dtype=dtype))]
+                                     threads=t, subgroups=self.subgroups, dtype=dtype,
+                                     rank_group=group))]
         if grad == "dx":
             name = "grad_input_seed" if self.name == "seed" else "grad_input"
             return [(name, dict(in_dim=in_dim, rank=rank, tokens=tokens, accumulate=acc,

@@ -21,9 +21,9 @@ from .strategy import Backward, Strategy
 from .weight import Weight, wgsl_dtype
 
 
-def _backward_of(strategy, tokens: int) -> Backward:
+def _backward_of(strategy, tokens: int, rank: int, device) -> Backward:
     if strategy is None:
-        return Backward.for_tokens(tokens)
+        return Backward.for_shape(tokens, rank, device.has_feature("subgroup"))
     return strategy if isinstance(strategy, Backward) else Backward.parse(strategy)
 
 
@@ -36,7 +36,7 @@ class BackwardPlan:
                  accumulate: bool = False, with_dx: bool = True):
         C.check_f16(device, weight.dtype, "BackwardPlan")
         self.device, self.tokens, self.scale = device, tokens, float(scale)
-        self.strategy = _backward_of(strategy, tokens)
+        self.strategy = _backward_of(strategy, tokens, weight.rank, device)
         self.a, self.b, self.dtype = weight.a, weight.b, weight.dtype
         r, i, o = weight.rank, weight.in_dim, weight.out_dim
         self.shapes = {"x": (tokens, i), "g": (tokens, o), "h": (tokens, r), "dA": (r, i),
@@ -150,7 +150,7 @@ def _one(device, weight, scale, grad: str, buffers: dict, accumulate, strategy) 
     w = C.weight_on(device, weight)
     s = C.scale_value(scale)
     tokens = _check_one(device, w, buffers)
-    plan = _backward_of(strategy, tokens)
+    plan = _backward_of(strategy, tokens, w.rank, device)
     kernels = plan.kernels_of(grad, w.rank, w.in_dim, w.out_dim, s, tokens, wgsl_dtype(w.dtype),
                               accumulate)
     scratch = {k: device.empty(shape, np.float32) for k, shape in

@@ -22,7 +22,7 @@ from test_lora_errors import NoDispatch
 SETTINGS = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 BACKWARD_TEXTS = ["seed", "fused:64", "fused:256", "split:64", "split:128:16", "split:64:3",
-                  "split:64:0:sg"]
+                  "split:64:0:sg", "split:64:0:8", "split:64:5:4:sg"]
 
 
 def normal(rng, shape):
@@ -237,7 +237,9 @@ def test_optimizer_against_the_formula(device, kind):
         for k in range(2):
             want = transcription(kind, 40, [g[k] for g in grads], p0[k], **kw)
             assert np.isfinite(params[k]).all()
-            np.testing.assert_allclose(params[k], want, rtol=2e-5, atol=1e-6)
+            # FMA contraction on the GPU rounds differently: relative to the
+            # tensor's scale, where cancellation leaves a small element
+            np.testing.assert_allclose(params[k], want, rtol=2e-5, atol=2e-6 * np.abs(want).max())
     assert opt.step_count == 40
 
 

@@ -158,7 +158,7 @@ def _training_entries(add) -> None:
             token_block=1 + n % 2, dtype=dt)
         add("grad_dh_seed", out_dim=o, rank=rank, scale=s["scale"], tokens=t, dtype=dt)
         add("grad_dh", out_dim=o, rank=rank, scale=s["scale"], tokens=t, threads=64,
-            subgroups=bool(n % 2), dtype=dt)
+            subgroups=bool(n % 2), dtype=dt, rank_group=8 if rank in (16, 64) else 0)
         add("grad_dh_b", out_dim=o, rank=rank, scale=s["scale"], tokens=min(t, 2), threads=64,
             accumulate=bool(n % 2), dtype=dt)
         for layout, dim in (("jr", o), ("rj", i)):

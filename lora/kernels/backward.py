@@ -20,10 +20,10 @@ g, x and dx are stored as ``dtype``; h, dh, dA and dB are f32.
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f32
+from shaderdsl import f32, vec4f
 
 from .common import (b_row, check_threads, input_matrix, load_h, output_buffer, reduce_sum,
-                     storage_scalar, store_output, unrolled_or_loop, widen)
+                     storage_scalar, store_output, unrolled_or_loop, widen, width)
 
 
 def _component(row, r: int):
@@ -55,14 +55,16 @@ def grad_dh_seed(m, out_dim, rank, scale, tokens=1, dtype="f32"):
         dh[t * rank + r] = scale * acc
 
 
-def _dh_partials(m, Bm, g, out_dim, rank, ts, lane, lanes, unroll=True, on_column=None):
+def _dh_partials(m, Bm, g, out_dim, rank, ts, lane, lanes, unroll=True, on_column=None,
+                 row_of=None):
     """Each lane's partial sums of g[t] . B[:, r] over columns lane, lane + lanes, ...
-    for every token in ``ts``; ``on_column(o, row, gvs)`` runs for each column too."""
+    for every token in ``ts``; ``on_column(o, row, gvs)`` runs for each column too.
+    ``row_of(o)`` gives the part of B's row o to use (default: all of it)."""
     accs = [[m.var(f32, 0.0, f"acc{j}_{r}" if len(ts) > 1 else f"acc{r}") for r in range(rank)]
             for j in range(len(ts))]
 
     def column(o):
-        row = b_row(m, Bm, o, rank)
+        row = row_of(o) if row_of else b_row(m, Bm, o, rank)
         gvs = [m.let(widen(g[t * out_dim + o]), f"g{j}" if len(ts) > 1 else "gv")
                for j, t in enumerate(ts)]
         for j, gv in enumerate(gvs):
@@ -76,19 +78,29 @@ def _dh_partials(m, Bm, g, out_dim, rank, ts, lane, lanes, unroll=True, on_colum
 
 
 def grad_dh(m, out_dim, rank, scale, tokens=1, threads=256, subgroups=False, dtype="f32",
-            unroll=True):
+            unroll=True, rank_group=0):
     """dh = s g B with one workgroup per token (grid (tokens, 1)): every thread
-    sums a strided slice of out_dim for all ranks, then the workgroup reduces."""
+    sums a strided slice of out_dim for all ranks, then the workgroup reduces.
+    With ``rank_group`` (a multiple of 4 dividing rank) workgroup (t, k) does
+    ranks k * rank_group onwards (grid (tokens, rank / rank_group)): more
+    workgroups for a few tokens at a high rank."""
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
     g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
     dh = m.declare_output_buffer("dh", f32, tokens * rank)
     t = m.workgroup_id().x
     tid = m.local_index()
-    (accs,) = _dh_partials(m, Bm, g, out_dim, rank, [t], tid, threads, unroll)
+    grouped = 0 < rank_group < rank
+    if grouped and (rank % rank_group or rank_group % 4 or width(rank) != 4):
+        raise ValueError(f"rank_group ({rank_group}) must be a multiple of 4 dividing rank ({rank})")
+    span = rank_group if grouped else rank
+    q0 = m.let(m.workgroup_id().y * (span // 4), "q0") if grouped else None
+    row_of = (lambda o: [m.let(widen(Bm[o * (rank // 4) + q0 + q]), f"b{q}")
+                         for q in range(span // 4)]) if grouped else None
+    (accs,) = _dh_partials(m, Bm, g, out_dim, span, [t], tid, threads, unroll, row_of=row_of)
     sums = reduce_sum(m, accs, threads, subgroups)
     with m.if_(tid == 0):
-        for r in range(rank):
-            dh[t * rank + r] = scale * sums[r]
+        for r in range(span):
+            dh[t * rank + (q0 * 4 + r if grouped else r)] = scale * sums[r]
 
 
 def grad_dh_b(m, out_dim, rank, scale, tokens=1, threads=256, accumulate=False, dtype="f32"):
@@ -148,7 +160,8 @@ def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", acc
     partial results, ``partial[c]`` laid out like the result, for grad_outer_reduce."""
     chunk = tokens if chunk <= 0 or chunk >= tokens else chunk
     G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
-    H = m.declare_input_buffer("H", f32, tokens * rank)
+    w = width(rank)  # H's rows as vec4 when the rank allows: a quarter of the loads
+    H = m.declare_input_buffer("H", vec4f if w == 4 else f32, tokens * rank // w)
     chunks = -(-tokens // chunk)
     out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
     j = m.let(m.global_id().x, "j")
@@ -159,8 +172,10 @@ def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", acc
         last = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t1")
         with m.loop(t0, last, name="t") as t:
             gv = m.let(widen(G[t * n + j]), "gv")
+            hs = [m.let(H[t * (rank // 4) + q], f"h{q}") for q in range(rank // 4)] if w == 4 \
+                else None
             for r in range(rank):
-                accs[r] += gv * H[t * rank + r]
+                accs[r] += gv * (_component(hs, r) if w == 4 else H[t * rank + r])
         base = c * (n * rank) if chunks > 1 else 0
         for r in range(rank):
             k = _outer_index(j, r, n, rank, layout)

@@ -113,8 +113,10 @@ TRAINING_KERNELS = (
     KernelSpec("grad_dh_seed", backward.grad_dh_seed, lambda p: 64,
                lambda p: (ceil_div(p["rank"], 64), p["tokens"], 1),
                "dh = s g B, Hesper's gradDh: one thread per element of dh"),
-    KernelSpec("grad_dh", backward.grad_dh, _threads, lambda p: (p["tokens"], 1, 1),
-               "dh = s g B: one workgroup per token"),
+    KernelSpec("grad_dh", backward.grad_dh, _threads,
+               lambda p: (p["tokens"], p["rank"] // p["rank_group"]
+                          if 0 < p["rank_group"] < p["rank"] else 1, 1),
+               "dh = s g B: one workgroup per token (and per group of ranks)"),
     KernelSpec("grad_dh_b", backward.grad_dh_b, _threads, lambda p: (1, 1, 1),
                "dh = s g B and dB = s g^T h from one read of g (a few tokens)"),
     KernelSpec("grad_outer_seed", backward.grad_outer_seed, lambda p: 64,
