@@ -184,6 +184,7 @@ def _training_entries(add) -> None:
         add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
             dtype=dt)
         add("relu", n=classes, dtype=dt)
+        add("copy", n4=classes)
         add("relu_grad", n=classes, dtype=dt)
 
 

@@ -6,7 +6,7 @@ weights get no gradient (they are frozen).
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f32
+from shaderdsl import f32, vec4f
 
 from .common import storage_scalar, store_output, widen
 
@@ -55,3 +55,13 @@ def relu_grad(m, n, dtype="f32"):
     i = m.let(m.global_id().x, "i")
     with m.if_(i < n):
         store_output(dz, i, B.select(0.0, widen(dy[i]), widen(z[i]) > 0.0))
+
+
+def copy(m, n4):
+    """dst = src, a vec4 at a time (grid ceil(n4 / threads)): a copy inside a
+    compute pass, at the kernels' bandwidth."""
+    src = m.declare_input_buffer("src", vec4f, n4)
+    dst = m.declare_output_buffer("dst", vec4f, n4)
+    i = m.let(m.global_id().x, "i")
+    with m.if_(i < n4):
+        dst[i] = src[i]

@@ -151,6 +151,8 @@ TRAINING_KERNELS = (
     KernelSpec("relu", network.relu, _threads, _elements(lambda p: p["n"]), "y = max(z, 0)"),
     KernelSpec("relu_grad", network.relu_grad, _threads, _elements(lambda p: p["n"]),
                "dz = dy where z > 0"),
+    KernelSpec("copy", network.copy, _threads, _elements(lambda p: p["n4"]),
+               "dst = src, a vec4 at a time"),
 )
 KERNELS.update({spec.name: spec for spec in TRAINING_KERNELS})
 
