@@ -155,6 +155,8 @@ class Strategy:
 
 BACKWARDS = ("seed", "fused", "split")
 FUSED_TOKENS = 4  # the fused backward keeps tokens x rank sums per thread: for a few tokens
+TILED_DH_TOKENS = 64  # beyond, split computes dh with grad_dh_tiled (no reduction per token)
+PARTIAL_BYTES = 8 << 20  # at most this much of partial sums of dA or dB
 
 
 @dataclass(frozen=True)
@@ -224,20 +226,22 @@ class Backward:
                              f"with at most {len(keys or ())} number(s)")
         return cls(parts[0], subgroups=sg, **dict(zip(keys, nums)))
 
-    def chunk_for(self, tokens: int, columns: int) -> int:
+    def chunk_for(self, tokens: int, columns: int, rank: int) -> int:
         """Tokens per workgroup row of dA and dB: enough rows to fill a big GPU
-        (about 1024 workgroups), at least 64 tokens each."""
+        (about 1024 workgroups), at least 64 tokens each, and no more partial
+        sums than PARTIAL_BYTES."""
         if self.chunk:
             return min(self.chunk, tokens)
         rows = max(1, 1024 // max(1, -(-columns // self.threads)))
-        return max(64, -(-tokens // rows))
+        most = max(1, PARTIAL_BYTES // (4 * columns * rank))
+        return max(64, -(-tokens // rows), -(-tokens // most))
 
     def scratch(self, tokens: int, rank: int, in_dim: int, out_dim: int) -> dict:
         """name -> f32 shape of the buffers between its dispatches."""
         out = {"dh": (tokens, rank)}
         if self.name == "split":
             for role, n in (("partial_b", out_dim), ("partial_a", in_dim)):
-                chunks = -(-tokens // self.chunk_for(tokens, n))
+                chunks = -(-tokens // self.chunk_for(tokens, n, rank))
                 if chunks > 1:
                     out[role] = (chunks, n * rank)
         return out
@@ -270,6 +274,10 @@ class Backward:
             if self.name == "seed":
                 return [("grad_dh_seed", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
                                               dtype=dtype))]
+            if tokens > TILED_DH_TOKENS and rank % 4 == 0 and out_dim % 4 == 0 and \
+                t % (rank // 4) == 0:
+                return [("grad_dh_tiled", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
+                                               threads=t, dtype=dtype))]
             group = self.rank_group if 0 < self.rank_group < rank and rank % self.rank_group == 0 \
                 and rank % 4 == 0 else 0
             return [("grad_dh", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
@@ -290,7 +298,7 @@ class Backward:
 
     def _outer(self, which, n, rank, scale, tokens, accumulate, dtype) -> list[tuple]:
         """dB (which "b": g and h, layout jr) or dA ("a": x and dh, layout rj), chunked."""
-        chunk = self.chunk_for(tokens, n)
+        chunk = self.chunk_for(tokens, n, rank)
         result, partial = f"d{which.upper()}", f"partial_{which}"
         names = {"G": "g" if which == "b" else "x", "H": "h" if which == "b" else "dh",
                  "out": result, "partial": partial}

@@ -159,6 +159,9 @@ def _training_entries(add) -> None:
         add("grad_dh_seed", out_dim=o, rank=rank, scale=s["scale"], tokens=t, dtype=dt)
         add("grad_dh", out_dim=o, rank=rank, scale=s["scale"], tokens=t, threads=64,
             subgroups=bool(n % 2), dtype=dt, rank_group=8 if rank in (16, 64) else 0)
+        if rank % 4 == 0 and o % 4 == 0:
+            add("grad_dh_tiled", out_dim=o, rank=rank, scale=s["scale"], tokens=t, threads=64,
+                dtype=dt)
         add("grad_dh_b", out_dim=o, rank=rank, scale=s["scale"], tokens=min(t, 2), threads=64,
             accumulate=bool(n % 2), dtype=dt)
         for layout, dim in (("jr", o), ("rj", i)):

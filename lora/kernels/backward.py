@@ -103,6 +103,34 @@ def grad_dh(m, out_dim, rank, scale, tokens=1, threads=256, subgroups=False, dty
             dh[t * rank + (q0 * 4 + r if grouped else r)] = scale * sums[r]
 
 
+def grad_dh_tiled(m, out_dim, rank, scale, tokens, threads=256, dtype="f32"):
+    """dh = s g B for many tokens: thread (token, q) of a workgroup accumulates
+    dh[t, 4q..4q+3] as a vec4 over all of out_dim (grid ceil(tokens / tile),
+    tile = threads / (rank / 4) tokens), reading g[t] four columns at a time.
+    No reduction between threads, so no barrier: the per-token grad_dh spends
+    most of its time reducing when the rank is high."""
+    if rank % 4 or out_dim % 4:
+        raise ValueError(f"grad_dh_tiled needs rank and out_dim multiples of 4, got {rank}, {out_dim}")
+    quads, cols = rank // 4, out_dim // 4
+    if threads % quads:
+        raise ValueError(f"threads ({threads}) must be a multiple of rank / 4 ({quads})")
+    tile = threads // quads
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    g, _ = input_matrix(m, "g", tokens, out_dim, dtype)
+    dh = m.declare_output_buffer("dh", vec4f, tokens * quads)
+    tid = m.local_index()
+    q = m.let(tid % quads, "q")
+    t = m.let(m.workgroup_id().x * tile + tid / quads, "t")
+    row = m.let(B.min(t, tokens - 1) * cols, "row")  # a thread past the end reads a real row
+    acc = m.var(vec4f, vec4f(0.0), "acc")
+    with m.loop(cols, name="c") as c:
+        gv = m.let(widen(g[row + c]), "gv")
+        for k in range(4):
+            acc += getattr(gv, "xyzw"[k]) * widen(Bm[(c * 4 + k) * quads + q])
+    with m.if_(t < tokens):
+        dh[t * quads + q] = scale * acc
+
+
 def grad_dh_b(m, out_dim, rank, scale, tokens=1, threads=256, accumulate=False, dtype="f32"):
     """dh and dB from one read of g, for a few tokens (one workgroup, grid 1):
     the thread that owns column o adds g[t, o] * B[o, :] into dh's partial sums

@@ -117,6 +117,9 @@ TRAINING_KERNELS = (
                lambda p: (p["tokens"], p["rank"] // p["rank_group"]
                           if 0 < p["rank_group"] < p["rank"] else 1, 1),
                "dh = s g B: one workgroup per token (and per group of ranks)"),
+    KernelSpec("grad_dh_tiled", backward.grad_dh_tiled, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"] // (p["rank"] // 4)), 1, 1),
+               "dh = s g B for many tokens: a vec4 of dh per thread, no reduction"),
     KernelSpec("grad_dh_b", backward.grad_dh_b, _threads, lambda p: (1, 1, 1),
                "dh = s g B and dB = s g^T h from one read of g (a few tokens)"),
     KernelSpec("grad_outer_seed", backward.grad_outer_seed, lambda p: 64,
