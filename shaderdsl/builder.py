@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+import numpy as np
+
 from . import nodes as S
 from . import types as T
 from .errors import ShaderNameError, ShaderScopeError
@@ -21,6 +23,26 @@ from .names import PREDECLARED, RESERVED, check_user_name
 from .nodes import (BUILTIN_VALUES, Call, Expr, Member, Ref, is_assignable, next_seq, reads, root,
                     type_error)
 from .ops import SHIFT, binary_rule
+
+
+class _Block:
+    """What if_/elif_/else_/loop/while_ return: ``with`` opens the block (and
+    gives the loop counter). Not entering it is a mistake the builder reports
+    at the next statement or at the end of the build."""
+
+    __slots__ = ("builder", "block", "loop", "value", "ctx")
+
+    def __init__(self, builder, block, loop=False, value=None):
+        self.builder, self.block, self.loop, self.value = builder, block, loop, value
+
+    def __enter__(self):
+        self.builder._pending = None
+        self.ctx = self.builder._open(self.block, self.loop)
+        self.ctx.__enter__()
+        return self.value
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc)
 
 
 class ShaderM:
@@ -43,6 +65,7 @@ class ShaderM:
         self._version: dict[str, int] = {}     # mutable name -> times assigned
         self._uses: list[list] = []            # per open loop: expressions used in its body
         self._locals: dict[str, tuple] = {}    # local name -> (block id, where declared)
+        self._pending = None                   # (where, what) of a block not yet entered
 
     # ------------------------------------------------------------ names
 
@@ -122,8 +145,9 @@ class ShaderM:
 
     def shared(self, elem: T.WType, n: int, name: str | None = None) -> Ref:
         """A workgroup-shared array ``var<workgroup> name: array<elem, n>``."""
-        if not isinstance(n, int) or n < 1:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
             raise type_error(f"a workgroup array needs a positive int length, got {n!r}")
+        n = int(n)
         name = self._declare_name(name, "wg")
         ref = Ref(name, T.array(elem, n), "workgroup")
         self.workgroup_vars.append(ref)
@@ -157,7 +181,21 @@ class ShaderM:
         return self._blocks[-1].id
 
     def _emit(self, st) -> None:
+        self.check_pending()
         self._block.stmts.append(st)
+
+    def check_pending(self) -> None:
+        """Refuse a block that was opened without ``with`` (its body would be empty)."""
+        if self._pending is not None:
+            where, what = self._pending
+            self._pending = None
+            raise ShaderScopeError(
+                f"{where}: m.{what}(...) was called but its block was never entered; write "
+                f"`with m.{what}(...):` and put the body inside it")
+
+    def _block_of(self, what: str, block, loop=False, value=None) -> _Block:
+        self._pending = (caller_location(), what)
+        return _Block(self, block, loop, value)
 
     def _check_use(self, e: Expr) -> Expr:
         """Refuse expressions that read out-of-scope locals or stale variables."""
@@ -306,9 +344,10 @@ class ShaderM:
         """``with m.if_(cond):`` opens the then-block."""
         block = S.Block(next(self._block_ids))
         self._emit(S.If([(self._cond(cond), block)], None, caller_location()))
-        return self._open(block)
+        return self._block_of("if_", block)
 
     def _open_if(self, what: str) -> S.If:
+        self.check_pending()
         last = self._block.stmts[-1] if self._block.stmts else None
         if not isinstance(last, S.If) or last.else_body is not None:
             raise ShaderScopeError(f"{caller_location()}: {what} must directly follow "
@@ -320,16 +359,15 @@ class ShaderM:
         st = self._open_if("elif_")
         block = S.Block(next(self._block_ids))
         st.branches.append((self._cond(cond), block))
-        return self._open(block)
+        return self._block_of("elif_", block)
 
     def else_(self):
         """``with m.else_():`` right after an if_/elif_ block."""
         st = self._open_if("else_")
         st.else_body = S.Block(next(self._block_ids))
         st.else_where = caller_location()
-        return self._open(st.else_body)
+        return self._block_of("else_", st.else_body)
 
-    @contextlib.contextmanager
     def loop(self, start, end=None, step=1, name: str | None = None):
         """``with m.loop(start, end, step) as i:`` a runtime for loop.
 
@@ -349,13 +387,15 @@ class ShaderM:
                              f"{start.type}, {end.type}, {step.type}")
         for x in (start, end, step):
             self._check_use(x)
+        if isinstance(step, S.Lit) and step.value == 0:
+            raise type_error("a loop step of 0 never ends; give a step of 1 or more "
+                             "(a negative Python int counts down)")
         body = S.Block(next(self._block_ids))
         vname = self._local_name(name or None, "i")
         ref = Ref(vname, ty, "loop", block=body.id)
         self._locals[vname] = (body.id, caller_location())
         self._emit(S.For(ref, start, end, step, descending, body, caller_location()))
-        with self._open(body, loop=True):
-            yield ref
+        return self._block_of("loop", body, loop=True, value=ref)
 
     def while_(self, cond):
         """``with m.while_(cond):`` loops while ``cond`` (re-read each iteration) holds."""
@@ -365,7 +405,7 @@ class ShaderM:
         self._check_use(c)
         body = S.Block(next(self._block_ids))
         self._emit(S.While(c, body, caller_location()))
-        return self._open(body, loop=True)
+        return self._block_of("while_", body, loop=True)
 
     def static_loop(self, iterable):
         """A loop unrolled in Python: the body is emitted once per item."""
@@ -397,6 +437,7 @@ class ShaderM:
 
     def module(self) -> S.Module:
         """The kernel built so far, as the tree the emitter and interpreter read."""
+        self.check_pending()
         return S.Module(self.name, tuple(self.workgroup_size), tuple(self.bindings),
                         tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
                         frozenset(self.features), self.body)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import traceback
 
+import numpy as np
+
 from . import context
 from . import types as T
 from .builder import ShaderM
@@ -18,11 +20,26 @@ from .location import is_library_file
 from .types import size_and_align
 
 
+def _python(v):
+    """numpy scalars as the Python values they stand for (np.float64(1.0) is 1.0),
+    so that they build the same kernel and hit the same cache entry."""
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, tuple):
+        return tuple(_python(x) for x in v)
+    return v
+
+
 def _workgroup_size(ws) -> tuple[int, int, int]:
+    ws = _python(ws)
     if isinstance(ws, int):
         ws = (ws,)
-    ws = tuple(ws)
-    if not 1 <= len(ws) <= 3 or not all(isinstance(v, int) and v >= 1 for v in ws):
+    ws = tuple(_python(v) for v in ws)
+    if not 1 <= len(ws) <= 3 or not all(type(v) is int and v >= 1 for v in ws):
         raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
     return ws + (1,) * (3 - len(ws))
 
@@ -41,6 +58,7 @@ def compile(fn, workgroup_size=64, *, name: str | None = None, **params) -> Kern
     are hashable, so compiling the same kernel again costs a dict lookup.
     """
     ws = _workgroup_size(workgroup_size)
+    params = {k: _python(v) for k, v in params.items()}
     try:
         key = (fn, ws, name, tuple(sorted((k, _exact(v)) for k, v in params.items())))
         hash(key)

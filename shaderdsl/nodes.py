@@ -63,8 +63,27 @@ class Expr:
 
     # Python truth would silently pick one branch at build time.
     def __bool__(self):
-        raise type_error("a shader expression has no Python truth value; "
-                         "use `with m.if_(cond):` or select(...) instead of Python if/and/or")
+        raise type_error("a shader expression has no Python truth value; use `with "
+                         "m.if_(cond):` or B.select(...) instead of Python if/and/or, "
+                         "B.max/B.min instead of Python's max()/min(), and `(a < b) & (b < c)` "
+                         "instead of a chained comparison `a < b < c`")
+
+    # Python numbers and functions that would need a value now
+    def __pow__(self, o):
+        raise type_error("`**` has no WGSL operator: use B.pow(a, b) for floats, or "
+                         "multiply (x * x)")
+
+    __rpow__ = __pow__
+
+    def __float__(self):
+        raise type_error("a shader expression is not a Python number: use shaderdsl.builtins "
+                         "(B.sqrt, B.exp, ...) instead of math.*, and f32(x) to convert")
+
+    __int__ = __float__
+
+    def __index__(self):
+        raise type_error("a shader expression is not a Python int: `range(expr)` and list "
+                         "indexes need Python values; use m.loop(...) for a runtime loop")
 
     __hash__ = object.__hash__
 

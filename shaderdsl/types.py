@@ -113,9 +113,10 @@ def vec4(s: Scalar) -> Vector:
 
 
 def array(elem: WType, length: int | None = None) -> Array:
-    if length is not None and (not isinstance(length, int) or length < 1):
+    if length is not None and (isinstance(length, (bool, np.bool_)) or
+                               not isinstance(length, (int, np.integer)) or length < 1):
         raise ShaderTypeError(f"array length must be a positive int or None, got {length!r}")
-    return Array(elem, length)
+    return Array(elem, None if length is None else int(length))
 
 
 def atomic(s: Scalar) -> Atomic:
