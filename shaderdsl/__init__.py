@@ -4,7 +4,7 @@ A kernel is a function ``fn(m, **params)`` issuing declarations and statements
 on ``m`` (a ShaderM, the mirror of Hesper's shader monad); ``compile`` turns it
 into a Kernel (WGSL, bindings, features); ``shaderdsl.runtime`` runs it.
 """
-from . import builtins
+from . import builtins, collectives
 from .compiler import compile
 from .errors import (AliasingError, BindingError, DispatchError, FeatureError, KernelBuildError,
                      NoAdapterError, ShaderDSLError, ShaderNameError, ShaderScopeError,

@@ -10,8 +10,8 @@ length is a multiple of 4.
 from __future__ import annotations
 
 from shaderdsl import builtins as B
+from shaderdsl import collectives
 from shaderdsl import f16, f32, vec4f, vec4h
-from shaderdsl import types as T
 
 SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
 
@@ -72,7 +72,8 @@ def dot_or_mul(a, b):
 
 
 def reduce_sum(m, accs, threads, subgroups):
-    """Sum each accumulator over the workgroup; returns lets holding the sums.
+    """Sum each accumulator over the workgroup (shaderdsl.collectives.reduce);
+    returns lets h0, h1, ... holding the sums.
 
     With subgroups: one subgroupAdd per value, one slot per subgroup in
     workgroup memory, then each subgroup adds the slots (1 barrier). Without: a tree in
@@ -80,74 +81,14 @@ def reduce_sum(m, accs, threads, subgroups):
     barriers per group).
     """
     check_threads(threads)
-    tid = m.local_index()
-    rank = len(accs)
-    if subgroups:
-        slots = threads // 4  # subgroups are at least 4 wide
-        part = m.shared(f32, rank * slots, "partial")
-        lane = m.subgroup_invocation_id()
-        sg = m.let(tid / m.subgroup_size(), "sg")
-        sums = [m.let(B.subgroup_add(a)) for a in accs]
-        with m.if_(lane == 0):
-            for r, s in enumerate(sums):
-                part[r * slots + sg] = s
-        m.barrier()
-        # Every subgroup adds all the per-subgroup partials itself (one per lane
-        # on wide subgroups): no second barrier, and the subgroupAdd stays in
-        # uniform control flow, as Tint requires.
-        count = m.let((threads + m.subgroup_size() - 1) / m.subgroup_size(), "nsg")
-        vs = [m.var(f32, 0.0, f"v{r}") for r in range(rank)]
-        with m.loop(lane, count, m.subgroup_size(), name="j") as j:
-            for r in range(rank):
-                vs[r] += part[r * slots + j]
-        return [m.let(B.subgroup_add(v), f"h{r}") for r, v in enumerate(vs)]
-    out = []
-
-    def finish(red, chunk, g0):
-        out.extend(m.let(red[q * threads], f"h{g0 + q}") for q in range(len(chunk)))
-
-    tree_sum(m, accs, threads, threads, tid, finish)
-    return out
+    return collectives.reduce(m, list(accs), "sum", subgroups=subgroups,
+                              names=[f"h{r}" for r in range(len(accs))])
 
 
 def tree_sum(m, accs, threads, lanes, lane, finish, floats=SHARED_FLOATS):
-    """Sum each accumulator over groups of ``lanes`` consecutive threads in
-    workgroup memory, a group of ranks at a time so the array fits ``floats``;
-    ``lane`` is the thread's index within its group; ``finish(red, chunk, g0)``
-    reads the sums (at red[q * threads + group start]).
-
-    Few levels are unrolled in Python (constant offsets); many ranks make the
-    halving a runtime loop, which keeps compile times short on software drivers.
-    """
-    tid = m.local_index()
-    rank = len(accs)
-    group = max(1, min(rank, floats // threads))
-    red = m.shared(f32, group * threads, "red")
-    levels = lanes.bit_length() - 1
-    for g0 in range(0, rank, group):
-        chunk = accs[g0:g0 + group]
-        for q, a in enumerate(chunk):
-            red[q * threads + tid] = a
-        m.barrier()
-
-        def level(s):
-            with m.if_(lane < s):
-                for q in range(len(chunk)):
-                    red[q * threads + tid] += red[q * threads + tid + s]
-            m.barrier()
-
-        if len(chunk) * levels <= 64:
-            s = lanes // 2
-            while s > 0:
-                level(s)
-                s //= 2
-        else:
-            s = m.var(T.u32, lanes // 2, "s")
-            with m.while_(s > 0):
-                level(s)
-                s >>= 1
-        finish(red, chunk, g0)
-        m.barrier()  # the next group reuses `red`
+    """Sum each accumulator over groups of ``lanes`` consecutive threads
+    (shaderdsl.collectives.tree); ``finish(red, chunk, g0)`` reads the sums."""
+    collectives.tree(m, list(accs), "sum", lanes, lane, finish, floats)
 
 
 UNROLL_BUDGET = 256  # statements a loop may unroll into in Python; beyond, a runtime loop

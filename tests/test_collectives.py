@@ -1,0 +1,105 @@
+"""Workgroup reduce and scan (shaderdsl.collectives) on the GPU, in the
+interpreter and against numpy: every op, power-of-two and other sizes, with and
+without subgroups."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shaderdsl as sd
+from shaderdsl import builtins as B
+from shaderdsl import collectives as C
+from shaderdsl import f32, i32, u32
+from shaderdsl.errors import ShaderTypeError
+from shaderdsl.interp import Interpreter
+
+SIZES = [1, 7, 32, 64, 100, 256]
+NUMPY = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+def reduce_kernel(m, n, op, dtype, subgroups, lanes):
+    x = m.declare_input_buffer("x", dtype, n)
+    out = m.declare_output_buffer("out", dtype, n)
+    i = m.global_id().x
+    fn = (lambda a, b: a * b) if op == "product" else op
+    out[i] = C.reduce(m, x[i], fn, subgroups=subgroups, lanes=lanes)
+
+
+def scan_kernel(m, n, op, dtype, subgroups, inclusive):
+    x = m.declare_input_buffer("x", dtype, n)
+    out = m.declare_output_buffer("out", dtype, n)
+    i = m.global_id().x
+    out[i] = C.scan(m, x[i], op, inclusive=inclusive, subgroups=subgroups)
+
+
+def data(rng, n, dtype):
+    if dtype == f32:
+        return rng.integers(-50, 50, n).astype(np.float32)  # exact sums in f32
+    if dtype == i32:
+        return rng.integers(-1000, 1000, n).astype(np.int32)
+    return rng.integers(0, 1000, n).astype(np.uint32)
+
+
+def run(device, kernel, n, buffers, **params):
+    """(GPU result, interpreter result) of one workgroup of n invocations."""
+    k = sd.compile(kernel, n, n=n, **params)
+    bufs = {name: device.buffer(v) for name, v in buffers.items()}
+    device.dispatch(k, bufs, 1)
+    gpu = device.read(bufs["out"])
+    sg = device.has_feature("subgroup") and params.get("subgroups")
+    cpu = Interpreter(k, subgroup_size=8 if sg else 32).dispatch(buffers, 1)["out"]
+    return gpu, cpu
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("op", ["sum", "max", "min", "product"])
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_reduce(device, n, op, subgroups):
+    if subgroups and not device.has_feature("subgroup"):
+        pytest.skip("adapter lacks 'subgroup'")
+    rng = np.random.default_rng(n)
+    dtype = i32 if op == "product" else f32
+    x = data(rng, n, dtype) if op != "product" else rng.integers(-2, 3, n).astype(np.int32)
+    gpu, cpu = run(device, reduce_kernel, n, {"x": x, "out": np.zeros_like(x)}, op=op,
+                   dtype=dtype, subgroups=subgroups, lanes=None)
+    want = np.prod(x.astype(np.int64)).astype(np.int32) if op == "product" else NUMPY[op](x)
+    assert (gpu == want).all() and (cpu == want).all(), (gpu[:4], cpu[:4], want)
+
+
+@pytest.mark.parametrize("lanes", [4, 16])
+def test_reduce_over_groups_of_lanes(device, lanes):
+    rng = np.random.default_rng(lanes)
+    x = data(rng, 64, u32)
+    gpu, cpu = run(device, reduce_kernel, 64, {"x": x, "out": np.zeros_like(x)}, op="max",
+                   dtype=u32, subgroups=False, lanes=lanes)
+    want = np.repeat(x.reshape(-1, lanes).max(axis=1), lanes)
+    assert (gpu == want).all() and (cpu == want).all()
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("op, inclusive", [("sum", True), ("sum", False), ("max", True),
+                                           ("min", False)])
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_scan(device, n, op, inclusive, subgroups):
+    if subgroups and not device.has_feature("subgroup"):
+        pytest.skip("adapter lacks 'subgroup'")
+    rng = np.random.default_rng(n + 1)
+    x = data(rng, n, i32)
+    gpu, cpu = run(device, scan_kernel, n, {"x": x, "out": np.zeros_like(x)}, op=op,
+                   dtype=i32, subgroups=subgroups, inclusive=inclusive)
+    acc = {"sum": np.cumsum, "max": np.maximum.accumulate, "min": np.minimum.accumulate}[op]
+    want = acc(x.astype(np.int64)).astype(np.int32)
+    if not inclusive:
+        first = {"sum": 0, "min": 2 ** 31 - 1, "max": -(2 ** 31 - 1)}[op]
+        want = np.concatenate([[first], want[:-1]]).astype(np.int32)
+    assert (gpu == want).all() and (cpu == want).all(), (gpu[:8], cpu[:8], want[:8])
+
+
+def test_reduce_refuses_an_unknown_op():
+    with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: op must be 'sum', 'max', 'min'"):
+        sd.compile(reduce_kernel, 4, n=4, op="mean", dtype=f32, subgroups=False, lanes=None)
+
+
+def test_reduce_has_its_barriers():
+    k = sd.compile(reduce_kernel, 64, n=64, op="sum", dtype=f32, subgroups=False, lanes=None)
+    assert k.wgsl.count("workgroupBarrier();") == 6 + 2  # one per level, store and reuse
