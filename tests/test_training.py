@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import lora
-from lora import reference as R
+from lora import reference as R, strategy
 from lora.optim import SGD, AdamW
 from lora.strategy import Backward
 from lora.training import BackwardPlan, LayerTrainer
@@ -336,14 +336,18 @@ def test_train_command(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("rank", [4, 8, 64])
-def test_split_backward_of_many_tokens(device, rank):
-    """Beyond 64 tokens split computes dh with grad_dh_tiled (one vec4 of dh per
-    thread) and sums dA and dB over chunks; a ragged last tile and chunk."""
+@pytest.mark.parametrize("tiled_dh", [False, True])
+def test_split_backward_of_many_tokens(device, rank, tiled_dh, monkeypatch):
+    """Split sums dA and dB over chunks (a ragged last chunk) and, from
+    TILED_DH_ELEMENTS tokens x ranks, computes dh with grad_dh_tiled (one vec4
+    of dh per thread; a ragged last tile)."""
+    if tiled_dh:
+        monkeypatch.setattr(strategy, "TILED_DH_ELEMENTS", 197 * rank)
     rng = np.random.default_rng(17 + rank)
     x, g = normal(rng, (197, 36)), normal(rng, (197, 44))
     a, b = normal(rng, (rank, 36)), normal(rng, (44, rank))
     plan_kernels = [k[0] for k in Backward("split", 64).kernels(rank, 36, 44, 1.0, 197, "f32")]
-    assert "grad_dh_tiled" in plan_kernels
+    assert ("grad_dh_tiled" in plan_kernels) == (tiled_dh and rank % 4 == 0)
     got = run_backward(device, x, a, b, g, -1.25, "split:64")
     want, tol = R.backward(x, a, b, g, -1.25), grad_tolerance(x, a, b, g, -1.25)
     for key in ("dh", "grad_a", "grad_b", "grad_x"):
