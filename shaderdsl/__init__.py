@@ -5,6 +5,7 @@ on ``m`` (a ShaderM, the mirror of Hesper's shader monad); ``compile`` turns it
 into a Kernel (WGSL, bindings, features); ``shaderdsl.runtime`` runs it.
 """
 from . import builtins, collectives
+from .functions import function
 from .compiler import compile
 from .errors import (AliasingError, BindingError, DispatchError, FeatureError, KernelBuildError,
                      NoAdapterError, ShaderDSLError, ShaderNameError, ShaderScopeError,

@@ -16,7 +16,7 @@ import numpy as np
 from . import nodes as S
 from . import types as T
 from .errors import ShaderNameError, ShaderScopeError
-from .expr import index
+from .expr import index, shaped_length
 from .literals import as_expr, literal
 from .location import caller_location
 from .names import PREDECLARED, RESERVED, check_user_name
@@ -66,6 +66,9 @@ class ShaderM:
         self._uses: list[list] = []            # per open loop: expressions used in its body
         self._locals: dict[str, tuple] = {}    # local name -> (block id, where declared)
         self._pending = None                   # (where, what) of a block not yet entered
+        self.functions: dict = {}              # @function -> its FunctionDef, callees first
+        self.function_writes: dict = {}        # @function -> module-scope names it assigns
+        self._in_function = None               # (name, builtins used) of a function being built
 
     # ------------------------------------------------------------ names
 
@@ -111,16 +114,20 @@ class ShaderM:
         if isinstance(elem, T.Atomic) and access != "read_write":
             raise type_error("atomic buffers must be declared with declare_output_buffer")
         name = self._declare_name(name, "buf")
-        ref = Ref(name, T.array(elem, length), "buffer", access=access)
+        length, shape = shaped_length(length, name)
+        ref = Ref(name, T.array(elem, length), "buffer", access=access, shape=shape)
         self.bindings.append(ref)
         return ref
 
-    def declare_input_buffer(self, name: str, elem: T.WType, length: int | None = None) -> Ref:
-        """A storage buffer the kernel only reads: ``var<storage, read>``."""
+    def declare_input_buffer(self, name: str, elem: T.WType, length=None) -> Ref:
+        """A storage buffer the kernel only reads: ``var<storage, read>``.
+        ``length``: an element count, None (runtime-sized) or a shape such as
+        ``(rows, cols)`` (ints, or u32 overrides and uniforms) for ``x[r, c]``."""
         return self._buffer(name, elem, length, "read")
 
-    def declare_output_buffer(self, name: str, elem: T.WType, length: int | None = None) -> Ref:
-        """A storage buffer the kernel may read and write: ``var<storage, read_write>``."""
+    def declare_output_buffer(self, name: str, elem: T.WType, length=None) -> Ref:
+        """A storage buffer the kernel may read and write: ``var<storage, read_write>``;
+        ``length`` as for declare_input_buffer."""
         return self._buffer(name, elem, length, "read_write")
 
     def declare_uniform(self, name: str, type: T.WType) -> Ref:
@@ -143,17 +150,29 @@ class ShaderM:
         self.overrides.append((ref, default))
         return ref
 
-    def shared(self, elem: T.WType, n: int, name: str | None = None) -> Ref:
-        """A workgroup-shared array ``var<workgroup> name: array<elem, n>``."""
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise type_error(f"a workgroup array needs a positive int length, got {n!r}")
-        n = int(n)
+    def shared(self, elem: T.WType, n, name: str | None = None) -> Ref:
+        """A workgroup-shared array ``var<workgroup> name: array<elem, n>``;
+        ``n`` an int or a shape of ints such as ``(16, 17)`` for ``tile[r, c]``."""
+        shape = tuple(n) if isinstance(n, (tuple, list)) else None
+        for d in shape or (n,):
+            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
+                raise type_error(f"a workgroup array needs a positive int length or a shape of "
+                                 f"them, got {n!r}")
+        n = int(np.prod(shape)) if shape else int(n)
         name = self._declare_name(name, "wg")
-        ref = Ref(name, T.array(elem, n), "workgroup")
+        ref = Ref(name, T.array(elem, n), "workgroup",
+                  shape=tuple(int(d) for d in shape) if shape else None)
         self.workgroup_vars.append(ref)
         return ref
 
     def _builtin(self, key: str) -> Ref:
+        if self._in_function is not None:
+            # a function receives the builtin values it uses as extra parameters
+            self._in_function[1].add(key)
+            _, ty, feature = BUILTIN_VALUES[key]
+            if feature:
+                self.features.add(feature)
+            return Ref(key, ty, "builtin")
         if key not in self.builtins:
             _, ty, feature = BUILTIN_VALUES[key]
             if feature:
@@ -200,6 +219,8 @@ class ShaderM:
     def _check_use(self, e: Expr) -> Expr:
         """Refuse expressions that read out-of-scope locals or stale variables."""
         open_ids = {b.id for b in self._blocks}
+        if self._in_function is not None:
+            self._check_function_use(e, open_ids)
         if not e.blocks <= open_ids:
             raise ShaderScopeError(
                 f"{caller_location()}: the expression built at {e.where} was built inside an "
@@ -220,6 +241,40 @@ class ShaderM:
         if self._uses:
             self._uses[-1].append((e.where, deps))
         return e
+
+    def _check_function_use(self, e: Expr, open_ids) -> None:
+        """A function body sees its parameters, its own locals and module-scope names."""
+        stack = [e]
+        while stack:
+            x = stack.pop()
+            stack.extend(S.operands(x))
+            if not isinstance(x, Ref):
+                continue
+            if x.kind == "builtin":
+                self._in_function[1].add(x.name)
+            local = self._locals.get(x.name)
+            if local is not None and local[0] not in open_ids:
+                raise ShaderScopeError(
+                    f"{caller_location()}: function {self._in_function[0]!r} uses `{x.name}` "
+                    f"of the kernel (declared at {local[1]}); a function sees only its "
+                    f"parameters, builtin values and module-scope names: pass it as an argument")
+
+    @contextlib.contextmanager
+    def function_scope(self, name: str, body: S.Block):
+        """Build a function's body: only its own block is open, no loop around it.
+        Gives the set that collects the builtin values the body uses."""
+        saved = (self._blocks, self._loop_depth, self._uses, self._in_function)
+        self.check_pending()
+        used: set = set()
+        self._blocks, self._loop_depth, self._uses, self._in_function = [body], 0, [], (name, used)
+        try:
+            yield used
+            self.check_pending()
+        finally:
+            self._blocks, self._loop_depth, self._uses, self._in_function = saved
+
+    def next_block(self) -> S.Block:
+        return S.Block(next(self._block_ids))
 
     def _bump(self, target: Expr) -> None:
         name = root(target).name
@@ -414,6 +469,10 @@ class ShaderM:
     def _jump(self, kind: str) -> None:
         if kind != "return" and self._loop_depth == 0:
             raise ShaderScopeError(f"{caller_location()}: `{kind}` outside a loop")
+        if kind == "return" and self._in_function is not None:
+            raise ShaderScopeError(f"{caller_location()}: m.return_() inside function "
+                                   f"{self._in_function[0]!r}: a function returns the value its "
+                                   f"Python function returns, at its end")
         self._emit(S.Jump(kind, caller_location()))
 
     def break_(self) -> None: self._jump("break")
@@ -440,4 +499,4 @@ class ShaderM:
         self.check_pending()
         return S.Module(self.name, tuple(self.workgroup_size), tuple(self.bindings),
                         tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
-                        frozenset(self.features), self.body)
+                        frozenset(self.features), self.body, tuple(self.functions.values()))

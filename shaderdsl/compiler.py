@@ -111,7 +111,8 @@ def _build(fn, ws, name, params) -> Kernel:
     bindings = tuple(
         Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
                 r.type if r.kind == "uniform" else r.type.elem,
-                None if r.kind == "uniform" else r.type.length)
+                None if r.kind == "uniform" else r.type.length,
+                r.shape and tuple(d if isinstance(d, int) else d.name for d in r.shape))
         for k, r in enumerate(m.bindings))
     overrides = tuple(Override(r.name, r.type, None if d is None else d.value)
                       for r, d in m.overrides)

@@ -176,6 +176,26 @@ class Emitter:
             text = f"{target} {_COMPOUND.get(st.op.wgsl, st.op.wgsl)}= {value};"
         self._line(out, depth, text, st.where)
 
+    def _call_function(self, st: N.CallFunction, depth, out):
+        args = [self.expr(a) for a in st.args] + list(st.fn.builtins)
+        call = f"{st.fn.name}({', '.join(args)})"
+        text = f"let {st.ref.name} = {call};" if st.ref is not None else f"{call};"
+        self._line(out, depth, text, st.where)
+
+    def function(self, fn: N.FunctionDef, out: list) -> None:
+        """``fn name(params) -> type { body; return result; }`` and a blank line."""
+        params = ", ".join([f"{p.name}: {p.type}" for p in fn.params] +
+                           [f"{k}: {N.BUILTIN_VALUES[k][1]}" for k in fn.builtins])
+        for p in fn.params:
+            self._note_type(p.type)
+        returns = f" -> {fn.returns}" if fn.result is not None else ""
+        self._line(out, 0, f"fn {fn.name}({params}){returns} {{", fn.where)
+        self.block(fn.body, 1, out)
+        if fn.result is not None:
+            self._line(out, 1, f"return {self.expr(fn.result)};", fn.where)
+        self._line(out, 0, "}", fn.where)
+        self._line(out, 0, "", fn.where)
+
     def _effect(self, st: N.Effect, depth, out):
         call = self.expr(st.call)
         text = f"let {st.ref.name} = {call};" if st.ref is not None else f"{call};"
@@ -221,7 +241,7 @@ _EXPR = {N.Lit: Emitter._lit, N.Ref: Emitter._ref, N.Binary: Emitter._binary,
 _STMT = {N.Let: Emitter._let, N.VarDecl: Emitter._var, N.Assign: Emitter._assign,
          N.Effect: Emitter._effect, N.If: Emitter._if, N.For: Emitter._for,
          N.While: Emitter._while, N.Jump: Emitter._jump, N.Barrier: Emitter._barrier,
-         N.Comment: Emitter._comment}
+         N.Comment: Emitter._comment, N.CallFunction: Emitter._call_function}
 
 
 def _declarations(em: Emitter, m: N.Module) -> list[str]:
@@ -247,29 +267,36 @@ def _declarations(em: Emitter, m: N.Module) -> list[str]:
     return decls
 
 
-def _entry_point(m: N.Module) -> list[str]:
+def _entry_point(m: N.Module) -> list[tuple[str, str]]:
     params = [f"@builtin({builtin}) {key}: {ty}"
               for key, (builtin, ty, _) in N.BUILTIN_VALUES.items() if key in m.builtins]
     x, y, z = m.workgroup_size
     head = [f"@compute @workgroup_size({x}, {y}, {z})"]
     if len(params) <= 1:
-        return head + [f"fn main({''.join(params)}) {{"]
-    return head + ["fn main("] + [f"{INDENT}{p}," for p in params] + [") {"]
+        head += [f"fn main({''.join(params)}) {{"]
+    else:
+        head += ["fn main("] + [f"{INDENT}{p}," for p in params] + [") {"]
+    return [(text, "") for text in head]
 
 
 def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
     """WGSL text, (line -> Python file:line) map, and required features."""
     em = Emitter()
     em.features |= m.features
+    functions: list[tuple[str, str]] = []
+    for fn in m.functions:
+        em.function(fn, functions)
     body: list[tuple[str, str]] = []
     em.block(m.body, 1, body)
     decls = _declarations(em, m)
     enables = ["enable f16;", ""] if "shader-f16" in em.features else []
-    lines = [f"// kernel {m.name}", *enables, *decls, *_entry_point(m)]
+    lines = [f"// kernel {m.name}", *enables, *decls]
     source_map = []
-    for text, where in body:
-        lines.append(text)
-        source_map.append((len(lines), where))
+    for part in (functions, _entry_point(m), body):
+        for text, where in part:
+            lines.append(text)
+            if where:
+                source_map.append((len(lines), where))
     lines.append("}")
     return "\n".join(lines) + "\n", tuple(source_map), frozenset(em.features)
 

@@ -7,6 +7,8 @@ work: the type objects double as conversion functions.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import nodes
 from . import types as T
 from .literals import as_expr, default_scalar, literal  # noqa: F401  (re-exported)
@@ -45,8 +47,71 @@ def unary(op: str, a: Expr) -> Expr:
     return Unary(entry, a, t)
 
 
+def shaped_length(length, name: str):
+    """(element count or None, shape or None) of a buffer declared with a
+    length or a shape; a shape's sizes are ints or u32/i32 overrides or uniforms."""
+    if not isinstance(length, (tuple, list)):
+        return length, None
+    if not length:
+        raise type_error(f"buffer {name!r}: a shape needs at least one size")
+    for d in length:
+        sized = isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
+        named = isinstance(d, Ref) and d.kind in ("override", "uniform") and d.type in (T.u32, T.i32)
+        if not (sized or named):
+            raise type_error(f"buffer {name!r}: each size of a shape must be a positive int or "
+                             f"a u32/i32 override or uniform, got {d!r} in {tuple(length)!r}")
+    shape = tuple(d if isinstance(d, Ref) else int(d) for d in length)
+    fixed = all(isinstance(d, int) for d in shape)
+    return (int(np.prod(shape)) if fixed else None), shape
+
+
+def _shaped_index(base: Ref, idx: tuple) -> Index:
+    """``x[i, j, ...]`` of a shaped array: the flat index ``i * stride + j``
+    with its strides in the WGSL; each axis kept for the interpreter's checks."""
+    shape = base.shape
+    if len(idx) != len(shape):
+        raise type_error(f"`{base.name}` has shape {_shape_text(shape)}: index it with "
+                         f"{len(shape)} indices, got {len(idx)}")
+    flat, stride, axes, offset = None, 1, [], 0
+    for k in reversed(range(len(shape))):
+        i, d = idx[k], shape[k]
+        e = as_expr(i, T.u32)
+        if e.type not in (T.u32, T.i32):
+            raise type_error(f"an index must be u32 or i32, got {e.type} on axis {k} of `{base.name}`")
+        if isinstance(i, int) and isinstance(d, int) and not 0 <= i < d:
+            raise type_error(f"index {i} is out of range for axis {k} of `{base.name}` "
+                             f"(size {d})")
+        e = e if e.type == T.u32 else construct(T.u32, e)
+        if isinstance(i, int) and isinstance(stride, int):
+            offset += i * stride  # constant parts fold into one number
+        else:
+            term = e if isinstance(stride, int) and stride == 1 else binary("*", e, stride)
+            flat = term if flat is None else binary("+", term, flat)
+        stride = stride * d if isinstance(stride, int) and isinstance(d, int) else \
+            binary("*", _size(d), stride)
+        axes.append((e, _size(d)))
+    flat = as_expr(offset, T.u32) if flat is None else binary("+", flat, offset)
+    return Index(base, flat, base.type.elem, axes=tuple(reversed(axes)))
+
+
+def _size(d) -> Expr:
+    return as_expr(d, T.u32) if isinstance(d, int) else \
+        d if d.type == T.u32 else construct(T.u32, d)
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join(str(d) if isinstance(d, int) else d.name for d in shape) + ")"
+
+
 def index(base: Expr, i) -> Index:
-    """``base[i]`` of an array or vector; a constant index is range-checked."""
+    """``base[i]`` of an array or vector; a constant index is range-checked.
+    A shaped array takes one index per axis."""
+    shape = getattr(base, "shape", None) if isinstance(base, Ref) else None
+    if isinstance(i, tuple) or (shape and len(shape) > 1):
+        if not shape:
+            raise type_error(f"`{getattr(base, 'name', base)}` has no shape: index it with one "
+                             f"index (declare it with a shape such as (rows, cols) for x[r, c])")
+        return _shaped_index(base, i if isinstance(i, tuple) else (i,))
     bt = base.type
     if isinstance(bt, T.Array):
         et = bt.elem

@@ -22,7 +22,9 @@ class Binding:
     ``access`` is ``"read"`` (storage, read), ``"read_write"`` (storage) or
     ``"uniform"``. For storage buffers ``elem`` is the array element type and
     ``length`` the element count (None: runtime-sized). For uniforms ``elem``
-    is the whole uniform's type and ``length`` is None.
+    is the whole uniform's type and ``length`` is None. ``shape``: a buffer
+    declared with a shape, its sizes (ints, or the names of the overrides and
+    uniforms that give them).
     """
 
     index: int
@@ -30,6 +32,7 @@ class Binding:
     access: str
     elem: WType
     length: int | None = None
+    shape: tuple | None = None
 
     @property
     def writable(self) -> bool:

@@ -230,12 +230,14 @@ class Ref(Expr):
     ``block`` is the id of the block that declared a local (None at module scope).
     """
 
-    __slots__ = ("name", "kind", "block", "access")
+    __slots__ = ("name", "kind", "block", "access", "shape")
 
-    def __init__(self, name: str, type: T.WType, kind: str, block=None, access: str = "read"):
+    def __init__(self, name: str, type: T.WType, kind: str, block=None, access: str = "read",
+                 shape: tuple | None = None):
         super().__init__(type)
         # names are scope-checked by the builder instead of by blocks
-        _init(self, blocks=frozenset(), name=name, kind=kind, block=block, access=access)
+        _init(self, blocks=frozenset(), name=name, kind=kind, block=block, access=access,
+              shape=shape)
 
 
 class Unary(Expr):
@@ -284,11 +286,14 @@ class AddressOf(Expr):
 
 
 class Index(Expr):
-    __slots__ = ("base", "index")
+    """``base[index]``; for a shaped array ``axes`` keeps each axis's (index,
+    size) so the interpreter can check them, while ``index`` is the flat one."""
 
-    def __init__(self, base: Expr, index: Expr, type: T.WType):
+    __slots__ = ("base", "index", "axes")
+
+    def __init__(self, base: Expr, index: Expr, type: T.WType, axes: tuple | None = None):
         super().__init__(type, (base, index))
-        _init(self, base=base, index=index)
+        _init(self, base=base, index=index, axes=axes)
 
 
 class Member(Expr):
@@ -424,6 +429,32 @@ class Comment:
     where: str
 
 
+@dataclass(eq=False)
+class FunctionDef:
+    """A WGSL ``fn``: typed parameters (let-like Refs), a body, and the value
+    it returns (None: returns nothing). ``builtins``: the builtin values the
+    body uses, passed by each caller as extra parameters of the same names."""
+    name: str
+    params: tuple
+    body: Block
+    result: Expr | None
+    where: str
+    builtins: tuple = ()
+
+    @property
+    def returns(self):
+        return None if self.result is None else self.result.type
+
+
+@dataclass
+class CallFunction:
+    """A call of a FunctionDef, its result bound to ``ref`` (a let) if it has one."""
+    fn: FunctionDef
+    args: tuple
+    ref: Ref | None
+    where: str
+
+
 def expressions(st) -> tuple:
     """The expressions a statement evaluates itself (not those of its blocks)."""
     if isinstance(st, Let):
@@ -440,6 +471,8 @@ def expressions(st) -> tuple:
         return (st.start, st.end, st.step)
     if isinstance(st, While):
         return (st.cond,)
+    if isinstance(st, CallFunction):
+        return st.args
     return ()
 
 
@@ -469,3 +502,4 @@ class Module:
     builtins: dict             # DSL name -> Ref of each builtin value used
     features: frozenset        # features the declarations need (builtin values)
     body: Block
+    functions: tuple = ()      # FunctionDef of each @function called, callees first

@@ -116,7 +116,23 @@ class ExprCompiler:
                     f"{where}: index {i} is out of bounds for {what} ({n} elements) in "
                     f"kernel {name!r}, invocation {inv.describe()}")
             return i
-        return check
+        return self._axes_check(e, what, check) if e.axes else check
+
+    def _axes_check(self, e: N.Index, what: str, check) -> Callable:
+        """A shaped array's index checked on each axis (``x[r, c]`` with c past the
+        columns is out of bounds even where the flat index is not)."""
+        axes = [(k, self(i), self(d)) for k, (i, d) in enumerate(e.axes)]
+        where, name = e.where, self.name
+
+        def check_axes(inv, container, i):
+            sizes = [int(d(inv)) for _, _, d in axes]
+            for (k, a, _), n in zip(axes, sizes):
+                if not 0 <= int(a(inv)) < n:
+                    raise OutOfBoundsError(
+                        f"{where}: index {int(a(inv))} on axis {k} is out of bounds for {what} "
+                        f"of shape {tuple(sizes)} in kernel {name!r}, invocation {inv.describe()}")
+            return check(inv, container, i)
+        return check_axes
 
     def place(self, e: N.Expr) -> Callable:
         """``f(inv) -> (container, key)`` for a location rooted at a name."""

@@ -51,6 +51,7 @@ class StmtCompiler:
         self.limit = max_loop_iterations
         self.trace = trace
         self.locals: set[str] = set()
+        self.functions: dict = {}  # name -> (body, result) of each called function
 
     # ------------------------------------------------------------ blocks and statements
 
@@ -155,6 +156,33 @@ class StmtCompiler:
                 inv.env[bind] = old
         return self._simple(st, atomic)
 
+    def _call_function(self, st: N.CallFunction):
+        """Arguments into the parameters' names, the body (it may wait at a
+        barrier), then the result into the let; one compiled body per function."""
+        fn = st.fn
+        if fn.name not in self.functions:
+            self.functions[fn.name] = (self.block(fn.body),
+                                       None if fn.result is None else self.cx(fn.result),
+                                       None if fn.result is None else self._pre([fn.result]))
+            self.locals.update(p.name for p in fn.params)
+        body, result, result_pre = self.functions[fn.name]
+        args = [(p.name, self.cx(a)) for p, a in zip(fn.params, st.args)]
+        pre, bind = self._pre(st.args), st.ref.name if st.ref is not None else None
+        if bind is not None:
+            self.locals.add(bind)
+
+        def call(inv):
+            if pre is not None:
+                yield from pre(inv)
+            values = [(name, V.copy(a(inv))) for name, a in args]
+            inv.env.update(values)
+            yield from body(inv)
+            if result_pre is not None:
+                yield from result_pre(inv)
+            if bind is not None:
+                inv.env[bind] = result(inv)
+        return True, call
+
     def _jump(self, st: N.Jump):
         sig = _SIGNALS[st.kind]
         return False, lambda inv: sig
@@ -253,4 +281,5 @@ class StmtCompiler:
 _STMT = {N.Let: StmtCompiler._let, N.VarDecl: StmtCompiler._var, N.Assign: StmtCompiler._assign,
          N.Effect: StmtCompiler._effect, N.If: StmtCompiler._if, N.For: StmtCompiler._for,
          N.While: StmtCompiler._while, N.Jump: StmtCompiler._jump,
-         N.Barrier: StmtCompiler._barrier, N.Comment: StmtCompiler._comment}
+         N.Barrier: StmtCompiler._barrier, N.Comment: StmtCompiler._comment,
+         N.CallFunction: StmtCompiler._call_function}
