@@ -88,6 +88,14 @@ class ShaderM:
         self._names.add(name)
         return name
 
+    def free_name(self, name: str) -> str:
+        """``name``, or ``name_1``, ``name_2``... if it is taken: for library code
+        (collectives) that declares module-scope arrays each time it is called."""
+        base, k = name, 1
+        while name in self._names:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
     def _local_name(self, name: str | None, hint: str) -> str:
         """Locals may reuse a hint: a taken name gets a numeric suffix, and one
         that is a WGSL keyword or predeclared name (``i32`` from ``f"i{k}"``)

@@ -87,7 +87,7 @@ def _subgroup_reduce(m, exprs, op, threads, names):
     sub, combine = _SUBGROUP[op], _combine(op)
     t = exprs[0].type
     slots = -(-threads // 4)  # subgroups are at least 4 wide
-    part = m.shared(t, len(exprs) * slots, "partial")
+    part = m.shared(t, len(exprs) * slots, m.free_name("partial"))
     lane, size = m.subgroup_invocation_id(), m.subgroup_size()
     sg = m.let(m.local_index() / size, "sg")
     parts = [m.let(sub(a)) for a in exprs]
@@ -125,7 +125,7 @@ def tree(m, values, op, lanes, lane, finish, floats=SHARED_FLOATS):
     tid = m.local_index()
     count = len(values)
     group = max(1, min(count, floats // threads))
-    red = m.shared(values[0].type, group * threads, "red")
+    red = m.shared(values[0].type, group * threads, m.free_name("red"))
     top = 1 << max(0, math.ceil(math.log2(lanes)))  # the tree's width, a power of two
     levels = top.bit_length() - 1
     for g0 in range(0, count, group):
@@ -180,7 +180,7 @@ def _tree_scan(m, v, combine):
     """Hillis-Steele in workgroup memory: log2(n) rounds of two barriers."""
     n = _threads(m)
     tid = m.local_index()
-    buf = m.shared(v.type, n, "scan_buf")
+    buf = m.shared(v.type, n, m.free_name("scan_buf"))
     buf[tid] = v
     m.barrier()
     s = 1
@@ -201,7 +201,7 @@ def _subgroup_scan(m, v):
     n = _threads(m)
     lane, size = m.subgroup_invocation_id(), m.subgroup_size()
     inside = m.let(B.subgroup_inclusive_add(v), "inside")
-    totals = m.shared(v.type, -(-n // 4), "sg_totals")  # subgroups are at least 4 wide
+    totals = m.shared(v.type, -(-n // 4), m.free_name("sg_totals"))  # subgroups are at least 4 wide
     sg = m.let(m.local_index() / size, "sg")
     # the last active lane (a workgroup may end inside its last subgroup)
     with m.if_((lane == size - 1) | (m.local_index() == n - 1)):
@@ -218,7 +218,7 @@ def _exclusive(m, inclusive, t, identity, name):
     inclusive value, read from workgroup memory."""
     n = _threads(m)
     tid = m.local_index()
-    prev = m.shared(t, n, "scan_prev")
+    prev = m.shared(t, n, m.free_name("scan_prev"))
     prev[tid] = inclusive
     m.barrier()
     first = as_expr(identity, t)

@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
 from examples import half, histogram, matmul, reduction, saxpy
+from examples import rows as rows_mod
 
 U = 2.0 ** -24
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -238,3 +239,28 @@ def test_example_main_runs(device, module, capsys):
     module.main()
     out = capsys.readouterr().out
     assert "// kernel " in out and "nan" not in out.lower()
+
+
+# ---------------------------------------------------------------- rows: softmax and LayerNorm
+
+@SETTINGS
+@given(rows=st.integers(1, 5), cols=ragged(rows_mod.WORKGROUP_SIZE, 300), seed=seeds)
+def test_softmax_rows(device, rows, cols, seed):
+    """Error bound: exp, the max and the sum each within a few U relative; 64 U."""
+    x = nonzero(np.random.default_rng(seed), (rows, cols)) * 8
+    got = rows_mod.run(device, rows_mod.softmax, x)
+    want = rows_mod.softmax_reference(x)
+    np.testing.assert_allclose(got, want, rtol=64 * U * np.log2(cols + 1) + 1e-6, atol=0)
+
+
+@SETTINGS
+@given(rows=st.integers(1, 5), cols=ragged(rows_mod.WORKGROUP_SIZE, 300), seed=seeds)
+def test_layer_norm_rows(device, rows, cols, seed):
+    """Error bound in units of the output's scale (|gamma| / std + |beta|): 64 U times log2(cols)."""
+    rng = np.random.default_rng(seed)
+    x = nonzero(rng, (rows, cols)) + 3.0
+    gamma, beta = nonzero(rng, cols), nonzero(rng, cols)
+    got = rows_mod.run(device, rows_mod.layer_norm, x, gamma=gamma, beta=beta)
+    want = rows_mod.layer_norm_reference(x, gamma, beta)
+    scale = np.abs(gamma) / np.sqrt(f64(x).var(axis=1, keepdims=True) + 1e-5) * 4 + np.abs(beta)
+    assert (np.abs(got - want) <= 256 * U * np.log2(cols + 2) * scale).all()
