@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
 from examples import half, histogram, matmul, reduction, saxpy
-from examples import rows as rows_mod
+from examples import rows as rows_mod, scan
 
 U = 2.0 ** -24
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -264,3 +264,16 @@ def test_layer_norm_rows(device, rows, cols, seed):
     want = rows_mod.layer_norm_reference(x, gamma, beta)
     scale = np.abs(gamma) / np.sqrt(f64(x).var(axis=1, keepdims=True) + 1e-5) * 4 + np.abs(beta)
     assert (np.abs(got - want) <= 256 * U * np.log2(cols + 2) * scale).all()
+
+
+# ---------------------------------------------------------------- multi-block scan
+
+@SETTINGS
+@given(n=ragged(scan.WORKGROUP_SIZE, 70_000), seed=seeds, subgroups=st.booleans())
+def test_multi_block_scan(device, n, seed, subgroups):
+    """Integers: exact. Up to 70,000 values: three levels of blocks."""
+    if subgroups and not device.has_feature("subgroup"):
+        subgroups = False  # the tree form is tested then; the subgroup form needs the feature
+    x = np.random.default_rng(seed).integers(-1000, 1000, n).astype(np.int32)
+    got = scan.run(device, x, subgroups=subgroups)
+    assert np.array_equal(got, np.cumsum(x, dtype=np.int64))
