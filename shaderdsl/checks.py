@@ -44,7 +44,8 @@ def host_array(array, what: str = "buffer") -> np.ndarray:
     if not isinstance(array, np.ndarray):
         raise BindingError(f"{what}: expected a numpy array, got {type(array).__name__}")
     check_dtype(array.dtype, what)
-    return np.ascontiguousarray(array)
+    # (np.ascontiguousarray would make a 0-d array 1-d: a uniform's shape would change)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def uniform_array(value) -> np.ndarray:
