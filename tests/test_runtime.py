@@ -533,3 +533,11 @@ def test_no_adapter_message_says_how_to_get_one(monkeypatch):
     with pytest.raises(NoAdapterError, match="apt-get install mesa-vulkan-drivers") as info:
         get_device(adapter="not-cached-yet")
     assert "SHADERDSL_BACKEND=OpenGL" in str(info.value)
+
+
+def test_a_numpy_scalar_uniform_keeps_its_shape(device):
+    """dev.uniform(np.uint32(0)) was made 1-d, so writing np.uint32(3) back was refused."""
+    u = device.uniform(np.uint32(0))
+    device.write(u, np.uint32(3))
+    got = device.read(u)
+    assert got.shape == () and got == 3
