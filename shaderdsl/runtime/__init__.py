@@ -3,7 +3,8 @@
 The runtime only consumes ``Kernel`` objects (WGSL text plus binding table);
 it never builds AST. One module per job: ``wgpu_build`` (wgpu-native or Dawn),
 ``adapters`` (listing and choice), ``device`` (Device), ``buffers`` (Buffer),
-``pipelines`` (caches, compile errors), ``batch`` (encoders, timestamps).
+``pipelines`` (caches, compile errors), ``batch`` (encoders, timestamps),
+``ring`` (per-dispatch uniform values).
 The checks it makes before anything reaches the GPU are ``shaderdsl.checks``.
 """
 from .wgpu_build import COMPILER, WGPU_BUILD  # first: it may install Dawn as wgpu

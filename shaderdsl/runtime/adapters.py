@@ -25,6 +25,7 @@ MAX_LIMITS = (
     "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
     "max-storage-buffers-per-shader-stage", "max-uniform-buffers-per-shader-stage",
     "max-bindings-per-bind-group", "max-bind-groups", "max-immediate-size",
+    "max-dynamic-uniform-buffers-per-pipeline-layout",
 )
 
 BACKENDS = {"vulkan": "Vulkan", "opengl": "OpenGL", "gl": "OpenGL", "metal": "Metal",

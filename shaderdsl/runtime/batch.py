@@ -2,9 +2,10 @@
 
 Submitting is the expensive part of a dispatch, so a batch records every
 dispatch into one compute pass (closing it only for copies) and submits once
-at the end. Timestamps, when asked for and supported, are written by the
-passes themselves (``timestampWrites``): the first pass writes the start, every
-pass writes the end, so the last one executed leaves the batch's end time.
+at the end, after writing the uniform ring's values (``ring``) in one go.
+Timestamps, when asked for and supported, are written by the passes
+themselves (``timestampWrites``): the first pass writes the start, every pass
+writes the end, so the last one executed leaves the batch's end time.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ _TS_END = {"end_of_pass_write_index": 1}
 class Recorder:
     """The open command encoder and compute pass of a device (lazily created)."""
 
-    __slots__ = ("wgpu_device", "queue", "stats", "encoder", "cpass", "pipeline", "recorded",
-                 "query_set", "started")
+    __slots__ = ("wgpu_device", "queue", "stats", "ring", "encoder", "cpass", "pipeline",
+                 "recorded", "query_set", "started")
 
-    def __init__(self, wgpu_device, stats: dict):
+    def __init__(self, wgpu_device, stats: dict, ring):
         self.wgpu_device = wgpu_device
         self.queue = wgpu_device.queue
         self.stats = stats
+        self.ring = ring          # the uniform ring: its values are written before each submit
         self.encoder = None
         self.cpass = None
         self.pipeline = None      # last pipeline set on the open pass
@@ -56,6 +58,16 @@ class Recorder:
         cpass.dispatch_workgroups(x, y, z)
         self.recorded = True
 
+    def dispatch_at(self, pipeline, bind_group, offsets: list, x: int, y: int, z: int) -> None:
+        """A dispatch whose uniforms sit at dynamic ``offsets`` (the uniform ring)."""
+        cpass = self.cpass or self.compute_pass()
+        if pipeline is not self.pipeline:
+            cpass.set_pipeline(pipeline)
+            self.pipeline = pipeline
+        cpass.set_bind_group(0, bind_group, offsets)
+        cpass.dispatch_workgroups(x, y, z)
+        self.recorded = True
+
     def copy(self, src, dst, nbytes: int) -> None:
         self.end_pass()
         if self.encoder is None:
@@ -76,6 +88,8 @@ class Recorder:
             encoder, self.encoder = self.encoder, None
             if self.recorded:
                 self.recorded = False
+                if self.ring.pending:
+                    self.ring.upload(self.queue)
                 self.queue.submit([encoder.finish()])
                 self.stats["submits"] += 1
 
@@ -97,6 +111,7 @@ class Recorder:
         self.recorded = False
         self.query_set = None
         self.started = False
+        self.ring.reset()
 
 
 class Batch:

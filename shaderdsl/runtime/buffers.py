@@ -21,6 +21,11 @@ UNIFORM_USAGE = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.Buff
 _ids = itertools.count(1)
 
 
+def next_id() -> int:
+    """A fresh buffer id (the uniform ring's buffers take theirs from here too)."""
+    return next(_ids)
+
+
 def padded_size(nbytes: int, multiple: int = 4) -> int:
     """WebGPU wants buffer and copy sizes in multiples of 4 (16 for uniforms)."""
     return max(multiple, -(-nbytes // multiple) * multiple)

@@ -10,18 +10,20 @@ from __future__ import annotations
 import operator
 import os
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import wgpu
 
 from .. import checks
-from ..checks import check_dtype, describe, host_array, uniform_array
+from ..checks import DeviceBuffer, check_dtype, describe, host_array, uniform_array
 from ..errors import BindingError, DispatchError, NoAdapterError
 from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
                        all_adapters, norm_backend, pick)
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
 from .pipelines import PipelineCache
+from .ring import BINDING_BYTES, UniformRing, expected, pack_value, refuse_storage_values
 from .wgpu_build import WGPU_BUILD
 
 _devices: dict = {}
@@ -53,7 +55,8 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
 class _KernelEntry:
     """Per-Kernel-object state: names in binding order, pipelines, validated bindings."""
 
-    __slots__ = ("names", "count", "pipelines", "bound", "okeys")
+    __slots__ = ("names", "count", "pipelines", "bound", "okeys", "uniforms", "expect",
+                 "dynamic", "valued")
 
     def __init__(self, kernel):
         self.names = tuple(b.name for b in kernel.bindings)
@@ -61,6 +64,27 @@ class _KernelEntry:
         self.pipelines: dict = {}  # overrides key -> pipeline
         self.bound: dict = {}      # (buffer ids, overrides key) -> (pipeline, bind group)
         self.okeys: dict = {}      # tuple(overrides.items()) -> checked overrides key
+        # Positions of the uniform bindings, in binding-number order (dynamic offsets' order).
+        self.uniforms = tuple(sorted((i for i, b in enumerate(kernel.bindings)
+                                      if b.access == "uniform"),
+                                     key=lambda i: kernel.bindings[i].index))
+        # position -> (binding, dtype, shape) a plain value for that uniform must have
+        self.expect = {i: (kernel.bindings[i], *expected(kernel.bindings[i]))
+                       for i in self.uniforms}
+        self.dynamic: dict = {}    # overrides key -> pipeline of the dynamic-offset layout
+        self.valued: dict = {}     # (ids, None for values; overrides key) -> _Valued
+
+
+class _Valued:
+    """A checked combination dispatched with uniform values: its pipeline, and
+    its bind group for the ring buffer ``chunk_id`` (remade when the ring grows)."""
+
+    __slots__ = ("pipeline", "group", "chunk_id")
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.group = None
+        self.chunk_id = None
 
 
 class Device:
@@ -90,9 +114,12 @@ class Device:
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
         self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
-                      "copies": 0, "submits": 0}
+                      "copies": 0, "submits": 0, "ring_buffers": 0, "ring_writes": 0}
         self._cache = PipelineCache(self.wgpu_device, self.stats)
-        self._recorder = Recorder(self.wgpu_device, self.stats)
+        self.uniform_ring = UniformRing(
+            self.wgpu_device, self.stats, self.limits["min-uniform-buffer-offset-alignment"],
+            self._cache.forget_buffer, self.limits["max-buffer-size"])
+        self._recorder = Recorder(self.wgpu_device, self.stats, self.uniform_ring)
         self._depth = 0
         self._kernels: dict[int, _KernelEntry] = {}
         self._max_wg = self.limits["max-compute-workgroups-per-dimension"]
@@ -244,7 +271,10 @@ class Device:
     def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
         """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
 
-        ``bindings``: dict name -> Buffer, or a sequence in binding order.
+        ``bindings``: dict name -> Buffer, or a sequence in binding order. A
+        uniform binding may take a plain value instead (a number, numpy scalar
+        or small vector, as for ``uniform``): it goes into the uniform ring, so
+        every dispatch of a batch sees its own value with one pipeline.
         Everything is validated before any command is recorded; the result of
         validating a (kernel, buffers, overrides) combination is cached with
         its bind group, so a repeat costs a few dict lookups.
@@ -272,18 +302,21 @@ class Device:
                 ids = tuple([b.id for b in bindings])
             pipeline, group = entry.bound[ids, okey]
         except (KeyError, AttributeError, TypeError):
-            pipeline, group = self._bind(entry, kernel, bindings, okey)
+            return self._dispatch_slow(entry, kernel, bindings, okey, x, y, z)
         self.stats["dispatches"] += 1
         self._recorder.dispatch(pipeline, group, x, y, z)
         if not self._depth:
             self._recorder.flush()
 
-    def prepare(self, kernel, *, overrides=None) -> None:
+    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
         """Compile ``kernel``'s module and pipeline now (raises WGSLCompileError),
-        so the first dispatch costs no compile; also a plain validity check."""
+        so the first dispatch costs no compile; also a plain validity check.
+        ``uniform_values``: the pipeline for dispatches that give uniforms values."""
         entry = self._kernels.get(id(kernel)) or self._entry(kernel)
         okey = self._okey(entry, kernel, overrides) if overrides else ()
-        if okey not in entry.pipelines:
+        if uniform_values:
+            self._dynamic_pipeline(entry, kernel, okey)
+        elif okey not in entry.pipelines:
             entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
 
     def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
@@ -321,9 +354,23 @@ class Device:
                 entry.okeys[raw] = okey
         return okey
 
-    def _bind(self, entry, kernel, bindings, okey):
-        """Slow path: validate the buffers, then get pipeline and bind group."""
+    def _dispatch_slow(self, entry, kernel, bindings, okey, x, y, z) -> None:
+        """A combination not seen yet, or uniform values: check, then record."""
         buffers = checks.order_buffers(kernel, bindings)
+        if any(not isinstance(buffers[i], DeviceBuffer) for i in entry.uniforms):
+            pipeline, group, offsets = self._bind_values(entry, kernel, buffers, okey)
+            self.stats["dispatches"] += 1
+            self._recorder.dispatch_at(pipeline, group, offsets, x, y, z)
+        else:
+            refuse_storage_values(kernel, buffers)
+            pipeline, group = self._bind(entry, kernel, buffers, okey)
+            self.stats["dispatches"] += 1
+            self._recorder.dispatch(pipeline, group, x, y, z)
+        if not self._depth:
+            self._recorder.flush()
+
+    def _bind(self, entry, kernel, buffers, okey):
+        """Slow path: validate the buffers, then get pipeline and bind group."""
         checks.check_buffers(kernel, buffers, self)
         pipeline = entry.pipelines.get(okey)
         if pipeline is None:
@@ -332,6 +379,55 @@ class Device:
         key = (tuple(b.id for b in buffers), okey)
         self._cache.remember(entry.bound, key, (pipeline, group), buffers)
         return pipeline, group
+
+    def _bind_values(self, entry, kernel, buffers, okey):
+        """Pack the uniform values into the ring (every check first), then the
+        pipeline and bind group of the dynamic-offset layout, and the offsets."""
+        values = {}
+        for i in entry.uniforms:
+            obj = buffers[i]
+            if not isinstance(obj, DeviceBuffer):
+                binding, want, shape = entry.expect[i]
+                values[i] = pack_value(kernel, binding, obj, want, shape)
+        try:
+            ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
+            hit = entry.valued[ids, okey]
+        except (KeyError, AttributeError):
+            hit = self._check_valued(entry, kernel, buffers, okey, values)
+        ring = self.uniform_ring
+        placed = iter(ring.place(list(values.values())))
+        chunk = ring.chunk
+        if hit.chunk_id != chunk.id:
+            resources = [(chunk, BINDING_BYTES) if i in values else (b, b.wgpu_buffer.size)
+                         for i, b in enumerate(buffers)]
+            hit.group = self._cache.dynamic_group(kernel, resources)
+            hit.chunk_id = chunk.id
+        offsets = [next(placed) if i in values else 0 for i in entry.uniforms]
+        return hit.pipeline, hit.group, offsets
+
+    def _check_valued(self, entry, kernel, buffers, okey, values) -> _Valued:
+        """Check the Buffers of a dispatch with uniform values; cache the result."""
+        refuse_storage_values(kernel, buffers)
+        cap = self.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
+        if cap is not None and len(entry.uniforms) > cap:
+            raise BindingError(
+                f"kernel {kernel.name!r} has {len(entry.uniforms)} uniform bindings, over "
+                f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {self.name!r}: "
+                f"plain values need a dynamic offset for each; give them device.uniform(...) "
+                f"Buffers instead")
+        kept = [i for i in range(len(buffers)) if i not in values]
+        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
+        checks.check_buffers(view, [buffers[i] for i in kept], self)
+        hit = _Valued(self._dynamic_pipeline(entry, kernel, okey))
+        ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
+        self._cache.remember(entry.valued, (ids, okey), hit, [buffers[i] for i in kept])
+        return hit
+
+    def _dynamic_pipeline(self, entry, kernel, okey):
+        pipeline = entry.dynamic.get(okey)
+        if pipeline is None:
+            pipeline = entry.dynamic[okey] = self._cache.pipeline(kernel, okey, dynamic=True)
+        return pipeline
 
     # -- batching and waiting --------------------------------------------
 

@@ -2,9 +2,10 @@
 
 Creating any of these costs far more than a dispatch, so each is made once:
 modules by ``kernel.cache_key``, pipelines by (cache_key, entry point,
-overrides), bind groups by (layout, buffer ids). Buffer ids are never reused
-and entries holding a buffer are dropped when it is released, so a cache hit
-can never hand back a bind group of a dead buffer.
+overrides, dynamic), bind groups by (layout, buffer ids); ``dynamic`` is the
+uniform ring's layout, whose uniform bindings take dynamic offsets. Buffer ids
+are never reused and entries holding a buffer are dropped when it is released,
+so a cache hit can never hand back a bind group of a dead buffer.
 """
 from __future__ import annotations
 
@@ -105,28 +106,34 @@ class PipelineCache:
             self.stats["modules"] += 1
         return mod
 
-    def layout(self, kernel):
+    def layout(self, kernel, dynamic: bool = False):
         """(bind group layout, pipeline layout, key) from the binding table.
 
         Explicit, never ``layout="auto"``: auto drops bindings the entry point
-        does not use, and the bind group then fails to match.
+        does not use, and the bind group then fails to match. ``dynamic``: the
+        uniform bindings take dynamic offsets (the uniform ring's layout).
         """
         key = tuple((b.index, b.access) for b in kernel.bindings)
+        if dynamic:
+            key += ("dynamic",)
         hit = self.layouts.get(key)
         if hit is None:
             entries = [{"binding": b.index, "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": _ACCESS_TO_TYPE[b.access]}} for b in kernel.bindings]
+            if dynamic:
+                for entry, b in zip(entries, kernel.bindings):
+                    entry["buffer"]["has_dynamic_offset"] = b.access == "uniform"
             bgl = self.wgpu_device.create_bind_group_layout(entries=entries)
             pl = self.wgpu_device.create_pipeline_layout(bind_group_layouts=[bgl])
             hit = self.layouts[key] = (bgl, pl, key)
         return hit
 
-    def pipeline(self, kernel, overrides: tuple):
-        key = (kernel.cache_key, kernel.entry_point, overrides)
+    def pipeline(self, kernel, overrides: tuple, dynamic: bool = False):
+        key = (kernel.cache_key, kernel.entry_point, overrides, dynamic)
         pipe = self.pipelines.get(key)
         if pipe is None:
             module = self.module(kernel)
-            _, pl, _ = self.layout(kernel)
+            _, pl, _ = self.layout(kernel, dynamic)
             compute = {"module": module, "entry_point": kernel.entry_point}
             if overrides:
                 compute["constants"] = dict(overrides)
@@ -148,6 +155,22 @@ class PipelineCache:
                        for b, buf in zip(kernel.bindings, buffers)]
             group = self.wgpu_device.create_bind_group(layout=bgl, entries=entries)
             self.remember(self.bind_groups, key, group, buffers)
+            self.stats["bind_groups"] += 1
+        return group
+
+    def dynamic_group(self, kernel, resources: list):
+        """Bind group of the dynamic layout; ``resources``: (buffer or ring chunk,
+        bytes bound) in binding order. Uniform offsets come with each dispatch."""
+        bgl, _, lkey = self.layout(kernel, dynamic=True)
+        holders = [r for r, _ in resources]
+        key = (lkey, tuple(r.id for r in holders))
+        group = self.bind_groups.get(key)
+        if group is None:
+            entries = [{"binding": b.index, "resource": {"buffer": r.wgpu_buffer, "offset": 0,
+                                                         "size": size}}
+                       for b, (r, size) in zip(kernel.bindings, resources)]
+            group = self.wgpu_device.create_bind_group(layout=bgl, entries=entries)
+            self.remember(self.bind_groups, key, group, holders)
             self.stats["bind_groups"] += 1
         return group
 
