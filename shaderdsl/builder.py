@@ -224,7 +224,7 @@ class ShaderM:
         self._pending = (caller_location(), what)
         return _Block(self, block, loop, value)
 
-    def _check_use(self, e: Expr) -> Expr:
+    def check_use(self, e: Expr) -> Expr:
         """Refuse expressions that read out-of-scope locals or stale variables."""
         open_ids = {b.id for b in self._blocks}
         if self._in_function is not None:
@@ -284,13 +284,44 @@ class ShaderM:
     def next_block(self) -> S.Block:
         return S.Block(next(self._block_ids))
 
+    def param(self, name: str, type: T.WType, block: S.Block) -> Ref:
+        """A function parameter: a let of the function's body block."""
+        ref = Ref(self._local_name(name, "p"), type, "let", block=block.id)
+        self._locals[ref.name] = (block.id, caller_location())
+        return ref
+
+    def assigned_since(self, versions: dict) -> set:
+        """Module-scope names assigned since ``versions`` (a copy of ``self.versions()``)."""
+        return {n for n, v in self._version.items()
+                if versions.get(n, 0) != v and n not in self._locals}
+
+    def versions(self) -> dict:
+        return dict(self._version)
+
+    def call_function(self, fdef: S.FunctionDef, args: tuple, writes: set) -> Ref | None:
+        """Emit a call of ``fdef`` (``args`` typed already); bind its result to a
+        let. The names the function assigns change as a store would change them."""
+        for a in args:
+            self.check_use(a)
+        for key in fdef.builtins:
+            self._builtin(key)  # the caller has it: the entry point declares it, a function takes it
+        ref = None
+        if fdef.result is not None:
+            ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, "let",
+                      block=self.block_id)
+            self._locals[ref.name] = (self.block_id, caller_location())
+        self._emit(S.CallFunction(fdef, args, ref, caller_location()))
+        for name in writes:
+            self._version[name] = self._version.get(name, 0) + 1
+        return ref
+
     def _bump(self, target: Expr) -> None:
         name = root(target).name
         self._version[name] = self._version.get(name, 0) + 1
 
     def let(self, value, name: str | None = None) -> Ref:
         """``let name = value;``: an immutable snapshot; returns its name."""
-        value = self._check_use(as_expr(value))
+        value = self.check_use(as_expr(value))
         if isinstance(value.type, T.Atomic):
             raise type_error("cannot bind an atomic with let; use atomic_load(...)")
         name = self._local_name(name, "t")
@@ -304,7 +335,7 @@ class ShaderM:
         if not isinstance(type, T.WType):
             type, init = None, type
         if init is not None:
-            init = self._check_use(as_expr(init, type))
+            init = self.check_use(as_expr(init, type))
             if type is None:
                 type = init.type
             elif init.type != type:
@@ -339,8 +370,8 @@ class ShaderM:
             op, _ = binary_rule(op, target, value)  # the type check of `target op value`
         elif value.type != target.type:
             raise type_error(f"cannot assign {value.type} to a {target.type} location")
-        self._check_use(target)
-        self._check_use(value)
+        self.check_use(target)
+        self.check_use(value)
         self._emit(S.Assign(target, value, op or None, caller_location()))
         self._bump(target)
 
@@ -350,7 +381,7 @@ class ShaderM:
 
     def effect(self, call: Call) -> Ref | None:
         """Emit a side-effecting call now; bind its result to a let if it has one."""
-        self._check_use(call)
+        self.check_use(call)
         target = call.args[0].target
         ref = None
         if call.type is not None:
@@ -398,7 +429,7 @@ class ShaderM:
                         f"it with m.let(...) before the loop")
 
     def _cond(self, cond) -> Expr:
-        c = self._check_use(as_expr(cond, T.bool_))
+        c = self.check_use(as_expr(cond, T.bool_))
         if c.type != T.bool_:
             raise type_error(f"a condition must be bool, got {c.type}")
         return c
@@ -449,7 +480,7 @@ class ShaderM:
             raise type_error(f"loop bounds must share one integer type, got "
                              f"{start.type}, {end.type}, {step.type}")
         for x in (start, end, step):
-            self._check_use(x)
+            self.check_use(x)
         if isinstance(step, S.Lit) and step.value == 0:
             raise type_error("a loop step of 0 never ends; give a step of 1 or more "
                              "(a negative Python int counts down)")
@@ -465,7 +496,7 @@ class ShaderM:
         c = as_expr(cond, T.bool_)
         if c.type != T.bool_:
             raise type_error(f"a condition must be bool, got {c.type}")
-        self._check_use(c)
+        self.check_use(c)
         body = S.Block(next(self._block_ids))
         self._emit(S.While(c, body, caller_location()))
         return self._block_of("while_", body, loop=True)

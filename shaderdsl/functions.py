@@ -24,7 +24,7 @@ from . import nodes as S
 from . import types as T
 from .literals import as_expr
 from .location import caller_location
-from .nodes import Ref, type_error
+from .nodes import type_error
 
 
 class Function:
@@ -56,22 +56,12 @@ class Function:
                              f"after m, got {len(args)}")
         values = []
         for (name, t), a in zip(self.params, args):
-            e = m._check_use(as_expr(a, t))
+            e = as_expr(a, t)
             if e.type != t:
                 raise type_error(f"{self.fn.__name__}(): argument {name!r} must be {t}, "
                                  f"got {e.type}")
             values.append(e)
-        for key in fdef.builtins:
-            m._builtin(key)  # the caller has it: the entry point declares it, a function takes it
-        ref = None
-        if fdef.result is not None:
-            ref = Ref(m._local_name(self.fn.__name__ + "_r", "r"), fdef.result.type, "let",
-                      block=m.block_id)
-            m._locals[ref.name] = (m.block_id, caller_location())
-        m._emit(S.CallFunction(fdef, tuple(values), ref, caller_location()))
-        for name in m.function_writes[self]:
-            m._version[name] = m._version.get(name, 0) + 1
-        return ref
+        return m.call_function(fdef, tuple(values), m.function_writes[self])
 
     def _define(self, m) -> S.FunctionDef:
         """The function's definition in this module, built at its first call."""
@@ -81,24 +71,20 @@ class Function:
                                  f"WGSL functions cannot be recursive")
             return m.functions[self]
         where = caller_location()
-        name = m._declare_name(self.fn.__name__, "fn")
+        # the Python name without leading '_' (kept for generated names), made unique
+        name = m._declare_name(m.free_name(self.fn.__name__.lstrip("_") or "fn"), "fn")
         m.functions[self] = None  # being built
         body = m.next_block()
-        before = dict(m._version)
+        before = m.versions()
         with m.function_scope(name, body) as builtins:
-            params = []
-            for pname, t in self.params:
-                ref = Ref(m._local_name(pname, "p"), t, "let", block=body.id)
-                m._locals[ref.name] = (body.id, where)
-                params.append(ref)
+            params = [m.param(pname, t, body) for pname, t in self.params]
             result = self.fn(m, *params)
-            result = None if result is None else m._check_use(as_expr(result, self.returns))
+            result = None if result is None else m.check_use(as_expr(result, self.returns))
         if self.returns is not None and (result is None or result.type != self.returns):
             raise type_error(f"{where}: function {self.fn.__name__} is annotated -> "
                              f"{self.returns} but returns "
                              f"{'nothing' if result is None else result.type}")
-        m.function_writes[self] = {n for n, v in m._version.items()
-                                   if before.get(n, 0) != v and n not in m._locals}
+        m.function_writes[self] = m.assigned_since(before)
         fdef = S.FunctionDef(name, tuple(params), body, result, where,
                              tuple(k for k in S.BUILTIN_VALUES if k in builtins))
         del m.functions[self]  # re-insert after its callees, in definition order
