@@ -9,6 +9,7 @@ error against numpy:
     python -m examples.matmul       # tiled matrix multiply in workgroup memory
     python -m examples.histogram    # atomics, global and workgroup-private
     python -m examples.half         # f16 storage, f32 accumulation
+    python -m examples.int8_matmul  # int8 matrices, packed dot4I8Packed, exact i32 sums
 
 Print only the WGSL of a kernel with the CLI:
 

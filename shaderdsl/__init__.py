@@ -12,8 +12,9 @@ from .errors import (AliasingError, BindingError, DispatchError, FeatureError, K
                      ShaderTypeError, WGSLCompileError)
 from .kernel import Binding, Kernel, Override
 from .builder import ShaderM
-from .types import (Array, Atomic, Scalar, Vector, WType, array, atomic, bool_, f16, f32, i32,
-                    u32, vec2, vec2f, vec2h, vec2i, vec2u, vec3, vec3f, vec3h, vec3i, vec3u, vec4,
-                    vec4f, vec4h, vec4i, vec4u)
+from .types import (Array, Atomic, Scalar, SubgroupMatrix, Vector, WType, array, atomic, bool_,
+                    f16, f32, i32, subgroup_matrix_left, subgroup_matrix_result,
+                    subgroup_matrix_right, u32, vec2, vec2f, vec2h, vec2i, vec2u, vec3, vec3f,
+                    vec3h, vec3i, vec3u, vec4, vec4f, vec4h, vec4i, vec4u)
 
 __version__ = "0.1.0"

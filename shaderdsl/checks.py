@@ -16,7 +16,7 @@ import operator
 import numpy as np
 
 from .errors import AliasingError, BindingError, DispatchError, FeatureError
-from .types import Array, Scalar, numpy_dtype
+from .types import Array, Scalar, Vector, numpy_dtype
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
                     np.dtype(np.uint32))
@@ -65,6 +65,46 @@ def uniform_array(value) -> np.ndarray:
                                f"np.int32 for a signed uniform")
         return np.asarray(value, np.uint32)
     raise BindingError(f"uniform: expected a numpy array or scalar, got {type(value).__name__}")
+
+
+def binding_where(kernel, binding) -> str:
+    return f"kernel {kernel.name!r} binding {binding.name!r} (@binding({binding.index}))"
+
+
+def _spell(dtype: np.dtype, shape: tuple) -> str:
+    return f"{dtype.name}{list(shape)}" if shape else f"a {dtype.name} scalar"
+
+
+def uniform_value(kernel, binding, value) -> np.ndarray:
+    """A plain value given to a uniform binding for one dispatch (every device
+    takes one): the rules of ``uniform_array`` (Python float -> float32, int ->
+    uint32, numpy keeps its dtype), then dtype and shape must be exactly the
+    binding's (``()`` for a scalar, ``(n,)`` for a vecN)."""
+    want = binding.dtype
+    shape = (binding.elem.size,) if isinstance(binding.elem, Vector) else ()
+    try:
+        arr = uniform_array(value)
+    except BindingError as e:
+        raise BindingError(f"{binding_where(kernel, binding)}: expected a Buffer (device.uniform) "
+                           f"or {_spell(want, shape)} (WGSL {binding.elem}), got {value!r}: "
+                           f"{e}") from None
+    if arr.dtype != want or arr.shape != shape:
+        hint = (f"np.{want.name}(...)" if not shape else
+                f"np.array([...], np.{want.name}) of {shape[0]} values")
+        raise BindingError(f"{binding_where(kernel, binding)}: expected {_spell(want, shape)} "
+                           f"(WGSL {binding.elem}), got {_spell(arr.dtype, arr.shape)} "
+                           f"from {value!r}; pass {hint}")
+    return arr
+
+
+def refuse_storage_values(kernel, buffers) -> None:
+    """A plain value for a storage binding: say that only uniforms take one."""
+    for binding, obj in zip(kernel.bindings, buffers):
+        if binding.access != "uniform" and isinstance(obj, (int, float, np.generic)):
+            raise BindingError(f"{binding_where(kernel, binding)}: a plain value ({obj!r}) is "
+                               f"accepted only by a uniform binding; {binding.name!r} is a "
+                               f"storage buffer ({binding.access}): give it a Buffer "
+                               f"(device.buffer(array))")
 
 
 class DeviceBuffer:

@@ -72,6 +72,10 @@ def _needs_parens(parent, child: N.Expr, left: bool) -> bool:
 
 
 _TEMPLATE_LIKE = {"<", ">", "<=", ">="}
+# Features that need an `enable` directive in every compiler (the subgroup
+# enable is Tint's alone: Kernel.wgsl_for adds it).
+_ENABLES = (("shader-f16", "f16"),
+            (T.SUBGROUP_MATRIX_FEATURE, "chromium_experimental_subgroup_matrix"))
 # Compound assignments spell some bool operators differently (`a &= b` on bool).
 _COMPOUND = {"&&": "&", "||": "|"}
 
@@ -85,6 +89,8 @@ class Emitter:
     def _note_type(self, t) -> None:
         if t is not None and T.uses_f16(t):
             self.features.add("shader-f16")
+        if isinstance(t, T.SubgroupMatrix):
+            self.features.add(T.SUBGROUP_MATRIX_FEATURE)
 
     # ------------------------------------------------------------ expressions
 
@@ -289,7 +295,8 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]
     body: list[tuple[str, str]] = []
     em.block(m.body, 1, body)
     decls = _declarations(em, m)
-    enables = ["enable f16;", ""] if "shader-f16" in em.features else []
+    enables = [f"enable {name};" for feature, name in _ENABLES if feature in em.features]
+    enables += [""] if enables else []
     lines = [f"// kernel {m.name}", *enables, *decls]
     source_map = []
     for part in (functions, _entry_point(m), body):

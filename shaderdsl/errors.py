@@ -82,3 +82,27 @@ class OutOfBoundsError(InterpreterError, IndexError):
     A GPU clamps or drops such an access (WebGPU's robustness rules); the
     interpreter stops and says which index, where and in which invocation.
     """
+
+
+class RaceError(InterpreterError):
+    """Two invocations of one workgroup touched one element of workgroup
+    memory, at least one writing, with no workgroupBarrier() between them.
+
+    A GPU gives whatever its interleaving gives; the interpreter, which runs
+    one invocation at a time, names the array, the element and both lines.
+    """
+
+
+class UninitializedReadError(InterpreterError):
+    """A read of a workgroup-memory element no invocation of the workgroup
+    has written in this dispatch: garbage on GPUs that do not zero it."""
+
+
+class BrowserError(ShaderDSLError, RuntimeError):
+    """The headless browser behind ``shaderdsl.browser`` is missing, would not
+    start, crashed, or its WebGPU refused something the host checks let through."""
+
+
+class BrowserTimeoutError(BrowserError, TimeoutError):
+    """A call into the browser did not answer in time (a kernel that never
+    ends hangs the page); the browser was restarted and its buffers are lost."""

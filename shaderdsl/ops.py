@@ -28,17 +28,19 @@ import numpy as np
 from . import consts
 from . import types as T
 from . import values as V
+from .errors import InterpreterError, OutOfBoundsError
 from .literals import as_expr, default_scalar
 from .nodes import AddressOf, Expr, Ref, is_assignable, type_error
 
 
 @dataclass(frozen=True, eq=False)
 class Op:
-    """One operation. ``form`` is "infix", "prefix", "call", "atomic" or "subgroup"."""
+    """One operation. ``form`` is "infix", "prefix", "call", "atomic", "subgroup" or
+    "subgroup_store" (a subgroup collective that writes memory)."""
 
     name: str                       # the DSL's name (registry key)
     wgsl: str                       # WGSL spelling; "{type}" is replaced by the result type
-    form: str
+    form: str                       # infix, prefix, call, atomic, subgroup, subgroup_store
     semantics: Callable             # (arg types, result type) -> f(*values)
     rule: Callable | None = None    # calls: (*user args) -> (arg exprs, result type)
     feature: str | None = None
@@ -47,16 +49,22 @@ class Op:
 
     @property
     def effect(self) -> bool:
-        """Atomics change memory: the builder emits them as statements."""
-        return self.form == "atomic"
+        """Atomics and subgroup matrix stores change memory: the builder emits
+        them as statements."""
+        return self.form in ("atomic", "subgroup_store")
 
     @property
     def collective(self) -> bool:
         """Subgroup operations combine the values of several invocations."""
-        return self.form == "subgroup"
+        return self.form in ("subgroup", "subgroup_store")
 
     def spell(self, result_type) -> str:
-        return self.wgsl.format(type=result_type) if "{" in self.wgsl else self.wgsl
+        """The WGSL name for a call with this result type ("{component}": a
+        subgroup matrix's component type)."""
+        if "{" not in self.wgsl:
+            return self.wgsl
+        return self.wgsl.format(type=result_type,
+                                component=getattr(result_type, "component", result_type))
 
     def __repr__(self) -> str:
         return f"<Op {self.name} {self.wgsl!r}>"
@@ -550,6 +558,104 @@ _register(Op("bitcast", "bitcast<{type}>", "call", _bitcast, _bitcast_rule,
              doc="(T, x): reinterpret the bits of x as type T (same size)"))
 
 
+# ---- packing: 8-bit integers four to a u32 (WGSL language extension
+# packed_4x8_integer_dot_product), and normalized or half floats in a u32.
+# Field i of a packed u32 is bits width*i .. width*i + width-1.
+
+def _fixed_rule(wgsl: str, params: tuple, result):
+    """Arguments of exactly the types ``params``; Python numbers take them."""
+    def rule(*args):
+        _arity(wgsl, args, len(params))
+        exprs = tuple(as_expr(a, t) for a, t in zip(args, params))
+        if any(e.type != t for e, t in zip(exprs, params)):
+            raise type_error(f"{wgsl}() needs ({', '.join(map(str, params))}), got "
+                             f"({', '.join(str(e.type) for e in exprs)})")
+        return exprs, result
+    return rule
+
+
+def unpack_fields(x, count: int, width: int, signed: bool = False) -> np.ndarray:
+    """The ``count`` fields of ``width`` bits of a u32, lowest first, as int64
+    (two's complement fields sign-extended when ``signed``)."""
+    f = (np.int64(V.bits(x)) >> (np.arange(count, dtype=V.I64) * width)) & ((1 << width) - 1)
+    return np.where(f >> (width - 1) != 0, f - (1 << width), f) if signed else f
+
+
+def pack_fields(fields, width: int) -> np.uint32:
+    """The low ``width`` bits of each integer field, field i at bits width*i."""
+    f = np.asarray(fields).astype(V.I64) & ((1 << width) - 1)
+    return np.uint32(int(np.sum(f << (np.arange(f.size, dtype=V.I64) * width))))
+
+
+def _norm_fields(scale: int, low: float):
+    """pack*norm: floor(0.5 + scale * min(1, max(low, e))) of the exact product
+    (in float64 an f32 times these scales is exact, and 0.5 + x only rounds far
+    from an integer). max/min are the WGSL builtins: a NaN becomes ``low``."""
+    def f(v):
+        e = np.fmin(1.0, np.fmax(low, np.asarray(v, V.F64)))
+        return np.floor(0.5 + scale * e).astype(V.I64)
+    return f
+
+
+def _unnorm(scale: int, signed: bool, count: int, width: int):
+    """unpack*norm: max(v / scale, -1) for signed fields, v / scale for unsigned,
+    rounded once to f32 (float64 holds v / scale closely enough: see tests)."""
+    def f(x):
+        q = unpack_fields(x, count, width, signed) / scale
+        return np.maximum(q, -1.0).astype(np.float32)
+    return f
+
+
+def _pack_half(v):
+    """pack2x16float: each f32 rounded to the nearest f16 (ties to even)."""
+    with np.errstate(over="ignore"):
+        h = np.asarray(v, np.float32).astype(np.float16)
+    return pack_fields(h.view(np.uint16), 16)
+
+
+def _unpack_half(x):
+    return unpack_fields(x, 2, 16).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _dot4(signed: bool):
+    dt = np.int32 if signed else np.uint32
+    return lambda a, b: dt(np.sum(unpack_fields(a, 4, 8, signed) * unpack_fields(b, 4, 8, signed)))
+
+
+_PACKING = [
+    # dsl name, wgsl, parameter types, result type, function of the values
+    ("dot4_i8_packed", "dot4I8Packed", (T.u32, T.u32), T.i32, _dot4(True)),
+    ("dot4_u8_packed", "dot4U8Packed", (T.u32, T.u32), T.u32, _dot4(False)),
+    ("pack4x_i8", "pack4xI8", (T.vec4i,), T.u32, lambda v: pack_fields(v, 8)),
+    ("pack4x_u8", "pack4xU8", (T.vec4u,), T.u32, lambda v: pack_fields(v, 8)),
+    ("pack4x_i8_clamp", "pack4xI8Clamp", (T.vec4i,), T.u32,
+     lambda v: pack_fields(np.clip(v.astype(V.I64), -128, 127), 8)),
+    ("pack4x_u8_clamp", "pack4xU8Clamp", (T.vec4u,), T.u32,
+     lambda v: pack_fields(np.minimum(v.astype(V.I64), 255), 8)),
+    ("unpack4x_i8", "unpack4xI8", (T.u32,), T.vec4i,
+     lambda x: unpack_fields(x, 4, 8, True).astype(np.int32)),
+    ("unpack4x_u8", "unpack4xU8", (T.u32,), T.vec4u,
+     lambda x: unpack_fields(x, 4, 8).astype(np.uint32)),
+    ("pack4x8snorm", "pack4x8snorm", (T.vec4f,), T.u32,
+     lambda v: pack_fields(_norm_fields(127, -1.0)(v), 8)),
+    ("pack4x8unorm", "pack4x8unorm", (T.vec4f,), T.u32,
+     lambda v: pack_fields(_norm_fields(255, 0.0)(v), 8)),
+    ("pack2x16snorm", "pack2x16snorm", (T.vec2f,), T.u32,
+     lambda v: pack_fields(_norm_fields(32767, -1.0)(v), 16)),
+    ("pack2x16unorm", "pack2x16unorm", (T.vec2f,), T.u32,
+     lambda v: pack_fields(_norm_fields(65535, 0.0)(v), 16)),
+    ("pack2x16float", "pack2x16float", (T.vec2f,), T.u32, _pack_half),
+    ("unpack4x8snorm", "unpack4x8snorm", (T.u32,), T.vec4f, _unnorm(127, True, 4, 8)),
+    ("unpack4x8unorm", "unpack4x8unorm", (T.u32,), T.vec4f, _unnorm(255, False, 4, 8)),
+    ("unpack2x16snorm", "unpack2x16snorm", (T.u32,), T.vec2f, _unnorm(32767, True, 2, 16)),
+    ("unpack2x16unorm", "unpack2x16unorm", (T.u32,), T.vec2f, _unnorm(65535, False, 2, 16)),
+    ("unpack2x16float", "unpack2x16float", (T.u32,), T.vec2f, _unpack_half),
+]
+for _name, _wgsl, _params, _result, _fn in _PACKING:
+    _register(Op(_name, _wgsl, "call", _plain(_fn), _fixed_rule(_wgsl, _params, _result),
+                 doc=f"({', '.join(map(str, _params))}) -> {_result}"))
+
+
 def _construct(types, rt):
     """T(x) conversion, vecN(x) splat, vecN(v) conversion or vecN(a, b, ...)."""
     dst = T.scalar_of(rt)
@@ -745,6 +851,184 @@ _subgroup("subgroup_ballot", "subgroupBallot", _ballot,
           _subgroup_bool_rule("subgroupBallot", T.vec4u))
 
 
+# ---- subgroup matrices (Dawn's chromium_experimental_subgroup_matrix)
+#
+# A subgroup matrix belongs to the subgroup: every lane holds a part and the
+# builtins are collectives that all lanes reach together with the same
+# arguments. The interpreter gives every lane the whole matrix (a (rows, cols)
+# numpy array) and checks that the lanes' arguments agree.
+
+SUBGROUP_MATRIX = T.SUBGROUP_MATRIX_FEATURE
+_STORED_AS = {"i8": T.i32, "u8": T.u32}  # 8-bit components: four to an array element
+
+
+def _matrix(wgsl: str, m, kind: str | None = None) -> T.SubgroupMatrix:
+    t = m if isinstance(m, T.SubgroupMatrix) else getattr(m, "type", None)
+    if not isinstance(t, T.SubgroupMatrix) or (kind and t.kind != kind):
+        got = m if isinstance(m, T.WType) else getattr(m, "type", type(m).__name__)
+        raise type_error(f"{wgsl}() needs a subgroup_matrix_{kind or '*'}, got {got}")
+    return t
+
+
+def _matrix_array(wgsl: str, mt: T.SubgroupMatrix, array, store: bool) -> AddressOf:
+    """``&array``: a whole storage buffer or workgroup array of the matrix's
+    component type (i32/u32 holding four i8/u8 each), writable for a store."""
+    want = _STORED_AS.get(mt.component) or T.SCALARS[mt.component]
+    if not (isinstance(array, Ref) and array.kind in ("buffer", "workgroup")
+            and isinstance(array.type, T.Array) and array.type.elem == want):
+        got = array.type if isinstance(array, Expr) else type(array).__name__
+        raise type_error(f"{wgsl}() of {mt} needs a whole storage buffer or workgroup array "
+                         f"of {want}, got {got}")
+    if store and not is_assignable(array):
+        raise type_error(f"{wgsl}() needs a writable array (an output buffer or a shared array)")
+    return AddressOf(array)
+
+
+def _u32s(wgsl: str, *values) -> tuple:
+    out = tuple(as_expr(v, T.u32) for v in values)
+    if any(e.type != T.u32 for e in out):
+        raise type_error(f"{wgsl}() offset and stride must be u32, got "
+                         f"{', '.join(str(e.type) for e in out)}")
+    return out
+
+
+def _load_rule(wgsl: str):
+    def rule(mtype, array, offset, stride):
+        mt = _matrix(wgsl, mtype)
+        return (_matrix_array(wgsl, mt, array, False), *_u32s(wgsl, offset, stride)), mt
+    return rule
+
+
+def _store_rule(wgsl: str):
+    def rule(array, offset, value, stride):
+        if not isinstance(value, Expr):
+            raise type_error(f"{wgsl}() needs a subgroup matrix value, got {type(value).__name__}")
+        mt = _matrix(wgsl, value)
+        ptr = _matrix_array(wgsl, mt, array, True)
+        offset, stride = _u32s(wgsl, offset, stride)
+        return (ptr, offset, value, stride), None
+    return rule
+
+
+def _same_kind(a: str, b: str) -> bool:
+    """Float components multiply into float results, integers into integers."""
+    return (a in ("f32", "f16")) == (b in ("f32", "f16"))
+
+
+def _product_type(wgsl: str, left, right, component) -> T.SubgroupMatrix:
+    lt, rt = _matrix(wgsl, left, "left"), _matrix(wgsl, right, "right")
+    if lt.component != rt.component or lt.cols != rt.rows:
+        raise type_error(f"{wgsl}(): {lt} times {rt} needs one component type and "
+                         f"left's K (columns) = right's K (rows)")
+    res = T.subgroup_matrix_result(component, rt.cols, lt.rows)
+    if not _same_kind(lt.component, res.component):
+        raise type_error(f"{wgsl}(): {lt.component} matrices multiply into an "
+                         f"{'f32/f16' if lt.component in ('f32', 'f16') else 'i32/u32'} result, "
+                         f"not {res.component}")
+    return res
+
+
+def _multiply_rule(component, left, right):
+    res = _product_type("subgroupMatrixMultiply", left, right, component)
+    return (left, right), res
+
+
+def _mma_rule(left, right, acc):
+    wgsl = "subgroupMatrixMultiplyAccumulate"
+    at = _matrix(wgsl, acc, "result")
+    res = _product_type(wgsl, left, right, at.component)
+    if res != at:
+        raise type_error(f"{wgsl}(): the product is {res.cols} x {res.rows} (N x M) but the "
+                         f"accumulator is {at}")
+    return (left, right, acc), at
+
+
+def _uniform(wgsl: str, lanes, args) -> tuple:
+    """The arguments all lanes passed; they must agree (subgroup-uniform)."""
+    first = args[0]
+    for lane, a in zip(lanes, args):
+        for k, (x, y) in enumerate(zip(a, first)):
+            if x is not y and not np.array_equal(x, y):
+                raise InterpreterError(
+                    f"{wgsl}() needs the same arguments in every lane of the subgroup: "
+                    f"argument {k + 1} of lane {lane} differs from lane {lanes[0]}'s")
+    return first
+
+
+def _matrix_cells(wgsl: str, mt, array, offset, stride, col_major: bool):
+    """(elements of ``array`` as the matrix's components, (rows, cols) indices):
+    element (r, c) is at offset + r*stride + c, or offset + c*stride + r."""
+    flat = array.reshape(-1)
+    if mt.is_8bit:
+        flat = flat.view(V.MATRIX_DTYPES[mt.component])
+    r, c = np.arange(mt.rows)[:, None], np.arange(mt.cols)[None, :]
+    idx = int(offset) + (c * int(stride) + r if col_major else r * int(stride) + c)
+    if idx.max() >= flat.size:
+        raise OutOfBoundsError(f"{wgsl}() of {mt} at offset {int(offset)}, stride {int(stride)} "
+                               f"reaches element {idx.max()} of an array of {flat.size}")
+    return flat, idx
+
+
+def _matrix_load(wgsl: str, col_major: bool):
+    def make(types, rt):
+        def f(lanes, args):
+            array, offset, stride = _uniform(wgsl, lanes, args)
+            flat, idx = _matrix_cells(wgsl, rt, array, offset, stride, col_major)
+            return [flat[idx].copy() for _ in lanes]
+        return f
+    return make
+
+
+def _matrix_store(wgsl: str, col_major: bool):
+    def make(types, rt):
+        mt = types[2]
+
+        def f(lanes, args):
+            array, offset, value, stride = _uniform(wgsl, lanes, args)
+            flat, idx = _matrix_cells(wgsl, mt, array, offset, stride, col_major)
+            flat[idx] = value
+            # the array elements written, as if by the first lane (for the race checks)
+            written = np.unique(idx // 4 if mt.is_8bit else idx)
+            return [written] + [None] * (len(lanes) - 1)
+        return f
+    return make
+
+
+def _matrix_product(types, rt):
+    """left @ right (+ acc): exact in int64, wrapped to 32 bits, for integers;
+    in float64, rounded once to the result type, for floats (GPUs may round
+    and order the sums otherwise)."""
+    dt = V.dtype_of(rt)
+    wide = V.F64 if T.SCALARS[rt.component].is_float else V.I64
+
+    def f(lanes, args):
+        ms = [np.asarray(m).astype(wide) for m in _uniform("subgroupMatrixMultiply", lanes, args)]
+        out = ms[0] @ ms[1] + (ms[2] if len(ms) == 3 else 0)
+        with np.errstate(over="ignore"):
+            out = out.astype(dt)
+        return [out.copy() for _ in lanes]
+    return f
+
+
+for _suffix, _layout, _cm in (("", "row_major", False), ("_col_major", "col_major", True)):
+    _register(Op(f"subgroup_matrix_load{_suffix}", f"subgroupMatrixLoad<{{type}}, {_layout}>",
+                 "subgroup", _matrix_load("subgroupMatrixLoad", _cm),
+                 _load_rule("subgroupMatrixLoad"), feature=SUBGROUP_MATRIX,
+                 doc=f"(matrix type, array, offset, stride), {_layout.replace('_', '-')}"))
+    _register(Op(f"subgroup_matrix_store{_suffix}", f"subgroupMatrixStore<{_layout}>",
+                 "subgroup_store", _matrix_store("subgroupMatrixStore", _cm),
+                 _store_rule("subgroupMatrixStore"), feature=SUBGROUP_MATRIX,
+                 doc=f"(array, offset, matrix, stride), {_layout.replace('_', '-')}"))
+_register(Op("subgroup_matrix_multiply", "subgroupMatrixMultiply<{component}>", "subgroup",
+             _matrix_product, _multiply_rule, feature=SUBGROUP_MATRIX,
+             doc="(result component, left, right): left @ right"))
+_register(Op("subgroup_matrix_multiply_accumulate", "subgroupMatrixMultiplyAccumulate",
+             "subgroup", _matrix_product, _mma_rule, feature=SUBGROUP_MATRIX,
+             doc="(left, right, acc): left @ right + acc"))
+
+
 def spellings() -> frozenset[str]:
-    """The WGSL function names the registry uses (names.py reserves them)."""
-    return frozenset(op.wgsl for op in BUILTINS.values() if "{" not in op.wgsl)
+    """The WGSL function names the registry uses (names.py reserves them), with
+    and without template arguments (``subgroupMatrixStore<row_major>``)."""
+    whole = {op.wgsl for op in BUILTINS.values() if "{" not in op.wgsl}
+    return frozenset(whole | {op.wgsl.split("<")[0] for op in BUILTINS.values()} - {""})

@@ -91,6 +91,63 @@ class Atomic(WType):
         return self.name
 
 
+@dataclass(frozen=True)
+class SubgroupMatrix(WType):
+    """``subgroup_matrix_{kind}<component, cols, rows>`` (Dawn's WGSL extension
+    chromium_experimental_subgroup_matrix): a matrix held by a whole subgroup,
+    each invocation a part of it, changed only by subgroup-wide builtins.
+    ``kind`` is "left" (K cols, M rows), "right" (N, K) or "result" (N, M);
+    ``component`` f32, f16, i32, u32, or i8/u8 (left and right only)."""
+
+    kind: str
+    component: str
+    cols: int
+    rows: int
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"subgroup_matrix_{self.kind}<{self.component}, {self.cols}, {self.rows}>"
+
+    @property
+    def is_8bit(self) -> bool:
+        return self.component in ("i8", "u8")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+MATRIX_COMPONENTS = ("f32", "f16", "i32", "u32", "i8", "u8")
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"  # Dawn's feature name
+
+
+def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
+    c = component.name if isinstance(component, Scalar) else component
+    if c not in MATRIX_COMPONENTS or (c in ("i8", "u8") and kind == "result"):
+        allowed = MATRIX_COMPONENTS if kind != "result" else MATRIX_COMPONENTS[:4]
+        raise ShaderTypeError(f"subgroup_matrix_{kind} component must be one of {allowed}, "
+                              f"got {component!r}")
+    for n in (cols, rows):
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ShaderTypeError(f"subgroup_matrix_{kind} sizes must be positive ints, "
+                                  f"got {cols!r}, {rows!r}")
+    return SubgroupMatrix(kind, c, int(cols), int(rows))
+
+
+def subgroup_matrix_left(component, k: int, m: int) -> SubgroupMatrix:
+    """``subgroup_matrix_left<T, K, M>``: M rows, K columns (the A of A @ B)."""
+    return _subgroup_matrix("left", component, k, m)
+
+
+def subgroup_matrix_right(component, n: int, k: int) -> SubgroupMatrix:
+    """``subgroup_matrix_right<T, N, K>``: K rows, N columns (the B of A @ B)."""
+    return _subgroup_matrix("right", component, n, k)
+
+
+def subgroup_matrix_result(component, n: int, m: int) -> SubgroupMatrix:
+    """``subgroup_matrix_result<T, N, M>``: M rows, N columns."""
+    return _subgroup_matrix("result", component, n, m)
+
+
 f32 = Scalar("f32")
 f16 = Scalar("f16")
 i32 = Scalar("i32")
@@ -113,6 +170,10 @@ def vec4(s: Scalar) -> Vector:
 
 
 def array(elem: WType, length: int | None = None) -> Array:
+    if isinstance(elem, SubgroupMatrix):
+        raise ShaderTypeError(f"{elem} cannot be an array element, a buffer element or "
+                              f"workgroup memory: a subgroup matrix lives in a let or var; "
+                              f"load and store it with subgroup_matrix_load/store")
     if length is not None and (isinstance(length, (bool, np.bool_)) or
                                not isinstance(length, (int, np.integer)) or length < 1):
         raise ShaderTypeError(f"array length must be a positive int or None, got {length!r}")
@@ -143,6 +204,8 @@ def scalar_of(t: WType) -> Scalar | None:
 def uses_f16(t: WType) -> bool:
     if isinstance(t, Array):
         return uses_f16(t.elem)
+    if isinstance(t, SubgroupMatrix):
+        return t.component == "f16"
     return scalar_of(t) == f16
 
 

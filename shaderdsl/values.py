@@ -22,10 +22,16 @@ F64 = np.dtype(np.float64)
 FLOAT_TO_INT = {"i32": (-2.0 ** 31, 2147483520.0), "u32": (0.0, 4294967040.0)}
 
 
+MATRIX_DTYPES = {**DTYPES, "i8": np.dtype(np.int8), "u8": np.dtype(np.uint8)}
+
+
 def dtype_of(t: T.WType) -> np.dtype:
-    """numpy dtype of one component of ``t`` (scalar, vector, atomic or array thereof)."""
+    """numpy dtype of one component of ``t`` (scalar, vector, atomic, subgroup
+    matrix or array thereof)."""
     while isinstance(t, T.Array):
         t = t.elem
+    if isinstance(t, T.SubgroupMatrix):
+        return MATRIX_DTYPES[t.component]
     s = T.scalar_of(t)
     if s is None:
         raise TypeError(f"no numpy dtype for {t}")
@@ -40,6 +46,8 @@ def shape_of(t: T.WType) -> tuple:
         return (t.length,) + shape_of(t.elem)
     if isinstance(t, T.Vector):
         return (t.size,)
+    if isinstance(t, T.SubgroupMatrix):   # the whole matrix, as every lane sees it
+        return (t.rows, t.cols)
     return ()
 
 

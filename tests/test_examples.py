@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
-from examples import half, histogram, matmul, reduction, saxpy
-from examples import rows as rows_mod, scan
+from examples import half, histogram, int8_matmul, matmul, reduction, saxpy
+from examples import bitonic, rows as rows_mod, scan
 
 U = 2.0 ** -24
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -203,6 +203,8 @@ KERNELS = [
     ("histogram private", histogram.histogram, 128, dict(nbins=4096, private=True)),
     ("gemv_f16 vec4h", half.gemv_f16, 64, dict(rows=300, cols=256)),
     ("gemv_f16 scalar", half.gemv_f16, 64, dict(rows=300, cols=250)),
+    ("int8_matmul", int8_matmul.int8_matmul, (8, 8), dict(M=37, K=301, N=45)),
+    ("uint8_matmul", int8_matmul.int8_matmul, (8, 8), dict(M=1, K=1, N=1, signed=False)),
 ]
 
 
@@ -234,7 +236,7 @@ def test_cli_prints_example_wgsl(capsys):
     assert "@workgroup_size(4, 4, 1)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", [saxpy, reduction, matmul, histogram, half])
+@pytest.mark.parametrize("module", [saxpy, reduction, matmul, histogram, half, int8_matmul])
 def test_example_main_runs(device, module, capsys):
     module.main()
     out = capsys.readouterr().out
@@ -277,3 +279,17 @@ def test_multi_block_scan(device, n, seed, subgroups):
     x = np.random.default_rng(seed).integers(-1000, 1000, n).astype(np.int32)
     got = scan.run(device, x, subgroups=subgroups)
     assert np.array_equal(got, np.cumsum(x, dtype=np.int64))
+
+
+# ---------------------------------------------------------------- bitonic sort on the uniform ring
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3000), seed=seeds)
+def test_bitonic_sort(device, n, seed):
+    """Sorting moves values: exact. One pipeline and one submit for all passes."""
+    x = nonzero(np.random.default_rng(seed), n) * 1000
+    before = dict(device.stats)
+    got = bitonic.run(device, x)
+    assert np.array_equal(got, np.sort(x))
+    assert device.stats["submits"] - before["submits"] <= 2  # the sort, then the read
+    assert device.stats["pipelines"] - before["pipelines"] <= 1

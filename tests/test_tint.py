@@ -139,7 +139,7 @@ def test_grid_has_every_kernel_function(entries):
     for path in sorted(Path(examples.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"examples.{path.stem}")
         for name, fn in vars(module).items():
-            if (inspect.isfunction(fn) and fn.__module__ == module.__name__
+            if (inspect.isfunction(fn) and fn.__module__ == module.__name__ and name[0] != "_"
                     and list(inspect.signature(fn).parameters)[:1] == ["m"]):
                 found.add(f"{module.__name__}.{name}")
     assert found and found <= groups["examples"], f"missing from the grid: {found - groups['examples']}"

@@ -18,7 +18,7 @@ import pytest
 import shaderdsl as sd
 from shaderdsl import BindingError, f16, f32, i32, u32, vec2u, vec4f
 from shaderdsl import builtins as B
-from shaderdsl.bench_params import Sorter, bitonic, main as bench_main, passes
+from examples.bench_params import Sorter, bitonic, main as bench_main, passes
 
 U = 2.0 ** -24
 _names = itertools.count()

@@ -218,7 +218,8 @@ def planner_entries() -> list[Entry]:
 def example_entries() -> list[Entry]:
     """Every kernel function of examples/, with the parameters its run()
     helpers and tests use, edges included (1-wide workgroups, 1x1 matrices)."""
-    from examples import half, histogram, matmul, reduction, saxpy
+    from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy,
+                          scan)
 
     table = [
         *[(saxpy.saxpy, 64, dict(n=n, a_from=a)) for n in (None, 1, 1000)
@@ -237,6 +238,15 @@ def example_entries() -> list[Entry]:
         (histogram.histogram, 64, dict(nbins=3, private=True)),
         *[(half.gemv_f16, 64, dict(rows=rows, cols=cols)) for rows, cols in
           ((300, 256), (300, 250), (1, 1), (4, 4))],
+        *[(int8_matmul.int8_matmul, (8, 8), dict(M=37, K=k, N=n, signed=s))
+          for k, n, s in ((301, 45, True), (8, 8, False), (1, 1, True))],
+        *[(fn, ws, dict(rows=r, cols=c)) for fn in (rows.softmax, rows.layer_norm)
+          for ws, r, c in ((64, 3, 100), (64, 1, 1), (32, 2, 17))],
+        *[(scan.scan_blocks, ws, dict(subgroups=sg)) for ws in (256, 7) for sg in (False, True)],
+        (scan.add_offsets, 256, {}),
+        (bitonic.bitonic, 256, dict(how="uniform")),
+        (bitonic.bitonic, 256, dict(how="override")),
+        (bitonic.bitonic, 256, dict(how="bake", k=8, j=2)),
     ]
     out = []
     for fn, ws, params in table:
@@ -420,6 +430,49 @@ def c_int_constants(m):
     a[1] = a[0] + vec4i(i32(-1) << u32(31), i32(-2**31) / i32(-2), i32(-7) % i32(3), -i32(5))
 
 
+def c_shaped(m):
+    """Shaped buffers (sizes from an int, an override, a uniform) and a shaped tile."""
+    depth = m.override("depth", u32, 3)
+    cols = m.declare_uniform("cols", u32)
+    x = m.declare_input_buffer("x", f32, (depth, 4, cols))
+    y = m.declare_output_buffer("y", f32, (8, 8))
+    tile = m.shared(f32, (8, 9))
+    lid = m.local_id()
+    tile[lid.y, lid.x] = x[lid.x % depth, i32(lid.y) % 4, 2]
+    m.barrier()
+    y[lid.x, lid.y] = tile[lid.y, lid.x]
+
+
+@sd.function
+def _c_scaled_total(m, v: f32, scale: f32) -> f32:
+    """A WGSL function holding a barrier (a reduction) and using a builtin value."""
+    return sd.collectives.reduce(m, v * scale) + f32(m.local_index())
+
+
+def c_functions(m):
+    out = m.declare_output_buffer("out", f32, 64)
+    i = m.local_index()
+    out[i] = _c_scaled_total(m, f32(i), 0.5) + _c_scaled_total(m, 1.0, 2.0)
+
+
+def c_packing(m):
+    """The packed 8-bit dot products and every pack/unpack builtin."""
+    x = m.declare_input_buffer("x", u32)
+    vf = m.declare_input_buffer("vf", vec4f)
+    vi = m.declare_input_buffer("vi", vec4i)
+    o = m.declare_output_buffer("o", u32)
+    fo = m.declare_output_buffer("fo", vec4f)
+    i = m.let(m.global_id().x, "i")
+    w, v = m.let(x[i], "w"), m.let(vf[i], "v")
+    o[i] = (u32(B.dot4_i8_packed(w, 7)) + B.dot4_u8_packed(w, w) + B.pack4x_i8(vi[i])
+            + B.pack4x_u8(vec4u(vi[i])) + B.pack4x_i8_clamp(vi[i]) + B.pack4x_u8_clamp(vec4u(w))
+            + B.pack4x8snorm(v) + B.pack4x8unorm(v) + B.pack2x16snorm(v.xy)
+            + B.pack2x16unorm(v.zw) + B.pack2x16float(v.xy))
+    fo[i] = (vec4f(B.unpack4x_i8(w)) + vec4f(B.unpack4x_u8(w)) + B.unpack4x8snorm(w)
+             + B.unpack4x8unorm(w) + vec4f(B.unpack2x16snorm(w), B.unpack2x16unorm(w))
+             + vec4f(B.unpack2x16float(w), 0.0, 1.0))
+
+
 def construct_entries() -> list[Entry]:
     table = [
         *[(c_subgroup_ops, 64, dict(elem=e)) for e in (f32, i32, u32, f16)],
@@ -430,6 +483,9 @@ def construct_entries() -> list[Entry]:
         (c_workgroup_3d, (4, 4, 4), {}),
         (c_int_math, 1, {}),
         (c_int_constants, 1, {}),
+        (c_packing, 64, {}),
+        (c_shaped, (8, 8, 1), {}),
+        (c_functions, 64, {}),
     ]
     out = []
     for fn, ws, params in table:

@@ -15,168 +15,38 @@ Execution model:
   (x fastest, then y, then z), the invocations of a workgroup in
   ``local_invocation_index`` order, each until it finishes or reaches a
   ``workgroupBarrier``/``storageBarrier`` or a subgroup operation;
-* workgroup memory is fresh and zero-filled for each workgroup;
+* workgroup memory is fresh for each workgroup; reading an element that no
+  invocation of the workgroup wrote raises UninitializedReadError (GPUs do
+  not reliably zero it; ``check_uninitialized=False`` reads zeros instead);
 * at a barrier every unfinished invocation of the workgroup must wait at the
   same barrier statement (else InterpreterError names where each one is);
 * subgroups are runs of ``subgroup_size`` consecutive local indices; a
   subgroup operation is resolved across the lanes of one subgroup that wait
   at it together (lanes that returned, or are elsewhere, do not take part);
-* atomics are trivially atomic (one invocation runs at a time), and there
-  are no data races: the order above decides who writes last.
+* atomics are trivially atomic (one invocation runs at a time); two
+  invocations touching one element of workgroup memory between the same two
+  workgroupBarrier()s, one of them writing (not both atomically), raise
+  RaceError naming both lines (``check_races=False``: the order above decides).
+  Storage buffers are not checked for races.
 
 Modules: ``exprs`` and ``stmts`` compile the tree to Python functions,
-``schedule`` runs a workgroup, ``host`` binds numpy arrays.
-Entry points: :func:`run` (build, dispatch, return the read_write buffers)
-and :class:`Interpreter` (build once, dispatch many times).
+``access`` logs workgroup-memory accesses to ``shared``'s checks,
+``schedule`` runs a workgroup, ``host`` binds numpy arrays, ``device`` and
+``buffers`` give the GPU Device's host API.
+Entry points: :func:`run` (build, dispatch, return the read_write buffers),
+:class:`Interpreter` (build once, dispatch many times) and :class:`Device`
+(the host code written for ``shaderdsl.runtime.Device``, run here).
 """
-from __future__ import annotations
+from ..errors import InterpreterError, OutOfBoundsError, RaceError, UninitializedReadError
+from .buffers import Buffer
+from .device import SUPPORTED_FEATURES, Batch, Device
+from .interpreter import (DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter,
+                          build_shader, run)
+from .schedule import TraceEvent
 
-import warnings
-from typing import Callable
+InterpDevice = Device   # the name to use where runtime.Device is imported too
 
-import numpy as np
-
-from ..builder import ShaderM
-from ..compiler import compile
-from ..emit import emit
-from ..errors import DispatchError, InterpreterError, OutOfBoundsError, ShaderDSLError
-from ..kernel import Kernel
-from ..nodes import Module
-from .exprs import ExprCompiler
-from .host import bind
-from .schedule import Invocation, TraceEvent, invocations, run_workgroup
-from .stmts import StmtCompiler
-
-DEFAULT_SUBGROUP_SIZE = 32
-DEFAULT_MAX_LOOP_ITERATIONS = 1_000_000
-
-
-def _module(source, workgroup_size, name, params) -> Module:
-    """The tree to run, from a Kernel, a Module, a ShaderM or a kernel function."""
-    if isinstance(source, (Kernel, Module, ShaderM)):
-        if params:
-            raise TypeError("params are only for a kernel function, not a built kernel")
-        m = source.ir if isinstance(source, Kernel) else \
-            source.module() if isinstance(source, ShaderM) else source
-        if m is None:
-            raise TypeError("this Kernel holds only WGSL (no tree): pass the kernel function "
-                            "and its params instead")
-        return m
-    if callable(source):
-        return compile(source, workgroup_size, name=name, **params).ir
-    raise TypeError(f"Interpreter needs a kernel function, a Kernel or a ShaderM, got "
-                    f"{type(source).__name__}")
-
-
-def _grid(name: str, workgroups) -> tuple[int, int, int]:
-    wg = (workgroups,) if isinstance(workgroups, (int, np.integer)) else tuple(workgroups)
-    if not 1 <= len(wg) <= 3 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in wg):
-        raise DispatchError(f"kernel {name!r}: workgroups must be 1 to 3 positive ints, "
-                            f"got {workgroups!r}")
-    return tuple(int(v) for v in wg) + (1,) * (3 - len(wg))
-
-
-class Interpreter:
-    """Runs one kernel's tree on the CPU.
-
-    ``source`` is a Kernel (``shaderdsl.compile(...)``), a kernel function
-    (compiled here with ``workgroup_size`` and ``params``) or a ShaderM.
-    ``subgroup_size`` sets the emulated subgroup width; ``max_loop_iterations``
-    bounds each execution of a loop, so a loop that never ends raises
-    InterpreterError instead of hanging.
-    """
-
-    def __init__(self, source, workgroup_size=64, *, name: str | None = None,
-                 subgroup_size: int = DEFAULT_SUBGROUP_SIZE,
-                 max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS, **params):
-        m = _module(source, workgroup_size, name, params)
-        if not isinstance(subgroup_size, int) or subgroup_size < 1 or subgroup_size > 128:
-            raise ValueError(f"subgroup_size must be an int in 1..128, got {subgroup_size!r}")
-        self.module = m
-        self.name = m.name
-        self.workgroup_size = tuple(m.workgroup_size)
-        self.subgroup_size = subgroup_size
-        self.max_loop_iterations = max_loop_iterations
-        self._bodies: dict = {}   # traced? -> (compiled body, local names)
-        self._trace = None
-
-    @property
-    def wgsl(self) -> str:
-        """The WGSL that ``emit`` gives for the interpreted tree."""
-        return emit(self.module)[0]
-
-    def _compiled(self, traced: bool):
-        hit = self._bodies.get(traced)
-        if hit is None:
-            hook = self._note if traced else None
-            sc = StmtCompiler(self.name, ExprCompiler(self.name), self.max_loop_iterations, hook)
-            hit = self._bodies[traced] = (sc.block(self.module.body), sc.locals)
-        return hit
-
-    def _note(self, st, text: str, inv: Invocation) -> None:
-        if self._trace is not None:
-            self._trace(TraceEvent(st.where, text, tuple(int(v) for v in inv.global_id),
-                                   tuple(int(v) for v in inv.local_id),
-                                   tuple(int(v) for v in inv.workgroup_id), int(inv.local_index),
-                                   inv, st))
-
-    def dispatch(self, buffers: dict, workgroups=1, overrides: dict | None = None, *,
-                 trace: Callable | None = None) -> dict:
-        """Run the kernel over ``workgroups`` (int or up to 3 ints).
-
-        ``buffers``: binding name -> numpy array (copied in; dtype must match
-        the binding) or, for uniforms, a number/array. Returns the read_write
-        buffers after the dispatch, name -> array shaped like the input.
-        ``trace(event)``, when given, is called before every statement of
-        every invocation with a :class:`TraceEvent`.
-        """
-        wg = _grid(self.name, workgroups)
-        env, outputs = bind(self.module, buffers, overrides)
-        if "num_workgroups" in self.module.builtins:
-            env["num_workgroups"] = np.array(wg, np.uint32)
-        body, local_names = self._compiled(trace is not None)
-        self._trace = trace
-        try:
-            with np.errstate(all="ignore"):
-                for wz in range(wg[2]):
-                    for wy in range(wg[1]):
-                        for wx in range(wg[0]):
-                            self._workgroup(env, (wx, wy, wz), body, local_names)
-        finally:
-            self._trace = None
-        return {name: work.reshape(shape) for name, (work, shape) in outputs.items()}
-
-    def _workgroup(self, env: dict, wid: tuple, body, local_names) -> None:
-        invs = invocations(self.module, env, wid, self.subgroup_size, local_names)
-        try:
-            run_workgroup(self.name, invs, body, self.subgroup_size)
-        except ShaderDSLError:
-            raise
-        except Exception as e:
-            e.add_note(f"while interpreting kernel {self.name!r} (workgroup_id={wid})")
-            raise
-
-
-def build_shader(fn, workgroup_size=64, *, name: str | None = None, **params) -> Module:
-    """Deprecated: ``shaderdsl.compile(fn, workgroup_size, **params).ir`` is the tree."""
-    warnings.warn("shaderdsl.interp.build_shader is deprecated; use "
-                  "shaderdsl.compile(fn, workgroup_size, **params) and pass the Kernel",
-                  DeprecationWarning, stacklevel=2)
-    return compile(fn, workgroup_size, name=name, **params).ir
-
-
-def run(fn, workgroup_size, workgroups, buffers: dict, overrides: dict | None = None, *,
-        subgroup_size: int = DEFAULT_SUBGROUP_SIZE, trace: Callable | None = None,
-        name: str | None = None, **params) -> dict:
-    """Build ``fn(m, **params)`` and run it on the CPU over ``workgroups``.
-
-    ``buffers`` maps binding names to numpy arrays (copied; never modified);
-    the result maps each read_write binding to its contents after the
-    dispatch, shaped like the array given. See :class:`Interpreter`.
-    """
-    interp = Interpreter(fn, workgroup_size, name=name, subgroup_size=subgroup_size, **params)
-    return interp.dispatch(buffers, workgroups, overrides, trace=trace)
-
-
-__all__ = ["run", "Interpreter", "build_shader", "InterpreterError", "OutOfBoundsError",
-           "TraceEvent", "DEFAULT_SUBGROUP_SIZE"]
+__all__ = ["run", "Interpreter", "Device", "InterpDevice", "Buffer", "Batch", "build_shader",
+           "InterpreterError", "OutOfBoundsError", "RaceError", "UninitializedReadError",
+           "TraceEvent", "DEFAULT_SUBGROUP_SIZE", "DEFAULT_MAX_LOOP_ITERATIONS",
+           "SUPPORTED_FEATURES"]

@@ -27,7 +27,7 @@ class Invocation:
     """
 
     __slots__ = ("env", "global_id", "local_id", "workgroup_id", "local_index", "sg",
-                 "local_names")
+                 "local_names", "wg")
 
     def __init__(self, env, global_id, local_id, workgroup_id, local_index, local_names):
         self.env = env
@@ -37,6 +37,7 @@ class Invocation:
         self.local_index = local_index
         self.sg = {}                   # subgroup call -> its result, for the statement running
         self.local_names = local_names
+        self.wg = None                 # workgroup array name -> its ArrayLog, when checked
 
     def locals(self) -> dict:
         """Local lets, vars and loop counters declared so far, by WGSL name."""
@@ -69,8 +70,10 @@ class TraceEvent:
         return f"{self.global_id} {self.where}: {self.text}"
 
 
-def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names) -> list:
-    """The invocations of workgroup ``wid``, sharing fresh zeroed workgroup memory."""
+def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names,
+                log=None) -> list:
+    """The invocations of workgroup ``wid``, sharing fresh zeroed workgroup memory
+    (and ``log``, the WorkgroupLog that checks its use, if given)."""
     X, Y, Z = module.workgroup_size
     shared = {r.name: V.zero_value(r.type) for r in module.workgroup_vars}
     out = []
@@ -85,12 +88,15 @@ def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names)
             if key in ids:
                 env[key] = np.array(ids[key], np.uint32) if isinstance(ids[key], tuple) \
                     else np.uint32(ids[key])
-        out.append(Invocation(env, gid, lid, wid, li, local_names))
+        inv = Invocation(env, gid, lid, wid, li, local_names)
+        inv.wg = log.arrays if log is not None else None
+        out.append(inv)
     return out
 
 
-def run_workgroup(name: str, invs: list, body, subgroup_size: int) -> None:
-    """Run one workgroup's invocations to the end."""
+def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None) -> None:
+    """Run one workgroup's invocations to the end; ``log`` (a WorkgroupLog)
+    hears of every workgroupBarrier() passed and of the end."""
     n = len(invs)
     gens = [body(inv) for inv in invs]
     events: list = [None] * n
@@ -107,12 +113,16 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int) -> None:
             sends[k] = None
         live = [k for k in range(n) if alive[k]]
         if not live:
+            if log is not None:
+                log.finish()
             return
         waiting = [k for k in live if events[k][0] is SUBGROUP]
         if waiting:
             runnable = _resolve_subgroups(waiting, events, sends, subgroup_size)
             continue
         _check_same_barrier(name, invs, events, alive, live)
+        if log is not None and events[live[0]][1].kind == "workgroup":
+            log.barrier()
         runnable = live
 
 

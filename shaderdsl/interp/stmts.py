@@ -20,6 +20,7 @@ from ..ops import INFIX
 BREAK, CONTINUE, RETURN = "break", "continue", "return"
 BARRIER, SUBGROUP = "barrier", "subgroup"
 _SIGNALS = {"break": BREAK, "continue": CONTINUE, "return": RETURN}
+_ATOMIC_MODE = {"atomicLoad": "read", "atomicStore": "write"}  # the rest read and write
 
 
 def subgroup_calls(exprs) -> list:
@@ -122,8 +123,15 @@ class StmtCompiler:
         val = self.cx(st.init)
         return self._simple(st, lambda inv: inv.env.__setitem__(name, V.copy(val(inv))))
 
+    def _place(self, target, mode: str, where: str) -> Callable:
+        """Where a store goes; a checking expression compiler also logs the
+        access to workgroup memory (mode "read", "write" or "update")."""
+        logged = getattr(self.cx, "logged_place", None)
+        return self.cx.place(target) if logged is None else logged(target, mode, where)
+
     def _assign(self, st: N.Assign):
-        place, val = self.cx.place(st.target), self.cx(st.value)
+        place = self._place(st.target, "write" if st.op is None else "update", st.where)
+        val = self.cx(st.value)
         if st.op is None:
             def assign(inv):
                 v = val(inv)
@@ -140,7 +148,10 @@ class StmtCompiler:
     def _effect(self, st: N.Effect):
         """An atomic: read the old value, store the new one, bind the old one."""
         call = st.call
-        place = self.cx.place(call.args[0].target)
+        if call.op.collective:  # subgroupMatrixStore: the subgroup stores together
+            return True, self._collective_store(st)
+        mode = _ATOMIC_MODE.get(call.op.wgsl, "update")
+        place = self._place(call.args[0].target, mode, st.where)
         values = [self.cx(a) for a in call.args[1:]]
         update = call.op.semantics(tuple(a.type for a in call.args), call.type)
         bind = st.ref.name if st.ref is not None else None
@@ -155,6 +166,19 @@ class StmtCompiler:
             if bind is not None:
                 inv.env[bind] = old
         return self._simple(st, atomic)
+
+    def _collective_store(self, st: N.Effect) -> Callable:
+        """A store by the whole subgroup (the collective writes the memory); into a
+        workgroup array, the first lane is logged as writing every element."""
+        pre, target = self._pre((st.call,)), st.call.args[0].target
+        key, name, where = id(st.call), target.name, st.where
+
+        def store(inv):
+            yield from pre(inv)
+            written = inv.sg[key]
+            if inv.wg is not None and name in inv.wg and written is not None:
+                inv.wg[name].write(written, inv.local_index, where)
+        return store
 
     def _call_function(self, st: N.CallFunction):
         """Arguments into the parameters' names, the body (it may wait at a

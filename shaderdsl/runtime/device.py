@@ -23,7 +23,7 @@ from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
 from .pipelines import PipelineCache
-from .ring import BINDING_BYTES, UniformRing, expected, pack_value, refuse_storage_values
+from .ring import BINDING_BYTES, UniformRing
 from .wgpu_build import WGPU_BUILD
 
 _devices: dict = {}
@@ -55,8 +55,8 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
 class _KernelEntry:
     """Per-Kernel-object state: names in binding order, pipelines, validated bindings."""
 
-    __slots__ = ("names", "count", "pipelines", "bound", "okeys", "uniforms", "expect",
-                 "dynamic", "valued")
+    __slots__ = ("names", "count", "pipelines", "bound", "okeys", "uniforms", "dynamic",
+                 "valued")
 
     def __init__(self, kernel):
         self.names = tuple(b.name for b in kernel.bindings)
@@ -68,9 +68,6 @@ class _KernelEntry:
         self.uniforms = tuple(sorted((i for i, b in enumerate(kernel.bindings)
                                       if b.access == "uniform"),
                                      key=lambda i: kernel.bindings[i].index))
-        # position -> (binding, dtype, shape) a plain value for that uniform must have
-        self.expect = {i: (kernel.bindings[i], *expected(kernel.bindings[i]))
-                       for i in self.uniforms}
         self.dynamic: dict = {}    # overrides key -> pipeline of the dynamic-offset layout
         self.valued: dict = {}     # (ids, None for values; overrides key) -> _Valued
 
@@ -362,7 +359,7 @@ class Device:
             self.stats["dispatches"] += 1
             self._recorder.dispatch_at(pipeline, group, offsets, x, y, z)
         else:
-            refuse_storage_values(kernel, buffers)
+            checks.refuse_storage_values(kernel, buffers)
             pipeline, group = self._bind(entry, kernel, buffers, okey)
             self.stats["dispatches"] += 1
             self._recorder.dispatch(pipeline, group, x, y, z)
@@ -387,8 +384,7 @@ class Device:
         for i in entry.uniforms:
             obj = buffers[i]
             if not isinstance(obj, DeviceBuffer):
-                binding, want, shape = entry.expect[i]
-                values[i] = pack_value(kernel, binding, obj, want, shape)
+                values[i] = checks.uniform_value(kernel, kernel.bindings[i], obj).tobytes()
         try:
             ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
             hit = entry.valued[ids, okey]
@@ -407,7 +403,7 @@ class Device:
 
     def _check_valued(self, entry, kernel, buffers, okey, values) -> _Valued:
         """Check the Buffers of a dispatch with uniform values; cache the result."""
-        refuse_storage_values(kernel, buffers)
+        checks.refuse_storage_values(kernel, buffers)
         cap = self.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
         if cap is not None and len(entry.uniforms) > cap:
             raise BindingError(

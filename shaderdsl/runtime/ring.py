@@ -9,60 +9,14 @@ part of the ring is written once, just before the submit that reads it.
 """
 from __future__ import annotations
 
-import numpy as np
 import wgpu
 
-from ..checks import uniform_array
-from ..errors import BindingError
-from ..types import Vector
 from .buffers import next_id
 
 RING_USAGE = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
 INITIAL_SLOTS = 64
 MAX_CHUNK_BYTES = 1 << 24   # a batch needing more gets several buffers, not one huge one
 BINDING_BYTES = 16          # every uniform (a scalar or a vector) fits 16 bytes
-
-
-def where(kernel, binding) -> str:
-    return f"kernel {kernel.name!r} binding {binding.name!r} (@binding({binding.index}))"
-
-
-def expected(binding) -> tuple[np.dtype, tuple]:
-    """(dtype, shape) a value for uniform ``binding`` must have."""
-    shape = (binding.elem.size,) if isinstance(binding.elem, Vector) else ()
-    return binding.dtype, shape
-
-
-def _spell(dtype: np.dtype, shape: tuple) -> str:
-    return f"{dtype.name}{list(shape)}" if shape else f"a {dtype.name} scalar"
-
-
-def pack_value(kernel, binding, value, want: np.dtype, shape: tuple) -> bytes:
-    """The bytes of ``value`` for uniform ``binding``: the rules of
-    ``device.uniform`` (Python float -> float32, int -> uint32, numpy keeps its
-    dtype), then dtype and shape must be exactly ``want`` and ``shape``."""
-    try:
-        arr = uniform_array(value)
-    except BindingError as e:
-        raise BindingError(f"{where(kernel, binding)}: expected a Buffer (device.uniform) or "
-                           f"{_spell(want, shape)} (WGSL {binding.elem}), got {value!r}: "
-                           f"{e}") from None
-    if arr.dtype != want or arr.shape != shape:
-        hint = (f"np.{want.name}(...)" if not shape else
-                f"np.array([...], np.{want.name}) of {shape[0]} values")
-        raise BindingError(f"{where(kernel, binding)}: expected {_spell(want, shape)} "
-                           f"(WGSL {binding.elem}), got {_spell(arr.dtype, arr.shape)} "
-                           f"from {value!r}; pass {hint}")
-    return arr.tobytes()
-
-
-def refuse_storage_values(kernel, buffers) -> None:
-    """A plain value for a storage binding: say that only uniforms take one."""
-    for binding, obj in zip(kernel.bindings, buffers):
-        if binding.access != "uniform" and isinstance(obj, (int, float, np.generic)):
-            raise BindingError(f"{where(kernel, binding)}: a plain value ({obj!r}) is accepted "
-                               f"only by a uniform binding; {binding.name!r} is a storage buffer "
-                               f"({binding.access}): give it a Buffer (device.buffer(array))")
 
 
 class Chunk:

@@ -1,0 +1,109 @@
+"""Compiling loads and stores of workgroup memory so that each one is logged.
+
+:class:`CheckedExprCompiler` is the expression compiler with one difference:
+every access rooted at a ``m.shared`` array also reports the scalar elements
+it touches to the workgroup's log (``shared.ArrayLog``), which finds races
+and reads of unwritten elements. Everything else compiles as before, so a
+kernel without workgroup memory pays nothing.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import nodes as N
+from .. import types as T
+from .. import values as V
+from .exprs import ExprCompiler
+
+
+def is_shared(e: N.Expr) -> bool:
+    """Is ``e`` a location in (or the whole of) a workgroup array?"""
+    if not isinstance(e, (N.Ref, N.Index, N.Member)):
+        return False
+    r = N.root(e)
+    return isinstance(r, N.Ref) and r.kind == "workgroup"
+
+
+class CheckedExprCompiler(ExprCompiler):
+    """An ExprCompiler whose workgroup-memory accesses are logged.
+
+    ``offsets`` maps each workgroup array's name to an int array shaped like
+    its value holding the flat scalar offsets (``shared.index_arrays``).
+    """
+
+    def __init__(self, name: str, offsets: dict):
+        super().__init__(name)
+        self.offsets = offsets
+
+    def __call__(self, e: N.Expr) -> Callable:
+        if is_shared(e):
+            return self._load(e)
+        return super().__call__(e)
+
+    def _load(self, e) -> Callable:
+        place, where, name = self.shared_place(e), e.where, N.root(e).name
+
+        def load(inv):
+            c, k, off = place(inv)
+            inv.wg[name].read(off, inv.local_index, where)
+            return V.copy(c[k])
+        return load
+
+    def logged_place(self, e: N.Expr, mode: str, where: str) -> Callable:
+        """``place(e)`` that logs a "read", "write" or "update" (both) of workgroup memory."""
+        if not is_shared(e):
+            return self.place(e)
+        place, name = self.shared_place(e), N.root(e).name
+        read, write = mode in ("read", "update"), mode in ("write", "update")
+
+        def logged(inv):
+            c, k, off = place(inv)
+            log = inv.wg[name]
+            if read:
+                log.read(off, inv.local_index, where)
+            if write:
+                log.write(off, inv.local_index, where)
+            return c, k
+        return logged
+
+    def shared_place(self, e: N.Expr) -> Callable:
+        """``f(inv) -> (container, key, offsets)``: offsets is an int for one scalar
+        element (the common ``sh[i]``), else an int array."""
+        if isinstance(e, N.Index) and isinstance(e.base, N.Ref) and \
+                isinstance(e.base.type.elem, (T.Scalar, T.Atomic)):
+            name, idx, check = e.base.name, self(e.index), self.bounds_check(e)
+
+            def element(inv):
+                arr = inv.env[name]
+                i = check(inv, arr, idx(inv))
+                return arr, i, i
+            return element
+        path = self._path(e)
+
+        def general(inv):
+            c, k, oc = path(inv)
+            return c, k, oc[k]
+        return general
+
+    def _path(self, e: N.Expr) -> Callable:
+        """``f(inv) -> (container, key, offsets container)``, walking the value and
+        its offsets array in step."""
+        if isinstance(e, N.Ref):
+            name, holder = e.name, {e.name: self.offsets[e.name]}
+            return lambda inv: (inv.env, name, holder)
+        parent = self._path(e.base)
+        if isinstance(e, N.Member):
+            ks = e.components
+            key = ks[0] if len(ks) == 1 else list(ks)
+
+            def member(inv):
+                c, k, oc = parent(inv)
+                return c[k], key, oc[k]
+            return member
+        idx, check = self(e.index), self.bounds_check(e)
+
+        def index(inv):
+            c, k, oc = parent(inv)
+            arr = c[k]
+            return arr, check(inv, arr, idx(inv)), oc[k]
+        return index

@@ -1,0 +1,345 @@
+"""The interpreter as a device: the host API of ``shaderdsl.runtime.Device``.
+
+Host code written for the GPU (make buffers, dispatch, batch, read) runs
+unchanged on :class:`Device`, which interprets each dispatch on the CPU
+(``Interpreter``) over numpy memory, with the interpreter's checks: out of
+bounds indices, races and unwritten reads of workgroup memory. Bad input is
+refused by the same checks (``shaderdsl.checks``), with the same exceptions
+and messages, before anything runs. Work recorded in a batch runs in order
+when the batch ends or something reads, as a GPU submit does.
+"""
+from __future__ import annotations
+
+import operator
+import weakref
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import checks
+from .. import types as T
+from ..checks import (MAX_WORKGROUPS, DeviceBuffer, check_dtype, describe, host_array,
+                      uniform_array)
+from ..errors import BindingError, DispatchError, WGSLCompileError
+from .buffers import Buffer
+from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
+
+SUPPORTED_FEATURES = frozenset({"shader-f16", "subgroup", T.SUBGROUP_MATRIX_FEATURE})
+# WebGPU's default limits for compute, which every adapter meets: by default
+# the interpreter refuses what some WebGPU device would refuse.
+DEFAULT_LIMITS = {
+    "max-storage-buffer-binding-size": 134217728, "max-buffer-size": 268435456,
+    "max-uniform-buffer-binding-size": 65536, MAX_WORKGROUPS: 65535,
+    "max-compute-invocations-per-workgroup": 256, "max-compute-workgroup-storage-size": 16384,
+    "max-compute-workgroup-size-x": 256, "max-compute-workgroup-size-y": 256,
+    "max-compute-workgroup-size-z": 64, "max-storage-buffers-per-shader-stage": 8,
+    "max-uniform-buffers-per-shader-stage": 12, "max-bindings-per-bind-group": 1000,
+    "max-bind-groups": 4, "max-dynamic-uniform-buffers-per-pipeline-layout": 8,
+    "min-storage-buffer-offset-alignment": 256,
+    "min-uniform-buffer-offset-alignment": 256,
+}
+
+
+class Device:
+    """A device that runs kernels in the interpreter.
+
+    ``features`` are those it claims (default: all it supports, "shader-f16"
+    and "subgroup"), so a kernel needing another one raises FeatureError as
+    on a GPU without it; ``limits`` update WebGPU's defaults (DEFAULT_LIMITS),
+    and are checked as a GPU device checks its own: pass a GPU device's
+    ``limits`` to refuse exactly what it refuses. ``subgroup_size``,
+    ``max_loop_iterations``, ``check_races`` and ``check_uninitialized`` go
+    to every Interpreter.
+    """
+
+    def __init__(self, *, subgroup_size: int = DEFAULT_SUBGROUP_SIZE, features=None,
+                 limits=None, check_races: bool = True, check_uninitialized: bool = True,
+                 max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS):
+        feats = SUPPORTED_FEATURES if features is None else frozenset(features)
+        if feats - SUPPORTED_FEATURES:
+            raise ValueError(f"the interpreter supports features {sorted(SUPPORTED_FEATURES)}, "
+                             f"not {sorted(feats - SUPPORTED_FEATURES)}")
+        if not isinstance(subgroup_size, int) or not 1 <= subgroup_size <= 128:
+            raise ValueError(f"subgroup_size must be an int in 1..128, got {subgroup_size!r}")
+        self.name, self.backend, self.adapter_type = "shaderdsl interpreter", "interpreter", "CPU"
+        self.features: frozenset = feats
+        self.limits: dict = {**DEFAULT_LIMITS, **dict(limits or {})}
+        self.subgroup_size = subgroup_size
+        self._options = dict(subgroup_size=subgroup_size, check_races=check_races,
+                             check_uninitialized=check_uninitialized,
+                             max_loop_iterations=max_loop_iterations)
+        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
+                      "copies": 0, "submits": 0}
+        self._depth = 0
+        self._recorded: list = []        # work recorded in a batch, run in order
+        self._interpreters: dict = {}    # id(kernel) -> Interpreter
+        self._pinned: list = []
+
+    def __repr__(self) -> str:
+        return f"<interp.Device subgroup_size={self.subgroup_size} {sorted(self.features)}>"
+
+    def has_feature(self, name: str) -> bool:
+        return name in self.features
+
+    @staticmethod
+    def adapters_with(feature: str) -> list[str]:
+        """Where ``feature`` is to be had (named in FeatureError's message)."""
+        if feature in SUPPORTED_FEATURES:
+            return [f"interp.Device(features=[..., {feature!r}])"]
+        return []
+
+    # -- buffers ---------------------------------------------------------
+
+    def buffer(self, array, *, name: str | None = None) -> Buffer:
+        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
+        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
+        return Buffer(self, arr, "storage", name)
+
+    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        """A zero-filled storage buffer of ``shape``/``dtype`` (as WebGPU's are)."""
+        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
+        try:
+            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+                operator.index(s) for s in shape)
+        except TypeError:
+            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise BindingError(f"negative shape {shape}")
+        return Buffer(self, np.zeros(shape, dt), "storage", name)
+
+    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        return self.empty(shape, dtype, name=name)
+
+    def uniform(self, value, *, name: str | None = None) -> Buffer:
+        """A uniform buffer: Python float -> float32, int -> uint32, numpy keeps its dtype."""
+        return Buffer(self, uniform_array(value), "uniform", name)
+
+    def _own(self, buf, what: str) -> None:
+        checks.live_buffer(buf, self, what, kind=None)
+
+    def write(self, buf: Buffer, array) -> None:
+        """Overwrite ``buf``; dtype and shape must match it exactly."""
+        self._own(buf, "write")
+        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
+            array = uniform_array(array)
+        if not isinstance(array, np.ndarray):
+            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
+                               f"{type(array).__name__}")
+        if array.dtype != buf.dtype or array.shape != buf.shape:
+            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
+                               f"got {describe(array.dtype, array.shape)}")
+        self._flush()  # as on a GPU, a write lands after the work recorded before it
+        buf.array[...] = array
+
+    def read(self, buf: Buffer) -> np.ndarray:
+        """A new array with ``buf``'s contents, after the work recorded so far."""
+        self._own(buf, "read")
+        self._flush()
+        return buf.array.copy()
+
+    def release(self, buf: Buffer) -> None:
+        """Free ``buf`` now; using it afterwards raises BindingError."""
+        if isinstance(buf, Buffer) and buf.released:
+            return
+        self._own(buf, "release")
+        self._flush()
+        buf.memory = None
+
+    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
+        """Copy the first ``nbytes`` (default all of src) of src into dst."""
+        self._own(src, "copy source")
+        self._own(dst, "copy destination")
+        nbytes = _copy_size(src, dst, nbytes)
+        if nbytes == 0:
+            return
+        self.stats["copies"] += 1
+
+        def run():
+            dst.memory[:nbytes] = src.memory[:nbytes]
+        self._record(run)
+
+    # -- dispatch --------------------------------------------------------
+
+    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
+        """Interpret ``kernel`` over ``workgroups`` (int or up to 3 ints).
+
+        ``bindings``: dict name -> Buffer, or a sequence in binding order; a
+        uniform binding may take a plain value instead (a number, numpy scalar
+        or small vector, as for ``uniform``), for this dispatch only.
+        Everything is checked before anything runs, in the GPU device's order.
+        """
+        interp = self._interpreter(kernel)
+        grid = checks.workgroups(kernel, workgroups, self.limits[MAX_WORKGROUPS])
+        okey = checks.overrides_key(kernel, overrides)
+        buffers = self._bind(kernel, checks.order_buffers(kernel, bindings))
+        given = _complete_overrides(kernel, okey)
+        self.stats["dispatches"] += 1
+        self._record(lambda: _run(interp, kernel, buffers, grid, given))
+
+    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
+        """Dispatch enough workgroups along x to cover ``n`` invocations."""
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
+        if n < 1:
+            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
+        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
+
+    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
+        """Check features, limits and overrides and build the interpreter now
+        (``uniform_values`` is accepted for the GPU device's sake; nothing differs)."""
+        self._interpreter(kernel)
+        _complete_overrides(kernel, checks.overrides_key(kernel, overrides))
+
+    def _interpreter(self, kernel) -> Interpreter:
+        """First sight of a Kernel object: check features/limits, build its Interpreter."""
+        interp = self._interpreters.get(id(kernel))
+        if interp is not None:
+            return interp
+        checks.check_kernel(kernel, self)
+        interp = Interpreter(kernel, **self._options)
+        self.stats["modules"] += 1
+        self.stats["pipelines"] += 1
+        key = id(kernel)
+        try:  # forget it with the kernel, so a reused id() cannot hit it
+            weakref.finalize(kernel, self._interpreters.pop, key, None)
+        except TypeError:
+            self._pinned.append(kernel)
+        self._interpreters[key] = interp
+        return interp
+
+    def _bind(self, kernel, buffers: list) -> list:
+        """The buffers checked as the GPU device checks them, plain uniform values
+        made Buffers of their own."""
+        uniforms = sorted((i for i, b in enumerate(kernel.bindings) if b.access == "uniform"),
+                          key=lambda i: kernel.bindings[i].index)
+        values = {i: checks.uniform_value(kernel, kernel.bindings[i], buffers[i]) for i in uniforms
+                  if not isinstance(buffers[i], DeviceBuffer)}
+        checks.refuse_storage_values(kernel, buffers)
+        if not values:
+            checks.check_buffers(kernel, buffers, self)
+            return buffers
+        cap = self.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
+        if cap is not None and len(uniforms) > cap:
+            raise BindingError(
+                f"kernel {kernel.name!r} has {len(uniforms)} uniform bindings, over "
+                f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {self.name!r}: "
+                f"plain values need a dynamic offset for each; give them device.uniform(...) "
+                f"Buffers instead")
+        kept = [i for i in range(len(buffers)) if i not in values]
+        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
+        checks.check_buffers(view, [buffers[i] for i in kept], self)
+        return [Buffer(self, values[i], "uniform", b.name) if i in values else buffers[i]
+                for i, b in enumerate(kernel.bindings)]
+
+    # -- batching and waiting --------------------------------------------
+
+    def batch(self, timestamps: bool = False) -> "Batch":
+        """``with device.batch():`` runs the dispatches and copies recorded in it
+        in order at its end (or at a read); an exception inside drops them."""
+        return Batch(self, timestamps)
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    def sync(self) -> None:
+        """Run anything recorded (the interpreter has nothing else to wait for)."""
+        self._flush()
+
+    def _record(self, work) -> None:
+        self._recorded.append(work)
+        if not self._depth:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Run the recorded work in order; if one piece raises, the rest is dropped."""
+        work, self._recorded = self._recorded, []
+        if work:
+            self.stats["submits"] += 1
+        for w in work:
+            w()
+
+
+class Batch:
+    """Context manager from ``device.batch()``; nested batches join the outer one.
+    ``gpu_time_ns`` is always None: the interpreter has no timestamps."""
+
+    def __init__(self, device: Device, timestamps: bool = False):
+        self.device = device
+        self.timestamps = timestamps
+        self.gpu_time_ns = None
+        self._outer = False
+
+    def __enter__(self) -> "Batch":
+        dev = self.device
+        self._outer = dev._depth == 0
+        if self._outer:
+            dev._flush()
+        dev._depth += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        dev = self.device
+        dev._depth -= 1
+        if not self._outer:
+            return
+        if exc_type is not None:
+            dev._recorded = []
+        else:
+            dev._flush()
+
+    def flush(self) -> None:
+        """Run what is recorded so far (the batch stays open)."""
+        self.device._flush()
+
+
+def _complete_overrides(kernel, okey: tuple) -> dict:
+    """The checked overrides as a dict; one with neither a default nor a value
+    fails as a GPU pipeline does, with WGSLCompileError."""
+    given = dict(okey)
+    missing = [o.name for o in kernel.overrides if o.default is None and o.name not in given]
+    if missing:
+        raise WGSLCompileError(f"Missing value for pipeline-overridable constant(s) {missing} "
+                               f"(no default): pass overrides={{...}}", kernel_name=kernel.name)
+    return given
+
+
+def _copy_size(src: Buffer, dst: Buffer, nbytes) -> int:
+    """The byte count a copy moves, checked as the GPU device checks it."""
+    if src is dst:
+        raise BindingError(f"copy: source and destination are the same buffer {src!r}")
+    if nbytes is None:
+        nbytes = src.nbytes
+        if nbytes % 4:  # odd float16 count: the padding travels too if both have it
+            nbytes = -(-nbytes // 4) * 4
+            if nbytes > min(src.bound_bytes, dst.bound_bytes):
+                raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
+                                   f"pass nbytes explicitly")
+    else:
+        nbytes = operator.index(nbytes)
+        if nbytes < 0 or nbytes % 4:
+            raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
+        if nbytes > src.bound_bytes or nbytes > dst.bound_bytes:
+            raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
+                               f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
+    if nbytes > dst.bound_bytes:
+        raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
+    return nbytes
+
+
+def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict) -> None:
+    """One dispatch: the buffers' memory in, the read_write bindings' results back."""
+    arrays = {}
+    for b, buf in zip(kernel.bindings, buffers):
+        flat = buf.elements()
+        if b.access != "uniform":  # whole elements only, as arrayLength counts them
+            comps = T.components(b.elem)
+            flat = flat[:len(flat) // comps * comps]
+        arrays[b.name] = flat
+    outs = interp.dispatch(arrays, grid, overrides)
+    for b, buf in zip(kernel.bindings, buffers):
+        if b.name in outs:
+            out = outs[b.name].reshape(-1)
+            buf.elements()[:out.size] = out

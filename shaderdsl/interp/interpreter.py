@@ -1,0 +1,167 @@
+"""The interpreter itself: build a kernel's tree into Python functions once,
+then dispatch it over workgroups as often as needed (see the package
+docstring for the execution model)."""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import numpy as np
+
+from ..builder import ShaderM
+from ..compiler import compile
+from ..emit import emit
+from ..errors import DispatchError, ShaderDSLError
+from ..kernel import Kernel
+from ..nodes import Module
+from .access import CheckedExprCompiler
+from .exprs import ExprCompiler
+from .host import bind
+from .schedule import Invocation, TraceEvent, invocations, run_workgroup
+from .shared import WorkgroupLog, index_arrays
+from .stmts import StmtCompiler
+
+DEFAULT_SUBGROUP_SIZE = 32
+DEFAULT_MAX_LOOP_ITERATIONS = 1_000_000
+
+
+def _module(source, workgroup_size, name, params) -> Module:
+    """The tree to run, from a Kernel, a Module, a ShaderM or a kernel function."""
+    if isinstance(source, (Kernel, Module, ShaderM)):
+        if params:
+            raise TypeError("params are only for a kernel function, not a built kernel")
+        m = source.ir if isinstance(source, Kernel) else \
+            source.module() if isinstance(source, ShaderM) else source
+        if m is None:
+            raise TypeError("this Kernel holds only WGSL (no tree): pass the kernel function "
+                            "and its params instead")
+        return m
+    if callable(source):
+        return compile(source, workgroup_size, name=name, **params).ir
+    raise TypeError(f"Interpreter needs a kernel function, a Kernel or a ShaderM, got "
+                    f"{type(source).__name__}")
+
+
+def _grid(name: str, workgroups) -> tuple[int, int, int]:
+    wg = (workgroups,) if isinstance(workgroups, (int, np.integer)) else tuple(workgroups)
+    if not 1 <= len(wg) <= 3 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in wg):
+        raise DispatchError(f"kernel {name!r}: workgroups must be 1 to 3 positive ints, "
+                            f"got {workgroups!r}")
+    return tuple(int(v) for v in wg) + (1,) * (3 - len(wg))
+
+
+class Interpreter:
+    """Runs one kernel's tree on the CPU.
+
+    ``source`` is a Kernel (``shaderdsl.compile(...)``), a kernel function
+    (compiled here with ``workgroup_size`` and ``params``) or a ShaderM.
+    ``subgroup_size`` sets the emulated subgroup width; ``max_loop_iterations``
+    bounds each execution of a loop, so a loop that never ends raises
+    InterpreterError instead of hanging. ``check_races`` and
+    ``check_uninitialized`` check the use of workgroup memory (see the module
+    docstring); turned off, it is zero-filled and unchecked.
+    """
+
+    def __init__(self, source, workgroup_size=64, *, name: str | None = None,
+                 subgroup_size: int = DEFAULT_SUBGROUP_SIZE,
+                 max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
+                 check_races: bool = True, check_uninitialized: bool = True, **params):
+        m = _module(source, workgroup_size, name, params)
+        if not isinstance(subgroup_size, int) or subgroup_size < 1 or subgroup_size > 128:
+            raise ValueError(f"subgroup_size must be an int in 1..128, got {subgroup_size!r}")
+        self.module = m
+        self.name = m.name
+        self.workgroup_size = tuple(m.workgroup_size)
+        self.subgroup_size = subgroup_size
+        self.max_loop_iterations = max_loop_iterations
+        self.check_races = bool(check_races)
+        self.check_uninitialized = bool(check_uninitialized)
+        checked = (self.check_races or self.check_uninitialized) and bool(m.workgroup_vars)
+        self._offsets = index_arrays(m) if checked else None
+        self._bodies: dict = {}   # traced? -> (compiled body, local names)
+        self._trace = None
+
+    @property
+    def wgsl(self) -> str:
+        """The WGSL that ``emit`` gives for the interpreted tree."""
+        return emit(self.module)[0]
+
+    def _compiled(self, traced: bool):
+        hit = self._bodies.get(traced)
+        if hit is None:
+            hook = self._note if traced else None
+            cx = ExprCompiler(self.name) if self._offsets is None else \
+                CheckedExprCompiler(self.name, self._offsets)
+            sc = StmtCompiler(self.name, cx, self.max_loop_iterations, hook)
+            hit = self._bodies[traced] = (sc.block(self.module.body), sc.locals)
+        return hit
+
+    def _note(self, st, text: str, inv: Invocation) -> None:
+        if self._trace is not None:
+            self._trace(TraceEvent(st.where, text, tuple(int(v) for v in inv.global_id),
+                                   tuple(int(v) for v in inv.local_id),
+                                   tuple(int(v) for v in inv.workgroup_id), int(inv.local_index),
+                                   inv, st))
+
+    def dispatch(self, buffers: dict, workgroups=1, overrides: dict | None = None, *,
+                 trace: Callable | None = None) -> dict:
+        """Run the kernel over ``workgroups`` (int or up to 3 ints).
+
+        ``buffers``: binding name -> numpy array (copied in; dtype must match
+        the binding) or, for uniforms, a number/array. Returns the read_write
+        buffers after the dispatch, name -> array shaped like the input.
+        ``trace(event)``, when given, is called before every statement of
+        every invocation with a :class:`TraceEvent`.
+        """
+        wg = _grid(self.name, workgroups)
+        env, outputs = bind(self.module, buffers, overrides)
+        if "num_workgroups" in self.module.builtins:
+            env["num_workgroups"] = np.array(wg, np.uint32)
+        body, local_names = self._compiled(trace is not None)
+        self._trace = trace
+        try:
+            with np.errstate(all="ignore"):
+                for wz in range(wg[2]):
+                    for wy in range(wg[1]):
+                        for wx in range(wg[0]):
+                            self._workgroup(env, (wx, wy, wz), body, local_names)
+        finally:
+            self._trace = None
+        return {name: work.reshape(shape) for name, (work, shape) in outputs.items()}
+
+    def _workgroup(self, env: dict, wid: tuple, body, local_names) -> None:
+        log = None if self._offsets is None else WorkgroupLog(
+            self.name, wid, self.module, self._offsets, self.check_races,
+            self.check_uninitialized)
+        invs = invocations(self.module, env, wid, self.subgroup_size, local_names, log)
+        try:
+            run_workgroup(self.name, invs, body, self.subgroup_size, log)
+        except ShaderDSLError:
+            raise
+        except Exception as e:
+            e.add_note(f"while interpreting kernel {self.name!r} (workgroup_id={wid})")
+            raise
+
+
+def build_shader(fn, workgroup_size=64, *, name: str | None = None, **params) -> Module:
+    """Deprecated: ``shaderdsl.compile(fn, workgroup_size, **params).ir`` is the tree."""
+    warnings.warn("shaderdsl.interp.build_shader is deprecated; use "
+                  "shaderdsl.compile(fn, workgroup_size, **params) and pass the Kernel",
+                  DeprecationWarning, stacklevel=2)
+    return compile(fn, workgroup_size, name=name, **params).ir
+
+
+def run(fn, workgroup_size, workgroups, buffers: dict, overrides: dict | None = None, *,
+        subgroup_size: int = DEFAULT_SUBGROUP_SIZE, trace: Callable | None = None,
+        name: str | None = None, check_races: bool = True, check_uninitialized: bool = True,
+        **params) -> dict:
+    """Build ``fn(m, **params)`` and run it on the CPU over ``workgroups``.
+
+    ``buffers`` maps binding names to numpy arrays (copied; never modified);
+    the result maps each read_write binding to its contents after the
+    dispatch, shaped like the array given. See :class:`Interpreter`.
+    """
+    interp = Interpreter(fn, workgroup_size, name=name, subgroup_size=subgroup_size,
+                         check_races=check_races, check_uninitialized=check_uninitialized,
+                         **params)
+    return interp.dispatch(buffers, workgroups, overrides, trace=trace)

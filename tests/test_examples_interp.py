@@ -1,0 +1,81 @@
+"""Every example's host code, unchanged, on the interpreter device: the same
+results as numpy, with race and uninitialised-read detection on (a missing
+barrier in an example would raise here). Small sizes: the interpreter runs
+Python per invocation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy, scan
+from shaderdsl import interp
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return interp.Device(subgroup_size=8)
+
+
+def values(seed, shape, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
+def test_saxpy(cpu):
+    x, y = values(1, 70), values(2, 70)
+    got = saxpy.run(cpu, 1.5, x, y)
+    np.testing.assert_allclose(got, 1.5 * x.astype(np.float64) + y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_reduction(cpu, subgroups):
+    x = values(3, 300)
+    got = reduction.run(cpu, x, subgroups=subgroups, workgroup_size=64)
+    assert abs(got - x.astype(np.float64).sum()) <= 1e-5 * np.abs(x).sum()
+
+
+def test_matmul(cpu):
+    a, b = values(4, (9, 7)), values(5, (7, 11))
+    np.testing.assert_allclose(matmul.run(cpu, a, b, tile=4), a.astype(np.float64) @ b,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_histogram(cpu, private):
+    v = np.random.default_rng(6).integers(0, 1000, 500).astype(np.uint32)
+    got = histogram.run(cpu, v, 13, private=private)
+    assert np.array_equal(got, np.bincount(v % 13, minlength=13))
+
+
+def test_half(cpu):
+    w, x = values(7, (5, 8), np.float16), values(8, 8, np.float16)
+    want = w.astype(np.float64) @ x.astype(np.float64)
+    np.testing.assert_allclose(half.run(cpu, w, x), want, rtol=1e-2, atol=1e-2)
+
+
+def test_rows(cpu):
+    x = values(9, (3, 70)) * 4
+    np.testing.assert_allclose(rows.run(cpu, rows.softmax, x), rows.softmax_reference(x),
+                               rtol=1e-5, atol=0)
+    gamma, beta = values(10, 70), values(11, 70)
+    got = rows.run(cpu, rows.layer_norm, x, gamma=gamma, beta=beta)
+    np.testing.assert_allclose(got, rows.layer_norm_reference(x, gamma, beta), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_scan(cpu, subgroups):
+    x = np.random.default_rng(12).integers(-100, 100, 600).astype(np.int32)
+    assert np.array_equal(scan.run(cpu, x, subgroups=subgroups), np.cumsum(x))
+
+
+def test_bitonic(cpu):
+    x = values(13, 300)
+    assert np.array_equal(bitonic.run(cpu, x), np.sort(x))
+
+
+def test_int8_matmul(cpu):
+    rng = np.random.default_rng(14)
+    a = rng.integers(-128, 128, (5, 12)).astype(np.int8)
+    b = rng.integers(-128, 128, (12, 6)).astype(np.int8)
+    assert np.array_equal(int8_matmul.run(cpu, a, b), a.astype(np.int64) @ b)

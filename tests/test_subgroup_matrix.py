@@ -1,0 +1,302 @@
+"""Subgroup matrices (Dawn's WGSL extension chromium_experimental_subgroup_matrix).
+
+No adapter here has the "chromium-experimental-subgroup-matrix" feature
+(wgpu-native has no such extension; Dawn offers it only on GPUs with
+cooperative-matrix support and with unsafe APIs allowed), so the kernels are
+checked as WGSL text, refused by the test device with FeatureError, and run
+in the interpreter, which emulates the collectives exactly for integers:
+
+* int8 and uint8 matrix products on the configurations 16x16x32 and
+  16x8x32 (M x N x K), several tiles per matrix, row- and column-major
+  loads and stores, summed into i32/u32 exactly as numpy's int64 product;
+* f32/f16 products, rounded once from float64 (a GPU may differ there);
+* staging through workgroup memory, with the race checks;
+* the arguments the rules refuse, and non-uniform arguments, which the
+  interpreter refuses at run time.
+
+The WGSL is the form of the Dawn that wgpudawn 0.32 builds:
+``subgroupMatrixLoad<T, row_major>(&a, offset, stride)`` and
+``subgroupMatrixStore<row_major>(&a, offset, value, stride)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import shaderdsl as sd
+from shaderdsl import builtins as B
+from shaderdsl import f16, f32, i32, u32
+from shaderdsl import subgroup_matrix_left as Left
+from shaderdsl import subgroup_matrix_result as Result
+from shaderdsl import subgroup_matrix_right as Right
+from shaderdsl.errors import FeatureError, InterpreterError, OutOfBoundsError, ShaderTypeError
+from shaderdsl.interp import Interpreter
+
+FEATURE = "chromium-experimental-subgroup-matrix"
+SUBGROUP = 32
+STORED = {"i8": i32, "u8": u32, "f32": f32, "f16": f16, "i32": i32, "u32": u32}
+RESULT = {"i8": i32, "u8": u32, "f32": f32, "f16": f16}
+NUMPY = {"i8": np.int8, "u8": np.uint8, "f32": np.float32, "f16": np.float16,
+         "i32": np.int32, "u32": np.uint32}
+
+
+def tiled_matmul(m, M, N, K, TM, TN, TK, comp="i8", layouts="rrr", accumulate=True):
+    """``C = A @ B`` with one subgroup per TM x TN tile of C, K in steps of TK;
+    ``layouts``: 'r' (row-major) or 'c' (column-major) for A, B and C."""
+    A = m.declare_input_buffer("A", STORED[comp])
+    Bm = m.declare_input_buffer("B", STORED[comp])
+    C = m.declare_output_buffer("C", RESULT[comp])
+    sub = m.let(m.local_index() / SUBGROUP, "sub")                 # subgroup in the workgroup
+    tiles_n = N // TN
+    tile = m.let(m.workgroup_id().x * (m.workgroup_size[0] // SUBGROUP) + sub, "tile")
+    row0, col0 = m.let(tile / tiles_n * TM, "row0"), m.let(tile % tiles_n * TN, "col0")
+
+    def at(layout, r, c, rows, cols):          # (offset, stride) of element (r, c)
+        return (r * cols + c, cols) if layout == "r" else (c * rows + r, rows)
+
+    def load(mtype, buf, layout, r, c, rows, cols):
+        fn = B.subgroup_matrix_load if layout == "r" else B.subgroup_matrix_load_col_major
+        return fn(mtype, buf, *at(layout, r, c, rows, cols))
+
+    acc = m.var(Result(RESULT[comp], TN, TM), name="acc")
+    with m.loop(K // TK, name="kt") as kt:
+        a = m.let(load(Left(comp, TK, TM), A, layouts[0], row0, kt * TK, M, K), "a")
+        b = m.let(load(Right(comp, TN, TK), Bm, layouts[1], kt * TK, col0, K, N), "b")
+        if accumulate:
+            m.assign(acc, B.subgroup_matrix_multiply_accumulate(a, b, acc))
+        else:
+            m.assign(acc, B.subgroup_matrix_multiply(RESULT[comp], a, b))
+    store = B.subgroup_matrix_store if layouts[2] == "r" else B.subgroup_matrix_store_col_major
+    offset, stride = at(layouts[2], row0, col0, M, N)
+    store(C, offset, acc, stride)
+
+
+def host(x: np.ndarray, layout: str, comp: str) -> np.ndarray:
+    """A matrix as the kernel's buffer: row- or column-major, 8-bit values four
+    to an i32/u32 element."""
+    flat = np.ascontiguousarray(x if layout == "r" else x.T).reshape(-1)
+    return flat.view(np.dtype(NUMPY[{"i8": "i32", "u8": "u32"}.get(comp, comp)])) \
+        if comp in ("i8", "u8") else flat
+
+
+def run_interp(a, b, TM, TN, TK, comp="i8", layouts="rrr", subgroups_per_wg=1, **kw):
+    (M, K), N = a.shape, b.shape[1]
+    params = dict(M=M, N=N, K=K, TM=TM, TN=TN, TK=TK, comp=comp, layouts=layouts, **kw)
+    interp = Interpreter(tiled_matmul, SUBGROUP * subgroups_per_wg, subgroup_size=SUBGROUP,
+                         **params)
+    c = np.zeros(M * N, NUMPY[RESULT[comp].name])
+    tiles = (M // TM) * (N // TN)
+    out = interp.dispatch({"A": host(a, layouts[0], comp), "B": host(b, layouts[1], comp),
+                           "C": c}, tiles // subgroups_per_wg)["C"]
+    return out.reshape(M, N) if layouts[2] == "r" else out.reshape(N, M).T
+
+
+def random_8bit(rng, shape, comp):
+    lo, hi = (-128, 127) if comp == "i8" else (0, 255)
+    v = np.where(rng.random(shape) < 0.2, rng.choice([lo, hi], shape),
+                 rng.integers(lo, hi, shape, endpoint=True))
+    return v.astype(NUMPY[comp])
+
+
+# ================================================================ WGSL text and features
+
+def test_wgsl_text_and_features():
+    k = sd.compile(tiled_matmul, 32, M=16, N=16, K=64, TM=16, TN=16, TK=32, layouts="rcc")
+    assert k.features == frozenset({FEATURE})
+    lines = k.wgsl.splitlines()
+    assert lines[1] == "enable chromium_experimental_subgroup_matrix;"
+    for text in ("var acc: subgroup_matrix_result<i32, 16, 16>;",
+                 "subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&A, ",
+                 "subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&B, ",
+                 "acc = subgroupMatrixMultiplyAccumulate(a, b, acc);",
+                 "subgroupMatrixStore<col_major>(&C, "):
+        assert text in k.wgsl, text
+    k = sd.compile(tiled_matmul, 32, M=8, N=8, K=8, TM=8, TN=8, TK=8, comp="f16",
+                   accumulate=False)
+    assert k.features == frozenset({FEATURE, "shader-f16"})
+    assert k.wgsl.splitlines()[1:3] == ["enable f16;", "enable chromium_experimental_subgroup_matrix;"]
+    assert "acc = subgroupMatrixMultiply<f16>(a, b);" in k.wgsl
+
+
+def test_a_device_without_the_feature_refuses(device):
+    k = sd.compile(tiled_matmul, 32, M=16, N=8, K=32, TM=16, TN=8, TK=32)
+    assert FEATURE not in device.features
+    with pytest.raises(FeatureError, match=FEATURE):
+        device.prepare(k)
+
+
+def test_subgroup_matrix_names_are_reserved():
+    from shaderdsl.names import check_user_name
+
+    for name in ("subgroupMatrixLoad", "subgroupMatrixStore", "subgroupMatrixMultiply",
+                 "subgroupMatrixMultiplyAccumulate"):
+        assert check_user_name(name), name
+
+
+# ================================================================ the interpreter, exactly
+
+CONFIGS = [(16, 16, 32), (16, 8, 32)]   # M x N x K of one subgroup matrix product
+
+
+@pytest.mark.parametrize("TM, TN, TK", CONFIGS)
+@pytest.mark.parametrize("comp", ["i8", "u8"])
+def test_8bit_products_are_exact(TM, TN, TK, comp):
+    """Two tiles each way, two K steps, the extremes included: numpy's int64 product."""
+    rng = np.random.default_rng(TN + (comp == "u8"))
+    a = random_8bit(rng, (2 * TM, 2 * TK), comp)
+    b = random_8bit(rng, (2 * TK, 2 * TN), comp)
+    got = run_interp(a, b, TM, TN, TK, comp)
+    assert got.dtype == NUMPY[RESULT[comp].name]
+    assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@settings(max_examples=12, deadline=None)
+@given(config=st.sampled_from(CONFIGS), comp=st.sampled_from(["i8", "u8"]),
+       tiles=st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3)),
+       layouts=st.sampled_from(["rrr", "ccc", "rcr", "crc"]), two=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_8bit_products_property(config, comp, tiles, layouts, two, seed):
+    """Any number of tiles, either layout of each matrix, one or two subgroups
+    per workgroup: exact."""
+    (TM, TN, TK), (tm, tn, tk) = config, tiles
+    if two and (tm * tn) % 2:
+        tn *= 2
+    rng = np.random.default_rng(seed)
+    a = random_8bit(rng, (tm * TM, tk * TK), comp)
+    b = random_8bit(rng, (tk * TK, tn * TN), comp)
+    got = run_interp(a, b, TM, TN, TK, comp, layouts, subgroups_per_wg=2 if two else 1)
+    assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_int_sums_wrap_like_i32():
+    """K = 4096 products of -128 * -128 = 2**26 (fits); u8 255 * 255 * 4096 wraps
+    nothing either; the accumulator is 32 bits like on the GPU."""
+    a, b = np.full((16, 4096), -128, np.int8), np.full((4096, 8), -128, np.int8)
+    assert (run_interp(a, b, 16, 8, 32) == 4096 * 128 * 128).all()
+    a, b = np.full((16, 64), 255, np.uint8), np.full((64, 8), 255, np.uint8)
+    assert (run_interp(a, b, 16, 8, 32, comp="u8") == 64 * 255 * 255).all()
+
+
+@pytest.mark.parametrize("comp", ["f32", "f16"])
+def test_float_products_round_once(comp):
+    """f32/f16: the float64 product rounded once to the result type (the GPU may
+    round partial sums too; the interpreter shows the exact answer's rounding)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((16, 8)).astype(NUMPY[comp])     # one K step: one rounding
+    b = rng.standard_normal((8, 16)).astype(NUMPY[comp])
+    got = run_interp(a, b, 8, 8, 8, comp, accumulate=comp == "f32")
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(NUMPY[comp])
+    assert got.dtype == NUMPY[comp] and np.array_equal(got, want)
+
+
+# ================================================================ workgroup memory
+
+def staged(m, read_back_barrier=True):
+    """A tile of A staged in workgroup memory lane by lane, multiplied from
+    there, the product stored to workgroup memory and copied out lane by lane."""
+    A = m.declare_input_buffer("A", i32, 16 * 32 // 4)
+    Bm = m.declare_input_buffer("B", i32, 32 * 8 // 4)
+    C = m.declare_output_buffer("C", i32, 16 * 8)
+    a_tile = m.shared(i32, 16 * 32 // 4, "a_tile")
+    c_tile = m.shared(i32, 16 * 8, "c_tile")
+    lane = m.let(m.local_index(), "lane")
+    for k in m.static_loop(range(0, 128, SUBGROUP)):
+        a_tile[lane + k] = A[lane + k]
+    m.barrier()
+    a = m.let(B.subgroup_matrix_load(Left("i8", 32, 16), a_tile, 0, 32), "a")
+    b = m.let(B.subgroup_matrix_load(Right("i8", 8, 32), Bm, 0, 8), "b")
+    B.subgroup_matrix_store(c_tile, 0, B.subgroup_matrix_multiply(i32, a, b), 8)
+    if read_back_barrier:
+        m.barrier()
+    for k in m.static_loop(range(0, 128, SUBGROUP)):
+        C[lane + k] = c_tile[lane + k]
+
+
+def test_staging_through_workgroup_memory():
+    rng = np.random.default_rng(9)
+    a, b = random_8bit(rng, (16, 32), "i8"), random_8bit(rng, (32, 8), "i8")
+    inputs = {"A": host(a, "r", "i8"), "B": host(b, "r", "i8"), "C": np.zeros(128, np.int32)}
+    out = Interpreter(staged, SUBGROUP).dispatch(inputs, 1)["C"]
+    assert np.array_equal(out.reshape(16, 8), a.astype(np.int64) @ b.astype(np.int64))
+    # without the barrier, lane 1 reads what the subgroup's store wrote: a race
+    with pytest.raises(sd.errors.RaceError, match="c_tile"):
+        Interpreter(staged, SUBGROUP, read_back_barrier=False).dispatch(inputs, 1)
+
+
+# ================================================================ refusals
+
+def _refuses(body, message, exc=ShaderTypeError):
+    def k(m):
+        bufs = {n: m.declare_input_buffer(n, t) for n, t in
+                (("ai", i32), ("af", f32))}
+        bufs["out"] = m.declare_output_buffer("out", i32)
+        body(m, bufs)
+    with pytest.raises(exc) as info:
+        sd.compile(k, 32)
+    assert message in str(info.value), str(info.value)
+
+
+L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
+
+
+@pytest.mark.parametrize("body, message", [
+    (lambda m, b: B.subgroup_matrix_load(L8, b["af"], 0, 32),
+     "subgroupMatrixLoad() of subgroup_matrix_left<i8, 32, 16> needs a whole storage buffer "
+     "or workgroup array of i32, got array<f32>"),
+    (lambda m, b: B.subgroup_matrix_load(L8, b["ai"][0], 0, 32), "needs a whole storage buffer"),
+    (lambda m, b: B.subgroup_matrix_load(f32, b["ai"], 0, 32),
+     "subgroupMatrixLoad() needs a subgroup_matrix_*, got f32"),
+    (lambda m, b: B.subgroup_matrix_load(L8, b["ai"], i32(0), 32),
+     "offset and stride must be u32, got i32, u32"),
+    (lambda m, b: B.subgroup_matrix_multiply(
+        i32, m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)),
+        m.let(B.subgroup_matrix_load(Right("i8", 16, 16), b["ai"], 0, 16))),
+     "left's K (columns) = right's K (rows)"),
+    (lambda m, b: B.subgroup_matrix_multiply(
+        i32, m.let(B.subgroup_matrix_load(R8, b["ai"], 0, 16)),
+        m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32))),
+     "subgroupMatrixMultiply() needs a subgroup_matrix_left, got subgroup_matrix_right"),
+    (lambda m, b: B.subgroup_matrix_multiply(
+        f32, m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)),
+        m.let(B.subgroup_matrix_load(R8, b["ai"], 0, 16))),
+     "i8 matrices multiply into an i32/u32 result, not f32"),
+    (lambda m, b: B.subgroup_matrix_multiply_accumulate(
+        m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)),
+        m.let(B.subgroup_matrix_load(R8, b["ai"], 0, 16)), m.var(Result(i32, 8, 16))),
+     "the product is 16 x 16 (N x M) but the accumulator is subgroup_matrix_result<i32, 8, 16>"),
+    (lambda m, b: B.subgroup_matrix_store(
+        b["ai"], 0, m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)), 32),
+     "subgroupMatrixStore() needs a writable array"),
+    (lambda m, b: B.subgroup_matrix_store(b["out"], 0, 5, 32),
+     "subgroupMatrixStore() needs a subgroup matrix value, got int"),
+    (lambda m, b: Result("i8", 16, 16),
+     "subgroup_matrix_result component must be one of ('f32', 'f16', 'i32', 'u32'), got 'i8'"),
+    (lambda m, b: Left(f32, 0, 8), "sizes must be positive ints, got 0, 8"),
+    (lambda m, b: m.declare_input_buffer("x", Result(f32, 8, 8)),
+     "subgroup_matrix_result<f32, 8, 8> cannot be an array element, a buffer element or "
+     "workgroup memory: a subgroup matrix lives in a let or var"),
+    (lambda m, b: m.shared(L8, 2), "cannot be an array element"),
+    (lambda m, b: m.declare_uniform("u", L8), "a uniform must be a numeric scalar or vector"),
+])
+def test_bad_arguments_are_refused(body, message):
+    _refuses(body, message)
+
+
+def _uneven(m, offset_of_lane, length=64):
+    A = m.declare_input_buffer("A", f32, length)
+    C = m.declare_output_buffer("C", f32, 64)
+    a = m.let(B.subgroup_matrix_load(Left(f32, 8, 8), A, offset_of_lane(m.local_index()), 8))
+    B.subgroup_matrix_store(C, 0, a, 8)
+
+
+def test_non_uniform_or_out_of_bounds_arguments_raise_in_the_interpreter():
+    data = {"A": np.arange(64, dtype=np.float32), "C": np.zeros(64, np.float32)}
+    with pytest.raises(InterpreterError, match="same arguments in every lane of the subgroup: "
+                                               "argument 2 of lane 1 differs from lane 0"):
+        Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: i % 2).dispatch(data, 1)
+    with pytest.raises(OutOfBoundsError, match="at offset 1, stride 8 reaches element 64 of an "
+                                               "array of 64"):
+        Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: 1).dispatch(data, 1)
+    out = Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: 0).dispatch(data, 1)
+    assert np.array_equal(out["C"], data["A"])
