@@ -1,10 +1,12 @@
-"""Command line: ``python -m lora {wgsl,demo,check,bench,train}``.
+"""Command line: ``python -m lora {wgsl,demo,check,bench,train,export}``.
 
     python -m lora wgsl fused_forward --rank 8 --in-dim 2560 --out-dim 2560 --scale 2.0
     python -m lora demo            # the seed case on the default adapter, every path
     python -m lora check           # every kernel and path once against numpy
     python -m lora bench ...       # lora.bench (benchmarks)
     python -m lora train ...       # lora.train_cli (fine-tune on scikit-learn's digits)
+    python -m lora export --out web/  # the forward as an ES module for web pages (lora.web)
+    python -m lora export --demo web/ # a self-contained page running it in the browser
 """
 from __future__ import annotations
 
@@ -221,6 +223,97 @@ def cmd_demo(args) -> int:
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------- export (web pages)
+
+def _export_shape(args):
+    """(Shape, Strategy, embedded adapter or None) from the export arguments."""
+    from .strategy import Strategy
+    from .web import Shape, embedded_adapter
+
+    adapter, dims = None, dict(rank=args.rank, in_dim=args.in_dim, out_dim=args.out_dim,
+                               scale=args.scale)
+    if args.adapter:
+        adapter, dims = embedded_adapter(args.adapter, args.module)
+    shape = Shape(tokens=args.tokens, dtype=args.dtype, **dims)
+    default = "split:256" if shape.tokens > 1 else "fused:256:1"
+    return shape, Strategy.parse(args.strategy or default), adapter
+
+
+def _show_page(page, screenshot) -> int:
+    """Open the demo page in headless Chromium, print its verdict, save a screenshot."""
+    from shaderdsl.browser import load_page
+
+    result = load_page(page, "window.loraDemo", screenshot=screenshot)
+    if result.get("error"):
+        print(f"demo page: error: {result['error']}", file=sys.stderr)
+        return 1
+    t = result["timings"]
+    print(f"demo page in headless Chromium ({result['adapter']}): "
+          f"{'ok' if result['ok'] else 'FAILED'}, max error {result['maxErr']:.3e}; compile "
+          f"{t['compile']:.0f} ms, forward {t['each']:.3f} ms")
+    if screenshot:
+        print(screenshot)
+    return 0 if result["ok"] else 1
+
+
+def cmd_export(args) -> int:
+    """Write the forward as an ES module (--out) and/or the demo page (--demo)."""
+    import shlex
+    from pathlib import Path
+
+    from shaderdsl.errors import ShaderDSLError
+
+    from . import web
+
+    try:
+        shape, strategy, adapter = _export_shape(args)
+        command = "python -m lora " + shlex.join(args.argv)
+        files = {}
+        if args.out:
+            files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
+            files["lora_forward.d.ts"] = (args.out, web.module_dts(shape, strategy, command))
+        if args.demo:
+            files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
+                                                            args.seed, args.repeat))
+    except (ShaderDSLError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not files:
+        print("error: give --out DIR (the module) and/or --demo DIR (the page)", file=sys.stderr)
+        return 2
+    for name, (folder, text) in files.items():
+        path = Path(folder) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path)
+    if args.demo and (args.screenshot or args.open):
+        return _show_page(Path(args.demo) / "index.html", args.screenshot)
+    return 0
+
+
+def _export_parser(sub) -> None:
+    e = sub.add_parser("export", help="the forward as an ES module for web pages, or a demo page")
+    e.add_argument("--rank", type=int, default=8)
+    e.add_argument("--in-dim", type=int, default=2560)
+    e.add_argument("--out-dim", type=int, default=2560)
+    e.add_argument("--tokens", type=int, default=1)
+    e.add_argument("--scale", type=float, default=2.0, help="alpha / rank (default 2)")
+    e.add_argument("--strategy", help="a strategy text (default fused:256:1 for one token, "
+                                      "split:256 for more)")
+    e.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                   help="storage of A, B, x and output (f16 needs shader-f16 in the browser)")
+    e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here")
+    e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
+    e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
+                   "shapes and scale) go into the page instead of random ones")
+    e.add_argument("--module", help="with --adapter: the layer to use (default: the first)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the page's random inputs")
+    e.add_argument("--repeat", type=int, default=20, help="forwards the page times (default 20)")
+    e.add_argument("--open", action="store_true",
+                   help="run the demo page in headless Chromium and print its verdict")
+    e.add_argument("--screenshot", metavar="PNG", help="--open, and save a screenshot of the page")
+
+
 # ---------------------------------------------------------------- check
 
 class _SelfCheck:
@@ -417,6 +510,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
 
     sub.add_parser("check", help="run every kernel and path once against numpy; exit 1 on failure")
+    _export_parser(sub)
     sub.add_parser("bench", help="benchmarks (lora.bench); arguments go to it", add_help=False)
     sub.add_parser("train", help="fine-tune LoRA adapters on scikit-learn's digits (lora.train_cli)",
                    add_help=False)
@@ -433,10 +527,13 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "wgsl":
         return cmd_wgsl(args)
-    for what in ("rank", "dim", "tokens", "repeat", "trials"):
+    for what in ("rank", "dim", "in_dim", "out_dim", "tokens", "repeat", "trials"):
         if getattr(args, what, 1) < 1:
-            print(f"error: --{what} must be >= 1", file=sys.stderr)
+            print(f"error: --{what.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
+    if args.command == "export":
+        args.argv = argv
+        return cmd_export(args)
     if args.command == "demo":
         return cmd_demo(args)
     return cmd_check(args)

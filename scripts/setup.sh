@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine:
 # a virtual environment in .venv with the package and its extras (test, bench, train), and,
-# when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe).
+# when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe); and, when
+# no Chromium is there, Debian's chromium (the browser tests' WebGPU).
 # Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,5 +42,21 @@ if ! has_adapter Vulkan; then
         echo "[setup] no WebGPU adapter found. Install a Vulkan driver (on Debian, as root:" >&2
         echo "        apt-get install mesa-vulkan-drivers) or a GPU driver, then run again." >&2
         exit 1
+    fi
+fi
+
+# The browser tests (tests/test_browser.py, tests/test_export.py) run kernels in headless
+# Chromium's WebGPU; without a browser they skip. Install Debian's when root and absent.
+if [ -z "${SHADERDSL_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && \
+   ! command -v chromium-browser >/dev/null && ! command -v google-chrome >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] no Chromium: installing Debian's chromium (for the browser tests)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq chromium >/dev/null || \
+            echo "[setup] could not install chromium: the browser tests will skip" >&2
+    else
+        echo "[setup] no Chromium found: the browser tests will skip (install chromium, or set" >&2
+        echo "        SHADERDSL_CHROMIUM to a Chrome or Chromium binary)" >&2
     fi
 fi

@@ -1,0 +1,50 @@
+"""``device.batch()`` for the browser device: the dispatches and copies
+recorded inside go to the page in one call and one submit at the end (or at
+a read, write or release inside, which sends what is recorded first).
+
+With ``timestamps=True`` on an adapter with timestamp-query, the page's
+compute passes write a timestamp query (the first pass the start, every pass
+the end), resolved when the batch ends: ``gpu_time_ns``, as on the GPU device.
+"""
+from __future__ import annotations
+
+
+class Batch:
+    """Context manager from ``device.batch()``; nested batches join the outer one."""
+
+    def __init__(self, device, timestamps: bool = False):
+        self.device = device
+        self.timestamps = timestamps
+        self.gpu_time_ns: float | None = None
+        self._outer = False
+        self._timed = False
+
+    def __enter__(self) -> "Batch":
+        dev = self.device
+        self._outer = dev._depth == 0
+        if self._outer:
+            dev._send()
+            self._timed = self.timestamps and dev.has_feature("timestamp-query")
+            if self._timed:
+                dev._ops.append({"op": "timer_begin"})
+        dev._depth += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        dev = self.device
+        dev._depth -= 1
+        if not self._outer:
+            return
+        if exc_type is not None:  # drop what was not sent; stop a timer that was
+            sent = self._timed and not any(op["op"] == "timer_begin" for op in dev._ops)
+            dev._ops = [{"op": "timer_drop"}] if sent else []
+            return
+        if self._timed:
+            dev._ops.append({"op": "timer_end"})
+        out = dev._send()
+        if self._timed:
+            self.gpu_time_ns = out.get("time_ns")
+
+    def flush(self) -> None:
+        """Send what is recorded so far (the batch stays open)."""
+        self.device._send()

@@ -1,0 +1,93 @@
+"""Buffers of the browser device: a GPUBuffer in the page, named by an id.
+
+The Python object keeps the numpy shape and dtype (for the shared checks in
+``shaderdsl.checks``) and the browser generation it was made in: after the
+browser is restarted (a hung kernel) the page's buffers are gone, and a
+Buffer of an older generation reads as released, saying why.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+
+import numpy as np
+
+from ..checks import DeviceBuffer, describe
+
+_ids = itertools.count(1)
+
+
+def padded_size(nbytes: int, multiple: int = 4) -> int:
+    """WebGPU wants buffer and copy sizes in multiples of 4 (16 for uniforms)."""
+    return max(multiple, -(-nbytes // multiple) * multiple)
+
+
+CHUNK = 8 << 20  # bytes per call: the DevTools pipe slows down on messages much bigger
+
+
+def encode(arr: np.ndarray, size: int) -> list[tuple[int, str]]:
+    """(offset, base64) pieces of the array's raw bytes, zero-padded to
+    ``size``, at most CHUNK bytes each: exact for every bit pattern (NaN
+    payloads, infinities, -0.0)."""
+    data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    if len(data) != size:
+        padded = bytearray(size)
+        padded[:len(data)] = data
+        data = memoryview(padded)
+    return [(off, base64.b64encode(data[off:off + CHUNK]).decode("ascii"))
+            for off in range(0, size, CHUNK)]
+
+
+def decode(pieces: list[str], dtype: np.dtype, shape: tuple, count: int) -> np.ndarray:
+    """A fresh, writable array from the page's base64 pieces."""
+    raw = bytearray().join(base64.b64decode(p) for p in pieces)
+    return np.frombuffer(raw, dtype, count=count).reshape(shape)
+
+
+class Buffer(DeviceBuffer):
+    """A GPUBuffer in the browser page with the numpy shape/dtype it was made for."""
+
+    __slots__ = ("device", "shape", "dtype", "nbytes", "size", "id", "usage_kind", "name",
+                 "padded", "generation", "freed", "__weakref__")
+
+    def __init__(self, device, shape: tuple, dtype: np.dtype, usage_kind: str, padded: int,
+                 name: str | None = None):
+        self.device = device
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * dtype.itemsize
+        self.id = next(_ids)
+        self.usage_kind = usage_kind
+        self.name = name
+        self.padded = padded
+        self.generation = device.generation
+        self.freed = False
+
+    @property
+    def lost(self) -> bool:
+        """The browser was restarted since this buffer was made: its contents are gone."""
+        return self.generation != self.device.generation
+
+    @property
+    def released(self) -> bool:
+        return self.freed or self.lost
+
+    @property
+    def bound_bytes(self) -> int:
+        return self.padded
+
+    def read(self) -> np.ndarray:
+        return self.device.read(self)
+
+    def write(self, array) -> None:
+        self.device.write(self, array)
+
+    def release(self) -> None:
+        self.device.release(self)
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        state = " released" if self.freed else (
+            " released (lost when the browser restarted)" if self.lost else "")
+        return f"<Buffer{label} #{self.id} {self.usage_kind} {describe(self.dtype, self.shape)}{state}>"

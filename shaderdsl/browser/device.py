@@ -1,0 +1,379 @@
+"""The browser device: the host API of ``shaderdsl.runtime.Device``, run by
+WebGPU in a headless Chromium (Chromium's own Dawn and Tint).
+
+Host code written for the GPU (buffers, dispatch, batch, read) runs
+unchanged. Bad input is refused by the shared checks (``shaderdsl.checks``)
+before anything reaches the page, with the GPU device's exceptions and
+messages. Dispatches and copies
+are recorded as operations and sent to the page in one call per submit (at
+once outside a batch, at the batch's end or at a read inside one); the page
+plays them into one command encoder. Every call has a deadline
+(``timeout``, seconds): a call that misses it (a kernel that never ends
+hangs the page) restarts the browser and raises BrowserTimeoutError.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import re
+import weakref
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import checks
+from ..checks import check_dtype, describe, host_array, uniform_array
+from ..errors import BindingError, BrowserError, BrowserTimeoutError, DispatchError
+from .batch import Batch
+from .buffers import CHUNK, Buffer, decode, encode, padded_size
+from .kernels import compile_error, constants, page_key, uniform_values
+from .page import Host, PageError
+
+ENV_TIMEOUT = "SHADERDSL_BROWSER_TIMEOUT"
+# The page's feature names that kernels spell otherwise.
+FEATURE_NAMES = {"subgroups": "subgroup"}
+
+
+def kebab(name: str) -> str:
+    """WebGPU's camelCase limit names in the runtime's spelling (max-buffer-size)."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", name).lower()
+
+
+class Device:
+    """WebGPU in one headless Chromium (see the module docstring).
+
+    ``binary``: the browser (default: $SHADERDSL_CHROMIUM or chromium on
+    PATH); ``timeout``: seconds every call may take (default
+    $SHADERDSL_BROWSER_TIMEOUT or 60). Prefer ``shaderdsl.browser.get_device()``,
+    which shares one browser per process and shuts it down at exit.
+    """
+
+    def __init__(self, binary: str | None = None, *, timeout: float | None = None):
+        self.timeout = float(timeout or os.environ.get(ENV_TIMEOUT) or 60.0)
+        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
+                      "copies": 0, "submits": 0, "calls": 0, "bytes_up": 0, "bytes_down": 0,
+                      "restarts": 0}
+        self._ops: list = []           # recorded, not yet sent to the page
+        self._pending: list = []       # kernels sent since the last completed wait
+        self._garbage: list = []       # ids of Buffers collected by Python: freed at next send
+        self._depth = 0
+        self._kernels: dict = {}       # id(kernel) -> (generation, set of pipeline keys)
+        self._modules: set = set()     # page keys whose module and layout the page has
+        self._pinned: list = []
+        self.host = Host(binary, timeout=max(self.timeout, 30.0))
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Name, features and limits from the page's adapter and device."""
+        info = self.host.info
+        a = info["info"]
+        product = self.host.browser.version
+        self.name: str = (a.get("description") or " ".join(
+            v for v in (a.get("vendor"), a.get("architecture")) if v) or "WebGPU") + f" ({product})"
+        self.backend: str = "browser"
+        self.adapter_type: str = "fallback" if a.get("fallback") else "GPU"
+        self.adapter_info: dict = a
+        self.user_agent: str = info.get("user_agent", "")
+        self.features: frozenset = frozenset(FEATURE_NAMES.get(f, f) for f in info["features"])
+        self.limits: dict = {kebab(k): v for k, v in info["limits"].items()}
+        self.launch_seconds: float = self.host.launch_seconds
+        self._max_wg = self.limits[checks.MAX_WORKGROUPS]
+
+    @property
+    def generation(self) -> int:
+        return self.host.generation
+
+    def __repr__(self) -> str:
+        return f"<browser.Device {self.name!r} {self.adapter_type}>"
+
+    def has_feature(self, name: str) -> bool:
+        return name in self.features
+
+    def adapters_with(self, feature: str) -> list[str]:
+        """Named in FeatureError: the wgpu adapters with ``feature`` (listed once
+        per process by the GPU runtime), and this browser's if it has it."""
+        try:
+            from ..runtime.adapters import adapters_with
+            found = adapters_with(feature)
+        except Exception:  # no wgpu adapter at all: only the browser is named
+            found = []
+        return found + ([f"{self.name} (browser)"] if feature in self.features else [])
+
+    # -- calls into the page ---------------------------------------------
+
+    def _call(self, name: str, *args, sent: int = 0):
+        """One call into the page, with the deadline; a timeout restarts the browser."""
+        self.stats["calls"] += 1
+        self.stats["bytes_up"] += sent
+        try:
+            return self.host.call(name, *args, timeout=self.timeout)
+        except BrowserTimeoutError:
+            self._restart(f"the page did not answer {name}() within {self.timeout:g} s")
+        except PageError as e:
+            if e.kind != "lost":
+                raise
+            self._restart(f"the page's GPUDevice was lost: {e}", BrowserError)
+        except BrowserError as e:
+            if self.host.browser is None or self.host.browser.alive:
+                raise
+            self._restart(f"{e}".rstrip(), BrowserError)
+
+    def _restart(self, why: str, error=BrowserTimeoutError):
+        """Start a fresh browser and raise ``error`` naming what was running."""
+        running = sorted(set(self._pending))
+        self._ops, self._pending, self._garbage = [], [], []
+        self._kernels.clear()
+        self._modules.clear()
+        self.stats["restarts"] += 1
+        self.host.restart()
+        self._adopt()
+        what = f" (kernels running: {', '.join(running)})" if running else ""
+        hint = " A kernel that never ends hangs the page." if error is BrowserTimeoutError else ""
+        raise error(f"{why}{what}.{hint} The browser was restarted and the buffers made before "
+                    f"are lost (device.timeout = {self.timeout:g} s)")
+
+    def _send(self, wait: bool = False) -> dict:
+        """Play the recorded operations in the page; the results of their reads."""
+        # Collected Buffers go last: work recorded before may still use them.
+        ops = self._ops + [{"op": "release", "id": i} for i in self._garbage]
+        self._garbage, self._ops = [], []
+        if not ops and not wait:
+            return {}
+        sent = sum(len(op.get("data", "")) for op in ops)
+        out = self._call("run", ops, wait, sent=sent)
+        self.stats["submits"] += out.pop("submits", 0)
+        self.stats["bind_groups"] += out.pop("bind_groups", 0)
+        if wait or any(op["op"] == "read" for op in ops):
+            self._pending = []
+        return out
+
+    def close(self) -> None:
+        """Shut the browser down (the device cannot be used afterwards)."""
+        self.host.close()
+
+    # -- buffers ---------------------------------------------------------
+
+    def _new(self, shape, dtype, kind: str, name, data: np.ndarray | None) -> Buffer:
+        size = padded_size(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                           16 if kind == "uniform" else 4)
+        cap = self.limits.get("max-buffer-size")
+        if cap is not None and size > cap:
+            raise BindingError(f"buffer of {size} bytes is over max-buffer-size = {cap} "
+                               f"on {self.name!r}")
+        buf = Buffer(self, shape, dtype, kind, size, name)
+        pieces = [] if data is None else encode(data, size)
+        first = pieces[0][1] if len(pieces) == 1 else None
+        self._call("create", buf.id, size, kind, first, sent=len(first or ""))
+        weakref.finalize(buf, self._collect, buf.id, self.generation)
+        if len(pieces) > 1:
+            self._upload(buf, pieces)
+        return buf
+
+    def _upload(self, buf: Buffer, pieces: list) -> None:
+        """Write ``buf`` a piece per call (after the work recorded before)."""
+        for offset, data in pieces:
+            self._ops.append({"op": "write", "id": buf.id, "offset": offset, "data": data})
+            self._send()
+
+    def _collect(self, buffer_id: int, generation: int) -> None:
+        """A Buffer was garbage-collected: free its GPUBuffer with the next call."""
+        if generation == self.generation:
+            self._garbage.append(buffer_id)
+
+    def buffer(self, array, *, name: str | None = None) -> Buffer:
+        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
+        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
+        return self._new(arr.shape, arr.dtype, "storage", name, arr)
+
+    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it)."""
+        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
+        try:
+            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+                operator.index(s) for s in shape)
+        except TypeError:
+            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise BindingError(f"negative shape {shape}")
+        return self._new(shape, dt, "storage", name, None)
+
+    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
+        return self.empty(shape, dtype, name=name)
+
+    def uniform(self, value, *, name: str | None = None) -> Buffer:
+        """A uniform buffer from an array or scalar, padded to 16 bytes
+        (Python float -> float32, int -> uint32; numpy keeps its dtype)."""
+        arr = uniform_array(value)
+        return self._new(arr.shape, arr.dtype, "uniform", name, arr)
+
+    def _own(self, buf, what: str) -> None:
+        checks.live_buffer(buf, self, what, kind=None)
+
+    def write(self, buf: Buffer, array) -> None:
+        """Overwrite ``buf``; dtype and shape must match it exactly. Lands after
+        the work recorded before it (what is recorded is sent first)."""
+        self._own(buf, "write")
+        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
+            array = uniform_array(array)
+        if not isinstance(array, np.ndarray):
+            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
+                               f"{type(array).__name__}")
+        if array.dtype != buf.dtype or array.shape != buf.shape:
+            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
+                               f"got {describe(array.dtype, array.shape)}")
+        self._upload(buf, encode(array, buf.padded))
+
+    def read(self, buf: Buffer) -> np.ndarray:
+        """A new array with ``buf``'s contents, after everything recorded so far."""
+        self._own(buf, "read")
+        self._ops.append({"op": "read", "id": buf.id, "size": buf.padded})
+        first = self._send()[str(buf.id)]
+        pieces = [first] if isinstance(first, str) else [
+            self._call("take", buf.id, off, min(CHUNK, buf.padded - off))
+            for off in range(0, buf.padded, CHUNK)]
+        self.stats["bytes_down"] += sum(map(len, pieces))
+        return decode(pieces, buf.dtype, buf.shape, buf.size)
+
+    def release(self, buf: Buffer) -> None:
+        """Destroy ``buf`` now (after the work recorded so far)."""
+        if isinstance(buf, Buffer) and buf.released:
+            return
+        self._own(buf, "release")
+        buf.freed = True
+        self._ops.append({"op": "release", "id": buf.id})
+        self._send()
+
+    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
+        """Copy the first ``nbytes`` (default all of src) of src into dst."""
+        self._own(src, "copy source")
+        self._own(dst, "copy destination")
+        nbytes = _copy_size(src, dst, nbytes)
+        if nbytes == 0:
+            return
+        self.stats["copies"] += 1
+        self._ops.append({"op": "copy", "src": src.id, "dst": dst.id, "n": nbytes})
+        if not self._depth:
+            self._send()
+
+    # -- dispatch --------------------------------------------------------
+
+    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
+        """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
+
+        ``bindings``: dict name -> Buffer, or a sequence in binding order; a
+        uniform binding may take a plain value (a number, numpy scalar or
+        small vector, as for ``uniform``) for this dispatch only. Checked in
+        the GPU device's order before anything is recorded.
+        """
+        self._entry(kernel)
+        x, y, z = checks.workgroups(kernel, workgroups, self._max_wg)
+        okey = checks.overrides_key(kernel, overrides)
+        binds = self._binds(kernel, checks.order_buffers(kernel, bindings))
+        pkey = self._pipeline(kernel, okey)
+        self.stats["dispatches"] += 1
+        self._ops.append({"op": "dispatch", "key": page_key(kernel), "okey": pkey,
+                          "binds": binds, "grid": [x, y, z]})
+        self._pending.append(kernel.name)
+        if not self._depth:
+            self._send()
+
+    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
+        """Dispatch enough workgroups along x to cover ``n`` invocations."""
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
+        if n < 1:
+            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
+        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
+
+    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
+        """Compile ``kernel``'s module and pipeline in the page now (raises
+        WGSLCompileError); ``uniform_values`` is accepted for the GPU device's sake."""
+        self._entry(kernel)
+        self._pipeline(kernel, checks.overrides_key(kernel, overrides))
+
+    def _entry(self, kernel) -> set:
+        """First sight of a Kernel (in this browser): check it, compile its module."""
+        hit = self._kernels.get(id(kernel))
+        if hit is not None and hit[0] == self.generation:
+            return hit[1]
+        checks.check_kernel(kernel, self)
+        key = page_key(kernel)
+        if key not in self._modules:
+            spec = {"key": key, "name": kernel.name, "entry": kernel.entry_point,
+                    "wgsl": kernel.wgsl_for("tint"),
+                    "layout": [[b.index, b.access] for b in kernel.bindings]}
+            try:
+                self._call("kernel", spec)
+            except PageError as e:
+                raise compile_error(kernel, e) from None
+            self._modules.add(key)
+            self.stats["modules"] += 1
+        pipelines: set = set()
+        try:  # forget the entry with the kernel, so a reused id() cannot hit it
+            weakref.finalize(kernel, self._kernels.pop, id(kernel), None)
+        except TypeError:
+            self._pinned.append(kernel)
+        self._kernels[id(kernel)] = (self.generation, pipelines)
+        return pipelines
+
+    def _pipeline(self, kernel, okey: tuple) -> str:
+        """The page's pipeline for (kernel, overrides), made on first use."""
+        pipelines = self._entry(kernel)
+        pkey = repr(okey)
+        if pkey not in pipelines:
+            try:
+                self._call("pipeline", page_key(kernel), pkey, constants(okey))
+            except PageError as e:
+                raise compile_error(kernel, e) from None
+            pipelines.add(pkey)
+            self.stats["pipelines"] += 1
+        return pkey
+
+    def _binds(self, kernel, buffers: list) -> list:
+        """[binding, buffer id] per binding ([binding, None, base64] for a plain
+        uniform value), after the GPU device's checks."""
+        values = uniform_values(kernel, buffers, self)
+        kept = [i for i in range(len(buffers)) if i not in values]
+        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
+        checks.check_buffers(view, [buffers[i] for i in kept], self)
+        return [[b.index, None, values[i]] if i in values else [b.index, buffers[i].id]
+                for i, b in enumerate(kernel.bindings)]
+
+    # -- batching and waiting --------------------------------------------
+
+    def batch(self, timestamps: bool = False) -> Batch:
+        """``with device.batch():`` sends every dispatch/copy in it as one submit."""
+        return Batch(self, timestamps)
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    def sync(self) -> None:
+        """Send anything recorded and wait until the page's GPU has finished it."""
+        self._send(wait=True)
+
+
+def _copy_size(src: Buffer, dst: Buffer, nbytes) -> int:
+    """The byte count a copy moves, checked as the GPU device checks it."""
+    if src is dst:
+        raise BindingError(f"copy: source and destination are the same buffer {src!r}")
+    if nbytes is None:
+        nbytes = src.nbytes
+        if nbytes % 4:  # odd float16 count: the padding travels too if both have it
+            nbytes = padded_size(nbytes)
+            if nbytes > min(src.padded, dst.padded):
+                raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
+                                   f"pass nbytes explicitly")
+    else:
+        nbytes = operator.index(nbytes)
+        if nbytes < 0 or nbytes % 4:
+            raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
+        if nbytes > src.padded or nbytes > dst.padded:
+            raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
+                               f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
+    if nbytes > dst.padded:
+        raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
+    return nbytes

@@ -1,0 +1,59 @@
+"""What the browser device needs from a Kernel beyond the shared checks: its
+compile errors as WGSLCompileError, its override constants in the form the
+page takes, and plain uniform values packed as the GPU device packs them."""
+from __future__ import annotations
+
+import base64
+
+from .. import checks
+from ..checks import DeviceBuffer
+from ..errors import BindingError, WGSLCompileError
+
+
+def page_key(kernel) -> str:
+    """The page's name for a Kernel's module and layout: its cache key (WGSL and
+    entry point) and its binding table (two Kernels may share WGSL, not layout)."""
+    return kernel.cache_key + ":" + ",".join(f"{b.index}{b.access}" for b in kernel.bindings)
+
+
+def compile_error(kernel, err) -> WGSLCompileError:
+    """WGSLCompileError from the page's report (Tint's messages, by WGSL line)."""
+    from ..runtime.pipelines import excerpt  # only on this error path: it imports wgpu
+
+    errors = err.detail.get("errors") or [{"message": str(err).split(": ", 1)[-1]}]
+    first = errors[0]
+    line, column = first.get("line") or None, first.get("column") or None
+    # Dawn adds " - While validating ..." lines: keep them, on one line, as the GPU device does.
+    message = "; ".join(part.strip(" -") for e in errors for part in e["message"].splitlines()
+                        if part.strip(" -"))
+    if err.kind == "pipeline" and "overridable constant" in message:
+        message += " (pass overrides={...})"
+    return WGSLCompileError(
+        message, kernel_name=kernel.name, wgsl_line=line,
+        python_line=kernel.python_line(line, "tint") if line else None,
+        excerpt=excerpt(kernel.wgsl_for("tint"), line, column) if line else "")
+
+
+def constants(okey: tuple) -> dict:
+    """Checked overrides as WebGPU's ``constants`` (numbers; bools as 0/1)."""
+    return {name: float(value) if isinstance(value, bool) else value for name, value in okey}
+
+
+def uniform_values(kernel, buffers: list, device) -> dict:
+    """position -> base64 of the 16 bytes of each plain value given to a
+    uniform binding: the rules and messages every device shares (``checks``)."""
+    uniforms = [i for i, b in enumerate(kernel.bindings) if b.access == "uniform"]
+    values = {}
+    for i in uniforms:
+        if not isinstance(buffers[i], DeviceBuffer):
+            data = checks.uniform_value(kernel, kernel.bindings[i], buffers[i]).tobytes()
+            values[i] = base64.b64encode(data.ljust(16, b"\0")).decode("ascii")
+    checks.refuse_storage_values(kernel, buffers)
+    cap = device.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
+    if values and cap is not None and len(uniforms) > cap:
+        raise BindingError(
+            f"kernel {kernel.name!r} has {len(uniforms)} uniform bindings, over "
+            f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {device.name!r}: "
+            f"plain values need a dynamic offset for each; give them device.uniform(...) "
+            f"Buffers instead")
+    return values

@@ -1,0 +1,482 @@
+"""The browser device (shaderdsl.browser): kernels run by headless Chromium's
+WebGPU (its own Dawn, Tint and validation; SwiftShader on a machine without
+a GPU), against numpy, the GPU device (wgpu) and the interpreter.
+
+Every example kernel and every LoRA strategy of test_strategies runs here
+on small shapes, with the tolerances of test_examples.py and test_lora.py
+(in units of U = 2**-24, scaled by the sum of absolute terms; the LoRA
+forward within ``lora.reference.tolerance``). Bad input gets the GPU
+device's exceptions and messages; a kernel that never ends is reported
+(BrowserTimeoutError, the browser restarted) and the next test still runs.
+One browser serves the whole session (``shaderdsl.browser.get_device``).
+Everything skips, saying how to install Chromium, where there is none.
+"""
+from __future__ import annotations
+
+import gc
+import re
+import time
+
+import numpy as np
+import pytest
+
+import shaderdsl as sd
+from shaderdsl import browser
+from shaderdsl import builtins as B
+from shaderdsl import f16, f32, u32
+from shaderdsl.errors import (AliasingError, BindingError, BrowserError, BrowserTimeoutError,
+                              DispatchError, FeatureError, WGSLCompileError)
+from shaderdsl.kernel import Binding, Kernel
+
+from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, saxpy, scan
+from examples import rows as rows_mod
+from lora import Weight, reference as R
+from lora.plan import Plan, Strategy
+from test_strategies import STRATEGY_TEXTS
+
+U = 2.0 ** -24
+
+
+@pytest.fixture(scope="session")
+def web():
+    """The process's browser device: one Chromium for every test (a skip,
+    saying how to get one, where there is none)."""
+    why = browser.unavailable_reason()
+    if why:
+        pytest.skip(f"browser tests: {why}")
+    return browser.get_device()
+
+
+def nonzero(rng, shape, dtype=np.float32):
+    """Random values in +-[0.1, 1): varied in sign and size, never zero."""
+    mag = rng.uniform(0.1, 1.0, shape)
+    return np.where(rng.random(shape) < 0.5, -mag, mag).astype(dtype)
+
+
+def f64(a):
+    return np.asarray(a, np.float64)
+
+
+# ---------------------------------------------------------------- the device
+
+def test_device_reports_the_browsers_adapter(web):
+    assert web.backend == "browser" and "Chrome/" in web.name
+    assert web.limits["max-compute-workgroups-per-dimension"] >= 65535
+    assert web.limits["max-compute-invocations-per-workgroup"] >= 256
+    assert "subgroups" not in web.features  # spelled as kernels spell it
+    assert web.launch_seconds < 30
+    assert repr(web).startswith("<browser.Device")
+
+
+def test_one_browser_per_process(web):
+    assert browser.get_device() is web
+
+
+def test_bytes_travel_exactly(web):
+    """NaN payloads, infinities, -0.0, subnormals and every f16 bit pattern survive."""
+    special = np.array([0x7FC00001, 0xFFC12345, 0x7F800000, 0xFF800000, 0x80000000, 0x00000001,
+                        0x807FFFFF, 0x3F800000], np.uint32).view(np.float32)
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    for arr in (special, halves, np.arange(-5, 6, dtype=np.int32), np.zeros((2, 0), np.float32)):
+        got = web.read(web.buffer(arr))
+        assert got.dtype == arr.dtype and got.shape == arr.shape
+        assert got.tobytes() == arr.tobytes()
+
+
+def test_a_kernel_copies_every_bit(web):
+    def copy_bits(m):
+        src = m.declare_input_buffer("src", u32)
+        dst = m.declare_output_buffer("dst", u32)
+        i = m.global_id().x
+        with m.if_(i < B.array_length(src)):
+            dst[i] = src[i]
+    bits = np.random.default_rng(0).integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32)
+    dst = web.empty(1000, np.uint32)
+    web.dispatch_1d(sd.compile(copy_bits, 64), {"src": web.buffer(bits), "dst": dst}, 1000)
+    assert np.array_equal(web.read(dst), bits)
+
+
+def test_large_buffers_go_in_pieces(web):
+    """Over 8 MiB a buffer is written and read a piece per call."""
+    arr = np.random.default_rng(1).standard_normal(9 << 18).astype(np.float32)  # 9 MiB
+    buf = web.buffer(arr)
+    assert np.array_equal(web.read(buf), arr)
+    web.write(buf, -arr)
+    assert np.array_equal(web.read(buf), -arr)
+
+
+def test_write_copy_release_and_collected_buffers(web):
+    a, b = web.buffer(np.arange(8, dtype=np.float32)), web.zeros(8, np.float32)
+    web.copy(a, b, 16)
+    assert web.read(b).tolist() == [0, 1, 2, 3, 0, 0, 0, 0]
+    web.write(a, np.full(8, 7, np.float32))
+    web.copy(a, b)
+    assert web.read(b).tolist() == [7] * 8
+    web.release(a)
+    web.release(a)  # a second release is a no-op
+    with pytest.raises(BindingError, match="was released"):
+        web.read(a)
+    count = "sd.state.buffers.size"
+    before = web.host.evaluate(count, 10)
+    for _ in range(5):
+        web.buffer(np.zeros(4, np.float32))
+    gc.collect()
+    web.sync()  # sends the collected buffers' releases
+    assert web.host.evaluate(count, 10) <= before
+
+
+# ---------------------------------------------------------------- batches and uniform values
+
+def scaled(m):
+    x = m.declare_input_buffer("x", f32)
+    out = m.declare_output_buffer("out", f32)
+    s = m.declare_uniform("s", f32)
+    i = m.global_id().x
+    with m.if_(i < B.array_length(x)):
+        out[i] = out[i] + x[i] * s
+
+
+def test_a_batch_is_one_submit_and_each_dispatch_its_own_value(web):
+    k = sd.compile(scaled, 64)
+    x, out = web.buffer(np.ones(100, np.float32)), web.zeros(100, np.float32)
+    before = web.stats["submits"]
+    with web.batch(timestamps=True) as batch:
+        for s in (1.0, 2.0, 4.0, np.float32(8.0)):
+            web.dispatch(k, {"x": x, "out": out, "s": s}, 2)
+        assert web.in_batch
+    assert web.stats["submits"] == before + 1
+    assert web.read(out).tolist() == [15.0] * 100
+    if web.has_feature("timestamp-query"):
+        assert batch.gpu_time_ns is not None and batch.gpu_time_ns > 0
+
+
+def test_an_exception_in_a_batch_drops_its_work(web):
+    k = sd.compile(scaled, 64)
+    x, out = web.buffer(np.ones(64, np.float32)), web.zeros(64, np.float32)
+    with pytest.raises(RuntimeError, match="boom"):
+        with web.batch(timestamps=True):
+            web.dispatch(k, {"x": x, "out": out, "s": 3.0}, 1)
+            raise RuntimeError("boom")
+    assert not web.in_batch
+    assert web.read(out).tolist() == [0.0] * 64
+    with web.batch(timestamps=True) as batch:  # the next timed batch still times
+        web.dispatch(k, {"x": x, "out": out, "s": web.uniform(1.0)}, 1)
+    assert web.read(out).tolist() == [1.0] * 64
+    assert batch.gpu_time_ns is None or batch.gpu_time_ns > 0
+
+
+# ---------------------------------------------------------------- the examples against numpy
+
+@pytest.mark.parametrize("n", [1, 63, 65, 1000])
+@pytest.mark.parametrize("a_from, bake_n", [("override", True), ("uniform", False),
+                                            ("override", False)])
+def test_saxpy(web, n, a_from, bake_n):
+    rng = np.random.default_rng(n)
+    x, y, a = nonzero(rng, n), nonzero(rng, n), np.float32(2.5)
+    got = saxpy.run(web, a, x, y, a_from=a_from, bake_n=bake_n)
+    want = f64(a) * f64(x) + f64(y)
+    assert np.all(np.abs(got - want) <= 2 * U * (np.abs(f64(a) * f64(x)) + np.abs(f64(y))))
+
+
+@pytest.mark.parametrize("n, workgroup, subgroups", [(1, 64, False), (1000, 64, False),
+                                                     (70_000, 256, False), (257, 64, True),
+                                                     (70_000, 256, True)])
+def test_reduction(web, n, workgroup, subgroups):
+    x = nonzero(np.random.default_rng(n), n)
+    got = reduction.run(web, x, subgroups=subgroups, workgroup_size=workgroup)
+    depth, count = 0, n
+    while count > 1:
+        depth += workgroup.bit_length() - 1
+        count = -(-count // workgroup)
+    assert abs(got - f64(x).sum()) <= 2 * max(depth, 1) * U * np.abs(f64(x)).sum()
+
+
+@pytest.mark.parametrize("M, K, N, tile", [(1, 1, 1, 4), (33, 17, 9, 8), (40, 40, 40, 16)])
+def test_matmul(web, M, K, N, tile):
+    rng = np.random.default_rng(M)
+    a, b = nonzero(rng, (M, K)), nonzero(rng, (K, N))
+    got = matmul.run(web, a, b, tile=tile)
+    tol = 2 * (K + 1) * U * (np.abs(f64(a)) @ np.abs(f64(b)))
+    assert np.all(np.abs(got - f64(a) @ f64(b)) <= tol)
+
+
+@pytest.mark.parametrize("private", [False, True])
+@pytest.mark.parametrize("spread", [3, 2**32])
+def test_histogram_is_exact(web, private, spread):
+    rng = np.random.default_rng(spread)
+    values = rng.integers(0, spread, 20_000, dtype=np.uint64).astype(np.uint32)
+    got = histogram.run(web, values, 37, private=private, workgroup_size=128)
+    np.testing.assert_array_equal(got, np.bincount(values % 37, minlength=37))
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_int8_matmul_is_exact(web, signed):
+    rng = np.random.default_rng(3)
+    dt = np.int8 if signed else np.uint8
+    info = np.iinfo(dt)
+    a = rng.integers(info.min, info.max + 1, (37, 301)).astype(dt)
+    b = rng.integers(info.min, info.max + 1, (301, 45)).astype(dt)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    got = int8_matmul.run(web, a, b)
+    assert np.array_equal(got.astype(np.int64), want)
+
+
+@pytest.mark.parametrize("n, subgroups", [(1, False), (5000, False), (70_000, False),
+                                          (70_000, True)])
+def test_scan_is_exact(web, n, subgroups):
+    x = np.random.default_rng(n).integers(-1000, 1000, n).astype(np.int32)
+    assert np.array_equal(scan.run(web, x, subgroups=subgroups), np.cumsum(x, dtype=np.int64))
+
+
+@pytest.mark.parametrize("n", [1, 300, 5000])
+def test_bitonic_sort_with_a_value_per_pass(web, n):
+    """One pipeline, a (k, j) uniform value per dispatch, every pass in one submit."""
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    before = web.stats["submits"]
+    assert np.array_equal(bitonic.run(web, x), np.sort(x))
+    assert web.stats["submits"] - before == 2  # every pass in one, the read's copy in another
+
+
+@pytest.mark.parametrize("cols", [1, 63, 300])
+def test_softmax_and_layer_norm_rows(web, cols):
+    rng = np.random.default_rng(cols)
+    x = nonzero(rng, (3, cols)) * 8
+    got = rows_mod.run(web, rows_mod.softmax, x)
+    np.testing.assert_allclose(got, rows_mod.softmax_reference(x),
+                               rtol=64 * U * np.log2(cols + 1) + 1e-6, atol=0)
+    x = nonzero(rng, (3, cols)) + 3.0
+    gamma, beta = nonzero(rng, cols), nonzero(rng, cols)
+    got = rows_mod.run(web, rows_mod.layer_norm, x, gamma=gamma, beta=beta)
+    scale = np.abs(gamma) / np.sqrt(f64(x).var(axis=1, keepdims=True) + 1e-5) * 4 + np.abs(beta)
+    want = rows_mod.layer_norm_reference(x, gamma, beta)
+    assert (np.abs(got - want) <= 256 * U * np.log2(cols + 2) * scale).all()
+
+
+def test_half_needs_shader_f16(web):
+    w, x = np.ones((8, 8), np.float16), np.ones(8, np.float32)
+    if not web.has_feature("shader-f16"):
+        with pytest.raises(FeatureError):
+            half.run(web, w, x)
+        pytest.skip(f"{web.name} lacks shader-f16: the f16 example is refused (FeatureError)")
+    assert np.array_equal(half.run(web, w, x), np.full(8, 8.0, np.float32))
+
+
+def test_three_implementations_agree(web, device):
+    """Browser, GPU device (wgpu) and interpreter on one small input each:
+    integer kernels bit for bit, float ones within the examples' bounds."""
+    from shaderdsl.interp import Device as Interp
+
+    cpu = Interp(subgroup_size=4)
+    rng = np.random.default_rng(7)
+    x = rng.integers(-1000, 1000, 300).astype(np.int32)
+    values = rng.integers(0, 2**32, 500, dtype=np.uint64).astype(np.uint32)
+    a, b = nonzero(rng, (9, 13)), nonzero(rng, (13, 6))
+    for run in (lambda d: scan.run(d, x, subgroups=d.has_feature("subgroup")),
+                lambda d: histogram.run(d, values, 19, private=True)):
+        results = [run(d) for d in (web, device, cpu)]
+        assert all(np.array_equal(r, results[0]) for r in results)
+    tol = 2 * 14 * U * (np.abs(f64(a)) @ np.abs(f64(b)))
+    for d in (web, device, cpu):
+        assert np.all(np.abs(matmul.run(d, a, b, tile=4) - f64(a) @ f64(b)) <= tol)
+
+
+# ---------------------------------------------------------------- every LoRA strategy
+
+@pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
+def test_lora_strategy_matches_numpy(web, strategy):
+    """Rank 5, 131 -> 259, 37 tokens: ragged for every workgroup and tile."""
+    if strategy.endswith(":sg") and not web.has_feature("subgroup"):
+        pytest.skip(f"{web.name} lacks 'subgroup'")
+    rng = np.random.default_rng(37)
+    a, b = rng.standard_normal((5, 131)).astype(np.float32), rng.standard_normal((259, 5)).astype(np.float32)
+    x, base = rng.standard_normal((37, 131)).astype(np.float32), rng.standard_normal((37, 259)).astype(np.float32)
+    plan = Plan(web, Weight.from_numpy(web, a, b), -0.75, 37, Strategy.parse(strategy))
+    out = web.buffer(base)
+    plan(web.buffer(x), out)
+    got = web.read(out).astype(np.float64)
+    assert not np.isnan(got).any()
+    assert np.all(np.abs(got - R.forward(x, a, b, -0.75, base)) <= R.tolerance(x, a, b, -0.75, base))
+
+
+def test_lora_one_token_and_auto(web):
+    """The numpy entry point on the browser device, one token, a forced strategy."""
+    from lora.execute import forward
+
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((200, 8)).astype(np.float32)
+    x, base = rng.standard_normal(300).astype(np.float32), rng.standard_normal(200).astype(np.float32)
+    got = forward(x, a, b, base, alpha=16.0, device=web, strategy="fused:64:1")
+    assert np.all(np.abs(got - R.forward(x, a, b, 2.0, base)) <= R.tolerance(x, a, b, 2.0, base))
+
+
+def test_lora_f16_is_refused_without_shader_f16(web):
+    if web.has_feature("shader-f16"):
+        pytest.skip("this browser's adapter has shader-f16")
+    with pytest.raises(FeatureError, match="shader-f16"):
+        Weight.from_numpy(web, np.ones((2, 4)), np.ones((4, 2)), dtype=np.float16)
+
+
+# ---------------------------------------------------------------- bad input: the GPU's errors
+
+def scale128(m):
+    x = m.declare_input_buffer("x", f32, 128)
+    out = m.declare_output_buffer("out", f32)
+    s = m.declare_uniform("s", f32)
+    a = m.override("a", f32)
+    out[m.global_id().x] = x[m.global_id().x] * s * a
+
+
+def bad_inputs(dev, other):
+    """name -> a call that must fail, built from ``dev``'s buffers."""
+    k = sd.compile(scale128, 64)
+    x, out, s = dev.buffer(np.zeros(128, np.float32)), dev.zeros(128, np.float32), dev.uniform(2.0)
+    ok, o = {"x": x, "out": out, "s": s}, {"a": 1.0}
+    gone = dev.buffer(np.zeros(128, np.float32))
+    dev.release(gone)
+
+    def run(workgroups=2, overrides=o, **given):
+        return lambda: dev.dispatch(k, {**ok, **given}, workgroups, overrides=overrides)
+    return {
+        "wrong dtype": run(x=dev.buffer(np.zeros(128, np.int32))),
+        "too small": run(x=dev.buffer(np.zeros(100, np.float32))),
+        "missing": lambda: dev.dispatch(k, {"x": x, "s": s}, 2, overrides=o),
+        "unknown": run(y=x), "too few": lambda: dev.dispatch(k, [x, out], 2, overrides=o),
+        "not a buffer": run(x=np.zeros(128, np.float32)), "uniform as storage": run(x=s),
+        "storage as uniform": run(s=x), "aliasing": run(out=x), "released": run(x=gone),
+        "other device": run(x=other.buffer(np.zeros(128, np.float32))),
+        "zero workgroups": run(0), "four dims": run((1, 1, 1, 1)),
+        "too many workgroups": run((1, 65536)),
+        "dispatch_1d n=0": lambda: dev.dispatch_1d(k, ok, 0, overrides=o),
+        "unknown override": run(overrides={"b": 1.0}), "override type": run(overrides={"a": "big"}),
+        "nan override": run(overrides={"a": float("nan")}),
+        "value of another dtype": run(s=3), "value of another shape": run(s=np.zeros(2, np.float32)),
+        "bool value": run(s=True), "value for storage": run(x=3.0),
+        "write shape": lambda: dev.write(out, np.zeros(127, np.float32)),
+        "write list": lambda: dev.write(out, [0.0] * 128),
+        "read released": lambda: dev.read(gone),
+        "read other": lambda: dev.read(other.buffer(np.zeros(4, np.float32))),
+        "copy odd": lambda: dev.copy(x, out, nbytes=6), "copy same": lambda: dev.copy(x, x),
+        "copy too big": lambda: dev.copy(x, dev.zeros(2, np.float32)),
+        "buffer dtype": lambda: dev.buffer(np.zeros(4, np.float64)),
+        "buffer list": lambda: dev.buffer([1.0, 2.0]),
+        "empty shape": lambda: dev.empty((2, -1), np.float32),
+        "uniform bool": lambda: dev.uniform(True), "uniform negative": lambda: dev.uniform(-1),
+    }
+
+
+NOT_BINDING = {"aliasing": AliasingError, "zero workgroups": DispatchError,
+               "four dims": DispatchError, "too many workgroups": DispatchError,
+               "dispatch_1d n=0": DispatchError, "unknown override": DispatchError,
+               "override type": DispatchError, "nan override": DispatchError}
+
+
+def normalized(e: Exception, devices) -> str:
+    """The message without what differs by nature: buffer numbers and device names."""
+    msg = re.sub(r"#\d+", "#N", str(e))
+    for d in devices:
+        msg = msg.replace(f"({d.name!r}, {d.backend})", "(DEVICE)").replace(repr(d.name), "DEVICE")
+    return msg
+
+
+def test_bad_input_same_errors_as_the_gpu(web, device):
+    gpu_cases, web_cases = bad_inputs(device, web), bad_inputs(web, device)
+    before = dict(web.stats)
+    for name, gpu_call in gpu_cases.items():
+        with pytest.raises(Exception) as g:
+            gpu_call()
+        with pytest.raises(Exception) as w:
+            web_cases[name]()
+        assert type(g.value) is type(w.value), (name, g.value, w.value)
+        assert isinstance(w.value, NOT_BINDING.get(name, BindingError)), (name, w.value)
+        assert normalized(g.value, (device, web)) == normalized(w.value, (device, web)), name
+    assert (web.stats["dispatches"], web.stats["copies"]) == (before["dispatches"], before["copies"])
+
+
+def test_features_the_browser_lacks_are_refused(web):
+    def neg16(m):
+        x = m.declare_output_buffer("x", f16)
+        x[m.global_id().x] = -x[m.global_id().x]
+    k = sd.compile(neg16, 64)
+    if web.has_feature("shader-f16"):
+        pytest.skip("this browser's adapter has shader-f16")
+    with pytest.raises(FeatureError, match=r"needs feature\(s\) 'shader-f16' .* lacks it"):
+        web.dispatch(k, {"x": web.zeros(64, np.float32)}, 1)
+    with pytest.raises(FeatureError):
+        web.prepare(k)
+
+
+def test_compile_errors_name_the_line(web):
+    wgsl = "// kernel broken\n@compute @workgroup_size(1)\nfn main() {\n    let x: f32 = 1u;\n}\n"
+    k = Kernel("broken", wgsl, (1, 1, 1), ())
+    with pytest.raises(WGSLCompileError, match="broken") as e:
+        web.prepare(k)
+    assert e.value.wgsl_line == 4 and "let x: f32 = 1u;" in e.value.excerpt
+    with pytest.raises(WGSLCompileError, match="(?i)constant"):  # an override with no value
+        web.prepare(sd.compile(scale128, 64))
+
+
+def test_a_binding_the_page_must_refuse(web):
+    """What the host checks let through and WebGPU refuses comes back as BrowserError."""
+    wgsl = ("// kernel wrong_layout\n@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n"
+            "@compute @workgroup_size(1)\nfn main() { x[0] = 1.0; }\n")
+    k = Kernel("wrong_layout", wgsl, (1, 1, 1), (Binding(0, "x", "read", f32),))
+    with pytest.raises((BrowserError, WGSLCompileError)):
+        web.prepare(k)
+    assert web.read(web.buffer(np.ones(2, np.float32))).tolist() == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------- a kernel that never ends
+
+def spin(m):
+    x = m.declare_output_buffer("x", u32)
+    with m.while_(x[0] == 0):
+        x[1] = x[1] + 1
+
+
+def test_a_hung_kernel_is_reported_and_the_browser_restarted(web):
+    old, web.timeout = web.timeout, 3.0
+    try:
+        buf = web.buffer(np.zeros(4, np.uint32))
+        started = time.perf_counter()
+        web.dispatch(sd.compile(spin, 1), {"x": buf}, 1)
+        with pytest.raises(BrowserTimeoutError, match=r"spin.*never ends.*restarted"):
+            web.read(buf)
+        assert time.perf_counter() - started < 30
+    finally:
+        web.timeout = old
+    assert web.stats["restarts"] >= 1
+    assert buf.released and "lost when the browser restarted" in repr(buf)
+    with pytest.raises(BindingError, match="was released"):
+        web.read(buf)
+    assert saxpy.run(web, 2.0, np.ones(10, np.float32), np.ones(10, np.float32)).tolist() == [3.0] * 10
+
+
+def test_a_crashed_browser_is_restarted(web):
+    """The browser is this process's child; killing it is what a crash looks like."""
+    import os
+    import signal
+
+    buf = web.buffer(np.ones(4, np.float32))
+    os.killpg(web.host.browser.pid, signal.SIGKILL)
+    with pytest.raises(BrowserError, match="(?s)browser exited.*restarted"):
+        web.read(buf)
+    assert buf.released
+    assert web.read(web.buffer(np.ones(4, np.float32))).tolist() == [1.0] * 4
+
+
+def test_the_next_test_still_runs(web):
+    assert web.read(web.buffer(np.arange(3, dtype=np.int32))).tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- no browser
+
+def test_no_chromium_says_how_to_install_it(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("SHADERDSL_CHROMIUM", raising=False)
+    assert browser.find_chromium() is None and not browser.chromium_available()
+    with pytest.raises(BrowserError, match=r"apt-get install chromium.*SHADERDSL_CHROMIUM|"
+                                           r"SHADERDSL_CHROMIUM.*apt-get install chromium"):
+        browser.Device()
+    monkeypatch.setenv("SHADERDSL_CHROMIUM", "/nonexistent/chrome")
+    with pytest.raises(BrowserError, match="SHADERDSL_CHROMIUM='/nonexistent/chrome' is not"):
+        browser.Device()
