@@ -12,6 +12,9 @@ dtype (float16 rows: PyTorch in fp16). numpy runs in float32 for both dtypes
 message, on adapters without shader-f16. The JSON is rewritten after every
 case, so a run cut short keeps what it measured. Training steps
 (lora.bench_train) follow the forward cases unless ``--train no``.
+
+``--tokens-sweep`` times a serving loop of varying token counts instead
+(lora.bench_sweep).
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from . import bench_train, reference
+from .bench_sweep import sweep_main
+from .bench_train import NUMPY_DTYPES, SCALE
 from .plan import Plan
 from .strategy import Strategy
 from .tuning import MIN_BATCH_NS, autotune, time_plan
@@ -39,8 +44,6 @@ from .weight import Weight
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
         "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32", "f16")}
-NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16}
-SCALE = 2.0
 
 
 def copy_kernel(m, n4):
@@ -195,9 +198,6 @@ def alone_and_read(device, plan, x_buf, out_buf, repeats: int = 50) -> float:
     return statistics.median(times) * 1e6
 
 
-def rel_error(got, want, scale_ref) -> float:
-    return float(np.max(np.abs(got - want) / (1.0 + scale_ref)))
-
 
 def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
     rng = np.random.default_rng(tokens * 1000 + rank)
@@ -222,7 +222,7 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
         device.write(out_buf, base if tokens > 1 else base[0])
         plan(x_buf, out_buf)
         got = device.read(out_buf).reshape(tokens, out_dim).astype(np.float64)
-        row[f"{label}_rel_err"] = rel_error(got, want, magnitude)
+        row[f"{label}_rel_err"] = reference.rel_error(got, want, magnitude)
         row[f"{label}_gpu_us"] = time_plan(device, plan, x_buf, out_buf, forwards if label == "best"
                                            else 2, 3 if quick else 5)
         if label == "best":
@@ -343,10 +343,12 @@ def plot(results: list[dict], path: str) -> bool:
     return True
 
 
+# ---------------------------------------------------------------- command line
+
 GRID_KEYS = ("tokens", "ranks", "dims", "dtypes")
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
@@ -363,19 +365,38 @@ def main(argv=None) -> int:
                    help="training steps (lora.bench_train) too (default), not, or alone")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
+    p.add_argument("--tokens-sweep", action="store_true",
+                   help="time a serving loop of varying token counts (1..8192) end to end, "
+                        "run-time T against T baked per count (and PyTorch eager)")
+    p.add_argument("--forwards", type=int,
+                   help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
+    p.add_argument("--baked-forwards", type=int,
+                   help="--tokens-sweep: forwards of the baked loop, the first of the same "
+                        "counts (default: all)")
+    p.add_argument("--strategy", default=None,
+                   help="--tokens-sweep: force a strategy (e.g. tiled:256:16) instead of "
+                        "autotuning each bucket")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
     def log(*a, **kw):
         print(*a, **kw, flush=True)
 
+    bad = set(args.dtypes or ()) - set(NUMPY_DTYPES)
+    if bad:
+        p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
+    if args.tokens_sweep:
+        return sweep_main(args, log)
+
     grid = dict(QUICK if args.quick else FULL)
     for key in GRID_KEYS:
         if getattr(args, key):
             grid[key] = getattr(args, key)
-    bad = set(grid["dtypes"]) - set(NUMPY_DTYPES)
-    if bad:
-        p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
     name = os.path.join(args.out, f"bench-{COMPILER}.json")
 
     def save(result):

@@ -24,7 +24,8 @@ from .weight import Weight
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),)}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
-SCALE, LR = 2.0, 1e-4
+SCALE, LR = 2.0, 1e-4  # the benches' LoRA scale (bench, bench_sweep use it too)
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
 def _problem(tokens, rank, in_dim, out_dim):

@@ -20,7 +20,10 @@ Everything is checked before the first dispatch (types, device, dtype, exact
 shapes, aliasing, grid and binding limits, features; the kernels are
 compiled too), so a call that raises has recorded nothing and left every
 buffer as it was. The result is cached with the weight (weakly: it goes when
-the weight goes), so a repeated call is a lookup and its dispatches. Calls
+the weight goes), so a repeated call is a lookup and its dispatches. From 2
+to ``tuning.RUNTIME_TOKENS`` tokens the whole forwards run plans whose
+kernels read the token count at run time (:class:`lora.plan.Plan` with
+``tokens=None``), so buffers of a new token count compile nothing. Calls
 made inside ``with device.batch():`` are recorded into that batch; outside
 one, the dispatches of a multi-dispatch forward still go out in one submit.
 """
@@ -229,6 +232,8 @@ def _forward_plan(device, weight, scale, input_buf, output_buf, scratch: dict, m
         C.shaped(buf, tokens, dim, what, dim_name)
         uses.append((what, buf, True))
     host.distinct(*uses, ("weight.a", w.a, False), ("weight.b", w.b, False))
+    if tuning.runtime_bucket(device, w, tokens):  # kernels shared by every token count
+        return Plan(device, w, s, None, strategy, scratch=False, max_tokens=tokens)
     return Plan(device, w, s, tokens, strategy, scratch=False)
 
 
@@ -295,10 +300,18 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
     disk), or the one forced by ``strategy`` (e.g. ``"tiled:256:8"``) or
     ``$LORA_STRATEGY``. After the first call for a shape, recording costs one
     cache lookup, a shape check and the dispatches: the hot path.
+
+    From 2 to ``tuning.RUNTIME_TOKENS`` tokens the plan is a run-time one,
+    chosen and kept per bucket of token counts (``tuning.BUCKETS``): a new
+    count in a bucket seen before compiles nothing. One token, and counts
+    past the last bucket or the device's binding-size limit, get a plan
+    with the count baked in.
     """
     strategy = strategy or os.environ.get("LORA_STRATEGY") or "auto"
     tokens = input_buf.size // weight.in_dim if isinstance(weight, Weight) and \
         isinstance(input_buf, host.DeviceBuffer) else None
+    bucket = tuning.runtime_bucket(device, weight, tokens) \
+        if tokens and getattr(device, "limits", None) is not None else None
 
     def build():
         C.device_of(device)
@@ -312,9 +325,12 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
         C.shaped(out, t, w.out_dim, "output_buf", "out_dim")
         host.distinct(("input_buf", x, False), ("output_buf", out, True),
                       ("weight.a", w.a, False), ("weight.b", w.b, False))
+        if bucket:
+            return Plan(device, w, s, None, tuning.choose_bucket(device, w, s, bucket, strategy),
+                        max_tokens=bucket[1])
         return Plan(device, w, s, t, tuning.choose(device, w, s, t, strategy))
 
-    plan = _cached(weight, ("auto", scale, tokens, str(strategy)), (), build)
+    plan = _cached(weight, ("auto", scale, bucket or tokens, str(strategy)), (), build)
     plan(input_buf, output_buf)
 
 

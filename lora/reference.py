@@ -208,3 +208,8 @@ def init_lora(in_dim: int, out_dim: int, rank: int, seed: int = 0, *, kind: str 
 
 __all__ += ["backward", "mse", "softmax_cross_entropy", "adamw_step", "sgd_step", "clip_scale",
             "learning_rate", "init_lora"]
+
+
+def rel_error(got, want, magnitude) -> float:
+    """The largest error relative to 1 + the result's magnitude (|B| |A| |x| summed)."""
+    return float(np.max(np.abs(got - want) / (1.0 + magnitude)))

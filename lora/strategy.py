@@ -83,10 +83,11 @@ class Strategy:
         return {"seed": ("h",), "split": ("h",), "three": ("h", "y")}.get(
             self.name, ("h",) if save_h else ())
 
-    def kernels(self, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int,
+    def kernels(self, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int | None,
                 dtype: str, save_h: bool = False) -> list[tuple[str, dict]]:
         """(name in lora.kernels.KERNELS, parameters) of each dispatch, in order;
-        ``save_h``: h is left in the "h" buffer for the backward."""
+        ``save_h``: h is left in the "h" buffer for the backward. ``tokens``
+        None: the run-time forms, which read the token count from a uniform."""
         t, s = (256 if self.name == "seed" else self.threads), float(scale)
         shape = dict(rank=rank, in_dim=in_dim, tokens=tokens, dtype=dtype)
         fused_b = ("fused_b_add", dict(out_dim=out_dim, rank=rank, scale=s, tokens=tokens,
@@ -100,11 +101,12 @@ class Strategy:
         if self.name in ("seed", "split"):
             return [project_a, fused_b]
         if self.name == "three":
+            count = dict(num_elements=tokens * out_dim) if tokens is not None else \
+                dict(num_elements=None, columns=out_dim)  # run time: tokens * out_dim
             return [project_a,
                     ("project_b", dict(out_dim=out_dim, rank=rank, tokens=tokens, threads=t,
                                        dtype=dtype)),
-                    ("add_scaled", dict(num_elements=tokens * out_dim, scale=s, threads=t,
-                                        dtype=dtype))]
+                    ("add_scaled", dict(count, scale=s, threads=t, dtype=dtype))]
         both = dict(rank=rank, in_dim=in_dim, out_dim=out_dim, scale=s, tokens=tokens, threads=t,
                     unroll=self.unroll, dtype=dtype, **({"save_h": True} if save_h else {}))
         if self.name == "fused":

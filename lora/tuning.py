@@ -1,7 +1,9 @@
 """Choosing the fastest strategy per (shape, adapter), measured once, cached on disk.
 
 The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
-``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build, shape and storage dtype.
+``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build, shape and storage dtype,
+and by the token count (``autotune``: plans with the count baked in) or a
+bucket of counts (``autotune_bucket``: run-time plans, ``BUCKETS``).
 ``LORA_STRATEGY=fused:256:1`` (or the ``strategy`` argument) forces a choice.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shaderdsl.errors import DispatchError
+from shaderdsl.errors import BindingError, DispatchError
 from shaderdsl.runtime import WGPU_BUILD
 
 from . import kernels as K
@@ -27,8 +29,9 @@ def cache_path() -> Path:
     return Path(root) / "lora_tuning.json"
 
 
-def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens: int,
+def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
               dtype=np.float32) -> str:
+    """``tokens``: a count (plans with it baked in) or "lo-hi" (a bucket)."""
     key = f"{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
     return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
@@ -109,15 +112,11 @@ def _store(key: str, value: dict) -> None:
         pass  # a read-only home only costs a re-measurement next time
 
 
-def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = True,
-             forwards: int | None = None, progress=None) -> Strategy:
-    """Time every candidate on scratch buffers; return the fastest. With
-    ``use_cache`` the on-disk cache is read first and written after."""
-    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
-    if use_cache:
-        hit = _load().get(key)
-        if hit:
-            return Strategy.parse(hit["strategy"])
+def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) -> dict:
+    """Microseconds per forward of each candidate that builds (``make_plan(s)``:
+    a Plan, or a run-time Plan bound to ``tokens``), on scratch buffers of
+    ``tokens`` tokens. A candidate over this device's limits (workgroup
+    memory, binding sizes) is left out: it is never returned."""
     rng = np.random.default_rng(0)
     x = device.buffer(rng.standard_normal((tokens, weight.in_dim)).astype(weight.dtype))
     out = device.buffer(rng.standard_normal((tokens, weight.out_dim)).astype(weight.dtype))
@@ -125,31 +124,141 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
         forwards = max(4, min(200, 2_000_000 // (tokens * (weight.in_dim + weight.out_dim))))
     timings = {}
     try:
-        for s in candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens):
+        for s in cands:
             try:
-                plan = Plan(device, weight, scale, tokens, s)
-            except DispatchError:  # e.g. over this device's workgroup memory: not a candidate
+                plan = make_plan(s)
+            except (DispatchError, BindingError):  # over this device's limits: not a candidate
                 continue
             timings[str(s)] = time_plan(device, plan, x, out, forwards, repeats=3)
-            plan.release()
+            getattr(plan, "plan", plan).release()
             if progress:
                 progress(f"  {s}: {timings[str(s)]:.2f} us")
     finally:
         device.release(x)
         device.release(out)
+    if not timings:
+        raise DispatchError(f"no candidate strategy runs {tokens} token(s) of {weight!r} on "
+                            f"{device.name!r}")
+    return timings
+
+
+def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
     best = min(timings, key=timings.get)
     if use_cache:
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)
 
 
+def _cached(key: str, use_cache: bool) -> Strategy | None:
+    hit = _load().get(key) if use_cache else None
+    return Strategy.parse(hit["strategy"]) if hit else None
+
+
+def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = True,
+             forwards: int | None = None, progress=None) -> Strategy:
+    """Time every candidate on scratch buffers; return the fastest. With
+    ``use_cache`` the on-disk cache is read first and written after."""
+    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
+    hit = _cached(key, use_cache)
+    if hit:
+        return hit
+    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    timings = _timings(device, weight, tokens, cands,
+                       lambda s: Plan(device, weight, scale, tokens, s), forwards, progress)
+    return _best(key, timings, use_cache)
+
+
 def choose(device, weight, scale: float, tokens: int, strategy=None) -> Strategy:
     """The strategy to run: an explicit one (Strategy or text), $LORA_STRATEGY,
     or the autotuned fastest for this shape and device."""
+    forced = _forced(strategy)
+    return forced if forced else autotune(device, weight, scale, tokens)
+
+
+def _forced(strategy) -> Strategy | None:
+    """An explicit strategy, or $LORA_STRATEGY's; None for the autotuner's."""
     if isinstance(strategy, Strategy):
         return strategy
     if strategy in (None, "auto"):
         strategy = os.environ.get("LORA_STRATEGY") or "auto"
-    if strategy != "auto":
-        return Strategy.parse(strategy)
-    return autotune(device, weight, scale, tokens)
+    return None if strategy == "auto" else Strategy.parse(strategy)
+
+
+# ---------------------------------------------------------------- run-time token counts
+
+# The token counts one run-time plan (and one tuning entry) serves: a new
+# count in a bucket seen before compiles nothing. One token keeps its plan
+# with the count baked in (its kernels are the fastest there, and there is
+# only one such count). The last bucket's top is lowered per weight to what
+# the device's binding sizes allow (runtime_bucket); grids past
+# max-compute-workgroups-per-dimension are split over z.
+BUCKETS = ((1, 1), (2, 16), (17, 256), (257, 4096), (4097, 1 << 24))
+RUNTIME_TOKENS = BUCKETS[-1][1]
+TIMED_TOKENS = 8192  # a bucket is timed at the geometric mean of its bounds, at most this
+
+
+def bucket_of(tokens: int) -> tuple[int, int] | None:
+    """The bucket (lo, hi) holding ``tokens``, or None past the last."""
+    for lo, hi in BUCKETS:
+        if lo <= tokens <= hi:
+            return lo, hi
+    return None
+
+
+def fitting_tokens(device, weight) -> int:
+    """The most tokens whose x, output, h and y buffers each fit the device's
+    max-storage-buffer-binding-size."""
+    cap = device.limits.get("max-storage-buffer-binding-size") or 1 << 62
+    row = max(weight.dtype.itemsize * max(weight.in_dim, weight.out_dim),
+              4 * max(weight.rank, weight.out_dim))
+    return cap // row
+
+
+def runtime_bucket(device, weight, tokens) -> tuple[int, int] | None:
+    """The bucket of a run-time plan for ``tokens`` tokens of ``weight``, its top
+    lowered to what the device's binding sizes allow; None where a baked plan
+    runs instead: one token, more than RUNTIME_TOKENS, over the binding limit."""
+    bucket = bucket_of(tokens) if isinstance(tokens, int) and tokens > 1 else None
+    if bucket is None:
+        return None
+    hi = min(bucket[1], fitting_tokens(device, weight))
+    return (bucket[0], hi) if tokens <= hi else None
+
+
+def timed_tokens(bucket: tuple[int, int]) -> int:
+    """The token count a bucket's candidates are timed at."""
+    lo, hi = bucket
+    return max(lo, min(hi, TIMED_TOKENS, round((lo * hi) ** 0.5)))
+
+
+def bucket_key(device, rank: int, in_dim: int, out_dim: int, bucket: tuple[int, int],
+               dtype=np.float32) -> str:
+    """The tuning cache's key for a bucket of run-time plans."""
+    return cache_key(device, rank, in_dim, out_dim, f"{bucket[0]}-{bucket[1]}", dtype)
+
+
+def autotune_bucket(device, weight, scale: float, bucket: tuple[int, int], *,
+                    use_cache: bool = True, forwards: int | None = None,
+                    progress=None) -> Strategy:
+    """The fastest strategy for run-time plans of ``bucket`` (lo, hi): every
+    candidate for ``timed_tokens(bucket)`` tokens is built as a run-time Plan
+    for up to hi tokens (so it is checked at hi: one that cannot run there is
+    left out) and timed at that count. Cached like :func:`autotune`, under
+    :func:`bucket_key`."""
+    key = bucket_key(device, weight.rank, weight.in_dim, weight.out_dim, bucket, weight.dtype)
+    hit = _cached(key, use_cache)
+    if hit:
+        return hit
+    tokens = timed_tokens(bucket)
+    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    timings = _timings(device, weight, tokens, cands,
+                       lambda s: Plan(device, weight, scale, None, s,
+                                      max_tokens=bucket[1]).at(tokens), forwards, progress)
+    return _best(key, timings, use_cache)
+
+
+def choose_bucket(device, weight, scale: float, bucket: tuple[int, int],
+                  strategy=None) -> Strategy:
+    """:func:`choose` for a bucket of run-time plans."""
+    forced = _forced(strategy)
+    return forced if forced else autotune_bucket(device, weight, scale, bucket)

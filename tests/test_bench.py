@@ -130,3 +130,14 @@ def test_bad_dtype_is_refused(tmp_path, capsys):
         bench.main(["--quick", "--dtypes", "f32,bf16", "--out", str(tmp_path)])
     assert "--dtypes: unknown bf16; expected f32 and/or f16" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_tokens_sweep_quick(tmp_path):
+    """python -m lora bench --tokens-sweep --quick: the run-time loop compiles
+    nothing after its warm-up, the baked loop compiles per new count."""
+    from lora.bench import main
+    assert main(["--tokens-sweep", "--quick", "--forwards", "12", "--baked-forwards", "4",
+                 "--out", str(tmp_path)]) == 0
+    result = json.loads(next(tmp_path.glob("tokens-sweep-*.json")).read_text())
+    case = result["rows"][0]
+    assert case["runtime"]["modules"] == 0 and case["runtime"]["pipelines"] == 0

@@ -15,6 +15,7 @@ from lora import Config, Weight, reference as R
 from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
                           execute_lora_forward_fused, execute_lora_forward_single,
                           execute_project_a, execute_project_b, forward, save_activation)
+from lora.plan import Plan, Strategy
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
 
 from conftest import device_or_skip
@@ -225,9 +226,8 @@ def test_bad_arguments(device, setup):
 def test_limits_are_checked_before_dispatch(device):
     rng = np.random.default_rng(3)
     w1 = Weight.from_numpy(device, np.ones((1, 1)), np.ones((1, 1)))
-    many = [device.empty((70000, 1), np.float32) for _ in range(4)]
     with NoDispatch(device, DispatchError, r"workgroup count 70000 on axis x exceeds"):
-        execute_lora_forward(device, w1, 1.0, *many)
+        Plan(device, w1, 1.0, 70000, Strategy.parse("three"))  # the count baked in
     if device.has_feature("subgroup"):
         w = Weight.from_numpy(device, rng.standard_normal((64, 8)), rng.standard_normal((8, 64)))
         x, out = device.buffer(np.ones(8, np.float32)), device.buffer(np.zeros(8, np.float32))

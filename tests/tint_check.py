@@ -143,6 +143,21 @@ def lora_entries() -> list[Entry]:
             subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype="f16")
         add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4,
             unroll=bool(n % 2), dtype="f16", token_block=1 + n % 2)
+    # token counts read at run time (tokens=None: a uniform, grids split over z)
+    for n, rank in enumerate(RANKS):
+        s = dict(_spread(n), tokens=None)
+        dt = "f16" if n % 3 == 2 else "f32"
+        add("project_a_seed", rank=rank, in_dim=s["in_dim"], tokens=None, dtype=dt)
+        add("project_a", rank=rank, in_dim=s["in_dim"], tokens=None, threads=64,
+            subgroups=bool(n % 2), rank_group=3 if n % 2 and rank > 3 else 0, dtype=dt)
+        add("project_b", out_dim=s["out_dim"], rank=rank, tokens=None, dtype=dt)
+        add("fused_b_add", out_dim=s["out_dim"], rank=rank, scale=s["scale"], tokens=None,
+            dtype=dt)
+        add("add_scaled", num_elements=None, columns=s["out_dim"], scale=s["scale"], dtype=dt)
+        add("fused_forward", rank=rank, **s, threads=128, outputs_per_thread=1 + n % 2,
+            subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype=dt, save_h=bool(n % 2))
+        add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4 << n % 2,
+            unroll=bool(n % 2), dtype=dt, token_block=1 + n % 2, save_h=not n % 2)
     _training_entries(add)
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from shaderdsl import builtins as B
 from shaderdsl import collectives
-from shaderdsl import f16, f32, vec4f, vec4h
+from shaderdsl import f16, f32, u32, vec4f, vec4h
 
 SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
 
@@ -36,11 +36,43 @@ def check_dtype(dtype: str) -> None:
 
 
 def input_matrix(m, name, n_rows, row_len, dtype="f32"):
-    """Declare a read-only row-major matrix; returns (buffer, elements per row)."""
+    """Declare a read-only row-major matrix; returns (buffer, elements per row).
+    ``n_rows`` None: as many rows as the bound buffer holds (runtime-sized)."""
     check_dtype(dtype)
     w = width(row_len)
     elem = {("f32", 4): vec4f, ("f32", 1): f32, ("f16", 4): vec4h, ("f16", 1): f16}[dtype, w]
-    return m.declare_input_buffer(name, elem, n_rows * row_len // w), row_len // w
+    return m.declare_input_buffer(name, elem, token_rows(n_rows, row_len // w)), row_len // w
+
+
+# ------------------------------------------------------------------ the token count
+
+def token_rows(tokens, row_len: int):
+    """Elements of ``tokens`` rows of ``row_len``; None (runtime-sized) for a
+    token count read at run time."""
+    return None if tokens is None else tokens * row_len
+
+
+def token_count(m, tokens):
+    """The token count as the kernel uses it: the int ``tokens`` baked into the
+    WGSL, or, for ``tokens=None``, the u32 uniform ``tokens``, one value per
+    dispatch (a Plan passes ``np.uint32(T)``; every T then shares one pipeline)."""
+    return m.declare_uniform("tokens", u32) if tokens is None else tokens
+
+
+def split_index(m, axis: str, name: str):
+    """Workgroup index along ``axis`` ("x" or "y") of a grid whose count on that
+    axis may exceed max-compute-workgroups-per-dimension: a run-time Plan then
+    splits it over z (``lora.plan.split_grid``), and the index is
+    ``workgroup_id.axis + workgroup_id.z * num_workgroups.axis``."""
+    wid = m.workgroup_id()
+    return m.let(getattr(wid, axis) + wid.z * getattr(m.num_workgroups(), axis), name)
+
+
+def past_the_end(m, index, count) -> None:
+    """Workgroups of a split grid beyond the last row return at once (a
+    condition uniform over the workgroup, so later barriers stay legal)."""
+    with m.if_(index >= count):
+        m.return_()
 
 
 def storage_scalar(dtype: str):

@@ -3,6 +3,12 @@
 Shapes (row-major): A [rank, in_dim], B [out_dim, rank], x [tokens, in_dim],
 h [tokens, rank], y and output [tokens, out_dim]. The scratch buffers h and
 y are always f32 (see ``common`` for dtypes).
+
+``tokens=None`` (every kernel that takes ``tokens``; add_scaled with
+``num_elements=None``) reads the token count at run time from the u32
+uniform ``tokens``: the token-sized buffers are runtime-sized, rows past the
+count are guarded, and the grid axis that counts tokens may be split over z
+(``common.split_index``), so one pipeline serves every token count.
 """
 from __future__ import annotations
 
@@ -10,19 +16,26 @@ from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
 from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, input_matrix, load_h,
-                     output_buffer, partial_dots, reduce_sum, row_dot, storage_scalar, store_output,
-                     tree_sum, unrolled_or_loop, widen, width)
+                     output_buffer, partial_dots, past_the_end, reduce_sum, row_dot,
+                     split_index, storage_scalar, store_output, token_count, token_rows, tree_sum,
+                     unrolled_or_loop, widen, width)
 
 # ------------------------------------------------------------------ A @ x
 
 def project_a_seed(m, rank, in_dim, tokens=1, dtype="f32"):
     """Hesper's design: one thread per h element, a serial loop over in_dim."""
     A = m.declare_input_buffer("A", storage_scalar(dtype), rank * in_dim)
-    x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
-    h = m.declare_output_buffer("h", f32, tokens * rank)
+    x = m.declare_input_buffer("x", storage_scalar(dtype), token_rows(tokens, in_dim))
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank))
     gid = m.global_id()
-    r, t = gid.x, gid.y
-    with m.if_(r < rank):
+    if tokens is None:  # grid (ceil(rank / 64), T) with T possibly split over z
+        n = token_count(m, tokens)
+        r, t = gid.x, split_index(m, "y", "t")
+        inside = (r < rank) & (t < n)
+    else:
+        r, t = gid.x, gid.y
+        inside = r < rank
+    with m.if_(inside):
         acc = m.var(f32, 0.0, "acc")
         with m.loop(in_dim, name="k") as k:
             acc += widen(A[r * in_dim + k]) * widen(x[t * in_dim + k])
@@ -41,8 +54,8 @@ def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False,
     """
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
-    h = m.declare_output_buffer("h", f32, tokens * rank)
-    t = m.workgroup_id().x
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank))
+    t = _token(m, tokens, "x")
     if 0 < rank_group < rank:
         # rows r0 .. r0 + rank_group - 1; the last group reads row rank - 1 in
         # place of rows past the end and does not store them
@@ -65,27 +78,45 @@ def project_a_workgroup(m, rank, in_dim, tokens=1, threads=256, subgroups=False,
             h[t * rank + r] = hs[r]
 
 
+def _token(m, tokens, axis):
+    """The token of this workgroup, ``workgroup_id.axis``; at run time (tokens
+    None) also over z, and the workgroups past the last token return."""
+    if tokens is not None:
+        return getattr(m.workgroup_id(), axis)
+    t = split_index(m, axis, "t")
+    past_the_end(m, t, token_count(m, tokens))
+    return t
+
+
 # ------------------------------------------------------------------ B @ h, scaled add
 
 
 def project_b(m, out_dim, rank, tokens=1, threads=256, dtype="f32"):
     """y = B @ h: one thread per output element, h in workgroup memory (y is f32)."""
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
-    h = m.declare_input_buffer("h", f32, tokens * rank)
-    y = m.declare_output_buffer("y", f32, tokens * out_dim)
-    t = m.workgroup_id().y
+    h = m.declare_input_buffer("h", f32, token_rows(tokens, rank))
+    y = m.declare_output_buffer("y", f32, token_rows(tokens, out_dim))
+    t = _token(m, tokens, "y")
     hs = load_h(m, h, rank, t, threads)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < out_dim):
         y[t * out_dim + i] = b_row_dot(m, Bm, i, rank, hs)
 
 
-def add_scaled(m, num_elements, scale, dtype="f32"):
-    """output[i] += scale * y[i] (y is f32, output ``dtype``)."""
+def add_scaled(m, num_elements, scale, dtype="f32", columns=1):
+    """output[i] += scale * y[i] (y is f32, output ``dtype``). ``num_elements``
+    None: the first ``tokens * columns`` elements, ``tokens`` read at run time
+    (the grid's x may then be split over z)."""
     y = m.declare_input_buffer("y", f32, num_elements)
     out = output_buffer(m, num_elements, dtype)
-    i = m.let(m.global_id().x, "i")
-    with m.if_(i < num_elements):
+    if num_elements is None:
+        n = m.let(token_count(m, None) * columns, "n")
+        wid = m.workgroup_id()
+        i = m.let(m.global_id().x + wid.z * m.num_workgroups().x * m.workgroup_size[0], "i")
+    else:
+        n = num_elements
+        i = m.let(m.global_id().x, "i")
+    with m.if_(i < n):
         if dtype == "f32":
             out[i] += scale * y[i]
         else:
@@ -95,9 +126,9 @@ def add_scaled(m, num_elements, scale, dtype="f32"):
 def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):
     """output[i] += scale * sum_r B[i, r] * h[r]: project_b and add_scaled in one."""
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
-    h = m.declare_input_buffer("h", f32, tokens * rank)
-    out = output_buffer(m, tokens * out_dim, dtype)
-    t = m.workgroup_id().y
+    h = m.declare_input_buffer("h", f32, token_rows(tokens, rank))
+    out = output_buffer(m, token_rows(tokens, out_dim), dtype)
+    t = _token(m, tokens, "y")
     hs = load_h(m, h, rank, t, threads)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < out_dim):
@@ -124,10 +155,10 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
-    out = output_buffer(m, tokens * out_dim, dtype)
-    h = m.declare_output_buffer("h", f32, tokens * rank) if save_h else None
+    out = output_buffer(m, token_rows(tokens, out_dim), dtype)
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) if save_h else None
     wid = m.workgroup_id()
-    t = wid.y
+    t = _token(m, tokens, "y")
     tid = m.local_index()
     base = m.let(wid.x * (threads * outputs_per_thread) + tid, "base")
     mine = []
@@ -238,8 +269,9 @@ def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, s
 
 
 def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
-    """Phase 2 for output column i: B's row once, then every token of the tile."""
-    ragged = tokens % tile_tokens != 0
+    """Phase 2 for output column i: B's row once, then every token of the tile.
+    ``tokens``: an int, or the run-time count (then any tile may be the last)."""
+    ragged = not isinstance(tokens, int) or tokens % tile_tokens != 0
 
     def column(i):
         # All loads of this column first (B row, then every token's output),
@@ -283,15 +315,21 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
-    out = output_buffer(m, tokens * out_dim, dtype)
-    h = m.declare_output_buffer("h", f32, tokens * rank) if save_h else None
+    out = output_buffer(m, token_rows(tokens, out_dim), dtype)
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) if save_h else None
     tid = m.local_index()
-    t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
-    accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per,
+    if tokens is None:  # tiles from workgroup_id.x and .z; those past the last token return
+        n = token_count(m, tokens)
+        t0 = m.let(split_index(m, "x", "tile") * tile_tokens, "t0")
+        past_the_end(m, t0, n)
+    else:
+        n = tokens
+        t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
+    accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, n, t0, lanes, per,
                                             rank_groups, token_block, unroll)
     hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
     finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale,
-                           (h, t0, tokens) if save_h else None)
+                           (h, t0, n) if save_h else None)
     tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
-    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0)
+    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0)
     unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)

@@ -26,7 +26,9 @@ class KernelSpec:
     ``kernel(**params)`` compiles it (cached by ``shaderdsl.compile``);
     ``grid(**params)`` is the workgroup count a dispatch needs. Parameters
     are the function's keyword parameters (defaults filled in), plus
-    ``threads`` wherever the workgroup size is not one of them.
+    ``threads`` wherever the workgroup size is not one of them. A kernel
+    built with ``tokens=None`` reads the token count at run time; its grid is
+    ``grid_rule(dict(params, tokens=T))`` for T tokens (``lora.plan``).
     """
 
     name: str
@@ -75,7 +77,8 @@ KERNELS = {spec.name: spec for spec in (
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
                "y = B @ h: one thread per element of y"),
     KernelSpec("add_scaled", add_scaled, lambda p: p["threads"],
-               lambda p: (ceil_div(p["num_elements"], p["threads"]), 1, 1),
+               lambda p: (ceil_div(p["tokens"] * p["columns"] if p["num_elements"] is None
+                                   else p["num_elements"], p["threads"]), 1, 1),
                "output += scale * y"),
     KernelSpec("fused_b_add", fused_b_add, lambda p: p["threads"],
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
