@@ -107,6 +107,57 @@ def refuse_storage_values(kernel, buffers) -> None:
                                f"(device.buffer(array))")
 
 
+def buffer_shape(shape) -> tuple:
+    """``device.empty``'s shape on every device: an int or a tuple of ints, none negative."""
+    try:
+        shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+            operator.index(s) for s in shape)
+    except TypeError:
+        raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise BindingError(f"negative shape {shape}")
+    return shape
+
+
+def write_array(buf, array) -> np.ndarray:
+    """What ``device.write(buf, array)`` writes, on every device: ``array``
+    with exactly ``buf``'s dtype and shape (a uniform also takes a scalar)."""
+    if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
+        array = uniform_array(array)
+    if not isinstance(array, np.ndarray):
+        raise BindingError(f"write to {buf!r}: expected a numpy array, got "
+                           f"{type(array).__name__}")
+    if array.dtype != buf.dtype or array.shape != buf.shape:
+        raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
+                           f"got {describe(array.dtype, array.shape)}")
+    return array
+
+
+def copy_size(src, dst, nbytes) -> int:
+    """The byte count ``device.copy(src, dst, nbytes)`` moves, on every device:
+    all of src by default (an odd float16 count takes its padding along when
+    both buffers have it), else a multiple of 4 that fits both."""
+    if src is dst:
+        raise BindingError(f"copy: source and destination are the same buffer {src!r}")
+    if nbytes is None:
+        nbytes = src.nbytes
+        if nbytes % 4:
+            nbytes = -(-nbytes // 4) * 4
+            if nbytes > min(src.bound_bytes, dst.bound_bytes):
+                raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
+                                   f"pass nbytes explicitly")
+    else:
+        nbytes = operator.index(nbytes)
+        if nbytes < 0 or nbytes % 4:
+            raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
+        if nbytes > src.bound_bytes or nbytes > dst.bound_bytes:
+            raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
+                               f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
+    if nbytes > dst.bound_bytes:
+        raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
+    return nbytes
+
+
 class DeviceBuffer:
     """What the checks know of a buffer on some device: the numpy shape and
     dtype it was made for, its kind ("storage" or "uniform") and whether it

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import checks
-from ..checks import check_dtype, describe, host_array, uniform_array
+from ..checks import check_dtype, host_array, uniform_array
 from ..errors import BindingError, BrowserError, BrowserTimeoutError, DispatchError
 from .batch import Batch
 from .buffers import CHUNK, Buffer, decode, encode, padded_size
@@ -188,13 +188,7 @@ class Device:
     def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
         """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it)."""
         dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        try:
-            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-                operator.index(s) for s in shape)
-        except TypeError:
-            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise BindingError(f"negative shape {shape}")
+        shape = checks.buffer_shape(shape)
         return self._new(shape, dt, "storage", name, None)
 
     def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
@@ -213,14 +207,7 @@ class Device:
         """Overwrite ``buf``; dtype and shape must match it exactly. Lands after
         the work recorded before it (what is recorded is sent first)."""
         self._own(buf, "write")
-        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
-            array = uniform_array(array)
-        if not isinstance(array, np.ndarray):
-            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
-                               f"{type(array).__name__}")
-        if array.dtype != buf.dtype or array.shape != buf.shape:
-            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
-                               f"got {describe(array.dtype, array.shape)}")
+        array = checks.write_array(buf, array)
         self._upload(buf, encode(array, buf.padded))
 
     def read(self, buf: Buffer) -> np.ndarray:
@@ -247,7 +234,7 @@ class Device:
         """Copy the first ``nbytes`` (default all of src) of src into dst."""
         self._own(src, "copy source")
         self._own(dst, "copy destination")
-        nbytes = _copy_size(src, dst, nbytes)
+        nbytes = checks.copy_size(src, dst, nbytes)
         if nbytes == 0:
             return
         self.stats["copies"] += 1
@@ -355,25 +342,3 @@ class Device:
         """Send anything recorded and wait until the page's GPU has finished it."""
         self._send(wait=True)
 
-
-def _copy_size(src: Buffer, dst: Buffer, nbytes) -> int:
-    """The byte count a copy moves, checked as the GPU device checks it."""
-    if src is dst:
-        raise BindingError(f"copy: source and destination are the same buffer {src!r}")
-    if nbytes is None:
-        nbytes = src.nbytes
-        if nbytes % 4:  # odd float16 count: the padding travels too if both have it
-            nbytes = padded_size(nbytes)
-            if nbytes > min(src.padded, dst.padded):
-                raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
-                                   f"pass nbytes explicitly")
-    else:
-        nbytes = operator.index(nbytes)
-        if nbytes < 0 or nbytes % 4:
-            raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
-        if nbytes > src.padded or nbytes > dst.padded:
-            raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
-                               f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
-    if nbytes > dst.padded:
-        raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
-    return nbytes

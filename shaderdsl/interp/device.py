@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import checks
 from .. import types as T
-from ..checks import (MAX_WORKGROUPS, DeviceBuffer, check_dtype, describe, host_array,
+from ..checks import (MAX_WORKGROUPS, DeviceBuffer, check_dtype, host_array,
                       uniform_array)
 from ..errors import BindingError, DispatchError, WGSLCompileError
 from .buffers import Buffer
@@ -98,13 +98,7 @@ class Device:
     def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
         """A zero-filled storage buffer of ``shape``/``dtype`` (as WebGPU's are)."""
         dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        try:
-            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-                operator.index(s) for s in shape)
-        except TypeError:
-            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise BindingError(f"negative shape {shape}")
+        shape = checks.buffer_shape(shape)
         return Buffer(self, np.zeros(shape, dt), "storage", name)
 
     def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
@@ -120,14 +114,7 @@ class Device:
     def write(self, buf: Buffer, array) -> None:
         """Overwrite ``buf``; dtype and shape must match it exactly."""
         self._own(buf, "write")
-        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
-            array = uniform_array(array)
-        if not isinstance(array, np.ndarray):
-            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
-                               f"{type(array).__name__}")
-        if array.dtype != buf.dtype or array.shape != buf.shape:
-            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
-                               f"got {describe(array.dtype, array.shape)}")
+        array = checks.write_array(buf, array)
         self._flush()  # as on a GPU, a write lands after the work recorded before it
         buf.array[...] = array
 
@@ -149,7 +136,7 @@ class Device:
         """Copy the first ``nbytes`` (default all of src) of src into dst."""
         self._own(src, "copy source")
         self._own(dst, "copy destination")
-        nbytes = _copy_size(src, dst, nbytes)
+        nbytes = checks.copy_size(src, dst, nbytes)
         if nbytes == 0:
             return
         self.stats["copies"] += 1
@@ -306,27 +293,6 @@ def _complete_overrides(kernel, okey: tuple) -> dict:
     return given
 
 
-def _copy_size(src: Buffer, dst: Buffer, nbytes) -> int:
-    """The byte count a copy moves, checked as the GPU device checks it."""
-    if src is dst:
-        raise BindingError(f"copy: source and destination are the same buffer {src!r}")
-    if nbytes is None:
-        nbytes = src.nbytes
-        if nbytes % 4:  # odd float16 count: the padding travels too if both have it
-            nbytes = -(-nbytes // 4) * 4
-            if nbytes > min(src.bound_bytes, dst.bound_bytes):
-                raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
-                                   f"pass nbytes explicitly")
-    else:
-        nbytes = operator.index(nbytes)
-        if nbytes < 0 or nbytes % 4:
-            raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
-        if nbytes > src.bound_bytes or nbytes > dst.bound_bytes:
-            raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
-                               f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
-    if nbytes > dst.bound_bytes:
-        raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
-    return nbytes
 
 
 def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict) -> None:

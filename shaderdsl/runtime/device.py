@@ -16,7 +16,7 @@ import numpy as np
 import wgpu
 
 from .. import checks
-from ..checks import DeviceBuffer, check_dtype, describe, host_array, uniform_array
+from ..checks import DeviceBuffer, check_dtype, host_array, uniform_array
 from ..errors import BindingError, DispatchError, NoAdapterError
 from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
                        all_adapters, norm_backend, pick)
@@ -161,13 +161,7 @@ class Device:
     def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
         """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it anyway)."""
         dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        try:
-            shape = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-                operator.index(s) for s in shape)
-        except TypeError:
-            raise BindingError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise BindingError(f"negative shape {shape}")
+        shape = checks.buffer_shape(shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         wbuf = self._new_buffer(padded_size(nbytes), STORAGE_USAGE, label=name or "")
         return self._wrap(wbuf, shape, dt, "storage", name)
@@ -191,14 +185,7 @@ class Device:
     def write(self, buf: Buffer, array) -> None:
         """Overwrite ``buf``; dtype and shape must match it exactly."""
         self._own(buf, "write")
-        if buf.usage_kind == "uniform" and not isinstance(array, np.ndarray):
-            array = uniform_array(array)
-        if not isinstance(array, np.ndarray):
-            raise BindingError(f"write to {buf!r}: expected a numpy array, got "
-                               f"{type(array).__name__}")
-        if array.dtype != buf.dtype or array.shape != buf.shape:
-            raise BindingError(f"write to {buf!r}: expected {describe(buf.dtype, buf.shape)}, "
-                               f"got {describe(array.dtype, array.shape)}")
+        array = checks.write_array(buf, array)
         arr = np.ascontiguousarray(array)
         self._recorder.flush()  # queue writes jump ahead of unsubmitted commands
         self.queue.write_buffer(buf.wgpu_buffer, 0, padded_bytes(arr, buf.wgpu_buffer.size))
@@ -238,24 +225,7 @@ class Device:
         """Copy the first ``nbytes`` (default all of src) of src into dst."""
         self._own(src, "copy source")
         self._own(dst, "copy destination")
-        if src is dst:
-            raise BindingError(f"copy: source and destination are the same buffer {src!r}")
-        if nbytes is None:
-            nbytes = src.nbytes
-            if nbytes % 4:  # odd float16 count: the padding travels too if both have it
-                nbytes = padded_size(nbytes)
-                if nbytes > min(src.wgpu_buffer.size, dst.wgpu_buffer.size):
-                    raise BindingError(f"copy: {src.nbytes} bytes is not a multiple of 4; "
-                                       f"pass nbytes explicitly")
-        else:
-            nbytes = operator.index(nbytes)
-            if nbytes < 0 or nbytes % 4:
-                raise BindingError(f"copy: nbytes={nbytes} must be a non-negative multiple of 4")
-            if nbytes > src.wgpu_buffer.size or nbytes > dst.wgpu_buffer.size:
-                raise BindingError(f"copy: nbytes={nbytes} is larger than {src!r} "
-                                   f"({src.nbytes} B) or {dst!r} ({dst.nbytes} B)")
-        if nbytes > dst.wgpu_buffer.size:
-            raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
+        nbytes = checks.copy_size(src, dst, nbytes)
         if nbytes == 0:
             return
         self.stats["copies"] += 1
