@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy, scan
+from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy, scan,
+                      subgroup_matmul)
 from shaderdsl import interp
 
 
@@ -79,3 +80,13 @@ def test_int8_matmul(cpu):
     a = rng.integers(-128, 128, (5, 12)).astype(np.int8)
     b = rng.integers(-128, 128, (12, 6)).astype(np.int8)
     assert np.array_equal(int8_matmul.run(cpu, a, b), a.astype(np.int64) @ b)
+
+
+def test_subgroup_matmul():
+    """Subgroup matrices: no adapter here has the feature; the interpreter
+    device emulates them exactly (subgroups of 32, as the kernel assumes)."""
+    rng = np.random.default_rng(15)
+    a = rng.integers(-128, 128, (32, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    got = subgroup_matmul.run(interp.Device(subgroup_size=32), a, b)
+    assert np.array_equal(got, a.astype(np.int64) @ b)

@@ -26,58 +26,15 @@ from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
 from shaderdsl import builtins as B
-from shaderdsl import f16, f32, i32, u32
+from shaderdsl import f32, i32
 from shaderdsl import subgroup_matrix_left as Left
 from shaderdsl import subgroup_matrix_result as Result
 from shaderdsl import subgroup_matrix_right as Right
 from shaderdsl.errors import FeatureError, InterpreterError, OutOfBoundsError, ShaderTypeError
 from shaderdsl.interp import Interpreter
 
-FEATURE = "chromium-experimental-subgroup-matrix"
-SUBGROUP = 32
-STORED = {"i8": i32, "u8": u32, "f32": f32, "f16": f16, "i32": i32, "u32": u32}
-RESULT = {"i8": i32, "u8": u32, "f32": f32, "f16": f16}
-NUMPY = {"i8": np.int8, "u8": np.uint8, "f32": np.float32, "f16": np.float16,
-         "i32": np.int32, "u32": np.uint32}
-
-
-def tiled_matmul(m, M, N, K, TM, TN, TK, comp="i8", layouts="rrr", accumulate=True):
-    """``C = A @ B`` with one subgroup per TM x TN tile of C, K in steps of TK;
-    ``layouts``: 'r' (row-major) or 'c' (column-major) for A, B and C."""
-    A = m.declare_input_buffer("A", STORED[comp])
-    Bm = m.declare_input_buffer("B", STORED[comp])
-    C = m.declare_output_buffer("C", RESULT[comp])
-    sub = m.let(m.local_index() / SUBGROUP, "sub")                 # subgroup in the workgroup
-    tiles_n = N // TN
-    tile = m.let(m.workgroup_id().x * (m.workgroup_size[0] // SUBGROUP) + sub, "tile")
-    row0, col0 = m.let(tile / tiles_n * TM, "row0"), m.let(tile % tiles_n * TN, "col0")
-
-    def at(layout, r, c, rows, cols):          # (offset, stride) of element (r, c)
-        return (r * cols + c, cols) if layout == "r" else (c * rows + r, rows)
-
-    def load(mtype, buf, layout, r, c, rows, cols):
-        fn = B.subgroup_matrix_load if layout == "r" else B.subgroup_matrix_load_col_major
-        return fn(mtype, buf, *at(layout, r, c, rows, cols))
-
-    acc = m.var(Result(RESULT[comp], TN, TM), name="acc")
-    with m.loop(K // TK, name="kt") as kt:
-        a = m.let(load(Left(comp, TK, TM), A, layouts[0], row0, kt * TK, M, K), "a")
-        b = m.let(load(Right(comp, TN, TK), Bm, layouts[1], kt * TK, col0, K, N), "b")
-        if accumulate:
-            m.assign(acc, B.subgroup_matrix_multiply_accumulate(a, b, acc))
-        else:
-            m.assign(acc, B.subgroup_matrix_multiply(RESULT[comp], a, b))
-    store = B.subgroup_matrix_store if layouts[2] == "r" else B.subgroup_matrix_store_col_major
-    offset, stride = at(layouts[2], row0, col0, M, N)
-    store(C, offset, acc, stride)
-
-
-def host(x: np.ndarray, layout: str, comp: str) -> np.ndarray:
-    """A matrix as the kernel's buffer: row- or column-major, 8-bit values four
-    to an i32/u32 element."""
-    flat = np.ascontiguousarray(x if layout == "r" else x.T).reshape(-1)
-    return flat.view(np.dtype(NUMPY[{"i8": "i32", "u8": "u32"}.get(comp, comp)])) \
-        if comp in ("i8", "u8") else flat
+from examples.subgroup_matmul import (FEATURE, NUMPY, RESULT, SUBGROUP, host,
+                                      tiled_matmul)
 
 
 def run_interp(a, b, TM, TN, TK, comp="i8", layouts="rrr", subgroups_per_wg=1, **kw):

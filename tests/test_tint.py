@@ -142,6 +142,9 @@ def test_grid_has_every_kernel_function(entries):
             if (inspect.isfunction(fn) and fn.__module__ == module.__name__ and name[0] != "_"
                     and list(inspect.signature(fn).parameters)[:1] == ["m"]):
                 found.add(f"{module.__name__}.{name}")
+    # needs Dawn's chromium_experimental_subgroup_matrix, which no validator here enables
+    # (Tint's Null backend refuses the `enable`); tests/test_subgroup_matrix.py checks it
+    found -= {"examples.subgroup_matmul.tiled_matmul"}
     assert found and found <= groups["examples"], f"missing from the grid: {found - groups['examples']}"
     assert groups["codegen"] and groups["constructs"]
 
