@@ -38,9 +38,14 @@ def tiled_matmul(m, M, N, K, TM, TN, TK, comp="i8", layouts="rrr", accumulate=Tr
     A = m.declare_input_buffer("A", STORED[comp])
     Bm = m.declare_input_buffer("B", STORED[comp])
     C = m.declare_output_buffer("C", RESULT[comp])
-    sub = m.let(m.local_index() / SUBGROUP, "sub")                 # subgroup in the workgroup
     tiles_n = N // TN
-    tile = m.let(m.workgroup_id().x * (m.workgroup_size[0] // SUBGROUP) + sub, "tile")
+    # Tint wants the matrix builtins' offsets provably uniform: a workgroup of one
+    # subgroup takes its tile from workgroup_id alone. With several subgroups per
+    # workgroup the tile depends on local_index, which Tint refuses (the
+    # interpreter runs it: its uniformity check is per dispatch, not static).
+    per = m.workgroup_size[0] // SUBGROUP
+    tile = m.let(m.workgroup_id().x if per == 1 else
+                 m.workgroup_id().x * per + m.local_index() / SUBGROUP, "tile")
     row0, col0 = m.let(tile / tiles_n * TM, "row0"), m.let(tile % tiles_n * TN, "col0")
 
     def at(layout, r, c, rows, cols):          # (offset, stride) of element (r, c)
