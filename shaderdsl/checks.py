@@ -158,6 +158,35 @@ def copy_size(src, dst, nbytes) -> int:
     return nbytes
 
 
+class HostDevice:
+    """What the GPU, interpreter and browser devices share of the host API and
+    its checks; each has ``features``, ``_depth`` (open batches), ``empty`` and
+    ``dispatch``."""
+
+    def has_feature(self, name: str) -> bool:
+        return name in self.features
+
+    def zeros(self, shape, dtype, *, name: str | None = None):
+        return self.empty(shape, dtype, name=name)
+
+    def _own(self, buf, what: str) -> None:
+        live_buffer(buf, self, what, kind=None)
+
+    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
+        """Dispatch enough workgroups along x to cover ``n`` invocations."""
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
+        if n < 1:
+            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
+        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+
 class DeviceBuffer:
     """What the checks know of a buffer on some device: the numpy shape and
     dtype it was made for, its kind ("storage" or "uniform") and whether it
@@ -171,6 +200,7 @@ class DeviceBuffer:
     nbytes: int
     id: int
     usage_kind: str
+    name: str | None
 
     @property
     def released(self) -> bool:
@@ -180,6 +210,24 @@ class DeviceBuffer:
     def bound_bytes(self) -> int:
         """Bytes a binding of this buffer covers (its padded size on the device)."""
         return self.nbytes
+
+    def read(self) -> np.ndarray:
+        return self.device.read(self)
+
+    def write(self, array) -> None:
+        self.device.write(self, array)
+
+    def release(self) -> None:
+        """Free the buffer's memory now rather than at garbage collection."""
+        self.device.release(self)
+
+    def _state(self) -> str:
+        return " released" if self.released else ""
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return (f"<Buffer{label} #{self.id} {self.usage_kind} "
+                f"{describe(self.dtype, self.shape)}{self._state()}>")
 
 
 def live_buffer(buf, device, what: str, kind: str | None = "storage", dtype=None, why: str = ""):

@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from ..checks import DeviceBuffer, describe
+from ..checks import DeviceBuffer
 
 _ids = itertools.count(1)
 
@@ -77,17 +77,6 @@ class Buffer(DeviceBuffer):
     def bound_bytes(self) -> int:
         return self.padded
 
-    def read(self) -> np.ndarray:
-        return self.device.read(self)
-
-    def write(self, array) -> None:
-        self.device.write(self, array)
-
-    def release(self) -> None:
-        self.device.release(self)
-
-    def __repr__(self) -> str:
-        label = f" {self.name!r}" if self.name else ""
-        state = " released" if self.freed else (
+    def _state(self) -> str:
+        return " released" if self.freed else (
             " released (lost when the browser restarted)" if self.lost else "")
-        return f"<Buffer{label} #{self.id} {self.usage_kind} {describe(self.dtype, self.shape)}{state}>"

@@ -13,7 +13,6 @@ hangs the page) restarts the browser and raises BrowserTimeoutError.
 """
 from __future__ import annotations
 
-import operator
 import os
 import re
 import weakref
@@ -23,7 +22,7 @@ import numpy as np
 
 from .. import checks
 from ..checks import check_dtype, host_array, uniform_array
-from ..errors import BindingError, BrowserError, BrowserTimeoutError, DispatchError
+from ..errors import BindingError, BrowserError, BrowserTimeoutError
 from .batch import Batch
 from .buffers import CHUNK, Buffer, decode, encode, padded_size
 from .kernels import compile_error, constants, page_key, uniform_values
@@ -39,7 +38,7 @@ def kebab(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", name).lower()
 
 
-class Device:
+class Device(checks.HostDevice):
     """WebGPU in one headless Chromium (see the module docstring).
 
     ``binary``: the browser (default: $SHADERDSL_CHROMIUM or chromium on
@@ -85,9 +84,6 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<browser.Device {self.name!r} {self.adapter_type}>"
-
-    def has_feature(self, name: str) -> bool:
-        return name in self.features
 
     def adapters_with(self, feature: str) -> list[str]:
         """Named in FeatureError: the wgpu adapters with ``feature`` (listed once
@@ -191,17 +187,11 @@ class Device:
         shape = checks.buffer_shape(shape)
         return self._new(shape, dt, "storage", name, None)
 
-    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        return self.empty(shape, dtype, name=name)
-
     def uniform(self, value, *, name: str | None = None) -> Buffer:
         """A uniform buffer from an array or scalar, padded to 16 bytes
         (Python float -> float32, int -> uint32; numpy keeps its dtype)."""
         arr = uniform_array(value)
         return self._new(arr.shape, arr.dtype, "uniform", name, arr)
-
-    def _own(self, buf, what: str) -> None:
-        checks.live_buffer(buf, self, what, kind=None)
 
     def write(self, buf: Buffer, array) -> None:
         """Overwrite ``buf``; dtype and shape must match it exactly. Lands after
@@ -264,16 +254,6 @@ class Device:
         if not self._depth:
             self._send()
 
-    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
-        """Dispatch enough workgroups along x to cover ``n`` invocations."""
-        try:
-            n = operator.index(n)
-        except TypeError:
-            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
-        if n < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
-        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
-
     def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
         """Compile ``kernel``'s module and pipeline in the page now (raises
         WGSLCompileError); ``uniform_values`` is accepted for the GPU device's sake."""
@@ -333,10 +313,6 @@ class Device:
     def batch(self, timestamps: bool = False) -> Batch:
         """``with device.batch():`` sends every dispatch/copy in it as one submit."""
         return Batch(self, timestamps)
-
-    @property
-    def in_batch(self) -> bool:
-        return self._depth > 0
 
     def sync(self) -> None:
         """Send anything recorded and wait until the page's GPU has finished it."""

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from ..checks import DeviceBuffer, describe
+from ..checks import DeviceBuffer
 
 _ids = itertools.count(1)
 
@@ -57,18 +57,3 @@ class Buffer(DeviceBuffer):
     def elements(self) -> np.ndarray:
         """All of the (padded) memory as a flat array of the dtype: what a binding sees."""
         return self.memory.view(self.dtype)
-
-    def read(self) -> np.ndarray:
-        return self.device.read(self)
-
-    def write(self, array) -> None:
-        self.device.write(self, array)
-
-    def release(self) -> None:
-        self.device.release(self)
-
-    def __repr__(self) -> str:
-        label = f" {self.name!r}" if self.name else ""
-        state = " released" if self.released else ""
-        kind = f"{self.usage_kind} {describe(self.dtype, self.shape)}"
-        return f"<Buffer{label} #{self.id} {kind}{state}>"

@@ -10,7 +10,6 @@ when the batch ends or something reads, as a GPU submit does.
 """
 from __future__ import annotations
 
-import operator
 import weakref
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ from .. import checks
 from .. import types as T
 from ..checks import (MAX_WORKGROUPS, DeviceBuffer, check_dtype, host_array,
                       uniform_array)
-from ..errors import BindingError, DispatchError, WGSLCompileError
+from ..errors import BindingError, WGSLCompileError
 from .buffers import Buffer
 from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
 
@@ -40,7 +39,7 @@ DEFAULT_LIMITS = {
 }
 
 
-class Device:
+class Device(checks.HostDevice):
     """A device that runs kernels in the interpreter.
 
     ``features`` are those it claims (default: all it supports, "shader-f16"
@@ -78,9 +77,6 @@ class Device:
     def __repr__(self) -> str:
         return f"<interp.Device subgroup_size={self.subgroup_size} {sorted(self.features)}>"
 
-    def has_feature(self, name: str) -> bool:
-        return name in self.features
-
     @staticmethod
     def adapters_with(feature: str) -> list[str]:
         """Where ``feature`` is to be had (named in FeatureError's message)."""
@@ -101,15 +97,9 @@ class Device:
         shape = checks.buffer_shape(shape)
         return Buffer(self, np.zeros(shape, dt), "storage", name)
 
-    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        return self.empty(shape, dtype, name=name)
-
     def uniform(self, value, *, name: str | None = None) -> Buffer:
         """A uniform buffer: Python float -> float32, int -> uint32, numpy keeps its dtype."""
         return Buffer(self, uniform_array(value), "uniform", name)
-
-    def _own(self, buf, what: str) -> None:
-        checks.live_buffer(buf, self, what, kind=None)
 
     def write(self, buf: Buffer, array) -> None:
         """Overwrite ``buf``; dtype and shape must match it exactly."""
@@ -162,16 +152,6 @@ class Device:
         given = _complete_overrides(kernel, okey)
         self.stats["dispatches"] += 1
         self._record(lambda: _run(interp, kernel, buffers, grid, given))
-
-    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
-        """Dispatch enough workgroups along x to cover ``n`` invocations."""
-        try:
-            n = operator.index(n)
-        except TypeError:
-            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
-        if n < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
-        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
 
     def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
         """Check features, limits and overrides and build the interpreter now
@@ -226,10 +206,6 @@ class Device:
         """``with device.batch():`` runs the dispatches and copies recorded in it
         in order at its end (or at a read); an exception inside drops them."""
         return Batch(self, timestamps)
-
-    @property
-    def in_batch(self) -> bool:
-        return self._depth > 0
 
     def sync(self) -> None:
         """Run anything recorded (the interpreter has nothing else to wait for)."""

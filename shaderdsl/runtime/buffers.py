@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import wgpu
 
-from ..checks import DeviceBuffer, describe
+from ..checks import DeviceBuffer
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 # COPY_SRC too, so a uniform can be read back and copied like any buffer.
@@ -66,18 +66,3 @@ class Buffer(DeviceBuffer):
     @property
     def bound_bytes(self) -> int:
         return self.wgpu_buffer.size
-
-    def read(self) -> np.ndarray:
-        return self.device.read(self)
-
-    def write(self, array) -> None:
-        self.device.write(self, array)
-
-    def release(self) -> None:
-        """Free the GPU memory now rather than at garbage collection."""
-        self.device.release(self)
-
-    def __repr__(self) -> str:
-        label = f" {self.name!r}" if self.name else ""
-        state = " released" if self.released else ""
-        return f"<Buffer{label} #{self.id} {self.usage_kind} {describe(self.dtype, self.shape)}{state}>"

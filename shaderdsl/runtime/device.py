@@ -7,7 +7,6 @@ pipeline cache.
 """
 from __future__ import annotations
 
-import operator
 import os
 import weakref
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ import wgpu
 
 from .. import checks
 from ..checks import DeviceBuffer, check_dtype, host_array, uniform_array
-from ..errors import BindingError, DispatchError, NoAdapterError
+from ..errors import BindingError, NoAdapterError
 from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
                        all_adapters, norm_backend, pick)
 from .batch import Batch, Recorder
@@ -84,7 +83,7 @@ class _Valued:
         self.chunk_id = None
 
 
-class Device:
+class Device(checks.HostDevice):
     """One wgpu device with its caches, the open batch and counters in ``stats``."""
 
     def __init__(self, adapter, extra_features=frozenset()):
@@ -127,9 +126,6 @@ class Device:
     def __repr__(self) -> str:
         return f"<Device {self.name!r} {self.backend} {self.adapter_type}>"
 
-    def has_feature(self, name: str) -> bool:
-        return name in self.features
-
     @staticmethod
     def adapters_with(feature: str) -> list[str]:
         """Adapters on this machine that have ``feature`` (named in FeatureError)."""
@@ -166,9 +162,6 @@ class Device:
         wbuf = self._new_buffer(padded_size(nbytes), STORAGE_USAGE, label=name or "")
         return self._wrap(wbuf, shape, dt, "storage", name)
 
-    def zeros(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        return self.empty(shape, dtype, name=name)
-
     def uniform(self, value, *, name: str | None = None) -> Buffer:
         """A uniform buffer from an array or scalar, padded to 16 bytes.
 
@@ -178,9 +171,6 @@ class Device:
         size = padded_size(arr.nbytes, 16)
         wbuf = self._new_buffer(size, UNIFORM_USAGE, padded_bytes(arr, size), name or "")
         return self._wrap(wbuf, arr.shape, arr.dtype, "uniform", name)
-
-    def _own(self, buf, what: str) -> None:
-        checks.live_buffer(buf, self, what, kind=None)
 
     def write(self, buf: Buffer, array) -> None:
         """Overwrite ``buf``; dtype and shape must match it exactly."""
@@ -286,16 +276,6 @@ class Device:
         elif okey not in entry.pipelines:
             entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
 
-    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
-        """Dispatch enough workgroups along x to cover ``n`` invocations."""
-        try:
-            n = operator.index(n)
-        except TypeError:
-            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
-        if n < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
-        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
-
     def _entry(self, kernel) -> _KernelEntry:
         """First sight of a Kernel object: check features/limits, compile the module."""
         checks.check_kernel(kernel, self)
@@ -400,10 +380,6 @@ class Device:
     def batch(self, timestamps: bool = False) -> Batch:
         """``with device.batch():`` records every dispatch/copy into one submit."""
         return Batch(self, timestamps)
-
-    @property
-    def in_batch(self) -> bool:
-        return self._depth > 0
 
     def sync(self) -> None:
         """Submit anything recorded and wait until the GPU has finished all of it.
