@@ -22,6 +22,7 @@ from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
 from .pipelines import PipelineCache
+from .readback import map_read
 from .ring import BINDING_BYTES, UniformRing
 from .wgpu_build import WGPU_BUILD
 
@@ -184,22 +185,32 @@ class Device(checks.HostDevice):
         """A new array with ``buf``'s contents; submits recorded work and waits.
 
         The copy into a reused staging buffer joins the commands recorded so
-        far, so ``record; read`` inside a batch costs one submit and one wait.
+        far, so ``record; read`` inside a batch costs one submit and one wait
+        (``readback.map_read``: no extra submit, no polling thread).
         """
         self._own(buf, "read")
-        size = buf.wgpu_buffer.size
-        staging = self._staging
-        if staging is None or staging.size < size:
-            staging = self._staging = self.wgpu_device.create_buffer(
-                size=max(size, 4096), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self._recorder.copy(buf.wgpu_buffer, staging, size)
-        self._recorder.flush()
-        staging.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            raw = staging.read_mapped(0, size)
-        finally:
-            staging.unmap()
+        raw = self._read_raw(buf.wgpu_buffer, buf.wgpu_buffer.size)
         return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
+
+    def _read_raw(self, wbuf, size: int) -> memoryview:
+        """The first ``size`` bytes of ``wbuf``, after everything recorded."""
+        staging = self._staging_for(size)
+        self._recorder.copy(wbuf, staging, size)
+        self._recorder.flush()
+        return self._map_staging(size)
+
+    def _staging_for(self, size: int):
+        if self._staging is None or self._staging.size < size:
+            self._staging = self.wgpu_device.create_buffer(
+                size=max(size, 4096), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        return self._staging
+
+    def _map_staging(self, size: int) -> memoryview:
+        map_read(self.wgpu_device, self._staging, size)
+        try:
+            return self._staging.read_mapped(0, size)
+        finally:
+            self._staging.unmap()
 
     def release(self, buf: Buffer) -> None:
         """Destroy ``buf`` now and drop every cached bind group that holds it."""
@@ -385,13 +396,17 @@ class Device(checks.HostDevice):
         """Submit anything recorded and wait until the GPU has finished all of it.
 
         (``queue.on_submitted_work_done_sync`` is broken in wgpu-py 0.32.0; a
-        tiny read waits just as well, since the queue runs in order.)
+        tiny read waits just as well, since the queue runs in order. Its copy
+        goes out in a submit of its own, not counted in ``stats``.)
         """
         self._recorder.flush()
         if self._sync_buffer is None:
             self._sync_buffer = self.wgpu_device.create_buffer(
                 size=4, usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
-        self.queue.read_buffer(self._sync_buffer)
+        encoder = self.wgpu_device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(self._sync_buffer, 0, self._staging_for(4), 0, 4)
+        self.queue.submit([encoder.finish()])
+        self._map_staging(4)
 
 
 def _timestamp_period(queue) -> float:
