@@ -175,17 +175,18 @@ class Plan:
         item = self.dtype.itemsize
         return {"A": self.a.bound_bytes, "B": self.b.bound_bytes,
                 "x": tokens * self.in_dim * item, "output": tokens * self.out_dim * item,
-                "h": 4 * tokens * self.rank, "y": 4 * tokens * self.out_dim}
+                "h": 4 * tokens * self.rank, "y": 4 * tokens * self.out_dim,
+                "hp": 4 * tokens * self.rank * self.strategy.splits}
 
     def _grow(self, tokens: int) -> None:
         """Own scratch buffers for at least ``tokens`` tokens (a run-time plan
         doubles them as larger counts come, up to max_tokens)."""
         rows = tokens if self.tokens else min(self.max_tokens, 1 << (tokens - 1).bit_length())
-        dims = {"h": self.rank, "y": self.out_dim}
+        shapes = {"h": (rows, self.rank), "y": (rows, self.out_dim),
+                  "hp": (rows * self.strategy.splits, self.rank)}
         for role in self._roles:
             old = self.scratch.get(role)
-            self.scratch[role] = self.device.empty((rows, dims[role]), np.float32,
-                                                   name=f"lora_{role}")
+            self.scratch[role] = self.device.empty(shapes[role], np.float32, name=f"lora_{role}")
             if old is not None:
                 self.device.release(old)
         self._rows = rows

@@ -11,11 +11,14 @@ text                          dispatches   kernels
 ``three:T[:sg|:seed]``        3            project_a, project_b, add_scaled (Hesper's three)
 ``split:T[:G][:sg|:seed]``    2            project_a (per token, G ranks per workgroup), fused_b_add
 ``fused:T:O[:loop][:sg]``     1            fused_forward (h recomputed by every workgroup)
-``tiled:T:TT[:B][:loop]``     1            tiled_forward (TT tokens per workgroup, B per thread)
+``tiled:T:TT[:B][:loop][:q]`` 1            tiled_forward (TT tokens per workgroup, B per thread)
+``gemm:T:TT:S``               2            project_a_tiled (4 x 4 per thread, S slices of in_dim),
+                                           tiled_b_add (TT tokens x 256 columns per workgroup)
 ============================  ===========  =================================================
 
 ``T`` is the workgroup size, ``sg`` reduces with subgroup operations,
-``loop`` keeps column loops as WGSL loops instead of unrolling them, and
+``loop`` keeps column loops as WGSL loops instead of unrolling them, ``q``
+gives each thread four adjacent output columns (read and written as vec4), and
 ``:seed`` computes h with Hesper's one-thread-per-element kernel (``seed``
 is Hesper's whole design: that kernel, then fused_b_add with 256 threads).
 """
@@ -23,10 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STRATEGIES = ("seed", "three", "split", "fused", "tiled")
+STRATEGIES = ("seed", "three", "split", "fused", "tiled", "gemm")
+GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
 _NUMBERS = {"seed": (), "three": ("threads",), "split": ("threads", "rank_group"),
             "fused": ("threads", "outputs_per_thread"),
-            "tiled": ("threads", "tile_tokens", "token_block")}
+            "tiled": ("threads", "tile_tokens", "token_block"),
+            "gemm": ("threads", "tile_tokens", "splits")}
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class Strategy:
     rank_group: int = 0  # split: ranks per workgroup of project_a (0: all)
     token_block: int = 1  # tiled: tokens per thread while computing h
     projection: str = "workgroup"  # three/split: project_a by a workgroup per token, or "seed"
+    splits: int = 1  # gemm: slices of in_dim that project_a_tiled sums separately
+    quad: bool = False  # tiled/gemm: four adjacent output columns per thread ("q" in the text)
 
     def __post_init__(self):
         if self.name not in STRATEGIES:
@@ -50,6 +57,15 @@ class Strategy:
             raise ValueError(f"threads must be a power of two, got {self.threads}")
         if self.outputs_per_thread < 1:
             raise ValueError(f"outputs_per_thread must be >= 1, got {self.outputs_per_thread}")
+        if self.splits < 1 or (self.splits != 1 and self.name != "gemm"):
+            raise ValueError(f"splits applies to the gemm strategy only and must be >= 1, "
+                             f"got {self.splits} for {self.name!r}")
+        if self.quad and self.name != "tiled":
+            raise ValueError(f"quad columns apply to the tiled strategy (gemm always writes "
+                             f"vec4s), not {self.name!r}")
+        if self.name == "gemm" and not 1 <= self.tile_tokens <= GEMM_TILE_TOKENS:
+            raise ValueError(f"gemm: tile_tokens must be 1 to {GEMM_TILE_TOKENS} (a vec4 "
+                             f"accumulator per token and thread), got {self.tile_tokens}")
         if self.name == "tiled" and (self.tile_tokens < 1 or self.threads % self.tile_tokens):
             raise ValueError(f"tile_tokens must divide threads, got {self.tile_tokens} "
                              f"and {self.threads}")
@@ -68,18 +84,23 @@ class Strategy:
         if self.rank_group and self.projection == "seed":
             raise ValueError(f"rank_group applies to the workgroup projection, not to "
                              f"Hesper's seed projection (split:T:{self.rank_group}:seed)")
-        if self.subgroups and (self.name in ("seed", "tiled") or self.projection == "seed"):
-            raise ValueError(f"the {self} strategy has no subgroup form" if self.name != "tiled"
-                             else "the tiled strategy reduces in workgroup memory; it has no "
-                                  "subgroup form")
+        if self.subgroups and (self.name in ("seed", "tiled", "gemm") or
+                               self.projection == "seed"):
+            raise ValueError(f"the {self} strategy has no subgroup form"
+                             if self.name not in ("tiled", "gemm")
+                             else f"the {self.name} strategy has no subgroup form (it does not "
+                                  f"reduce across lanes, or does so in workgroup memory)")
 
     @property
     def dispatches(self) -> int:
-        return {"seed": 2, "three": 3, "split": 2}.get(self.name, 1)
+        return {"seed": 2, "three": 3, "split": 2, "gemm": 2}.get(self.name, 1)
 
     def scratch(self, save_h: bool = False) -> tuple[str, ...]:
         """The f32 buffers between dispatches: h [tokens, rank], y [tokens, out_dim]
-        (and h for the backward when ``save_h``: the one-dispatch kernels then write it)."""
+        (and h for the backward when ``save_h``: the one-dispatch kernels then write it);
+        gemm's hp [splits * tokens, rank] holds the slices of h (it is h when splits is 1)."""
+        if self.name == "gemm":
+            return ("h",) if self.splits == 1 else ("hp", "h") if save_h else ("hp",)
         return {"seed": ("h",), "split": ("h",), "three": ("h", "y")}.get(
             self.name, ("h",) if save_h else ())
 
@@ -112,8 +133,20 @@ class Strategy:
         if self.name == "fused":
             return [("fused_forward", dict(both, outputs_per_thread=self.outputs_per_thread,
                                            subgroups=self.subgroups))]
+        if self.name == "gemm":
+            return self._gemm(rank, in_dim, out_dim, s, tokens, dtype, save_h)
         return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
-                                       token_block=self.token_block))]
+                                       token_block=self.token_block, quad=self.quad))]
+
+    def _gemm(self, rank, in_dim, out_dim, scale, tokens, dtype, save_h) -> list[tuple]:
+        """project_a_tiled into hp (h itself when splits is 1), then tiled_b_add."""
+        hp = {"hp": "h" if self.splits == 1 else "hp"}
+        return [("project_a_tiled", dict(rank=rank, in_dim=in_dim, tokens=tokens,
+                                         threads=self.threads, splits=self.splits, dtype=dtype),
+                 hp),
+                ("tiled_b_add", dict(out_dim=out_dim, rank=rank, scale=scale, tokens=tokens,
+                                     tile_tokens=self.tile_tokens, splits=self.splits,
+                                     dtype=dtype, save_h=save_h and self.splits > 1), hp)]
 
     def __str__(self) -> str:
         if self.name == "seed":
@@ -125,8 +158,12 @@ class Strategy:
             text += f":{self.outputs_per_thread}"
         if self.name == "tiled":
             text += f":{self.tile_tokens}" + (f":{self.token_block}" if self.token_block != 1 else "")
+        if self.name == "gemm":
+            text += f":{self.tile_tokens}:{self.splits}"
         if self.name in ("fused", "tiled") and not self.unroll:
             text += ":loop"
+        if self.quad:
+            text += ":q"
         if self.projection == "seed":
             text += ":seed"
         return text + (":sg" if self.subgroups else "")
@@ -138,7 +175,7 @@ class Strategy:
         parts = text.split(":")
         flags = {}
         for flag, key, value in (("sg", "subgroups", True), ("seed", "projection", "seed"),
-                                 ("loop", "unroll", False)):
+                                 ("q", "quad", True), ("loop", "unroll", False)):
             if len(parts) > 1 and parts[-1] == flag:
                 parts, flags[key] = parts[:-1], value
         try:

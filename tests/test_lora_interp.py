@@ -11,7 +11,7 @@ import lora
 from lora import reference as R
 from shaderdsl import interp
 
-from test_strategies import STRATEGY_TEXTS
+from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def problem(seed, tokens, rank=4, in_dim=12, out_dim=20):
     return f(tokens, in_dim), f(rank, in_dim), f(out_dim, rank), f(tokens, out_dim)
 
 
-@pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
+@pytest.mark.parametrize("strategy", STRATEGY_TEXTS + ALIGNED_TEXTS)
 def test_forward_strategies(cpu, strategy):
     x, a, b, base = problem(1, 3)
     got = lora.forward(x, a, b, base, scale=1.5, device=cpu, strategy=strategy)

@@ -29,6 +29,14 @@ from lora.execute import (execute_lora_forward, execute_lora_forward_auto,
 from lora.plan import Plan, PlanAt, split_grid
 from lora.strategy import Strategy
 
+from test_strategies import ALIGNED_TEXTS
+
+
+def aligned(strategy, *dims):
+    """The dims, rounded up to multiples of 4 for the strategies that need them."""
+    s = Strategy.parse(strategy)
+    return tuple(-(-d // 4) * 4 for d in dims) if s.name == "gemm" or s.quad else dims
+
 SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 STRATEGY_TEXTS = [
@@ -39,7 +47,7 @@ STRATEGY_TEXTS = [
     "tiled:64:8:4", "tiled:128:16:2:loop",
 ]
 FORWARD_KERNELS = ("project_a_seed", "project_a", "project_b", "fused_b_add", "fused_forward",
-                   "tiled_forward")
+                   "tiled_forward", "project_a_tiled", "tiled_b_add")
 EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300]
 dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 300))
 scales = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -3.5, 0.125]),
@@ -142,7 +150,7 @@ def test_split_grid_refuses_what_z_cannot_hold():
 # ---------------------------------------------------------------- every strategy, against numpy
 
 @SETTINGS
-@given(strategy=st.sampled_from(STRATEGY_TEXTS),
+@given(strategy=st.sampled_from(STRATEGY_TEXTS + ALIGNED_TEXTS),
        counts=st.lists(st.integers(1, 40), min_size=1, max_size=3),
        extra=st.sampled_from([0, 0, 1, 60]), rank=st.integers(1, 16), in_dim=dims,
        out_dim=dims, scale=scales, positive=st.booleans(),
@@ -153,6 +161,7 @@ def test_runtime_plan_matches_numpy(device, sub_ok, strategy, counts, extra, ran
     split over z when max_workgroups is small."""
     s = Strategy.parse(strategy)
     assume(sub_ok or not s.subgroups)
+    rank, in_dim, out_dim = aligned(strategy, rank, in_dim, out_dim)
     rng = np.random.default_rng(seed)
     a, b, _, _ = problem(rng, rank, in_dim, out_dim, 1, positive)
     w = Weight.from_numpy(device, a, b)
@@ -173,7 +182,7 @@ def test_runtime_plan_matches_numpy(device, sub_ok, strategy, counts, extra, ran
         assert np.array_equal(device.read(x_buf), x), "the input was modified"
 
 
-@pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
+@pytest.mark.parametrize("strategy", STRATEGY_TEXTS + ALIGNED_TEXTS)
 def test_every_output_written_at_run_time(device, sub_ok, strategy):
     """All-positive inputs, ragged tiles and workgroups, grids split over z
     (max_workgroups 9): a skipped element stays at its base, a doubled one is off."""
@@ -181,7 +190,7 @@ def test_every_output_written_at_run_time(device, sub_ok, strategy):
     if s.subgroups and not sub_ok:
         pytest.skip("adapter lacks 'subgroup'")
     rng = np.random.default_rng(37)
-    a, b, x, base = problem(rng, 5, 131, 45, 37, positive=True)
+    a, b, x, base = problem(rng, *aligned(strategy, 5, 131, 45), 37, positive=True)
     w = Weight.from_numpy(device, a, b)
     plan = Plan(device, w, 0.5, None, s, max_tokens=40, max_workgroups=9)
     out = device.buffer(base)
@@ -191,12 +200,13 @@ def test_every_output_written_at_run_time(device, sub_ok, strategy):
     check_result(got, a, b, x, base, 0.5, strategy)
     split = [isinstance(step.grid, tuple) and step.grid[2] > 1 for step in plan._launches[37][0]]
     assert split == [max(step.rule(37)) > 9 for step in plan.steps]
-    assert s.name == "tiled" and s.tile_tokens > 4 or any(split), "nothing was split"
+    assert s.name in ("tiled", "gemm") and s.tile_tokens > 4 or any(split), "nothing was split"
 
 
 @pytest.mark.parametrize("strategy", ["seed", "three:32", "three:64:seed", "split:32",
                                       "split:64:sg", "fused:32:1", "fused:64:2:loop:sg",
-                                      "tiled:32:1", "tiled:64:4", "tiled:64:8:4"])
+                                      "tiled:32:1", "tiled:64:4", "tiled:64:8:4",
+                                      "tiled:64:4:q", "gemm:32:1:2"])
 def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
     """70,000 tokens on a small shape: one workgroup per token would be over
     65,535 on one axis; the run-time plan splits it over z."""
@@ -205,7 +215,7 @@ def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
         pytest.skip("adapter lacks 'subgroup'")
     tokens = 70000
     rng = np.random.default_rng(70000)
-    a, b, x, base = problem(rng, 2, 3, 5, tokens)
+    a, b, x, base = problem(rng, *aligned(strategy, 2, 3, 5), tokens)
     plan = Plan(device, Weight.from_numpy(device, a, b), -1.5, None, s, max_tokens=tokens)
     out = device.buffer(base)
     plan(device.buffer(x), out)
@@ -224,7 +234,7 @@ def test_runtime_plan_float16(device):
     a, b, _, _ = problem(rng, 4, 36, 20, 1)
     a16, b16 = a.astype(np.float16), b.astype(np.float16)
     w = Weight.from_numpy(device, a16, b16, dtype=np.float16)
-    for text in ("split:64", "three:64", "fused:64:1", "tiled:64:4"):
+    for text in ("split:64", "three:64", "fused:64:1", "tiled:64:4", "tiled:64:4:q", "gemm:64:4:2"):
         plan = Plan(device, w, 0.5, None, Strategy.parse(text), max_tokens=16)
         for tokens in (1, 5, 16):
             x = normal(rng, (tokens, 36)).astype(np.float16)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import shaderdsl.compiler
-from shaderdsl.errors import AliasingError, BindingError, FeatureError
+from shaderdsl.errors import AliasingError, BindingError, FeatureError, KernelBuildError
 
 import lora
 import lora.kernels as K
@@ -55,6 +56,11 @@ STRATEGY_TEXTS = [
     "tiled:64:4", "tiled:128:8:loop", "tiled:64:16", "tiled:32:32:loop", "tiled:16:1",
     "tiled:64:8:4", "tiled:128:16:2:loop",
 ]
+# Strategies for shapes whose rank, in_dim and out_dim are multiples of 4 (gemm
+# stages x and A as vec4s and writes vec4s of output; "q" writes vec4s):
+# 1 to 8 slices of in_dim, tiles of 1 to 32 tokens, 32 to 256 threads.
+ALIGNED_TEXTS = ["gemm:64:4:1", "gemm:32:8:3", "gemm:128:16:2", "gemm:256:1:8", "gemm:64:32:5",
+                 "tiled:64:4:q", "tiled:128:16:loop:q", "tiled:64:8:4:q"]
 EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
              511, 512, 513, 597, 599, 600]
 dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 600))
@@ -150,6 +156,62 @@ def test_plan_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, out_
     check_result(got, a, b, x, base, scale, strategy)
 
 
+@SETTINGS
+@given(strategy=st.sampled_from(ALIGNED_TEXTS), tokens=st.integers(1, 80),
+       quads=st.tuples(st.integers(1, 16), st.integers(1, 150), st.integers(1, 150)),
+       scale=scales, positive=st.booleans(), seed=seeds)
+def test_aligned_plan_matches_numpy(device, strategy, tokens, quads, scale, positive, seed):
+    rank, in_dim, out_dim = (4 * q for q in quads)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens, positive)
+    got, plan, dispatches = run_plan(device, a, b, x, base, scale, tokens, strategy)
+    assert dispatches == plan.dispatches == (2 if strategy.startswith("gemm") else 1)
+    check_result(got, a, b, x, base, scale, strategy)
+
+
+@pytest.mark.parametrize("strategy", ALIGNED_TEXTS)
+def test_aligned_every_output_written(device, strategy):
+    """All-positive inputs, 37 tokens (ragged for every tile), 260 outputs
+    (ragged for every block of columns), rank 12 (three vec4s)."""
+    a, b, x, base = problem(np.random.default_rng(38), 12, 132, 260, 37, positive=True)
+    got, _, _ = run_plan(device, a, b, x, base, 0.5, 37, strategy)
+    assert np.all(got > base + 0.1)
+    check_result(got, a, b, x, base, 0.5, strategy)
+
+
+@pytest.mark.parametrize("strategy", ["gemm:64:4:1", "gemm:32:8:3"])
+@pytest.mark.parametrize("tokens", [5, None])
+def test_gemm_saves_h(device, strategy, tokens):
+    """A plan with save_h leaves h = A @ x (unscaled) in plan.h, whether the
+    slices of in_dim are one (h is the partial buffer) or several (the second
+    kernel writes their sum), with the token count baked or at run time."""
+    rng = np.random.default_rng(5)
+    a, b, x, base = problem(rng, 8, 40, 24, 5)
+    w = Weight.from_numpy(device, a, b)
+    plan = Plan(device, w, 3.0, tokens, Strategy.parse(strategy), save_h=True,
+                max_tokens=None if tokens else 9)
+    out = device.buffer(base)
+    plan(device.buffer(x), out)
+    check_result(device.read(out), a, b, x, base, 3.0, strategy)
+    h = device.read(plan.h)[:5].astype(np.float64)
+    np.testing.assert_allclose(h, x.astype(np.float64) @ a.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy, shape, message", [
+    ("gemm:64:4:1", (5, 8, 8), "rank (5) and in_dim (8) must be multiples of 4"),
+    ("gemm:64:4:1", (4, 6, 8), "rank (4) and in_dim (6) must be multiples of 4"),
+    ("gemm:32:4:1", (132, 8, 8), "rank (132) and in_dim (8) must be multiples of 4, and rank "
+                                 "at most 4 x threads (32)"),
+    ("gemm:64:4:1", (4, 8, 6), "rank (4) and out_dim (6) must be multiples of 4"),
+    ("tiled:64:4:q", (4, 8, 6), "quad columns need out_dim divisible by 4, got 6"),
+])
+def test_aligned_strategies_refuse_other_shapes(device, strategy, shape, message):
+    rank, in_dim, out_dim = shape
+    w = Weight.from_numpy(device, np.ones((rank, in_dim), np.float32),
+                          np.ones((out_dim, rank), np.float32))
+    with pytest.raises(KernelBuildError, match=re.escape(message)):
+        Plan(device, w, 1.0, 3, Strategy.parse(strategy))
+
+
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
 def test_every_output_written(device, sub_ok, strategy):
     """All-positive inputs, 37 tokens (ragged for every tile), 259 outputs
@@ -176,7 +238,7 @@ def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
 
 
 @pytest.mark.parametrize("tokens, rank, in_dim, out_dim",
-                         [(1, 8, 130, 257), (5, 3, 64, 300), (70, 8, 64, 40)])
+                         [(1, 8, 130, 257), (5, 3, 64, 300), (70, 8, 64, 40), (67, 16, 128, 68)])
 def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
     """Whatever the autotuner may pick for these shapes computes the forward."""
     cands = tuning.candidates(device, rank, in_dim, out_dim, tokens)
@@ -218,7 +280,7 @@ def test_seed_case_rank_8_dim_2560(device, sub_ok):
 # ---------------------------------------------------------------- Strategy text
 
 def candidate_texts(device):
-    texts = set(STRATEGY_TEXTS)
+    texts = set(STRATEGY_TEXTS) | set(ALIGNED_TEXTS)
     for tokens in (1, 2, 5, 16, 100):
         for out_dim in (1, 256, 300, 5000):
             texts |= {str(s) for s in tuning.candidates(device, 8, 256, out_dim, tokens)}
@@ -265,6 +327,10 @@ def test_strategy_fields():
     ("fused:-64:1", "threads must be a power of two"),
     ("fused:64:0", "outputs_per_thread must be >= 1, got 0"),
     ("tiled:64:4:sg", "no subgroup form"),
+    ("gemm:64:4:2:sg", "no subgroup form"),
+    ("gemm:64:33:2", "tile_tokens must be 1 to 32"),
+    ("gemm:64:4:0", "splits applies to the gemm strategy only and must be >= 1, got 0"),
+    ("fused:64:1:q", "quad columns apply to the tiled strategy"),
     ("seed:sg", "no subgroup form"),
 ])
 def test_strategy_bad_text(text, message):
@@ -273,7 +339,8 @@ def test_strategy_bad_text(text, message):
     assert len(str(info.value)) > 20
 
 
-@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:2:1", "split:64:5:2", "seed:64"])
+@pytest.mark.parametrize("text", ["fused:64:1:2", "tiled:64:4:2:1", "split:64:5:2", "seed:64",
+                                  "gemm:64:4:2:1"])
 def test_strategy_too_many_numbers(text):
     with pytest.raises(ValueError, match="takes at most"):
         Strategy.parse(text)

@@ -158,6 +158,19 @@ def lora_entries() -> list[Entry]:
             subgroups=bool(n % 2), unroll=bool(n // 2 % 2), dtype=dt, save_h=bool(n % 2))
         add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4 << n % 2,
             unroll=bool(n % 2), dtype=dt, token_block=1 + n % 2, save_h=not n % 2)
+    # the GEMM-shaped pair (gemm:T:TT:S) and vec4 output columns (tiled:…:q), where the
+    # shapes are multiples of 4: slices of in_dim, baked and run-time counts, f16, save_h
+    aligned = [(r, d) for r, d in itertools.product(RANKS, DIMS)
+               if r % 4 == 0 and d[0] % 4 == 0 and d[1] % 4 == 0]
+    for n, (rank, (in_dim, out_dim)) in enumerate(aligned):
+        s = dict(_spread(n), in_dim=in_dim, out_dim=out_dim, tokens=(None, 3)[n % 2])
+        dt = ("f32", "f16")[n // 2 % 2]
+        add("project_a_tiled", rank=rank, in_dim=in_dim, tokens=s["tokens"],
+            threads=(64, 256)[n % 2], splits=1 + n % 3, dtype=dt)
+        add("tiled_b_add", out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"],
+            tile_tokens=(4, 16)[n % 2], splits=1 + n % 3, dtype=dt, save_h=bool(n % 2))
+        add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, quad=True,
+            unroll=bool(n % 2), dtype=dt)
     _training_entries(add)
     return out
 

@@ -80,8 +80,13 @@ def storage_scalar(dtype: str):
     return f16 if dtype == "f16" else f32
 
 
-def output_buffer(m, n, dtype, name="output"):
-    return m.declare_output_buffer(name, storage_scalar(dtype), n)
+def output_buffer(m, n, dtype, name="output", quad=False):
+    """The output, read and written as ``dtype`` scalars, or as vec4 with ``quad``
+    (n scalars either way; None: runtime-sized)."""
+    if not quad:
+        return m.declare_output_buffer(name, storage_scalar(dtype), n)
+    return m.declare_output_buffer(name, vec4h if dtype == "f16" else vec4f,
+                                   None if n is None else n // 4)
 
 
 def widen(e):
@@ -94,8 +99,9 @@ def widen(e):
 
 
 def store_output(out, i, value):
-    """out[i] = value (f32), rounded to f16 when out holds f16."""
-    out[i] = f16(value) if out.type.elem == f16 else value
+    """out[i] = value (f32 or vec4<f32>), rounded to f16 when out holds f16."""
+    elem = out.type.elem
+    out[i] = elem(value) if elem in (f16, vec4h) else value
 
 
 def dot_or_mul(a, b):

@@ -268,26 +268,32 @@ def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, s
     return finish
 
 
-def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
-    """Phase 2 for output column i: B's row once, then every token of the tile.
+def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0, quad=False):
+    """Phase 2 for output column i (``quad``: columns 4i .. 4i + 3, out read and
+    written as vec4): B's row(s) once, then every token of the tile.
     ``tokens``: an int, or the run-time count (then any tile may be the last)."""
     ragged = not isinstance(tokens, int) or tokens % tile_tokens != 0
+    row_len = out_dim // 4 if quad else out_dim
+
+    def dot_h(row, k):
+        hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
+        if w != 4:
+            return row_dot(row, hs)
+        total = B.dot(row[0], hs[0])
+        for v, h in zip(row[1:], hs[1:]):
+            total = total + B.dot(v, h)
+        return total
 
     def column(i):
-        # All loads of this column first (B row, then every token's output),
+        # All loads of this column first (B row(s), then every token's output),
         # so they are in flight together; then the stores.
-        row = b_row(m, Bm, i, rank)
-        dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * out_dim + i, f"d{k}")
+        rows = [b_row(m, Bm, i * 4 + c, rank) for c in range(4)] if quad else \
+            [b_row(m, Bm, i, rank)]
+        dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * row_len + i, f"d{k}")
                  for k in range(tile_tokens)]
         olds = [m.let(widen(out[d]), f"o{k}") for k, d in enumerate(dests)]
         for k in range(tile_tokens):
-            hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
-            if w == 4:
-                total = B.dot(row[0], hs[0])
-                for v, h in zip(row[1:], hs[1:]):
-                    total = total + B.dot(v, h)
-            else:
-                total = row_dot(row, hs)
+            total = vec4f(*[dot_h(row, k) for row in rows]) if quad else dot_h(rows[0], k)
             if ragged:
                 with m.if_(t0 + k < tokens):
                     store_output(out, dests[k], olds[k] + total)
@@ -297,39 +303,244 @@ def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0):
 
 
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                  unroll=True, dtype="f32", token_block=1, save_h=False):
+                  unroll=True, dtype="f32", token_block=1, save_h=False, quad=False,
+                  phases="both"):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1: h = A @ x for the tile, left as scale * h in workgroup memory.
     Each thread sums a strided slice of in_dim for ``token_block`` tokens at
     once (each load of A serves them all) and for all ranks, or, when that
     would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
-    threads sharing (tokens, ranks) then reduce. Phase 2: each thread owns
-    output columns; it loads its row of B once and updates that column for
+    threads sharing (tokens, ranks) then reduce. Phase 2 (``tile_columns``):
+    each thread owns output columns (``quad``: four adjacent ones, read and
+    written as vec4); it loads their rows of B once and updates them for
     every token of the tile. A and B are read once per tile (per token block
     in phase 1), not once per token, which is what limits the
     one-token-per-workgroup kernel. With ``save_h`` phase 1 also writes h (f32)
-    for the backward.
+    for the backward. ``phases`` "h" or "out" builds one phase alone (the other
+    replaced by a store of h or a constant h), for ``lora.bench_profile``.
     """
+    if phases not in ("both", "h", "out"):
+        raise ValueError(f"phases must be 'both', 'h' or 'out', got {phases!r}")
     w, per, rank_groups, lanes = _tile_shape(rank, threads, tile_tokens, token_block)
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
-    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
-    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
-    out = output_buffer(m, token_rows(tokens, out_dim), dtype)
-    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) if save_h else None
-    tid = m.local_index()
-    if tokens is None:  # tiles from workgroup_id.x and .z; those past the last token return
+    x = input_matrix(m, "x", tokens, in_dim, dtype)[0] if phases != "out" else None
+    Bm, out = tile_outputs(m, rank, out_dim, tokens, dtype, quad) if phases != "h" else (0, 0)
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) \
+        if save_h or phases == "h" else None
+    n, t0 = _tile_origin(m, tokens, tile_tokens)
+    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
+    if phases == "out":  # h of the tile: scale * A's first elements
+        with m.loop(m.local_index(), tile_tokens * rank // w, threads, name="j") as j:
+            hw[j] = scale * widen(A[j % (rank * in_n // w)])
+        m.barrier()
+    else:
+        accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, n, t0, lanes, per,
+                                                rank_groups, token_block, unroll)
+        finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0,
+                               scale, (h, t0, n) if h is not None else None)
+        tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
+    if phases != "h":
+        tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll)
+
+
+def _tile_origin(m, tokens, tile_tokens):
+    """(token count, first token t0 of this workgroup's tile); at run time the
+    tiles come from workgroup_id.x and .z, and those past the last token return."""
+    if tokens is None:
         n = token_count(m, tokens)
         t0 = m.let(split_index(m, "x", "tile") * tile_tokens, "t0")
         past_the_end(m, t0, n)
-    else:
-        n = tokens
-        t0 = m.let(m.workgroup_id().x * tile_tokens, "t0")
-    accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, n, t0, lanes, per,
-                                            rank_groups, token_block, unroll)
-    hw = m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
-    finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, scale,
-                           (h, t0, n) if save_h else None)
-    tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
-    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0)
-    unrolled_or_loop(m, tid, out_dim, threads, tile_tokens * 3 + rank // w, column, "i", unroll)
+        return n, t0
+    return tokens, m.let(m.workgroup_id().x * tile_tokens, "t0")
+
+
+def tile_outputs(m, rank, out_dim, tokens, dtype, quad):
+    """B and the output buffer of phase 2 (``quad``: the output as vec4)."""
+    if quad and out_dim % 4:
+        raise ValueError(f"quad columns need out_dim divisible by 4, got {out_dim}")
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    return Bm, output_buffer(m, token_rows(tokens, out_dim), dtype, quad=quad)
+
+
+def tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll):
+    """Phase 2 of a tile: output[t0 + k, :] += B @ hw[k] for every token k < n of
+    the tile, with ``hw`` (scale * h, in workgroup memory) complete."""
+    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, quad)
+    columns = out_dim // 4 if quad else out_dim
+    cost = (tile_tokens * 3 + rank // w) * (4 if quad else 1)
+    unrolled_or_loop(m, m.local_index(), columns, threads, cost, column, "i", unroll)
+
+
+# ------------------------------------------------------------------ two dispatches, GEMM-shaped
+
+B_ADD_THREADS = 64  # tiled_b_add's workgroup: 64 threads, a vec4 of output columns each
+
+
+def gemm_tile_tokens(rank: int, threads: int) -> int:
+    """Tokens per workgroup of project_a_tiled: each thread owns a 4 x 4 block
+    (4 tokens, a vec4 of ranks), so threads // (rank / 4) groups of 4 tokens,
+    at most 128 (the threads left over only stage tiles)."""
+    return 4 * min(threads // (rank // 4), 128)
+
+
+def gemm_chunk(rank: int, in_dim: int, threads: int) -> int:
+    """Columns of x and A staged per step: the most of 32, 16, 8, 4 that divides
+    in_dim and fits both tiles in workgroup memory."""
+    for chunk in (32, 16, 8, 4):
+        if in_dim % chunk == 0 and chunk * (gemm_tile_tokens(rank, threads) + rank) <= SHARED_FLOATS:
+            return chunk
+    raise ValueError(f"project_a_tiled: in_dim ({in_dim}) must be a multiple of 4 and "
+                     f"{threads} threads at rank {rank} must fit {SHARED_FLOATS} floats")
+
+
+def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32"):
+    """Partial sums of h = A @ x, shaped like a matrix product: a workgroup takes
+    ``gemm_tile_tokens`` tokens and every rank, over slice ``workgroup_id.y``
+    of ``splits`` slices of in_dim (more workgroups when tokens are few).
+
+    Each step stages ``chunk`` columns of x and A in workgroup memory,
+    transposed so that a vec4 holds 4 tokens (x) or 4 ranks (A); each thread
+    then does 16 multiply-adds per two vec4 loads, and no thread reduces with
+    another. The next step's loads are issued before this step's arithmetic,
+    so their latency overlaps it. hp[s, t] holds slice s's sums for token t
+    (hp is h when splits is 1); ``tiled_b_add`` adds the slices.
+    """
+    if rank % 4 or in_dim % 4 or rank > 4 * threads:
+        raise ValueError(f"project_a_tiled: rank ({rank}) and in_dim ({in_dim}) must be "
+                         f"multiples of 4, and rank at most 4 x threads ({threads})")
+    quads, tm, chunk = rank // 4, gemm_tile_tokens(rank, threads), gemm_chunk(rank, in_dim, threads)
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    hp = m.declare_output_buffer("hp", vec4f, None if tokens is None else splits * tokens * quads)
+    n, t0 = _tile_origin(m, tokens, tm)
+    tiles = [(m.shared(vec4f, chunk * tm // 4, "xs"), x, tm, lambda t: B.min(t0 + t, n - 1)),
+             (m.shared(vec4f, chunk * quads, "at"), A, rank, lambda r: r)]
+    tid = m.local_index()
+    tx, ty = m.let(tid % quads, "tx"), m.let(tid / quads, "ty")
+    spare = tm // 4 * quads < threads  # threads past the last group of 4 tokens: staging only
+    tr = m.let(ty % (tm // 4), "tr") if spare else ty
+    accs = [m.var(vec4f, vec4f(0.0), f"acc{i}") for i in range(4)]
+    s = m.workgroup_id().y
+    steps = in_dim // chunk
+    first = m.let(s * steps / splits, "first")
+    last = m.let((s + 1) * steps / splits, "last")
+    held = [_stage_load(m, src, rows, chunk, in_n, first, row_of, threads, f"{name}_")
+            for (_, src, rows, row_of), name in zip(tiles, ("x", "a"))]
+    with m.loop(first, last, name="step") as step:
+        m.barrier()  # the previous step's reads of the tiles are done
+        for (shared, _, rows, _), items in zip(tiles, held):
+            _stage_store(m, shared, rows, chunk, items, threads)
+        m.barrier()
+        with m.if_(step + 1 < last):  # the next step's loads, in flight during the arithmetic
+            for (_, src, rows, row_of), items in zip(tiles, held):
+                _stage_load(m, src, rows, chunk, in_n, step + 1, row_of, threads, into=items)
+        xs, at = tiles[0][0], tiles[1][0]
+        for k in range(chunk):
+            xv = m.let(xs[k * (tm // 4) + tr], "xv")
+            av = m.let(at[k * quads + tx], "av")
+            for i in range(4):
+                accs[i] += getattr(xv, "xyzw"[i]) * av
+    for i in range(4):
+        t = m.let(t0 + ty * 4 + i, f"t{i}")
+        with m.if_((t < n) & (ty < tm // 4) if spare else t < n):
+            hp[(s * n + t) * quads + tx] = accs[i]
+
+
+def _stage_items(rows, chunk, threads):
+    """(work items, per thread) of staging a rows x chunk tile: an item is one
+    vec4 of 4 consecutive rows."""
+    items = rows // 4 * (chunk // 4)
+    return items, -(-items // threads)
+
+
+def _stage_load(m, src, rows, chunk, in_n, step, row_of, threads, name="", into=None):
+    """Load this thread's items of step ``step`` of a tile (4 vec4 each) into
+    vars (new ones named ``name``, or ``into``); returns them."""
+    items, per_thread = _stage_items(rows, chunk, threads)
+    out = into or []
+    for it in range(per_thread):
+        j = B.min(m.local_index() + it * threads, items - 1)
+        rq, kq = j / (chunk // 4), j % (chunk // 4)
+        vals = [widen(src[row_of(rq * 4 + c) * in_n + step * (chunk // 4) + kq]) for c in range(4)]
+        if into is None:
+            out.append([m.var(vec4f, v, f"{name}{it}_{c}") for c, v in enumerate(vals)])
+        else:
+            for var, v in zip(into[it], vals):
+                m.assign(var, v)
+    return out
+
+
+def _stage_store(m, shared, rows, chunk, held, threads):
+    """shared[k, r / 4] = (row r + c's column k, for c < 4): the 4 x 4 transpose
+    of each item this thread holds."""
+    items, per_thread = _stage_items(rows, chunk, threads)
+    for it in range(per_thread):
+        j = m.let(m.local_index() + it * threads, "j")
+
+        def store():
+            rq, kq = j / (chunk // 4), j % (chunk // 4)
+            for c in range(4):
+                shared[(kq * 4 + c) * (rows // 4) + rq] = vec4f(
+                    *[getattr(v, "xyzw"[c]) for v in held[it]])
+        if (it + 1) * threads > items:
+            with m.if_(j < items):
+                store()
+        else:
+            store()
+
+
+def tiled_b_add(m, out_dim, rank, scale, tokens, tile_tokens=16, splits=1, dtype="f32",
+                save_h=False):
+    """output += scale * B @ h for tile_tokens tokens and 4 * B_ADD_THREADS output
+    columns per workgroup (grid: token tiles x column blocks).
+
+    h (the sum of project_a_tiled's ``splits`` slices, times scale) is staged
+    in workgroup memory; each thread keeps a vec4 of outputs per token of the
+    tile in registers and walks the ranks four at a time: four vec4 loads of
+    B (transposed in registers), then per token one vec4 of h (the same
+    address for every thread) and four vec4 multiply-adds. ``save_h``: the
+    workgroups of column block 0 write h.
+    """
+    if rank % 4 or out_dim % 4:
+        raise ValueError(f"tiled_b_add: rank ({rank}) and out_dim ({out_dim}) must be "
+                         f"multiples of 4")
+    quads, threads = rank // 4, B_ADD_THREADS
+    hp = m.declare_input_buffer("hp", vec4f, None if tokens is None else splits * tokens * quads)
+    Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
+    out = output_buffer(m, token_rows(tokens, out_dim), dtype, quad=True)
+    h = m.declare_output_buffer("h", vec4f, None if tokens is None else tokens * quads) \
+        if save_h else None
+    n, t0 = _tile_origin(m, tokens, tile_tokens)
+    hw = m.shared(vec4f, tile_tokens * quads, "hw")
+    with m.loop(m.local_index(), tile_tokens * quads, threads, name="j") as j:
+        t = m.let(B.min(t0 + j / quads, n - 1), "t")
+        q = m.let(j % quads, "q")
+        total = hp[t * quads + q]
+        for s in range(1, splits):
+            total = total + hp[(s * n + t) * quads + q]
+        total = m.let(total, "hsum")
+        hw[j] = scale * total
+        if save_h:
+            with m.if_((t0 + j / quads < n) & (m.workgroup_id().y == 0)):
+                h[t * quads + q] = total
+    m.barrier()
+    c4 = m.let(m.workgroup_id().y * threads + m.local_index(), "c4")  # columns 4 c4 .. 4 c4 + 3
+    with m.if_(c4 < out_dim // 4):
+        accs = [m.var(vec4f, vec4f(0.0), f"acc{k}") for k in range(tile_tokens)]
+        with m.loop(0, quads, name="q") as q:
+            bs = [m.let(widen(Bm[(c4 * 4 + c) * quads + q]), f"b{c}") for c in range(4)]
+            # bt[j] = B[4 c4 .. 4 c4 + 3, 4 q + j]: then each token is 4 vec4 multiply-adds
+            bt = [m.let(vec4f(*[getattr(b, "xyzw"[j]) for b in bs]), f"bt{j}") for j in range(4)]
+            for k in range(tile_tokens):
+                hv = m.let(hw[k * quads + q], "hv")
+                for j in range(4):
+                    accs[k] += getattr(hv, "xyzw"[j]) * bt[j]
+        ragged = not isinstance(n, int) or n % tile_tokens
+        for k in range(tile_tokens):
+            d = m.let((B.min(t0 + k, n - 1) if ragged else t0 + k) * (out_dim // 4) + c4, f"d{k}")
+            if ragged:
+                with m.if_(t0 + k < n):
+                    store_output(out, d, widen(out[d]) + accs[k])
+            else:
+                store_output(out, d, widen(out[d]) + accs[k])

@@ -14,8 +14,8 @@ import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
 from .common import ceil_div
-from .forward import (add_scaled, fused_b_add, fused_forward, project_a_seed, project_a_workgroup,
-                      project_b, tiled_forward)
+from .forward import (B_ADD_THREADS, add_scaled, fused_b_add, fused_forward, gemm_tile_tokens, project_a_seed,
+                      project_a_tiled, project_a_workgroup, project_b, tiled_b_add, tiled_forward)
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,15 @@ KERNELS = {spec.name: spec for spec in (
     KernelSpec("tiled_forward", tiled_forward, lambda p: p["threads"],
                lambda p: (ceil_div(p["tokens"], p["tile_tokens"]), 1, 1),
                "output += scale * B @ (A @ x), one dispatch, a tile of tokens per workgroup"),
+    KernelSpec("project_a_tiled", project_a_tiled, lambda p: p["threads"],
+               lambda p: (ceil_div(p["tokens"], gemm_tile_tokens(p["rank"], p["threads"])),
+                          p["splits"], 1),
+               "h = A @ x as a matrix product: 4 x 4 per thread, in slices of in_dim"),
+    KernelSpec("tiled_b_add", tiled_b_add, lambda p: B_ADD_THREADS,
+               lambda p: (ceil_div(p["tokens"], p["tile_tokens"]),
+                          ceil_div(p["out_dim"], 4 * B_ADD_THREADS), 1),
+               "output += scale * B @ h (the slices of project_a_tiled summed), a tile of "
+               "tokens and a block of columns per workgroup"),
 )}
 
 
