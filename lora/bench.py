@@ -14,7 +14,8 @@ case, so a run cut short keeps what it measured. Training steps
 (lora.bench_train) follow the forward cases unless ``--train no``.
 
 ``--tokens-sweep`` times a serving loop of varying token counts instead
-(lora.bench_sweep).
+(lora.bench_sweep); ``--profile`` splits forwards into dispatches and phases
+(lora.bench_profile).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from . import bench_train, reference
+from .bench_profile import profile_main
 from .bench_sweep import sweep_main
 from .bench_train import NUMPY_DTYPES, SCALE
 from .plan import Plan
@@ -368,6 +370,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-sweep", action="store_true",
                    help="time a serving loop of varying token counts (1..8192) end to end, "
                         "run-time T against T baked per count (and PyTorch eager)")
+    p.add_argument("--profile", action="store_true",
+                   help="where a forward's time goes: each dispatch and phase of several "
+                        "strategies alone, and the read-back's pieces (lora.bench_profile)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -392,6 +397,9 @@ def main(argv=None) -> int:
         p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
     if args.tokens_sweep:
         return sweep_main(args, log)
+    if args.profile:
+        profile_main(args.out, dispatch_floor, log)
+        return 0
 
     grid = dict(QUICK if args.quick else FULL)
     for key in GRID_KEYS:

@@ -1,0 +1,177 @@
+"""``python -m lora bench --profile``: where a forward's time goes, on this GPU.
+
+For each case (rank, token count, dtype; in = out = 2560) every strategy
+listed is timed whole (GPU timestamps, as in ``lora.bench``) and by parts:
+each dispatch of a multi-dispatch plan alone, and the tiled kernel's two
+phases alone (``tiled_forward(phases="h")``: h only, written out;
+``phases="out"``: the output update from a made-up h). Then the latency of
+one forward alone with its read-back, split into its host steps. WebGPU
+has no profiler that reaches inside a dispatch, and wgpu does not expose the
+driver's register counts, so phase ablations are the finest view there is.
+Writes ``profile-<build>.json`` to ``--out``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
+
+from .bench_train import NUMPY_DTYPES, SCALE
+from .plan import Plan, build_steps, record_steps
+from .strategy import Strategy
+from .tuning import time_plan
+from .weight import Weight, wgsl_dtype
+
+DIM = 2560
+CASES = (  # (rank, tokens, dtype, strategies)
+    (64, 4096, "f32", ("tiled:512:16:4:loop", "gemm:256:16:4", "gemm:256:16:8", "gemm:256:32:8")),
+    (64, 512, "f32", ("tiled:256:4", "gemm:256:8:16", "gemm:128:16:16", "gemm:256:16:16")),
+    (16, 4096, "f32", ("tiled:512:16", "gemm:64:16:8", "gemm:128:16:8")),
+    (8, 4096, "f32", ("tiled:512:16:loop", "tiled:512:16:q")),
+    (8, 4096, "f16", ("tiled:512:16:loop", "tiled:512:16:q")),
+    (8, 1, "f32", ("fused:256:1", "fused:512:1:sg")),
+)
+
+
+class _Steps:
+    """Some steps of a plan, with the ``record`` the timers call."""
+
+    def __init__(self, device, steps, buffers):
+        self.device, self.steps, self.buffers = device, steps, buffers
+
+    def record(self, x_buf, out_buf):
+        record_steps(self.device, self.steps, self.buffers)
+
+
+def _problem(device, rank, tokens, dtype):
+    rng = np.random.default_rng(rank * 7 + tokens)
+    npdt = NUMPY_DTYPES[dtype]
+    a = (rng.standard_normal((rank, DIM)) / np.sqrt(DIM)).astype(npdt)
+    b = rng.standard_normal((DIM, rank)).astype(npdt)
+    weight = Weight.from_numpy(device, a, b, dtype=npdt)
+    x = device.buffer(rng.standard_normal((tokens, DIM)).astype(npdt))
+    out = device.buffer(rng.standard_normal((tokens, DIM)).astype(npdt))
+    return weight, x, out
+
+
+def _parts(device, plan, x, out, tokens) -> dict:
+    """Microseconds of each dispatch alone, and of the tiled kernel's phases."""
+    buffers = {"A": plan.a, "B": plan.b, "x": x, "output": out, **plan.scratch}
+    parts = {}
+    if plan.dispatches > 1:
+        for i, step in enumerate(plan.steps):
+            parts[f"{i}:{step.kernel.name}"] = time_plan(
+                device, _Steps(device, [step], buffers), x, out, 20, repeats=3)
+    if plan.strategy.name == "tiled":
+        (name, params), = plan.strategy.kernels(plan.rank, plan.in_dim, plan.out_dim,
+                                                plan.scale, tokens, wgsl_dtype(plan.dtype))
+        h = device.empty((tokens, plan.rank), np.float32)
+        sizes = plan._sizes(tokens)
+        for phase in ("h", "out"):
+            steps = build_steps(device, [(name, dict(params, phases=phase))], sizes)
+            parts[f"phase {phase}"] = time_plan(
+                device, _Steps(device, steps, dict(buffers, h=h)), x, out, 20, repeats=3)
+        device.release(h)
+    return parts
+
+
+def profile_case(device, rank, tokens, dtype, strategies, log) -> dict:
+    weight, x, out = _problem(device, rank, tokens, dtype)
+    row = {"rank": rank, "tokens": tokens, "dtype": dtype, "in_dim": DIM, "out_dim": DIM,
+           "strategies": {}}
+    for text in strategies:
+        try:
+            plan = Plan(device, weight, SCALE, tokens, Strategy.parse(text))
+        except Exception as e:  # over this device's limits: say so, go on
+            row["strategies"][text] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"  {text}: {type(e).__name__}: {e}")
+            continue
+        entry = {"us": time_plan(device, plan, x, out, 20)}
+        entry.update(_parts(device, plan, x, out, tokens))
+        row["strategies"][text] = entry
+        plan.release()
+        log(f"{dtype} r={rank} T={tokens} {text}: " +
+            ", ".join(f"{k} {v:.2f}" for k, v in entry.items()))
+    for buf in (x, out, weight.a, weight.b):
+        device.release(buf)
+    return row
+
+
+def read_latency(device, log, repeats: int = 200) -> dict:
+    """Wall microseconds (median) of one T = 1 forward with its read-back, and
+    of the pieces: recording and submitting it, a read alone of an idle buffer,
+    and waiting for the queue."""
+    weight, x, out = _problem(device, 8, 1, "f32")
+    plan = Plan(device, weight, SCALE, 1, Strategy.parse("fused:256:1"))
+
+    def median(fn):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+    def alone_read(read):
+        def run():
+            with device.batch():
+                plan.record(x, out)
+                read(out)
+        return run
+
+    def submit_sync():
+        plan.record(x, out)
+        device.sync()
+
+    res = {"forward + read": median(alone_read(device.read)),
+           "forward + read (map_sync)": median(alone_read(lambda b: _read_map_sync(device, b))),
+           "read alone": median(lambda: device.read(out)),
+           "read alone (map_sync)": median(lambda: _read_map_sync(device, out)),
+           "forward + sync": median(submit_sync), "sync alone": median(device.sync),
+           "record + submit": median(lambda: plan.record(x, out))}
+    device.sync()
+    log("read-back (us): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
+    for buf in (x, out, weight.a, weight.b):
+        device.release(buf)
+    return res
+
+
+def _read_map_sync(device, buf):
+    """device.read as it was before readback.map_read: wgpu-py's map_sync."""
+    import wgpu
+    size = buf.wgpu_buffer.size
+    device.read(buf)  # makes the staging buffer
+    device._recorder.copy(buf.wgpu_buffer, device._staging, size)
+    device._recorder.flush()
+    device._staging.map_sync(wgpu.MapMode.READ, 0, size)
+    try:
+        raw = device._staging.read_mapped(0, size)
+    finally:
+        device._staging.unmap()
+    return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
+
+
+def profile_main(out_dir: str, dispatch_floor, log=print) -> dict:
+    """Every case of CASES and the read-back; ``dispatch_floor(device)`` is
+    lora.bench's (passed in: lora.bench calls this module)."""
+    device = get_device()
+    result = {"adapter": device.name, "backend": device.backend, "build": WGPU_BUILD,
+              "compiler": COMPILER, "floor_us": dispatch_floor(device), "cases": []}
+    log(f"{device.name} ({device.backend}), {WGPU_BUILD}: dispatch floor "
+        f"{result['floor_us']:.2f} us")
+    path = os.path.join(out_dir, f"profile-{WGPU_BUILD}.json")
+    os.makedirs(out_dir, exist_ok=True)
+    result["read"] = read_latency(device, log)
+    for rank, tokens, dtype, strategies in CASES:
+        if dtype == "f16" and not device.has_feature("shader-f16"):
+            log(f"f16 cases skipped: {device.name!r} lacks shader-f16")
+            continue
+        result["cases"].append(profile_case(device, rank, tokens, dtype, strategies, log))
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
