@@ -498,9 +498,10 @@ def tiled_b_add(m, out_dim, rank, scale, tokens, tile_tokens=16, splits=1, dtype
     h (the sum of project_a_tiled's ``splits`` slices, times scale) is staged
     in workgroup memory; each thread keeps a vec4 of outputs per token of the
     tile in registers and walks the ranks four at a time: four vec4 loads of
-    B (transposed in registers), then per token one vec4 of h (the same
-    address for every thread) and four vec4 multiply-adds. ``save_h``: the
-    workgroups of column block 0 write h.
+    B (transposed in registers; the next four are loaded before this step's
+    arithmetic), then per token one vec4 of h (the same address for every
+    thread) and four vec4 multiply-adds. ``save_h``: the workgroups of column
+    block 0 write h.
     """
     if rank % 4 or out_dim % 4:
         raise ValueError(f"tiled_b_add: rank ({rank}) and out_dim ({out_dim}) must be "
@@ -528,8 +529,12 @@ def tiled_b_add(m, out_dim, rank, scale, tokens, tile_tokens=16, splits=1, dtype
     c4 = m.let(m.workgroup_id().y * threads + m.local_index(), "c4")  # columns 4 c4 .. 4 c4 + 3
     with m.if_(c4 < out_dim // 4):
         accs = [m.var(vec4f, vec4f(0.0), f"acc{k}") for k in range(tile_tokens)]
+        ahead = [m.var(vec4f, widen(Bm[(c4 * 4 + c) * quads]), f"next{c}") for c in range(4)]
         with m.loop(0, quads, name="q") as q:
-            bs = [m.let(widen(Bm[(c4 * 4 + c) * quads + q]), f"b{c}") for c in range(4)]
+            bs = [m.let(b, f"b{c}") for c, b in enumerate(ahead)]
+            with m.if_(q + 1 < quads):  # the next rank quad's B in flight during this one's work
+                for c in range(4):
+                    m.assign(ahead[c], widen(Bm[(c4 * 4 + c) * quads + q + 1]))
             # bt[j] = B[4 c4 .. 4 c4 + 3, 4 q + j]: then each token is 4 vec4 multiply-adds
             bt = [m.let(vec4f(*[getattr(b, "xyzw"[j]) for b in bs]), f"bt{j}") for j in range(4)]
             for k in range(tile_tokens):
