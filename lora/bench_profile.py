@@ -165,7 +165,7 @@ def profile_main(out_dir: str, dispatch_floor, log=print) -> dict:
               "compiler": COMPILER, "floor_us": dispatch_floor(device), "cases": []}
     log(f"{device.name} ({device.backend}), {WGPU_BUILD}: dispatch floor "
         f"{result['floor_us']:.2f} us")
-    path = os.path.join(out_dir, f"profile-{WGPU_BUILD}.json")
+    path = os.path.join(out_dir, f"profile-{COMPILER}.json")
     os.makedirs(out_dir, exist_ok=True)
     result["read"] = read_latency(device, log)
     for rank, tokens, dtype, strategies in CASES:

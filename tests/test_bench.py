@@ -141,3 +141,25 @@ def test_tokens_sweep_quick(tmp_path):
     result = json.loads(next(tmp_path.glob("tokens-sweep-*.json")).read_text())
     case = result["rows"][0]
     assert case["runtime"]["modules"] == 0 and case["runtime"]["pipelines"] == 0
+
+
+def test_profile_small(tmp_path, monkeypatch, device):
+    """``bench --profile`` on small shapes: every strategy timed whole, the
+    multi-dispatch ones by dispatch, tiled by phase, and the read-back's pieces."""
+    from lora import bench_profile
+    monkeypatch.setattr(bench_profile, "DIM", 64)
+    monkeypatch.setattr(bench_profile, "CASES", (
+        (8, 32, "f32", ("tiled:64:8", "gemm:64:8:2", "fused:64:2", "tiled:8:8:too-many")),))
+    assert bench.main(["--profile", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / f"profile-{COMPILER}.json").read_text())
+    assert result["adapter"] == device.name and result["build"] == WGPU_BUILD
+    assert set(result["read"]) >= {"forward + read", "read alone", "sync alone",
+                                   "read alone (map_sync)", "record + submit"}
+    assert all(positive(v) for v in result["read"].values())
+    (case,) = result["cases"]
+    strategies = case["strategies"]
+    assert set(strategies["tiled:64:8"]) == {"us", "phase h", "phase out"}
+    assert set(strategies["gemm:64:8:2"]) == {"us", "0:project_a_tiled", "1:tiled_b_add"}
+    assert set(strategies["fused:64:2"]) == {"us"}
+    assert "error" in strategies["tiled:8:8:too-many"]
+    assert all(positive(v) for s in list(strategies.values())[:3] for v in s.values())
