@@ -57,8 +57,10 @@ def copy_kernel(m, n4):
         dst[i] = src[i]
 
 
-def copy_bandwidth(device, mib: int) -> float:
-    """GB/s (read + write) of a vec4 copy kernel over ``mib`` MiB."""
+def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
+    """GB/s (read + write) of a vec4 copy kernel over ``mib`` MiB, after
+    ``warm_up_s`` seconds of copies (an idle GPU's clocks take a while to rise:
+    optimisation notes 16 and 27)."""
     n4 = mib * (1 << 20) // 16
     k = sd.compile(copy_kernel, 256, n4=n4)
     src = device.buffer(np.ones(n4 * 4, np.float32))
@@ -80,6 +82,9 @@ def copy_bandwidth(device, mib: int) -> float:
 
     per_copy = batch(4)
     copies = max(4, min(200, int(MIN_BATCH_NS / max(per_copy, 1.0)) + 1))  # Dawn's 65.5 us quanta
+    until = time.perf_counter() + warm_up_s
+    while time.perf_counter() < until:
+        batch(copies)
     gbps = 2 * src.nbytes / statistics.median([batch(copies) for _ in range(5)])
     device.release(src)
     device.release(dst)
@@ -260,7 +265,7 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str 
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
-    copy = copy_bandwidth(device, 16 if quick else 512)
+    copy = copy_bandwidth(device, 16 if quick else 512, 0.0 if quick else 3.0)
     floor = dispatch_floor(device, 50 if quick else 2000)
     log(f"copy bandwidth: {copy:.0f} GB/s; dependent-dispatch floor: {floor:.2f} us")
     dtypes = list(grid["dtypes"])

@@ -48,7 +48,7 @@ class Strategy:
     token_block: int = 1  # tiled: tokens per thread while computing h
     projection: str = "workgroup"  # three/split: project_a by a workgroup per token, or "seed"
     splits: int = 1  # gemm: slices of in_dim that project_a_tiled sums separately
-    quad: bool = False  # tiled/gemm: four adjacent output columns per thread ("q" in the text)
+    quad: bool = False  # tiled: four adjacent output columns per thread ("q" in the text)
 
     def __post_init__(self):
         if self.name not in STRATEGIES:

@@ -311,7 +311,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     Each thread sums a strided slice of in_dim for ``token_block`` tokens at
     once (each load of A serves them all) and for all ranks, or, when that
     would be more than MAX_BLOCK_ACCS accumulators, for a group of ranks; the
-    threads sharing (tokens, ranks) then reduce. Phase 2 (``tile_columns``):
+    threads sharing (tokens, ranks) then reduce. Phase 2 (``_phase_out``):
     each thread owns output columns (``quad``: four adjacent ones, read and
     written as vec4); it loads their rows of B once and updates them for
     every token of the tile. A and B are read once per tile (per token block
@@ -325,7 +325,8 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     w, per, rank_groups, lanes = _tile_shape(rank, threads, tile_tokens, token_block)
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x = input_matrix(m, "x", tokens, in_dim, dtype)[0] if phases != "out" else None
-    Bm, out = tile_outputs(m, rank, out_dim, tokens, dtype, quad) if phases != "h" else (0, 0)
+    Bm, out = (None, None) if phases == "h" else \
+        _tile_outputs(m, rank, out_dim, tokens, dtype, quad)
     h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) \
         if save_h or phases == "h" else None
     n, t0 = _tile_origin(m, tokens, tile_tokens)
@@ -341,7 +342,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
                                scale, (h, t0, n) if h is not None else None)
         tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
     if phases != "h":
-        tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll)
+        _phase_out(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll)
 
 
 def _tile_origin(m, tokens, tile_tokens):
@@ -355,7 +356,7 @@ def _tile_origin(m, tokens, tile_tokens):
     return tokens, m.let(m.workgroup_id().x * tile_tokens, "t0")
 
 
-def tile_outputs(m, rank, out_dim, tokens, dtype, quad):
+def _tile_outputs(m, rank, out_dim, tokens, dtype, quad):
     """B and the output buffer of phase 2 (``quad``: the output as vec4)."""
     if quad and out_dim % 4:
         raise ValueError(f"quad columns need out_dim divisible by 4, got {out_dim}")
@@ -363,7 +364,7 @@ def tile_outputs(m, rank, out_dim, tokens, dtype, quad):
     return Bm, output_buffer(m, token_rows(tokens, out_dim), dtype, quad=quad)
 
 
-def tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll):
+def _phase_out(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, quad, unroll):
     """Phase 2 of a tile: output[t0 + k, :] += B @ hw[k] for every token k < n of
     the tile, with ``hw`` (scale * h, in workgroup memory) complete."""
     column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, quad)
@@ -439,8 +440,8 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32")
         for k in range(chunk):
             xv = m.let(xs[k * (tm // 4) + tr], "xv")
             av = m.let(at[k * quads + tx], "av")
-            for i in range(4):
-                accs[i] += getattr(xv, "xyzw"[i]) * av
+            for i in range(4):  # fma: one instruction per multiply-add, whatever the driver fuses
+                m.assign(accs[i], B.fma(vec4f(getattr(xv, "xyzw"[i])), av, accs[i]))
     for i in range(4):
         t = m.let(t0 + ty * 4 + i, f"t{i}")
         with m.if_((t < n) & (ty < tm // 4) if spare else t < n):
@@ -540,7 +541,7 @@ def tiled_b_add(m, out_dim, rank, scale, tokens, tile_tokens=16, splits=1, dtype
             for k in range(tile_tokens):
                 hv = m.let(hw[k * quads + q], "hv")
                 for j in range(4):
-                    accs[k] += getattr(hv, "xyzw"[j]) * bt[j]
+                    m.assign(accs[k], B.fma(vec4f(getattr(hv, "xyzw"[j])), bt[j], accs[k]))
         ragged = not isinstance(n, int) or n % tile_tokens
         for k in range(tile_tokens):
             d = m.let((B.min(t0 + k, n - 1) if ragged else t0 + k) * (out_dim // 4) + c4, f"d{k}")

@@ -189,23 +189,21 @@ class Device(checks.HostDevice):
         (``readback.map_read``: no extra submit, no polling thread).
         """
         self._own(buf, "read")
-        raw = self._read_raw(buf.wgpu_buffer, buf.wgpu_buffer.size)
+        size = buf.wgpu_buffer.size
+        self._recorder.copy(buf.wgpu_buffer, self._staging_for(size), size)
+        self._recorder.flush()
+        raw = self._map_staging(size)
         return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
 
-    def _read_raw(self, wbuf, size: int) -> memoryview:
-        """The first ``size`` bytes of ``wbuf``, after everything recorded."""
-        staging = self._staging_for(size)
-        self._recorder.copy(wbuf, staging, size)
-        self._recorder.flush()
-        return self._map_staging(size)
-
     def _staging_for(self, size: int):
+        """The reused MAP_READ buffer, grown to hold ``size`` bytes."""
         if self._staging is None or self._staging.size < size:
             self._staging = self.wgpu_device.create_buffer(
                 size=max(size, 4096), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         return self._staging
 
     def _map_staging(self, size: int) -> memoryview:
+        """A copy of the staging buffer's first ``size`` bytes (its copy submitted)."""
         map_read(self.wgpu_device, self._staging, size)
         try:
             return self._staging.read_mapped(0, size)
