@@ -178,6 +178,7 @@ def fused_forward(m, rank, in_dim, out_dim, scale, tokens=1, threads=256,
 
 
 MAX_BLOCK_ACCS = 64  # accumulators per thread in tiled_forward's phase 1 before ranks are split
+QUAD_MAX_RANK = 16  # tiled_forward's quad columns: four rows of B in registers per thread
 
 
 def _rank_split(rank: int, token_block: int, w: int) -> tuple[int, int]:
@@ -358,8 +359,10 @@ def _tile_origin(m, tokens, tile_tokens):
 
 def _tile_outputs(m, rank, out_dim, tokens, dtype, quad):
     """B and the output buffer of phase 2 (``quad``: the output as vec4)."""
-    if quad and out_dim % 4:
-        raise ValueError(f"quad columns need out_dim divisible by 4, got {out_dim}")
+    if quad and (out_dim % 4 or rank > QUAD_MAX_RANK):
+        raise ValueError(f"quad columns need out_dim divisible by 4 and rank at most "
+                         f"{QUAD_MAX_RANK} (four rows of B per thread), got out_dim {out_dim}, "
+                         f"rank {rank}; the gemm strategy suits higher ranks")
     Bm, _ = input_matrix(m, "B", out_dim, rank, dtype)
     return Bm, output_buffer(m, token_rows(tokens, out_dim), dtype, quad=quad)
 
@@ -440,8 +443,8 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32")
         for k in range(chunk):
             xv = m.let(xs[k * (tm // 4) + tr], "xv")
             av = m.let(at[k * quads + tx], "av")
-            for i in range(4):  # fma: one instruction per multiply-add, whatever the driver fuses
-                m.assign(accs[i], B.fma(vec4f(getattr(xv, "xyzw"[i])), av, accs[i]))
+            for i in range(4):
+                accs[i] += getattr(xv, "xyzw"[i]) * av
     for i in range(4):
         t = m.let(t0 + ty * 4 + i, f"t{i}")
         with m.if_((t < n) & (ty < tm // 4) if spare else t < n):
@@ -541,7 +544,7 @@ def tiled_b_add(m, out_dim, rank, scale, tokens, tile_tokens=16, splits=1, dtype
             for k in range(tile_tokens):
                 hv = m.let(hw[k * quads + q], "hv")
                 for j in range(4):
-                    m.assign(accs[k], B.fma(vec4f(getattr(hv, "xyzw"[j])), bt[j], accs[k]))
+                    accs[k] += getattr(hv, "xyzw"[j]) * bt[j]
         ragged = not isinstance(n, int) or n % tile_tokens
         for k in range(tile_tokens):
             d = m.let((B.min(t0 + k, n - 1) if ragged else t0 + k) * (out_dim // 4) + c4, f"d{k}")
