@@ -169,8 +169,9 @@ def lora_entries() -> list[Entry]:
             threads=(64, 256)[n % 2], splits=1 + n % 3, dtype=dt)
         add("tiled_b_add", out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"],
             tile_tokens=(4, 16)[n % 2], splits=1 + n % 3, dtype=dt, save_h=bool(n % 2))
-        add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, quad=True,
-            unroll=bool(n % 2), dtype=dt)
+        if rank <= 16:
+            add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, quad=True,
+                unroll=bool(n % 2), dtype=dt)
     _training_entries(add)
     return out
 
