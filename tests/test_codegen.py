@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
 from shaderdsl import builtins as B
-from shaderdsl import f16, f32, i32, u32, bool_, vec2f, vec3u, vec4f, vec4h, vec4u, array, atomic
+from shaderdsl import f16, f32, i32, u32, vec2f, vec3u, vec4f, vec4h, vec4u, array, atomic
 from shaderdsl.emit import float_text
 
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import shaderdsl as sd
-from shaderdsl import builtins as B
 from shaderdsl import collectives as C
 from shaderdsl import f32, i32, u32
 from shaderdsl.errors import ShaderTypeError

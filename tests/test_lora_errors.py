@@ -263,7 +263,7 @@ def test_released_buffer_after_a_cached_call(device, setup):
 
 
 def test_buffer_of_another_device(device, setup):
-    from shaderdsl.runtime import get_device, list_adapters
+    from shaderdsl.runtime import list_adapters
 
     others = [a for a in list_adapters() if a["backend"] != device.backend]
     if not others:

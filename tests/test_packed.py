@@ -40,7 +40,7 @@ from hypothesis import given, settings, strategies as st
 
 import shaderdsl as sd
 from shaderdsl import builtins as B
-from shaderdsl import f32, i32, u32, vec2f, vec4f, vec4i, vec4u
+from shaderdsl import f32, i32, u32, vec4f, vec4i, vec4u
 from shaderdsl.errors import ShaderTypeError
 from shaderdsl.interp import Interpreter
 from shaderdsl.ops import BUILTINS

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shaderdsl as sd
-from shaderdsl import BindingError, f16, f32, i32, u32, vec2u, vec4f
+from shaderdsl import BindingError, f16, f32, i32, vec2u, vec4f
 from shaderdsl import builtins as B
 from examples.bench_params import Sorter, bitonic, main as bench_main, passes
 
