@@ -391,8 +391,9 @@ def gemm_tile_tokens(rank: int, threads: int) -> int:
 def gemm_chunk(rank: int, in_dim: int, threads: int) -> int:
     """Columns of x and A staged per step: the most of 32, 16, 8, 4 that divides
     in_dim and fits both tiles in workgroup memory."""
+    tile_rows = gemm_tile_tokens(rank, threads) + rank
     for chunk in (32, 16, 8, 4):
-        if in_dim % chunk == 0 and chunk * (gemm_tile_tokens(rank, threads) + rank) <= SHARED_FLOATS:
+        if in_dim % chunk == 0 and chunk * tile_rows <= SHARED_FLOATS:
             return chunk
     raise ValueError(f"project_a_tiled: in_dim ({in_dim}) must be a multiple of 4 and "
                      f"{threads} threads at rank {rank} must fit {SHARED_FLOATS} floats")
