@@ -160,8 +160,9 @@ def copy_size(src, dst, nbytes) -> int:
 
 class HostDevice:
     """What the GPU, interpreter and browser devices share of the host API and
-    its checks; each has ``features``, ``_depth`` (open batches), ``empty`` and
-    ``dispatch``."""
+    its checks; each has ``features``, ``stats``, ``_depth`` (open batches),
+    ``empty``, ``dispatch``, and ``_copy`` and ``_release`` for the device's own
+    part of copy() and release()."""
 
     def has_feature(self, name: str) -> bool:
         return name in self.features
@@ -171,6 +172,23 @@ class HostDevice:
 
     def _own(self, buf, what: str) -> None:
         live_buffer(buf, self, what, kind=None)
+
+    def copy(self, src, dst, nbytes: int | None = None) -> None:
+        """Copy the first ``nbytes`` (default all of src) of src into dst."""
+        self._own(src, "copy source")
+        self._own(dst, "copy destination")
+        nbytes = copy_size(src, dst, nbytes)
+        if nbytes:
+            self.stats["copies"] += 1
+            self._copy(src, dst, nbytes)
+
+    def release(self, buf) -> None:
+        """Free ``buf`` now (after the work recorded so far); using it afterwards
+        raises BindingError. Releasing it twice does nothing."""
+        if isinstance(buf, DeviceBuffer) and buf.released:
+            return
+        self._own(buf, "release")
+        self._release(buf)
 
     def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
         """Dispatch enough workgroups along x to cover ``n`` invocations."""

@@ -211,23 +211,12 @@ class Device(checks.HostDevice):
         self.stats["bytes_down"] += sum(map(len, pieces))
         return decode(pieces, buf.dtype, buf.shape, buf.size)
 
-    def release(self, buf: Buffer) -> None:
-        """Destroy ``buf`` now (after the work recorded so far)."""
-        if isinstance(buf, Buffer) and buf.released:
-            return
-        self._own(buf, "release")
+    def _release(self, buf: Buffer) -> None:
         buf.freed = True
         self._ops.append({"op": "release", "id": buf.id})
         self._send()
 
-    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
-        """Copy the first ``nbytes`` (default all of src) of src into dst."""
-        self._own(src, "copy source")
-        self._own(dst, "copy destination")
-        nbytes = checks.copy_size(src, dst, nbytes)
-        if nbytes == 0:
-            return
-        self.stats["copies"] += 1
+    def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         self._ops.append({"op": "copy", "src": src.id, "dst": dst.id, "n": nbytes})
         if not self._depth:
             self._send()

@@ -114,23 +114,11 @@ class Device(checks.HostDevice):
         self._flush()
         return buf.array.copy()
 
-    def release(self, buf: Buffer) -> None:
-        """Free ``buf`` now; using it afterwards raises BindingError."""
-        if isinstance(buf, Buffer) and buf.released:
-            return
-        self._own(buf, "release")
+    def _release(self, buf: Buffer) -> None:
         self._flush()
         buf.memory = None
 
-    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
-        """Copy the first ``nbytes`` (default all of src) of src into dst."""
-        self._own(src, "copy source")
-        self._own(dst, "copy destination")
-        nbytes = checks.copy_size(src, dst, nbytes)
-        if nbytes == 0:
-            return
-        self.stats["copies"] += 1
-
+    def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         def run():
             dst.memory[:nbytes] = src.memory[:nbytes]
         self._record(run)

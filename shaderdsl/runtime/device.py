@@ -210,24 +210,14 @@ class Device(checks.HostDevice):
         finally:
             self._staging.unmap()
 
-    def release(self, buf: Buffer) -> None:
-        """Destroy ``buf`` now and drop every cached bind group that holds it."""
-        if isinstance(buf, Buffer) and buf.released:
-            return
-        self._own(buf, "release")
+    def _release(self, buf: Buffer) -> None:
+        """Destroy ``buf`` and drop every cached bind group that holds it."""
         self._recorder.flush()  # recorded commands may still use it
         self._cache.forget_buffer(buf.id)
         wbuf, buf.wgpu_buffer = buf.wgpu_buffer, None
         wbuf.destroy()
 
-    def copy(self, src: Buffer, dst: Buffer, nbytes: int | None = None) -> None:
-        """Copy the first ``nbytes`` (default all of src) of src into dst."""
-        self._own(src, "copy source")
-        self._own(dst, "copy destination")
-        nbytes = checks.copy_size(src, dst, nbytes)
-        if nbytes == 0:
-            return
-        self.stats["copies"] += 1
+    def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         self._recorder.copy(src.wgpu_buffer, dst.wgpu_buffer, nbytes)
         if not self._depth:
             self._recorder.flush()
