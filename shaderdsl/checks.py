@@ -220,6 +220,14 @@ class DeviceBuffer:
     usage_kind: str
     name: str | None
 
+    def _describe(self, device, shape, dtype, usage_kind: str, name, ids) -> None:
+        """The fields every device's buffer sets: device, shape, dtype, sizes,
+        kind, name, and the next id from the device module's counter ``ids``."""
+        self.device, self.shape, self.dtype = device, tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * self.dtype.itemsize
+        self.id, self.usage_kind, self.name = next(ids), usage_kind, name
+
     @property
     def released(self) -> bool:
         raise NotImplementedError

@@ -52,14 +52,7 @@ class Buffer(DeviceBuffer):
 
     def __init__(self, device, shape: tuple, dtype: np.dtype, usage_kind: str, padded: int,
                  name: str | None = None):
-        self.device = device
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.nbytes = self.size * dtype.itemsize
-        self.id = next(_ids)
-        self.usage_kind = usage_kind
-        self.name = name
+        self._describe(device, shape, dtype, usage_kind, name, _ids)
         self.padded = padded
         self.generation = device.generation
         self.freed = False

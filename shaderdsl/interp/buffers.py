@@ -29,17 +29,10 @@ class Buffer(DeviceBuffer):
                  "name", "__weakref__")
 
     def __init__(self, device, array: np.ndarray, usage_kind: str, name: str | None = None):
-        self.device = device
-        self.shape = tuple(array.shape)
-        self.dtype = array.dtype
-        self.size = int(array.size)
-        self.nbytes = int(array.nbytes)
+        self._describe(device, array.shape, array.dtype, usage_kind, name, _ids)
         self.memory = np.zeros(padded_size(self.nbytes, 16 if usage_kind == "uniform" else 4),
                                np.uint8)
         self.memory[:self.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        self.id = next(_ids)
-        self.usage_kind = usage_kind
-        self.name = name
 
     @property
     def released(self) -> bool:

@@ -49,15 +49,8 @@ class Buffer(DeviceBuffer):
 
     def __init__(self, device, wgpu_buffer, shape: tuple, dtype: np.dtype, usage_kind: str,
                  name: str | None = None):
-        self.device = device
+        self._describe(device, shape, dtype, usage_kind, name, _ids)
         self.wgpu_buffer = wgpu_buffer
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.nbytes = self.size * dtype.itemsize
-        self.id = next(_ids)
-        self.usage_kind = usage_kind
-        self.name = name
 
     @property
     def released(self) -> bool:
