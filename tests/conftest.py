@@ -37,6 +37,20 @@ def device():
 
 
 @pytest.fixture(scope="session")
+def sub_ok(device):
+    """Whether the test device has the 'subgroup' feature."""
+    return device.has_feature("subgroup")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh, empty LoRA tuning cache and no forced strategy."""
+    monkeypatch.setenv("SHADERDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LORA_STRATEGY", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
 def naga(device):
     """Compile a Kernel's WGSL and pipeline on the test device (naga under wgpu-native);
     skips, with the reason, when the adapter lacks a feature the kernel needs."""

@@ -37,11 +37,6 @@ def needs_f16(device):
         pytest.skip(f"adapter {device.name!r} ({device.backend}) lacks shader-f16")
 
 
-@pytest.fixture(scope="module")
-def sub_ok(device):
-    return device.has_feature("subgroup")
-
-
 def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
     """Random float16 A, B, x, base; A scaled by 1/sqrt(in_dim) as a trained
     adapter's would be, so sums stay far from float16's 65504."""

@@ -84,11 +84,6 @@ def assert_close(got, want, tol, what=""):
                            f"tol {tol[tuple(bad[0])]}")
 
 
-@pytest.fixture(scope="module")
-def sub_ok(device):
-    return device.has_feature("subgroup")
-
-
 def variant_kw(variant, sub_ok, in_hypothesis=True):
     if variant == "seed":
         return {"strategy": "seed"}

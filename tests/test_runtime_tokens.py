@@ -29,7 +29,7 @@ from lora.execute import (execute_lora_forward, execute_lora_forward_auto,
 from lora.plan import Plan, PlanAt, split_grid
 from lora.strategy import Strategy
 
-from test_strategies import ALIGNED_TEXTS
+from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom, normal
 
 
 def aligned(strategy, *dims):
@@ -37,15 +37,9 @@ def aligned(strategy, *dims):
     s = Strategy.parse(strategy)
     return tuple(-(-d // 4) * 4 for d in dims) if s.name == "gemm" or s.quad else dims
 
+
 SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-STRATEGY_TEXTS = [
-    "seed", "three:64", "three:32:sg", "three:64:seed", "split:128:seed",
-    "split:64", "split:256", "split:64:sg", "split:64:4", "split:32:3:sg",
-    "fused:64:1", "fused:128:2:loop", "fused:64:1:sg", "fused:32:3:loop:sg", "fused:256:1",
-    "tiled:64:4", "tiled:128:8:loop", "tiled:64:16", "tiled:32:32:loop", "tiled:16:1",
-    "tiled:64:8:4", "tiled:128:16:2:loop",
-]
 FORWARD_KERNELS = ("project_a_seed", "project_a", "project_b", "fused_b_add", "fused_forward",
                    "tiled_forward", "project_a_tiled", "tiled_b_add")
 EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300]
@@ -53,10 +47,6 @@ dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 300))
 scales = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -3.5, 0.125]),
                    st.floats(-16, 16, allow_nan=False, width=32))
 STATS = ("modules", "pipelines")
-
-
-def normal(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
@@ -82,22 +72,6 @@ def check_result(got, a, b, x, base, scale, what):
 def compiles(device) -> dict:
     device.sync()
     return {k: device.stats[k] for k in STATS}
-
-
-@pytest.fixture(scope="module")
-def sub_ok(device):
-    return device.has_feature("subgroup")
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHADERDSL_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("LORA_STRATEGY", raising=False)
-    return tmp_path
-
-
-def boom(*args, **kwargs):
-    raise AssertionError("called where it must not be")
 
 
 # ---------------------------------------------------------------- the kernels

@@ -121,19 +121,6 @@ def check_result(got, a, b, x, base, scale, what):
     assert_close(got, R.forward(x, a, b, scale, base), R.tolerance(x, a, b, scale, base), what)
 
 
-@pytest.fixture(scope="module")
-def sub_ok(device):
-    return device.has_feature("subgroup")
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    """A fresh, empty tuning cache and no forced strategy."""
-    monkeypatch.setenv("SHADERDSL_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("LORA_STRATEGY", raising=False)
-    return tmp_path
-
-
 def boom(*args, **kwargs):
     raise AssertionError("called where it must not be")
 
