@@ -146,14 +146,14 @@ def _read_map_sync(device, buf):
     """device.read as it was before readback.map_read: wgpu-py's map_sync."""
     import wgpu
     size = buf.wgpu_buffer.size
-    device.read(buf)  # makes the staging buffer
-    device._recorder.copy(buf.wgpu_buffer, device._staging, size)
+    staging = device._staging_for(size)
+    device._recorder.copy(buf.wgpu_buffer, staging, size)
     device._recorder.flush()
-    device._staging.map_sync(wgpu.MapMode.READ, 0, size)
+    staging.map_sync(wgpu.MapMode.READ, 0, size)
     try:
-        raw = device._staging.read_mapped(0, size)
+        raw = staging.read_mapped(0, size)
     finally:
-        device._staging.unmap()
+        staging.unmap()
     return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
 
 
