@@ -12,18 +12,16 @@ combination. Nothing here touches a device: a device is anything with
 from __future__ import annotations
 
 import operator
+from types import SimpleNamespace
 
 import numpy as np
 
+from .devicebuffer import DeviceBuffer, describe
 from .errors import AliasingError, BindingError, DispatchError, FeatureError
 from .types import Array, Scalar, Vector, numpy_dtype
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
                     np.dtype(np.uint32))
-
-
-def describe(dtype: np.dtype, shape: tuple) -> str:
-    return f"{np.dtype(dtype).name}{list(shape)}"
 
 
 def check_dtype(dtype, what: str = "buffer") -> np.dtype:
@@ -97,7 +95,7 @@ def uniform_value(kernel, binding, value) -> np.ndarray:
     return arr
 
 
-def refuse_storage_values(kernel, buffers) -> None:
+def _refuse_storage_values(kernel, buffers) -> None:
     """A plain value for a storage binding: say that only uniforms take one."""
     for binding, obj in zip(kernel.bindings, buffers):
         if binding.access != "uniform" and isinstance(obj, (int, float, np.generic)):
@@ -156,104 +154,6 @@ def copy_size(src, dst, nbytes) -> int:
     if nbytes > dst.bound_bytes:
         raise BindingError(f"copy: {nbytes} bytes do not fit {dst!r} ({dst.nbytes} B)")
     return nbytes
-
-
-class HostDevice:
-    """What the GPU, interpreter and browser devices share of the host API and
-    its checks; each has ``features``, ``stats``, ``_depth`` (open batches),
-    ``empty``, ``dispatch``, and ``_copy`` and ``_release`` for the device's own
-    part of copy() and release()."""
-
-    def has_feature(self, name: str) -> bool:
-        return name in self.features
-
-    def zeros(self, shape, dtype, *, name: str | None = None):
-        return self.empty(shape, dtype, name=name)
-
-    def _own(self, buf, what: str) -> None:
-        live_buffer(buf, self, what, kind=None)
-
-    def copy(self, src, dst, nbytes: int | None = None) -> None:
-        """Copy the first ``nbytes`` (default all of src) of src into dst."""
-        self._own(src, "copy source")
-        self._own(dst, "copy destination")
-        nbytes = copy_size(src, dst, nbytes)
-        if nbytes:
-            self.stats["copies"] += 1
-            self._copy(src, dst, nbytes)
-
-    def release(self, buf) -> None:
-        """Free ``buf`` now (after the work recorded so far); using it afterwards
-        raises BindingError. Releasing it twice does nothing."""
-        if isinstance(buf, DeviceBuffer) and buf.released:
-            return
-        self._own(buf, "release")
-        self._release(buf)
-
-    def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
-        """Dispatch enough workgroups along x to cover ``n`` invocations."""
-        try:
-            n = operator.index(n)
-        except TypeError:
-            raise DispatchError(f"kernel {kernel.name!r}: n must be an int, got {n!r}") from None
-        if n < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
-        self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
-
-    @property
-    def in_batch(self) -> bool:
-        return self._depth > 0
-
-
-class DeviceBuffer:
-    """What the checks know of a buffer on some device: the numpy shape and
-    dtype it was made for, its kind ("storage" or "uniform") and whether it
-    has been released. Each device subclasses it."""
-
-    __slots__ = ()
-    device: object
-    shape: tuple
-    dtype: np.dtype
-    size: int
-    nbytes: int
-    id: int
-    usage_kind: str
-    name: str | None
-
-    def _describe(self, device, shape, dtype, usage_kind: str, name, ids) -> None:
-        """The fields every device's buffer sets: device, shape, dtype, sizes,
-        kind, name, and the next id from the device module's counter ``ids``."""
-        self.device, self.shape, self.dtype = device, tuple(shape), np.dtype(dtype)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.nbytes = self.size * self.dtype.itemsize
-        self.id, self.usage_kind, self.name = next(ids), usage_kind, name
-
-    @property
-    def released(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def bound_bytes(self) -> int:
-        """Bytes a binding of this buffer covers (its padded size on the device)."""
-        return self.nbytes
-
-    def read(self) -> np.ndarray:
-        return self.device.read(self)
-
-    def write(self, array) -> None:
-        self.device.write(self, array)
-
-    def release(self) -> None:
-        """Free the buffer's memory now rather than at garbage collection."""
-        self.device.release(self)
-
-    def _state(self) -> str:
-        return " released" if self.released else ""
-
-    def __repr__(self) -> str:
-        label = f" {self.name!r}" if self.name else ""
-        return (f"<Buffer{label} #{self.id} {self.usage_kind} "
-                f"{describe(self.dtype, self.shape)}{self._state()}>")
 
 
 def live_buffer(buf, device, what: str, kind: str | None = "storage", dtype=None, why: str = ""):
@@ -318,6 +218,7 @@ def check_features(what: str, needed, device) -> None:
         f"SHADERDSL_BACKEND or get_device(backend=..., adapter=...).")
 
 # Limits whose names the messages use (wgpu-py spells limits in kebab-case).
+MAX_DYNAMIC_UNIFORMS = "max-dynamic-uniform-buffers-per-pipeline-layout"
 MAX_WORKGROUPS = "max-compute-workgroups-per-dimension"
 MAX_INVOCATIONS = "max-compute-invocations-per-workgroup"
 MAX_WG_SIZE = ("max-compute-workgroup-size-x", "max-compute-workgroup-size-y",
@@ -471,3 +372,25 @@ def check_buffers(kernel, buffers: list, device) -> None:
                 f"kernel {kernel.name!r}: one buffer is bound to {names}; WebGPU forbids binding "
                 f"a buffer more than once when one use writes it. Use a separate output buffer "
                 f"(device.empty/zeros) and copy back if needed.")
+
+
+def check_bound(kernel, buffers: list, device, valued=()) -> None:
+    """What a dispatch binds, on every device: no storage binding takes a plain
+    value; the uniform bindings given plain values (positions ``valued``) each
+    need a dynamic offset, so the kernel's uniform bindings must fit
+    max-dynamic-uniform-buffers-per-pipeline-layout; every Buffer given fits
+    its binding (``check_buffers``)."""
+    _refuse_storage_values(kernel, buffers)
+    if not valued:
+        check_buffers(kernel, buffers, device)
+        return
+    uniforms = sum(b.access == "uniform" for b in kernel.bindings)
+    cap = device.limits.get(MAX_DYNAMIC_UNIFORMS)
+    if cap is not None and uniforms > cap:
+        raise BindingError(
+            f"kernel {kernel.name!r} has {uniforms} uniform bindings, over "
+            f"{MAX_DYNAMIC_UNIFORMS} = {cap} on {device.name!r}: plain values need a dynamic "
+            f"offset for each; give them device.uniform(...) Buffers instead")
+    kept = [i for i in range(len(buffers)) if i not in valued]
+    view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
+    check_buffers(view, [buffers[i] for i in kept], device)

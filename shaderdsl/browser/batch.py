@@ -8,37 +8,32 @@ the end), resolved when the batch ends: ``gpu_time_ns``, as on the GPU device.
 """
 from __future__ import annotations
 
+from ..hostdevice import HostBatch
 
-class Batch:
+
+class Batch(HostBatch):
     """Context manager from ``device.batch()``; nested batches join the outer one."""
 
     def __init__(self, device, timestamps: bool = False):
-        self.device = device
-        self.timestamps = timestamps
+        super().__init__(device, timestamps)
         self.gpu_time_ns: float | None = None
-        self._outer = False
         self._timed = False
 
-    def __enter__(self) -> "Batch":
+    def _begin(self) -> None:
         dev = self.device
-        self._outer = dev._depth == 0
-        if self._outer:
-            dev._send()
-            self._timed = self.timestamps and dev.has_feature("timestamp-query")
-            if self._timed:
-                dev._ops.append({"op": "timer_begin"})
-        dev._depth += 1
-        return self
+        dev._send()
+        self._timed = self.timestamps and dev.has_feature("timestamp-query")
+        if self._timed:
+            dev._ops.append({"op": "timer_begin"})
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def _drop(self) -> None:
+        """Drop what was not sent; stop a timer that was."""
         dev = self.device
-        dev._depth -= 1
-        if not self._outer:
-            return
-        if exc_type is not None:  # drop what was not sent; stop a timer that was
-            sent = self._timed and not any(op["op"] == "timer_begin" for op in dev._ops)
-            dev._ops = [{"op": "timer_drop"}] if sent else []
-            return
+        sent = self._timed and not any(op["op"] == "timer_begin" for op in dev._ops)
+        dev._ops = [{"op": "timer_drop"}] if sent else []
+
+    def _end(self) -> None:
+        dev = self.device
         if self._timed:
             dev._ops.append({"op": "timer_end"})
         out = dev._send()

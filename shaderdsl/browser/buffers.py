@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from ..checks import DeviceBuffer
+from ..devicebuffer import DeviceBuffer
 
 _ids = itertools.count(1)
 

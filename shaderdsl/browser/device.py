@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from types import SimpleNamespace
 
 import numpy as np
 
 from .. import checks
 from ..checks import check_dtype, host_array, uniform_array
 from ..errors import BindingError, BrowserError, BrowserTimeoutError
+from ..hostdevice import HostDevice
 from .batch import Batch
 from .buffers import CHUNK, Buffer, decode, encode, padded_size
 from .kernels import compile_error, constants, page_key, uniform_values
@@ -38,7 +38,7 @@ def kebab(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", name).lower()
 
 
-class Device(checks.HostDevice):
+class Device(HostDevice):
     """WebGPU in one headless Chromium (see the module docstring).
 
     ``binary``: the browser (default: $SHADERDSL_CHROMIUM or chromium on
@@ -290,10 +290,8 @@ class Device(checks.HostDevice):
     def _binds(self, kernel, buffers: list) -> list:
         """[binding, buffer id] per binding ([binding, None, base64] for a plain
         uniform value), after the GPU device's checks."""
-        values = uniform_values(kernel, buffers, self)
-        kept = [i for i in range(len(buffers)) if i not in values]
-        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
-        checks.check_buffers(view, [buffers[i] for i in kept], self)
+        values = uniform_values(kernel, buffers)
+        checks.check_bound(kernel, buffers, self, values)
         return [[b.index, None, values[i]] if i in values else [b.index, buffers[i].id]
                 for i, b in enumerate(kernel.bindings)]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 
 from .. import checks
-from ..checks import DeviceBuffer
-from ..errors import BindingError, WGSLCompileError
+from ..devicebuffer import DeviceBuffer
+from ..errors import WGSLCompileError
 
 
 def page_key(kernel) -> str:
@@ -39,21 +39,12 @@ def constants(okey: tuple) -> dict:
     return {name: float(value) if isinstance(value, bool) else value for name, value in okey}
 
 
-def uniform_values(kernel, buffers: list, device) -> dict:
+def uniform_values(kernel, buffers: list) -> dict:
     """position -> base64 of the 16 bytes of each plain value given to a
     uniform binding: the rules and messages every device shares (``checks``)."""
-    uniforms = [i for i, b in enumerate(kernel.bindings) if b.access == "uniform"]
     values = {}
-    for i in uniforms:
-        if not isinstance(buffers[i], DeviceBuffer):
-            data = checks.uniform_value(kernel, kernel.bindings[i], buffers[i]).tobytes()
+    for i, b in enumerate(kernel.bindings):
+        if b.access == "uniform" and not isinstance(buffers[i], DeviceBuffer):
+            data = checks.uniform_value(kernel, b, buffers[i]).tobytes()
             values[i] = base64.b64encode(data.ljust(16, b"\0")).decode("ascii")
-    checks.refuse_storage_values(kernel, buffers)
-    cap = device.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
-    if values and cap is not None and len(uniforms) > cap:
-        raise BindingError(
-            f"kernel {kernel.name!r} has {len(uniforms)} uniform bindings, over "
-            f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {device.name!r}: "
-            f"plain values need a dynamic offset for each; give them device.uniform(...) "
-            f"Buffers instead")
     return values

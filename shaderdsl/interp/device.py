@@ -11,15 +11,15 @@ when the batch ends or something reads, as a GPU submit does.
 from __future__ import annotations
 
 import weakref
-from types import SimpleNamespace
 
 import numpy as np
 
 from .. import checks
 from .. import types as T
-from ..checks import (MAX_WORKGROUPS, DeviceBuffer, check_dtype, host_array,
-                      uniform_array)
-from ..errors import BindingError, WGSLCompileError
+from ..checks import MAX_WORKGROUPS, check_dtype, host_array, uniform_array
+from ..devicebuffer import DeviceBuffer
+from ..errors import WGSLCompileError
+from ..hostdevice import HostBatch, HostDevice
 from .buffers import Buffer
 from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
 
@@ -39,7 +39,7 @@ DEFAULT_LIMITS = {
 }
 
 
-class Device(checks.HostDevice):
+class Device(HostDevice):
     """A device that runs kernels in the interpreter.
 
     ``features`` are those it claims (default: all it supports, "shader-f16"
@@ -171,20 +171,9 @@ class Device(checks.HostDevice):
                           key=lambda i: kernel.bindings[i].index)
         values = {i: checks.uniform_value(kernel, kernel.bindings[i], buffers[i]) for i in uniforms
                   if not isinstance(buffers[i], DeviceBuffer)}
-        checks.refuse_storage_values(kernel, buffers)
+        checks.check_bound(kernel, buffers, self, values)
         if not values:
-            checks.check_buffers(kernel, buffers, self)
             return buffers
-        cap = self.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
-        if cap is not None and len(uniforms) > cap:
-            raise BindingError(
-                f"kernel {kernel.name!r} has {len(uniforms)} uniform bindings, over "
-                f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {self.name!r}: "
-                f"plain values need a dynamic offset for each; give them device.uniform(...) "
-                f"Buffers instead")
-        kept = [i for i in range(len(buffers)) if i not in values]
-        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
-        checks.check_buffers(view, [buffers[i] for i in kept], self)
         return [Buffer(self, values[i], "uniform", b.name) if i in values else buffers[i]
                 for i, b in enumerate(kernel.bindings)]
 
@@ -213,33 +202,22 @@ class Device(checks.HostDevice):
             w()
 
 
-class Batch:
+class Batch(HostBatch):
     """Context manager from ``device.batch()``; nested batches join the outer one.
     ``gpu_time_ns`` is always None: the interpreter has no timestamps."""
 
     def __init__(self, device: Device, timestamps: bool = False):
-        self.device = device
-        self.timestamps = timestamps
+        super().__init__(device, timestamps)
         self.gpu_time_ns = None
-        self._outer = False
 
-    def __enter__(self) -> "Batch":
-        dev = self.device
-        self._outer = dev._depth == 0
-        if self._outer:
-            dev._flush()
-        dev._depth += 1
-        return self
+    def _begin(self) -> None:
+        self.device._flush()
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        dev = self.device
-        dev._depth -= 1
-        if not self._outer:
-            return
-        if exc_type is not None:
-            dev._recorded = []
-        else:
-            dev._flush()
+    def _end(self) -> None:
+        self.device._flush()
+
+    def _drop(self) -> None:
+        self.device._recorded = []
 
     def flush(self) -> None:
         """Run what is recorded so far (the batch stays open)."""
@@ -255,8 +233,6 @@ def _complete_overrides(kernel, okey: tuple) -> dict:
         raise WGSLCompileError(f"Missing value for pipeline-overridable constant(s) {missing} "
                                f"(no default): pass overrides={{...}}", kernel_name=kernel.name)
     return given
-
-
 
 
 def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict) -> None:

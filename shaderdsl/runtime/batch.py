@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import wgpu
 
+from ..hostdevice import HostBatch
+
 _TS_START = {"beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
 _TS_END = {"end_of_pass_write_index": 1}
 
@@ -114,7 +116,7 @@ class Recorder:
         self.ring.reset()
 
 
-class Batch:
+class Batch(HostBatch):
     """Context manager from ``device.batch()``; nested batches join the outer one.
 
     ``gpu_time_ns`` (timestamps=True, outermost batch, device with
@@ -123,42 +125,29 @@ class Batch:
     """
 
     def __init__(self, device, timestamps: bool = False):
-        self.device = device
-        self.timestamps = timestamps
-        self._outer = False
-        self._open = False
+        super().__init__(device, timestamps)
         self._resolve = None
         self._time = None
 
-    def __enter__(self) -> "Batch":
+    def _begin(self) -> None:
         dev = self.device
-        self._outer = dev._depth == 0
-        if self._outer:
-            dev._recorder.flush()  # nothing should be pending, but keep order if it is
-            if self.timestamps and dev.has_feature("timestamp-query"):
-                wd = dev.wgpu_device
-                dev._recorder.query_set = wd.create_query_set(type="timestamp", count=2)
-                self._resolve = wd.create_buffer(
-                    size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-                dev._recorder.compute_pass()  # start stamp before anything, copies included
-        self._open = True
-        dev._depth += 1
-        return self
+        dev._recorder.flush()  # nothing should be pending, but keep order if it is
+        if self.timestamps and dev.has_feature("timestamp-query"):
+            wd = dev.wgpu_device
+            dev._recorder.query_set = wd.create_query_set(type="timestamp", count=2)
+            self._resolve = wd.create_buffer(
+                size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            dev._recorder.compute_pass()  # start stamp before anything, copies included
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        dev = self.device
-        dev._depth -= 1
-        self._open = False
-        if not self._outer:
-            return
-        rec = dev._recorder
-        if exc_type is not None:
-            rec.discard()
-            self._resolve = None
-        elif self._resolve is not None:
-            rec.finish_timed(self._resolve)
+    def _end(self) -> None:
+        if self._resolve is not None:
+            self.device._recorder.finish_timed(self._resolve)
         else:
-            rec.flush()
+            self.device._recorder.flush()
+
+    def _drop(self) -> None:
+        self.device._recorder.discard()
+        self._resolve = None
 
     def flush(self) -> None:
         """Submit what is recorded so far (the batch stays open)."""

@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import wgpu
 
-from ..checks import DeviceBuffer
+from ..devicebuffer import DeviceBuffer
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 # COPY_SRC too, so a uniform can be read back and copied like any buffer.

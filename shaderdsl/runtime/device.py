@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import weakref
-from types import SimpleNamespace
 
 import numpy as np
 import wgpu
 
 from .. import checks
-from ..checks import DeviceBuffer, check_dtype, host_array, uniform_array
+from ..checks import check_dtype, host_array, uniform_array
+from ..devicebuffer import DeviceBuffer
 from ..errors import BindingError, NoAdapterError
+from ..hostdevice import HostDevice
 from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
                        all_adapters, norm_backend, pick)
 from .batch import Batch, Recorder
@@ -84,7 +85,7 @@ class _Valued:
         self.chunk_id = None
 
 
-class Device(checks.HostDevice):
+class Device(HostDevice):
     """One wgpu device with its caches, the open batch and counters in ``stats``."""
 
     def __init__(self, adapter, extra_features=frozenset()):
@@ -308,7 +309,6 @@ class Device(checks.HostDevice):
             self.stats["dispatches"] += 1
             self._recorder.dispatch_at(pipeline, group, offsets, x, y, z)
         else:
-            checks.refuse_storage_values(kernel, buffers)
             pipeline, group = self._bind(entry, kernel, buffers, okey)
             self.stats["dispatches"] += 1
             self._recorder.dispatch(pipeline, group, x, y, z)
@@ -317,7 +317,7 @@ class Device(checks.HostDevice):
 
     def _bind(self, entry, kernel, buffers, okey):
         """Slow path: validate the buffers, then get pipeline and bind group."""
-        checks.check_buffers(kernel, buffers, self)
+        checks.check_bound(kernel, buffers, self)
         pipeline = entry.pipelines.get(okey)
         if pipeline is None:
             pipeline = entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
@@ -352,17 +352,8 @@ class Device(checks.HostDevice):
 
     def _check_valued(self, entry, kernel, buffers, okey, values) -> _Valued:
         """Check the Buffers of a dispatch with uniform values; cache the result."""
-        checks.refuse_storage_values(kernel, buffers)
-        cap = self.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout")
-        if cap is not None and len(entry.uniforms) > cap:
-            raise BindingError(
-                f"kernel {kernel.name!r} has {len(entry.uniforms)} uniform bindings, over "
-                f"max-dynamic-uniform-buffers-per-pipeline-layout = {cap} on {self.name!r}: "
-                f"plain values need a dynamic offset for each; give them device.uniform(...) "
-                f"Buffers instead")
+        checks.check_bound(kernel, buffers, self, values)
         kept = [i for i in range(len(buffers)) if i not in values]
-        view = SimpleNamespace(name=kernel.name, bindings=[kernel.bindings[i] for i in kept])
-        checks.check_buffers(view, [buffers[i] for i in kept], self)
         hit = _Valued(self._dynamic_pipeline(entry, kernel, okey))
         ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
         self._cache.remember(entry.valued, (ids, okey), hit, [buffers[i] for i in kept])
