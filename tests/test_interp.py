@@ -49,8 +49,7 @@ import shaderdsl as sd
 from shaderdsl import builtins as B
 from shaderdsl import f32, i32, u32
 from shaderdsl import types as T
-from shaderdsl.interp import (Interpreter, InterpreterError, OutOfBoundsError, build_shader,
-                              run)
+from shaderdsl.interp import Interpreter, InterpreterError, OutOfBoundsError, run
 
 import examples.histogram as EH
 import examples.matmul as EM
@@ -291,7 +290,7 @@ def test_bindings_are_checked_and_inputs_not_modified():
 
 
 def test_interpreter_takes_a_built_shader_and_runs_it_repeatedly():
-    m = build_shader(EH.histogram, 16, nbins=4, private=True)
+    m = sd.compile(EH.histogram, 16, nbins=4, private=True).ir
     it = Interpreter(m, subgroup_size=4)
     assert it.wgsl == sd.compile(EH.histogram, 16, nbins=4, private=True).wgsl
     for seed in range(2):

@@ -40,13 +40,12 @@ Entry points: :func:`run` (build, dispatch, return the read_write buffers),
 from ..errors import InterpreterError, OutOfBoundsError, RaceError, UninitializedReadError
 from .buffers import Buffer
 from .device import SUPPORTED_FEATURES, Batch, Device
-from .interpreter import (DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter,
-                          build_shader, run)
+from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter, run
 from .schedule import TraceEvent
 
 InterpDevice = Device   # the name to use where runtime.Device is imported too
 
-__all__ = ["run", "Interpreter", "Device", "InterpDevice", "Buffer", "Batch", "build_shader",
+__all__ = ["run", "Interpreter", "Device", "InterpDevice", "Buffer", "Batch",
            "InterpreterError", "OutOfBoundsError", "RaceError", "UninitializedReadError",
            "TraceEvent", "DEFAULT_SUBGROUP_SIZE", "DEFAULT_MAX_LOOP_ITERATIONS",
            "SUPPORTED_FEATURES"]

@@ -3,7 +3,6 @@ then dispatch it over workgroups as often as needed (see the package
 docstring for the execution model)."""
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 import numpy as np
@@ -141,14 +140,6 @@ class Interpreter:
         except Exception as e:
             e.add_note(f"while interpreting kernel {self.name!r} (workgroup_id={wid})")
             raise
-
-
-def build_shader(fn, workgroup_size=64, *, name: str | None = None, **params) -> Module:
-    """Deprecated: ``shaderdsl.compile(fn, workgroup_size, **params).ir`` is the tree."""
-    warnings.warn("shaderdsl.interp.build_shader is deprecated; use "
-                  "shaderdsl.compile(fn, workgroup_size, **params) and pass the Kernel",
-                  DeprecationWarning, stacklevel=2)
-    return compile(fn, workgroup_size, name=name, **params).ir
 
 
 def run(fn, workgroup_size, workgroups, buffers: dict, overrides: dict | None = None, *,
