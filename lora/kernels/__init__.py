@@ -8,12 +8,8 @@ each kernel with the role of its bindings, its workgroup size and its grid:
 from .common import DTYPES, SHARED_FLOATS, UNROLL_BUDGET
 from .forward import (MAX_BLOCK_ACCS, add_scaled, fused_b_add, fused_forward, project_a_seed,
                       project_a_workgroup, project_b, tiled_fits, tiled_forward)
-from .registry import (KERNELS, KernelSpec, add_scaled_kernel, fused_b_add_kernel,
-                       fused_forward_kernel, project_a_kernel, project_b_kernel,
-                       tiled_forward_kernel)
+from .registry import KERNELS, KernelSpec
 
 __all__ = ["KERNELS", "KernelSpec", "DTYPES", "SHARED_FLOATS", "UNROLL_BUDGET", "MAX_BLOCK_ACCS",
            "tiled_fits", "project_a_seed", "project_a_workgroup", "project_b", "add_scaled",
-           "fused_b_add", "fused_forward", "tiled_forward", "project_a_kernel", "project_b_kernel",
-           "add_scaled_kernel", "fused_b_add_kernel", "fused_forward_kernel",
-           "tiled_forward_kernel"]
+           "fused_b_add", "fused_forward", "tiled_forward"]

@@ -6,7 +6,6 @@ generic ones (grad_outer's G, H and out are g, h and dB for dB)."""
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -171,41 +170,3 @@ TRAINING_KERNELS = (
 )
 KERNELS.update({spec.name: spec for spec in TRAINING_KERNELS})
 
-
-def _deprecated(old: str, spec: str, adapt=lambda **kw: kw):
-    def fn(*args, **kw):
-        params = adapt(**dict(zip(_OLD_ORDER[old], args)), **kw)
-        target = KERNELS[params.pop("spec", spec)]
-        warnings.warn(f"lora.kernels.{old} is deprecated; use lora.kernels.KERNELS"
-                      f"[{target.name!r}].kernel(...)", DeprecationWarning, stacklevel=2)
-        return target.kernel(**{k: v for k, v in params.items() if k in target.parameter_names})
-    fn.__name__ = old
-    return fn
-
-
-_OLD_ORDER = {
-    "project_a_kernel": ("rank", "in_dim", "tokens", "strategy", "threads", "subgroups", "dtype",
-                         "rank_group"),
-    "project_b_kernel": ("out_dim", "rank", "tokens", "threads", "dtype"),
-    "add_scaled_kernel": ("num_elements", "scale", "threads", "dtype"),
-    "fused_b_add_kernel": ("out_dim", "rank", "scale", "tokens", "threads", "dtype"),
-    "fused_forward_kernel": ("rank", "in_dim", "out_dim", "scale", "tokens", "threads",
-                             "outputs_per_thread", "subgroups", "unroll", "dtype"),
-    "tiled_forward_kernel": ("rank", "in_dim", "out_dim", "scale", "tokens", "threads",
-                             "tile_tokens", "unroll", "dtype", "token_block"),
-}
-
-
-def _project_a_args(strategy="workgroup", rank_group=0, **kw):
-    if strategy == "seed":
-        return dict(kw, spec="project_a_seed")
-    return dict(kw, rank_group=rank_group if 0 < rank_group < kw["rank"] else 0)
-
-
-# The wrappers of the previous release, kept as aliases that warn.
-project_a_kernel = _deprecated("project_a_kernel", "project_a", _project_a_args)
-project_b_kernel = _deprecated("project_b_kernel", "project_b")
-add_scaled_kernel = _deprecated("add_scaled_kernel", "add_scaled")
-fused_b_add_kernel = _deprecated("fused_b_add_kernel", "fused_b_add")
-fused_forward_kernel = _deprecated("fused_forward_kernel", "fused_forward")
-tiled_forward_kernel = _deprecated("tiled_forward_kernel", "tiled_forward")

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from shaderdsl.errors import BindingError, DispatchError
-from shaderdsl.runtime import WGPU_BUILD
-
-from . import kernels as K
+from .forward import forward_plan
 from .plan import Plan
-from .strategy import Strategy
+from .strategy import FORWARD, Strategy
+
+CACHE_VERSION = 2  # strategies renamed (fused -> single): older entries are not read
 
 
 def cache_path() -> Path:
@@ -32,56 +32,18 @@ def cache_path() -> Path:
 def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
               dtype=np.float32) -> str:
     """``tokens``: a count (plans with it baked in) or "lo-hi" (a bucket)."""
-    key = f"{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+    from shaderdsl.runtime import WGPU_BUILD  # (the kernels and plans print without wgpu)
+
+    key = f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
     return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
 
 def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> list[Strategy]:
-    """The strategies worth timing for this shape on this device."""
-    sgs = [False, True] if device.has_feature("subgroup") else [False]
-    out = [Strategy("seed")]  # Hesper's design wins on some adapters (CPU ones: few, long threads)
-    if rank > 8 and tokens <= 64:  # share A's rows among workgroups: project_a per rank group
-        for group in (4, 8):
-            out += [Strategy("split", 256, subgroups=sg, rank_group=group) for sg in sgs]
-    if tokens == 1:
-        for sg in sgs:
-            out.append(Strategy("split", 256, subgroups=sg))
-            for threads in (256, 512, 1024):
-                for unroll in (True, False):
-                    out.append(Strategy("fused", threads, 1, sg, unroll=unroll))
-    else:
-        for threads in (256, 512):
-            for tile in (4, 8, 16):
-                if tile <= max(4, tokens):
-                    for unroll in (True, False):
-                        out.append(Strategy("tiled", threads, tile_tokens=tile, unroll=unroll))
-                        if tile >= 8 and tokens >= 64 and K.tiled_fits(rank, threads, tile, 4):
-                            out.append(Strategy("tiled", threads, tile_tokens=tile,
-                                                unroll=unroll, token_block=4))
-        whole = -(-out_dim // 256)
-        for sg in sgs:
-            out.append(Strategy("split", 256, subgroups=sg))
-            out.append(Strategy("fused", 256, whole, sg, unroll=False))
-        out += _aligned_candidates(rank, in_dim, out_dim, tokens)
-    return out
-
-
-def _aligned_candidates(rank: int, in_dim: int, out_dim: int, tokens: int) -> list[Strategy]:
-    """Where rank, in_dim and out_dim are multiples of 4: tiled with vec4 output
-    columns (low ranks: on the H200 f16 rank 8, T = 4096 took 29.7 us against
-    32.6), and from rank 16 and 64 tokens the two-dispatch gemm (rank 64:
-    T = 512 30-32 us against tiled's 57; optimisation notes 22-23)."""
-    if rank % 4 or in_dim % 4 or out_dim % 4:
-        return []
-    out = []
-    if rank <= 16:
-        out += [Strategy("tiled", threads, tile_tokens=tile, quad=True)
-                for threads in (256, 512) for tile in (8, 16) if tile <= max(4, tokens)]
-    if rank >= 16 and tokens >= 64:
-        out += [Strategy("gemm", threads, tile_tokens=16, splits=splits)
-                for threads in ((64, 128) if rank <= 16 else (128, 256))
-                for splits in (4, 8, 16) if splits * 32 <= in_dim]
-    return out
+    """The strategies worth timing for this shape on this device: what each
+    registry entry (lora.core.strategy.FORWARD) offers."""
+    sub = device.has_feature("subgroup")
+    return [s for entry in FORWARD.values()
+            for s in entry.candidates(rank, in_dim, out_dim, tokens, sub)]
 
 
 MIN_BATCH_NS = 20e6  # time a batch of at least 20 ms: Dawn rounds timestamps to 65.5 us
@@ -170,7 +132,10 @@ def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
 
 def _cached(key: str, use_cache: bool) -> Strategy | None:
     hit = _load().get(key) if use_cache else None
-    return Strategy.parse(hit["strategy"]) if hit else None
+    try:
+        return Strategy.parse(hit["strategy"]) if hit else None
+    except (ValueError, TypeError, KeyError):  # an entry no strategy reads now: measure again
+        return None
 
 
 def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = True,
@@ -183,7 +148,7 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
         return hit
     cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
     timings = _timings(device, weight, tokens, cands,
-                       lambda s: Plan(device, weight, scale, tokens, s), forwards, progress)
+                       lambda s: forward_plan(device, weight, scale, tokens, s), forwards, progress)
     return _best(key, timings, use_cache)
 
 
@@ -271,8 +236,8 @@ def autotune_bucket(device, weight, scale: float, bucket: tuple[int, int], *,
     tokens = timed_tokens(bucket)
     cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
     timings = _timings(device, weight, tokens, cands,
-                       lambda s: Plan(device, weight, scale, None, s,
-                                      max_tokens=bucket[1]).at(tokens), forwards, progress)
+                       lambda s: forward_plan(device, weight, scale, None, s,
+                                              max_tokens=bucket[1]).at(tokens), forwards, progress)
     return _best(key, timings, use_cache)
 
 

@@ -6,7 +6,7 @@ output, forward, read back) through ``execute_lora_forward_auto`` with
 run-time token counts, after a warm-up of one forward per bucket; then the
 same loop with a plan baked for each token count (compiling for every new
 count), numpy, and PyTorch eager where installed. It prints and writes the
-compiles and host times of each. Part of ``python -m lora bench`` (lora.bench).
+compiles and host times of each. Part of ``python -m lora bench`` (lora.apps.bench).
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import numpy as np
 
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from . import reference, tuning
+from ..core import reference
+from ..core import tuning
 from .bench_train import NUMPY_DTYPES, SCALE
-from .execute import execute_lora_forward_auto
-from .plan import Plan
-from .weight import Weight
+from ..hesper import execute_lora_forward_auto
+from ..core.forward import forward_plan
+from ..core.weight import Weight
 
 SWEEP = {"ranks": (8,), "dims": ((2560, 2560),), "dtypes": ("f32",), "forwards": 1000}
 SWEEP_QUICK = {"ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",), "forwards": 100}
@@ -144,7 +145,7 @@ def _baked_run(device, weight, strategy_of):
         t = x_buf.size // weight.in_dim
         plan = plans.get(t)
         if plan is None:
-            plan = plans[t] = Plan(device, weight, SCALE, t, strategy_of(t))
+            plan = plans[t] = forward_plan(device, weight, SCALE, t, strategy_of(t))
         plan(x_buf, out_buf)
     return run, plans
 

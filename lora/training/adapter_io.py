@@ -7,7 +7,7 @@ Q and V adapters per transformer layer. Both load into ``{module name:
 LoraLayer}``. The module is numpy, safetensors and json only, so adapters can
 be inspected and converted on a machine without wgpu.
 
-    from lora.adapter_io import load_adapter, save_adapter
+    from lora.training.adapter_io import load_adapter, save_adapter
     layers = load_adapter("my-adapter")       # {"model.layers.0.self_attn.q_proj": LoraLayer}
     save_adapter("copy", {m: (l.a, l.b) for m, l in layers.items()}, alpha=16)
 

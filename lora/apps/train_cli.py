@@ -1,7 +1,7 @@
 """``python -m lora train``: fine-tune LoRA adapters on scikit-learn's digits on the GPU.
 
 The task, the frozen base network and the float64 reference are in
-lora.digits; the GPU training step in lora.finetune. Prints a progress bar
+lora.apps.digits; the GPU training step in lora.apps.finetune. Prints a progress bar
 with the loss, the test accuracy before and after, writes the adapter in
 peft's format, a PNG of the loss curve and a JSON summary. ``--check`` runs
 the same training in float64 numpy beside it and reports the largest
@@ -59,7 +59,7 @@ def _train(args, data, base, device) -> dict:
     """Train on the GPU (and in float64 with --check); the losses and adapters."""
     from . import digits as D
     from .finetune import DigitsTrainer
-    from .optim import AdamW
+    from ..training.optim import AdamW
 
     settings = _optimizer_settings(args)
     scale = args.alpha / args.rank
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     from shaderdsl.runtime import get_device
 
     from . import digits as D
-    from .adapter_io import save_adapter
+    from ..training.adapter_io import save_adapter
 
     device = get_device()
     data = D.load(args.seed)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import reference as R
+from ..core import reference as R
 
 HIDDEN = 64
 BASE_STEPS = 300

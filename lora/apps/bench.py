@@ -11,11 +11,11 @@ dtype (float16 rows: PyTorch in fp16). numpy runs in float32 for both dtypes
 (its float16 matmul is not a fair CPU baseline). f16 rows are skipped, with a
 message, on adapters without shader-f16. The JSON is rewritten after every
 case, so a run cut short keeps what it measured. Training steps
-(lora.bench_train) follow the forward cases unless ``--train no``.
+(lora.apps.bench_train) follow the forward cases unless ``--train no``.
 
 ``--tokens-sweep`` times a serving loop of varying token counts instead
-(lora.bench_sweep); ``--profile`` splits forwards into dispatches and phases
-(lora.bench_profile).
+(lora.apps.bench_sweep); ``--profile`` splits forwards into dispatches and phases
+(lora.apps.bench_profile).
 """
 from __future__ import annotations
 
@@ -34,14 +34,15 @@ import shaderdsl as sd
 from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from . import bench_train, reference
+from . import bench_train
+from ..core import reference
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
 from .bench_train import NUMPY_DTYPES, SCALE
-from .plan import Plan
-from .strategy import Strategy
-from .tuning import MIN_BATCH_NS, autotune, time_plan
-from .weight import Weight
+from ..core.forward import forward_plan
+from ..core.strategy import Strategy
+from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
+from ..core.weight import Weight
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
         "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}
@@ -224,8 +225,8 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
     best = autotune(device, weight, SCALE, tokens, use_cache=False,
                     forwards=5 if quick else None)
     row["strategy"] = str(best)
-    for label, strategy in (("best", best), ("seed", Strategy("seed"))):
-        plan = Plan(device, weight, SCALE, tokens, strategy)
+    for label, strategy in (("best", best), ("seed", Strategy.parse("seed"))):
+        plan = forward_plan(device, weight, SCALE, tokens, strategy)
         device.write(out_buf, base if tokens > 1 else base[0])
         plan(x_buf, out_buf)
         got = device.read(out_buf).reshape(tokens, out_dim).astype(np.float64)
@@ -260,7 +261,7 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
 
 def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str = "also") -> dict:
     """Measure every case of ``grid`` (and, unless ``train`` is "no", the training
-    steps of lora.bench_train; "only": those alone); ``save(result)`` is called
+    steps of lora.apps.bench_train; "only": those alone); ``save(result)`` is called
     after each case."""
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
@@ -369,7 +370,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", type=lambda v: tuple(v.split(",")),
                    help="comma-separated storage dtypes, f32 and/or f16 (default: both)")
     p.add_argument("--train", choices=("also", "no", "only"), default="also",
-                   help="training steps (lora.bench_train) too (default), not, or alone")
+                   help="training steps (lora.apps.bench_train) too (default), not, or alone")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     p.add_argument("--tokens-sweep", action="store_true",
@@ -377,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
                         "run-time T against T baked per count (and PyTorch eager)")
     p.add_argument("--profile", action="store_true",
                    help="where a forward's time goes: each dispatch and phase of several "
-                        "strategies alone, and the read-back's pieces (lora.bench_profile)")
+                        "strategies alone, and the read-back's pieces (lora.apps.bench_profile)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,

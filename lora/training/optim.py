@@ -5,7 +5,7 @@ Two ways to use one:
 
 - buffer level, for a training loop that stays on the GPU: ``attach`` the
   (parameter, gradient) buffers once, then ``record()`` the step inside the
-  batch that also runs the forward and backward (see lora.training);
+  batch that also runs the forward and backward (see lora.training.trainer);
 - numpy in, numpy out: ``new_params = opt.step(params, grads)``, which keeps
   the moments on the GPU between calls.
 
@@ -24,9 +24,9 @@ import numpy as np
 
 from shaderdsl.errors import BindingError
 
-from .kernels.optimizer import (HYPER, HYPER_SIZE, MAX_NORM_TENSORS, MAX_UPDATE_TENSORS,
+from ..kernels.optimizer import (HYPER, HYPER_SIZE, MAX_NORM_TENSORS, MAX_UPDATE_TENSORS,
                                 SCHEDULES, STATE, STATE_SIZE)
-from .plan import build_steps, record_steps
+from ..core.plan import Plan
 
 
 def _real(value, what: str, low: float = 0.0, high: float = math.inf) -> float:
@@ -77,38 +77,35 @@ class _Optimizer:
         self.state = device.empty(STATE_SIZE, np.float32, name="optim.state")
         self.extra = [device.empty(self._extra_size(sum(p.size for p, _ in chunk)), np.float32,
                                    name="optim.moments") for chunk in self._chunks()]
-        self._steps = self._build()
+        self._plans = self._build()
 
     def _chunks(self) -> list:
         pairs = self.groups
         return [pairs[i:i + MAX_UPDATE_TENSORS] for i in range(0, len(pairs), MAX_UPDATE_TENSORS)]
 
     def _build(self) -> list:
-        """[(steps, buffers)]: optim_begin, then one update per chunk of tensors."""
+        """The plans of one step: optim_begin, then one update per chunk of tensors."""
         grads = [g for _, g in self.groups] if self.settings["max_norm"] else []
-        buffers = {**{f"g{k}": g for k, g in enumerate(grads)}, "state": self.state,
-                   "hyper": self.hyper}
-        begin = build_steps(self.device, [("optim_begin", dict(
-            grad_sizes=tuple(g.size for g in grads), schedule=self.schedule))],
-            {role: b.bound_bytes for role, b in buffers.items()})
-        out = [(begin, buffers)]
+        name = type(self).__name__
+        plans = [Plan(self.device, f"{name} begin", [("optim_begin", dict(
+            grad_sizes=tuple(g.size for g in grads), schedule=self.schedule))], {},
+            bound={**{f"g{k}": g for k, g in enumerate(grads)}, "state": self.state,
+                   "hyper": self.hyper})]
         for chunk, extra in zip(self._chunks(), self.extra):
-            buffers = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
+            bound = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
             for k, (p, g) in enumerate(chunk):
-                buffers[f"p{k}"], buffers[f"g{k}"] = p, g
-            steps = build_steps(self.device, [(self.update_kernel, dict(
-                sizes=tuple(p.size for p, _ in chunk)))],
-                {role: b.bound_bytes for role, b in buffers.items()})
-            out.append((steps, buffers))
-        return out
+                bound[f"p{k}"], bound[f"g{k}"] = p, g
+            plans.append(Plan(self.device, f"{name} update", [(self.update_kernel, dict(
+                sizes=tuple(p.size for p, _ in chunk)))], {}, bound=bound))
+        return plans
 
     def record(self) -> None:
         """Record one optimizer step (joins the open batch, or one submit)."""
         if self.groups is None:
             raise RuntimeError(f"{type(self).__name__}.record: attach(device, params) first")
         with self.device.batch():
-            for steps, buffers in self._steps:
-                record_steps(self.device, steps, buffers)
+            for plan in self._plans:
+                plan.record()
 
     def set(self, **settings) -> None:
         """Change settings (lr=..., weight_decay=..., ...) from the next step on."""

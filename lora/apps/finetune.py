@@ -1,4 +1,4 @@
-"""The digits network (lora.digits) trained on the GPU: frozen dense layers,
+"""The digits network (lora.apps.digits) trained on the GPU: frozen dense layers,
 LoRA on both, softmax cross-entropy, AdamW; one submit per step.
 
 Per step, on a batch of B images (13 dispatches):
@@ -12,13 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import digits as D
-from .optim import AdamW
-from .plan import Plan, build_steps, record_steps
-from .strategy import Strategy
-from .training import BackwardPlan
-from .weight import Weight
-
-SIZES = (64, D.HIDDEN, 10)
+from ..core.plan import Plan
+from ..core.weight import Weight
+from ..training.backward import backward_plan, train_forward_plan
+from ..training.optim import AdamW
 
 
 class DigitsTrainer:
@@ -39,18 +36,18 @@ class DigitsTrainer:
                      for k, s in shapes.items()}
         self.grads = {name: (device.empty(w.a.shape, f32), device.empty(w.b.shape, f32))
                       for name, w in self.weights.items()}
-        forward = Strategy("tiled", 64, tile_tokens=8)
-        self.forward = {name: Plan(device, w, scale, batch, forward, save_h=True)
+        self.forward = {name: train_forward_plan(device, w, scale, batch, "tiled:64:8", given=())
                         for name, w in self.weights.items()}
-        self.backward = {"fc1": BackwardPlan(device, self.weights["fc1"], scale, batch,
-                                             with_dx=False),
-                         "fc2": BackwardPlan(device, self.weights["fc2"], scale, batch)}
-        self._base_steps = self._build_base_steps()
+        self.backward = {"fc1": backward_plan(device, self.weights["fc1"], scale, batch,
+                                              with_dx=False),
+                         "fc2": backward_plan(device, self.weights["fc2"], scale, batch)}
+        self._base = self._base_plans()
         self.optimizer = optimizer
         optimizer.attach(device, [pair for name, w in self.weights.items()
                                   for pair in zip((w.a, w.b), self.grads[name])])
 
-    def _build_base_steps(self) -> dict:
+    def _base_plans(self) -> dict:
+        """The frozen network's dispatches, each a plan over the trainer's buffers."""
         b, h = self.batch, D.HIDDEN
         kernels = {"dense1": ("dense", dict(in_dim=64, out_dim=h, tokens=b), {"y": "z1"}),
                    "relu": ("relu", dict(n=b * h), {"z": "z1", "y": "y1"}),
@@ -62,8 +59,9 @@ class DigitsTrainer:
                                    {"W": "w2", "dx": "dy1"}),
                    "relu_grad": ("relu_grad", dict(n=b * h), {"z": "z1", "dy": "dy1", "dz": "dz1"})}
         kernels["dense1"][2].update({"W": "w1", "bias": "b1"})
-        sizes = {k: v.bound_bytes for k, v in {**self.bufs, **self.base}.items()}
-        return {k: build_steps(self.device, [spec], sizes) for k, spec in kernels.items()}
+        bound = {**self.bufs, **self.base}
+        return {k: Plan(self.device, f"digits {k}", [spec], {}, bound=bound)
+                for k, spec in kernels.items()}
 
     def load_batch(self, x: np.ndarray, labels: np.ndarray) -> None:
         self.device.write(self.bufs["x"], np.ascontiguousarray(x, np.float32))
@@ -71,8 +69,8 @@ class DigitsTrainer:
 
     def record(self) -> None:
         """One training step on the loaded batch, recorded into one submit."""
-        dev, bufs = self.device, {**self.bufs, **self.base}
-        run = lambda name: record_steps(dev, self._base_steps[name], bufs)  # noqa: E731
+        dev, bufs = self.device, self.bufs
+        run = lambda name: self._base[name].record()  # noqa: E731
         with dev.batch():
             run("dense1")
             self.forward["fc1"].record(bufs["x"], bufs["z1"])

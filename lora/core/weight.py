@@ -2,16 +2,12 @@
 stored as float32 or (on adapters with shader-f16) float16."""
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
 
 import numpy as np
 
 from shaderdsl.errors import BindingError, FeatureError
-
-_uids = itertools.count(1)
-
 
 def _dim(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -80,10 +76,10 @@ class Weight:
 
     Make one with :meth:`from_numpy` (your trained weights) or :meth:`init`
     (a fresh adapter, initialised the way peft does). The execute functions in
-    :mod:`lora.execute` take a Weight and the activation buffers.
+    :mod:`lora.hesper` take a Weight and the activation buffers.
     """
 
-    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "uid", "plans", "__weakref__")
+    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "plans", "__weakref__")
 
     def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
         """Wrap existing buffers (both float32 or both float16, shaped
@@ -100,8 +96,7 @@ class Weight:
                                    f"float16{list(shape)} (a and b alike), got "
                                    f"{buf.dtype.name}{list(buf.shape)}")
         self.device, self.a, self.b = device, a, b
-        self.uid = next(_uids)  # never reused, unlike id()
-        # Plans and checked calls of this weight (lora.execute's cache): they
+        # The plans of this weight (lora.core.cache): they
         # hold its buffers, not the Weight, so they go when the weight goes.
         self.plans: dict = {}
 

@@ -1,7 +1,7 @@
 """``python -m lora bench --profile``: where a forward's time goes, on this GPU.
 
 For each case (rank, token count, dtype; in = out = 2560) every strategy
-listed is timed whole (GPU timestamps, as in ``lora.bench``) and by parts:
+listed is timed whole (GPU timestamps, as in ``lora.apps.bench``) and by parts:
 each dispatch of a multi-dispatch plan alone, and the tiled kernel's two
 phases alone (``tiled_forward(phases="h")``: h only, written out;
 ``phases="out"``: the output update from a made-up h). Then the latency of
@@ -22,10 +22,10 @@ import numpy as np
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from .bench_train import NUMPY_DTYPES, SCALE
-from .plan import Plan, build_steps, record_steps
-from .strategy import Strategy
-from .tuning import time_plan
-from .weight import Weight, wgsl_dtype
+from ..core.forward import forward_plan
+from ..core.plan import build_steps, record_steps
+from ..core.tuning import time_plan
+from ..core.weight import Weight, wgsl_dtype
 
 DIM = 2560
 CASES = (  # (rank, tokens, dtype, strategies)
@@ -35,7 +35,7 @@ CASES = (  # (rank, tokens, dtype, strategies)
     (16, 4096, "f32", ("tiled:512:16", "gemm:64:16:8", "gemm:128:16:8")),
     (8, 4096, "f32", ("tiled:512:16:loop", "tiled:512:16:q")),
     (8, 4096, "f16", ("tiled:512:16:loop", "tiled:512:16:q")),
-    (8, 1, "f32", ("fused:256:1", "fused:512:1:sg")),
+    (8, 1, "f32", ("single:256:1", "single:512:1:sg")),
 )
 
 
@@ -62,16 +62,17 @@ def _problem(device, rank, tokens, dtype):
 
 def _parts(device, plan, x, out, tokens) -> dict:
     """Microseconds of each dispatch alone, and of the tiled kernel's phases."""
-    buffers = {"A": plan.a, "B": plan.b, "x": x, "output": out, **plan.scratch}
+    buffers = {**plan.bound, "x": x, "output": out, **plan.scratch}
     parts = {}
     if plan.dispatches > 1:
         for i, step in enumerate(plan.steps):
             parts[f"{i}:{step.kernel.name}"] = time_plan(
                 device, _Steps(device, [step], buffers), x, out, 20, repeats=3)
     if plan.strategy.name == "tiled":
-        (name, params), = plan.strategy.kernels(plan.rank, plan.in_dim, plan.out_dim,
-                                                plan.scale, tokens, wgsl_dtype(plan.dtype))
-        h = device.empty((tokens, plan.rank), np.float32)
+        w = plan.weight
+        (name, params), = plan.strategy.kernels(w.rank, w.in_dim, w.out_dim, SCALE, tokens,
+                                                wgsl_dtype(w.dtype))
+        h = device.empty((tokens, w.rank), np.float32)
         sizes = plan._sizes(tokens)
         for phase in ("h", "out"):
             steps = build_steps(device, [(name, dict(params, phases=phase))], sizes)
@@ -87,7 +88,7 @@ def profile_case(device, rank, tokens, dtype, strategies, log) -> dict:
            "strategies": {}}
     for text in strategies:
         try:
-            plan = Plan(device, weight, SCALE, tokens, Strategy.parse(text))
+            plan = forward_plan(device, weight, SCALE, tokens, text)
         except Exception as e:  # over this device's limits: say so, go on
             row["strategies"][text] = {"error": f"{type(e).__name__}: {e}"}
             log(f"  {text}: {type(e).__name__}: {e}")
@@ -108,7 +109,7 @@ def read_latency(device, log, repeats: int = 200) -> dict:
     of the pieces: recording and submitting it, a read alone of an idle buffer,
     and waiting for the queue."""
     weight, x, out = _problem(device, 8, 1, "f32")
-    plan = Plan(device, weight, SCALE, 1, Strategy.parse("fused:256:1"))
+    plan = forward_plan(device, weight, SCALE, 1, "single:256:1")
 
     def median(fn):
         times = []
@@ -159,7 +160,7 @@ def _read_map_sync(device, buf):
 
 def profile_main(out_dir: str, dispatch_floor, log=print) -> dict:
     """Every case of CASES and the read-back; ``dispatch_floor(device)`` is
-    lora.bench's (passed in: lora.bench calls this module)."""
+    lora.apps.bench's (passed in: lora.apps.bench calls this module)."""
     device = get_device()
     result = {"adapter": device.name, "backend": device.backend, "build": WGPU_BUILD,
               "compiler": COMPILER, "floor_us": dispatch_floor(device), "cases": []}

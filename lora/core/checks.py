@@ -15,7 +15,7 @@ import numpy as np
 from shaderdsl import checks
 from shaderdsl.errors import BindingError, DispatchError, FeatureError
 
-from .weight import Weight, check_f16  # noqa: F401  (one of the checks)
+from .weight import Weight, check_f16, host_matrix  # noqa: F401  (check_f16: one of the checks)
 
 F32 = np.dtype(np.float32)
 PROJECTIONS = ("workgroup", "seed")  # how project_a sums: a workgroup per token, or Hesper's
@@ -112,15 +112,67 @@ def subgroups_value(device, subgroups, projection: str = "workgroup") -> bool:
     if not isinstance(subgroups, (bool, np.bool_)):
         raise TypeError(f"subgroups: expected True or False, got {subgroups!r}")
     if subgroups and projection != "workgroup":
-        raise ValueError(f"subgroups=True applies to strategy='workgroup' only, got "
-                         f"strategy={projection!r}")
+        raise ValueError(f"subgroups=True applies to projection='workgroup' only, got "
+                         f"projection={projection!r}")
     if subgroups and not device.has_feature("subgroup"):
         raise FeatureError(f"subgroups=True needs the 'subgroup' feature, which {device.name!r} "
                            f"({device.backend}) lacks; call with subgroups=False")
     return bool(subgroups)
 
 
-def projection_value(strategy) -> str:
-    if strategy not in PROJECTIONS:
-        raise ValueError(f"strategy: expected one of {PROJECTIONS}, got {strategy!r}")
-    return strategy
+def projection_value(projection) -> str:
+    if projection not in PROJECTIONS:
+        raise ValueError(f"projection: expected one of {PROJECTIONS}, got {projection!r}")
+    return projection
+
+
+# ---------------------------------------------------------------- numpy in
+
+def host_activation(arr, what: str, dtype) -> np.ndarray:
+    """An activation as a C-contiguous array of ``dtype``; refuses non-floats
+    and values that float16 cannot hold."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind != "f":
+        raise BindingError(f"{what}: expected a real floating dtype (float16, float32 or "
+                           f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
+    with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
+        out = np.ascontiguousarray(arr, dtype=dtype)
+    if dtype == np.float16 and np.isfinite(arr).all() and not np.isfinite(out).all():
+        raise BindingError(f"{what}: values beyond float16's range (65504) become infinite "
+                           f"when stored as float16")
+    return out
+
+
+def host_problem(x, a, b, base, dtype):
+    """x, A, B and base (or a gradient shaped like the output) as C-contiguous
+    arrays of ``dtype``, shapes checked."""
+    xs = host_activation(x, "x", dtype)
+    if xs.ndim not in (1, 2) or xs.shape[-1] < 1 or xs.size == 0:
+        raise BindingError(f"x: expected shape (in_dim,) or (tokens, in_dim), got {xs.shape}")
+    am = host_matrix(a, "a", "[rank, in_dim]", dtype)
+    bm = host_matrix(b, "b", "[out_dim, rank]", dtype)
+    if bm.shape[1] != am.shape[0]:
+        raise BindingError(f"b: a is [rank, in_dim] = {list(am.shape)}, so b must be "
+                           f"[out_dim, {am.shape[0]}], got {list(bm.shape)}")
+    if xs.shape[-1] != am.shape[1]:
+        raise BindingError(f"x: a is [rank, in_dim] = {list(am.shape)}, so x must end in "
+                           f"{am.shape[1]}, got shape {xs.shape}")
+    out_shape = xs.shape[:-1] + (bm.shape[0],)
+    if base is None:
+        return xs, am, bm, np.zeros(out_shape, dtype)
+    base = host_activation(base, "base", dtype)
+    if base.shape != out_shape:
+        raise BindingError(f"base: expected shape {out_shape} (x.shape[:-1] + (out_dim,)), "
+                           f"got {base.shape}")
+    return xs, am, bm, base
+
+
+def scale_of(alpha, scale, rank: int) -> float:
+    """``scale``, else ``alpha / rank``, else 1."""
+    if alpha is not None and scale is not None:
+        raise ValueError("give alpha or scale, not both (scale = alpha / rank)")
+    if scale is None and alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+            raise TypeError(f"alpha: expected a real number, got {alpha!r}")
+        scale = float(alpha) / rank
+    return scale_value(1.0 if scale is None else scale)

@@ -1,6 +1,6 @@
 """Training-step benchmark: forward + MSE + backward + AdamW for one adapted
 layer, on the GPU beside PyTorch (eager and CUDA graph, AdamW(capturable=True))
-in the same process. Part of ``python -m lora bench`` (lora.bench).
+in the same process. Part of ``python -m lora bench`` (lora.apps.bench).
 
 A step here is what PyTorch's does: ``out = base + s (x A^T) B^T``, the mean
 squared error against a target, its gradient, dA and dB (no dx: x needs no
@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from . import reference
-from .optim import AdamW
-from .training import LayerTrainer
-from .tuning import MIN_BATCH_NS
-from .weight import Weight
+from ..core import reference
+from ..training.optim import AdamW
+from ..training.trainer import LayerTrainer
+from ..core.tuning import MIN_BATCH_NS
+from ..core.weight import Weight
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),)}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
@@ -74,17 +74,15 @@ def profile_step(device, trainer, bufs, repeats: int) -> dict:
     """GPU microseconds of each dispatch of a step on its own (the copy, the
     forward's kernels, the loss, the backward's, the optimizer's): each is
     recorded ``repeats`` times in one timed batch."""
-    from .plan import record_steps
+    from ..core.plan import record_steps
 
-    buffers = {**bufs, "A": trainer.forward.a, "B": trainer.forward.b, "h": trainer.forward.h,
-               "g": trainer.g, "dA": trainer.grad_a, "dB": trainer.grad_b, "want": bufs["target"],
-               "output": bufs["out"], trainer._loss_role: trainer.partial,
-               **trainer.forward.scratch, **trainer.backward.scratch}
-    parts = [(f"forward {s.kernel.name}", [s], buffers) for s in trainer.forward.steps]
-    parts += [(f"loss {s.kernel.name}", [s], buffers) for s in trainer.loss_steps]
-    parts += [(f"backward {s.kernel.name}", [s], buffers) for s in trainer.backward.steps]
-    parts += [(f"optimizer {s.kernel.name}", [s], b) for steps, b in trainer.optimizer._steps
-              for s in steps]
+    given = {**bufs, "g": trainer.g, "dA": trainer.grad_a, "dB": trainer.grad_b,
+             "want": bufs["target"], "output": bufs["out"], "h": trainer.forward.h}
+    parts = [(f"{what} {s.kernel.name}", [s], {**given, **plan.bound, **plan.scratch})
+             for what, plans in (("forward", [trainer.forward]), ("loss", [trainer.loss_plan]),
+                                 ("backward", [trainer.backward]),
+                                 ("optimizer", trainer.optimizer._plans))
+             for plan in plans for s in plan.steps]
     out = {}
     for name, steps, bs in parts:
         with device.batch(timestamps=True) as b:

@@ -1,0 +1,69 @@
+"""The forward as users call it: the autotuned plan cached on the weight
+(:func:`auto_plan`), and :func:`forward`, numpy in and numpy out."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import checks as C
+from . import tuning
+from .cache import clear_plan_cache, get_or_build
+from .forward import forward_plan
+from .plan import Plan
+from .strategy import Strategy
+from .weight import Weight, storage_dtype
+
+
+def auto_plan(device, weight, scale: float, tokens: int, strategy=None) -> Plan:
+    """The weight's cached forward plan for ``tokens`` tokens: the strategy
+    given (or ``$LORA_STRATEGY``), else the autotuned fastest (measured once,
+    cached on disk). From 2 to ``tuning.RUNTIME_TOKENS`` tokens the plan is a
+    run-time one, chosen and kept per bucket of counts (``tuning.BUCKETS``):
+    a new count in a bucket seen before compiles nothing. One token, and
+    counts past the last bucket or the binding-size limit, are baked."""
+    bucket = tuning.runtime_bucket(device, weight, tokens)
+
+    def build():
+        if bucket:
+            chosen = tuning.choose_bucket(device, weight, scale, bucket, strategy)
+            return forward_plan(device, weight, scale, None, chosen, max_tokens=bucket[1])
+        return forward_plan(device, weight, scale, tokens,
+                            tuning.choose(device, weight, scale, tokens, strategy))
+
+    return get_or_build(weight, ("auto", scale, bucket or tokens, str(strategy)), build,
+                        (weight.a, weight.b))
+
+
+def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,
+            device=None, strategy=None, dtype=np.float32) -> np.ndarray:
+    """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
+
+    ``x``: ``(in_dim,)`` or ``(tokens, in_dim)``; ``a``: ``[rank, in_dim]``;
+    ``b``: ``[out_dim, rank]``; ``base``: the base layer's output, shaped like
+    the result (``x.shape[:-1] + (out_dim,)``), default zeros. Any real float
+    dtype in; stored on the GPU and returned as ``dtype`` (float32, or float16
+    where the adapter has shader-f16); sums are float32 either way.
+
+    The factor is ``scale`` if given, else ``alpha / rank``; with neither it is
+    1 (alpha = rank, as ``Config(rank)``). ``strategy``: None for the fastest,
+    autotuned once per shape and device, or a strategy (or its text, such as
+    ``"single:256:1"``; :mod:`lora.core.strategy`). ``device`` defaults to
+    ``shaderdsl.runtime.get_device()``.
+    """
+    from shaderdsl.runtime import get_device
+
+    dtype = storage_dtype(dtype)
+    xs, am, bm, base_host = C.host_problem(x, a, b, base, dtype)
+    s = C.scale_of(alpha, scale, am.shape[0])
+    if strategy is not None and not isinstance(strategy, Strategy):
+        strategy = Strategy.parse(strategy)  # bad text: refused before any buffer exists
+    dev = get_device() if device is None else C.device_of(device)
+    weight = Weight.from_numpy(dev, am, bm, dtype=dtype)
+    x_buf = dev.buffer(xs, name="lora.x")
+    out_buf = dev.buffer(base_host, name="lora.output")
+    try:
+        auto_plan(dev, weight, s, 1 if xs.ndim == 1 else xs.shape[0], strategy)(x_buf, out_buf)
+        return dev.read(out_buf).reshape(base_host.shape).copy()
+    finally:
+        for buf in (x_buf, out_buf, weight.a, weight.b):
+            dev.release(buf)
+        clear_plan_cache(weight)

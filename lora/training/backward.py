@@ -1,0 +1,114 @@
+"""The backward of a LoRA layer: its plan builder, the forward of a training
+step (which leaves h for it), and ``backward`` (numpy in, numpy out).
+
+With s the scale, h = A x saved by the forward and g = dL/d(out):
+dh = s g B, dB = s g^T h, dA = dh^T x, dx = dh A (see lora.kernels.backward).
+Gradients are float32; x, g and dx are stored like the weight. Each gradient
+is overwritten, or accumulated with ``accumulate=True`` (micro-batches).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import checks as C
+from ..core.forward import LIKE_WEIGHT, forward_plan
+from ..core.plan import Plan, Role
+from ..core.strategy import Strategy
+from ..core.weight import Weight, check_f16, wgsl_dtype
+from .strategy import Backward
+
+# what each result of a one-result backward (Hesper's gradB, gradDh, gradA, inputGrad) reads
+ONE_RESULT = {"dB": ("g", "h", "dB"), "dh": ("g", "dh"), "dA": ("dh", "x", "dA"),
+              "dx": ("dh", "dx")}
+
+
+def backward_of(strategy, tokens: int, rank: int, device) -> Backward:
+    """A Backward from itself, its text, or None for the default for the shape."""
+    if strategy is None:
+        return Backward.for_shape(tokens, rank, device.has_feature("subgroup"))
+    return strategy if isinstance(strategy, Backward) else Backward.parse(strategy)
+
+
+def _roles(weight, only: str | None, with_dx: bool) -> dict:
+    """The buffers a backward is given, in their positional order."""
+    dt, r, i, o = weight.dtype, weight.rank, weight.in_dim, weight.out_dim
+    f32 = np.dtype(np.float32)
+    every = {"g": Role("grad_out_buf", dt, (o,), why=LIKE_WEIGHT),
+             "x": Role("x_buf", dt, (i,), why=LIKE_WEIGHT), "h": Role("h_buf", f32, (r,)),
+             "dh": Role("dh_buf", f32, (r,), writes=True),
+             "dA": Role("grad_a_buf", f32, (r, i), per_token=False, writes=True),
+             "dB": Role("grad_b_buf", f32, (o, r), per_token=False, writes=True),
+             "dx": Role("grad_x_buf", dt, (i,), writes=True, why=LIKE_WEIGHT)}
+    names = ONE_RESULT[only] if only else ("g", "x", "h", "dA", "dB") + (("dx",) if with_dx else ())
+    return {role: every[role] for role in names}
+
+
+def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
+                  accumulate: bool = False, with_dx: bool = True, only: str | None = None) -> Plan:
+    """The Plan of one backward for ``tokens`` tokens: given g, x, h, dA, dB
+    (and dx unless ``with_dx=False``: a first layer), in that order; it owns
+    dh and the partial sums of dA and dB. ``only``: one result ("dh", "dB",
+    "dA" or "dx") from the buffers ``ONE_RESULT`` names. ``strategy``: a
+    Backward, its text, or None (the default for the shape)."""
+    check_f16(device, weight.dtype, "backward plan")
+    strategy = backward_of(strategy, tokens, weight.rank, device)
+    r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, wgsl_dtype(weight.dtype)
+    if only is None:
+        kernels = strategy.kernels(r, i, o, float(scale), tokens, dt, accumulate, with_dx)
+    else:
+        kernels = strategy.kernels_of(only, r, i, o, float(scale), tokens, dt, accumulate)
+    roles = _roles(weight, only, with_dx)
+    scratch = {k: (lambda t, s=shape: s) for k, shape in strategy.scratch(tokens, r, i, o).items()
+               if k not in roles}
+    label = f"backward {strategy} rank={r} in={i} out={o} scale={float(scale)} {weight.dtype.name}"
+    return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b},
+                scratch=scratch, tokens=tokens, strategy=strategy, weight=weight)
+
+
+def train_forward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
+                       given=("h",)) -> Plan:
+    """The forward of a training step: ``output += scale * B @ (A @ x)`` that
+    also leaves h = A @ x for the backward, in the ``h`` buffer it is given
+    (x, output, h) or, with ``given=()``, its own (``plan.h``). ``strategy``:
+    a forward strategy or its text (default: ``single`` for one token,
+    ``tiled`` beyond)."""
+    if strategy is None:
+        strategy = "single:256:1" if tokens == 1 else "tiled:256:8"
+    return forward_plan(device, weight, scale, tokens, strategy, given=given, save_h=True)
+
+
+def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | None = None,
+             device=None, strategy=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_x, grad_a, grad_b) of ``out = base + scale * B @ (A @ x)`` for the
+    upstream gradient ``grad_out``, on the GPU in float32; numpy in and out.
+    Shapes as lora.forward: x ``(in_dim,)`` or ``(tokens, in_dim)``, grad_out
+    like the output. ``scale`` if given, else ``alpha / rank``, else 1."""
+    from shaderdsl.runtime import get_device
+
+    xs, am, bm, gs = C.host_problem(x, a, b, grad_out, np.float32)
+    s = C.scale_of(alpha, scale, am.shape[0])
+    dev = get_device() if device is None else C.device_of(device)
+    tokens = 1 if xs.ndim == 1 else xs.shape[0]
+    if strategy is not None and not isinstance(strategy, Backward):
+        strategy = Backward.parse(strategy)  # bad text: refused before any buffer exists
+    weight = Weight.from_numpy(dev, am, bm)
+    bufs = {"x": dev.buffer(xs), "g": dev.buffer(gs),
+            "h": dev.empty((tokens, am.shape[0]), np.float32),
+            "dA": dev.empty(am.shape, np.float32), "dB": dev.empty(bm.shape, np.float32),
+            "dx": dev.empty(xs.shape, np.float32), "out": dev.empty(gs.shape, np.float32)}
+    plans = []
+    try:
+        plans = [train_forward_plan(dev, weight, s, tokens),
+                 backward_plan(dev, weight, s, tokens, strategy)]
+        with dev.batch():
+            plans[0](bufs["x"], bufs["out"], h=bufs["h"])
+            plans[1](bufs["g"], bufs["x"], bufs["h"], bufs["dA"], bufs["dB"], bufs["dx"])
+        return dev.read(bufs["dx"]).copy(), dev.read(bufs["dA"]).copy(), dev.read(bufs["dB"]).copy()
+    finally:
+        for plan in plans:
+            plan.release()
+        for buf in (*bufs.values(), weight.a, weight.b):
+            dev.release(buf)
+
+
+__all__ = ["Backward", "Strategy", "backward", "backward_plan", "train_forward_plan"]

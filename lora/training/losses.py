@@ -1,0 +1,41 @@
+"""Losses as plans: the gradient g = dL/d(out) and the loss's partial sums,
+both owned by the plan (``plan.scratch["g"]`` feeds the backward)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.plan import Plan, Role
+
+LOSSES = ("mse", "xent")
+MSE_THREADS = 256  # the mse kernel sums a workgroup's squares into one partial
+
+
+def loss_plan(device, kind: str, tokens: int, columns: int) -> Plan:
+    """``kind`` "mse": given the output and a target, both f32 [tokens, columns];
+    "xent": softmax cross-entropy of the output as logits against u32 labels
+    [tokens]. It owns g [tokens, columns] and the partial sums ("partial":
+    one per workgroup for mse; "losses": one per token for xent)."""
+    if kind not in LOSSES:
+        raise ValueError(f"loss: expected one of {LOSSES}, got {kind!r}")
+    f32, n = np.dtype(np.float32), tokens * columns
+    if kind == "mse":
+        kernel = ("mse", dict(n=n))
+        roles = {"out": Role("output buffer", f32, (columns,)),
+                 "want": Role("target buffer", f32, (columns,))}
+        sums = {"partial": -(-n // MSE_THREADS)}
+    else:
+        kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64))
+        roles = {"logits": Role("output buffer", f32, (columns,)),
+                 "labels": Role("labels buffer", np.dtype(np.uint32), ())}
+        sums = {"losses": tokens}
+    scratch = {"g": lambda t: (t, columns), **{k: (lambda t, v=v: (v,)) for k, v in sums.items()}}
+    return Plan(device, f"loss {kind} tokens={tokens} columns={columns}", [kernel], roles,
+                scratch=scratch, tokens=tokens)
+
+
+def loss_value(device, plan: Plan) -> float:
+    """The last recorded loss of a loss plan (reads back: waits for the GPU)."""
+    if "partial" in plan.scratch:
+        n = plan.tokens * plan.roles["out"].dims[0]
+        return float(device.read(plan.scratch["partial"]).astype(np.float64).sum() / n)
+    return float(device.read(plan.scratch["losses"]).astype(np.float64).mean())
