@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shaderdsl import checks
+from shaderdsl.devicebuffer import DeviceBuffer
 from shaderdsl.errors import BindingError, DispatchError
 from shaderdsl.kernel import Kernel
 
@@ -252,9 +253,9 @@ class Plan:
         given = self._given(args, named)
         for role, spec in self.roles.items():
             buf = given.get(role)
-            if not isinstance(buf, checks.DeviceBuffer) or buf.device is not self.device \
+            if not isinstance(buf, DeviceBuffer) or buf.device is not self.device \
                     or buf.released:
-                got = repr(buf) if isinstance(buf, checks.DeviceBuffer) else type(buf).__name__
+                got = repr(buf) if isinstance(buf, DeviceBuffer) else type(buf).__name__
                 raise BindingError(f"{self!r}: {spec.what} must be a live Buffer on "
                                    f"{self.device!r}, got {got}")
         t = self._check_shapes(given, tokens) if self.tokens is None else \
