@@ -15,14 +15,14 @@ import numpy as np
 
 from . import nodes as S
 from . import types as T
+from .context import type_error
 from .errors import ShaderNameError, ShaderScopeError
-from .expr import index, shaped_length
-from .literals import as_expr, literal
+from .expr import (Call, Expr, Lit, Member, Ref, as_expr, index, is_assignable, literal, next_seq,
+                   operands, reads, root, shaped_length)
 from .location import caller_location
 from .names import PREDECLARED, RESERVED, check_user_name
-from .nodes import (BUILTIN_VALUES, Call, Expr, Member, Ref, is_assignable, next_seq, reads, root,
-                    type_error)
-from .ops import SHIFT, binary_rule
+from .nodes import BUILTIN_VALUES
+from .operators import SHIFT, binary_rule
 
 
 class _Block:
@@ -58,12 +58,13 @@ class ShaderM:
         self.features: set[str] = set()
         self.body = S.Block(0)
         self._blocks = [self.body]             # innermost last
+        self.block_id = 0                      # id of the innermost open block (0: the body)
         self._block_ids = itertools.count(1)
         self._loop_depth = 0
         self._names: set[str] = set(BUILTIN_VALUES)
         self._fresh = itertools.count()
         self._version: dict[str, int] = {}     # mutable name -> times assigned
-        self._uses: list[list] = []            # per open loop: expressions used in its body
+        self._uses: list[list] = []            # per open loop: (expression, its reads) used in it
         self._locals: dict[str, tuple] = {}    # local name -> (block id, where declared)
         self._pending = None                   # (where, what) of a block not yet entered
         self.functions: dict = {}              # @function -> its FunctionDef, callees first
@@ -202,11 +203,6 @@ class ShaderM:
     def _block(self) -> S.Block:
         return self._blocks[-1]
 
-    @property
-    def block_id(self) -> int:
-        """Id of the innermost open block (0: the entry point's body)."""
-        return self._blocks[-1].id
-
     def _emit(self, st) -> None:
         self.check_pending()
         self._block.stmts.append(st)
@@ -247,7 +243,7 @@ class ShaderM:
                     f"which was assigned after the expression was built; bind it with "
                     f"m.let(...) where it should be read")
         if self._uses:
-            self._uses[-1].append((e.where, deps))
+            self._uses[-1].append((e, deps))
         return e
 
     def _check_function_use(self, e: Expr, open_ids) -> None:
@@ -255,7 +251,7 @@ class ShaderM:
         stack = [e]
         while stack:
             x = stack.pop()
-            stack.extend(S.operands(x))
+            stack.extend(operands(x))
             if not isinstance(x, Ref):
                 continue
             if x.kind == "builtin":
@@ -275,11 +271,13 @@ class ShaderM:
         self.check_pending()
         used: set = set()
         self._blocks, self._loop_depth, self._uses, self._in_function = [body], 0, [], (name, used)
+        self.block_id = body.id
         try:
             yield used
             self.check_pending()
         finally:
             self._blocks, self._loop_depth, self._uses, self._in_function = saved
+            self.block_id = self._blocks[-1].id
 
     def next_block(self) -> S.Block:
         return S.Block(next(self._block_ids))
@@ -401,6 +399,7 @@ class ShaderM:
     @contextlib.contextmanager
     def _open(self, block: S.Block, loop: bool = False):
         self._blocks.append(block)
+        self.block_id = block.id
         if loop:
             self._loop_depth += 1
             self._uses.append([])
@@ -409,6 +408,7 @@ class ShaderM:
             yield
         finally:
             self._blocks.pop()
+            self.block_id = self._blocks[-1].id
             if loop:
                 self._loop_depth -= 1
                 uses = self._uses.pop()
@@ -420,11 +420,11 @@ class ShaderM:
         """An expression built before a loop that reads a name the loop assigns
         would see a different value on the next iteration: refuse it."""
         changed = {n for n, v in self._version.items() if versions_before.get(n, 0) != v}
-        for where, deps in uses:
+        for e, deps in uses:
             for name, _, seq in deps:
                 if name in changed and seq < seq_before:
                     raise ShaderScopeError(
-                        f"{where}: this expression was built before a loop and reads "
+                        f"{e.where}: this expression was built before a loop and reads "
                         f"`{name}`, which the loop assigns; build it inside the loop or bind "
                         f"it with m.let(...) before the loop")
 
@@ -481,7 +481,7 @@ class ShaderM:
                              f"{start.type}, {end.type}, {step.type}")
         for x in (start, end, step):
             self.check_use(x)
-        if isinstance(step, S.Lit) and step.value == 0:
+        if isinstance(step, Lit) and step.value == 0:
             raise type_error("a loop step of 0 never ends; give a step of 1 or more "
                              "(a negative Python int counts down)")
         body = S.Block(next(self._block_ids))

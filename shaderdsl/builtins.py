@@ -11,7 +11,7 @@ holding their result.
 from __future__ import annotations
 
 from . import context
-from .nodes import Call
+from .expr import Call
 from .ops import BUILTINS, Op
 
 

@@ -20,8 +20,8 @@ import math
 
 from . import builtins as B
 from . import types as T
-from .literals import as_expr
-from .nodes import type_error
+from .context import type_error
+from .expr import as_expr
 
 SHARED_FLOATS = 4096  # 16 KiB: WebGPU's default maxComputeWorkgroupStorageSize
 _SUBGROUP = {"sum": B.subgroup_add, "max": B.subgroup_max, "min": B.subgroup_min}

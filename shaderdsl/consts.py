@@ -4,11 +4,12 @@ WGSL evaluates its const-expressions when a module is created, and a few
 operations that are defined at run time are errors there: an integer division
 or remainder by zero, i32's most negative value divided by -1, a shift by 32
 or more, and a left shift that changes bits it shifts out (u32) or the sign
-(i32). The operator rules (``shaderdsl.ops``) refuse those while the
+(i32). The operator rules (``shaderdsl.operators``) refuse those while the
 expression is built, using :func:`int_value` for both operands. Other
 operations wrap, as in WGSL.
 
-Values are computed with each node's own registry semantics, the same numpy
+Each expression gives its own value (``Expr.int_constant()`` in
+``shaderdsl.expr``), computed with its registry semantics, the same numpy
 functions the interpreter runs. Only trees built from integer literals are
 evaluated: literals, vector constructors and splats, conversions between i32
 and u32, unary ``-`` and ``~``, and the arithmetic, bit and shift operators.
@@ -20,38 +21,16 @@ from __future__ import annotations
 import numpy as np
 
 from . import types as T
-from .nodes import Binary, Call, Expr, Lit, Unary
-from .values import DTYPES
 
 _I32_MIN = -(1 << 31)
-
-
-def _is_int(t) -> bool:
-    return isinstance(t, (T.Scalar, T.Vector)) and T.scalar_of(t) in (T.i32, T.u32)
-
-
-def _evaluate(e):
-    """The numpy value of a constant integer tree, or None."""
-    if not _is_int(e.type):
-        return None
-    if isinstance(e, Lit):
-        return DTYPES[e.type.name].type(e.value)
-    if isinstance(e, (Unary, Binary)) or (isinstance(e, Call) and e.op.name == "construct"):
-        parts = (e.a,) if isinstance(e, Unary) else (e.a, e.b) if isinstance(e, Binary) else e.args
-        values = [_evaluate(p) for p in parts]
-        if any(v is None for v in values):
-            return None
-        with np.errstate(all="ignore"):
-            return e.op.semantics(tuple(p.type for p in parts), e.type)(*values)
-    return None
 
 
 def int_value(e) -> tuple[int, ...] | None:
     """The components of integer expression ``e`` if it is a constant the DSL
     can evaluate, else None."""
-    if not isinstance(e, Expr) or e.deps:
-        return None  # not an expression, or it reads a variable, let or buffer
-    v = _evaluate(e)
+    if e.deps:
+        return None  # it reads a variable, let or buffer
+    v = e.int_constant()
     return None if v is None else tuple(int(x) for x in np.atleast_1d(v))
 
 

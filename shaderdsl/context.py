@@ -1,12 +1,14 @@
-"""The stack of builders whose kernel functions are running.
+"""The stack of builders whose kernel functions are running, and type
+errors at the user's line.
 
 A leaf module: expression nodes ask it which builder is active (to record
 the block an expression was built in, or to emit the statement of
-``buf[i] = v``) without importing the builder.
+``buf[i] = v``) without importing the builder; every layer that types
+expressions raises ``type_error(...)``, which names the user's ``file:line``.
 """
 from __future__ import annotations
 
-from .errors import ShaderScopeError
+from .errors import ShaderScopeError, ShaderTypeError
 from .location import caller_location
 
 _stack: list = []
@@ -31,3 +33,8 @@ def current():
         raise ShaderScopeError(f"{caller_location()}: a store, compound assignment or atomic "
                                f"was used outside a kernel function being compiled")
     return _stack[-1]
+
+
+def type_error(msg: str, where: str | None = None) -> ShaderTypeError:
+    """A ShaderTypeError naming ``where`` (default: the user's line)."""
+    return ShaderTypeError(f"{where or caller_location()}: {msg}")

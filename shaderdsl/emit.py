@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from . import expr as E
 from . import nodes as N
 from . import types as T
 from .errors import ShaderTypeError
@@ -38,7 +39,7 @@ def float_text(value: float, scalar: T.Scalar) -> str:
     return f"{sign}{text}{'h' if scalar == T.f16 else 'f'}"
 
 
-def literal_text(lit: N.Lit) -> str:
+def literal_text(lit: E.Lit) -> str:
     v, t = lit.value, lit.type
     if t == T.bool_:
         return "true" if v else "false"
@@ -52,10 +53,10 @@ def literal_text(lit: N.Lit) -> str:
         raise ShaderTypeError(f"{lit.where}: {e}") from None
 
 
-def _needs_parens(parent, child: N.Expr, left: bool) -> bool:
+def _needs_parens(parent, child: E.Expr, left: bool) -> bool:
     """WGSL's grammar: bit and shift operands must be unary, and mixing && with ||
     or & with | needs parentheses; arithmetic follows the usual precedence."""
-    if not isinstance(child, N.Binary):
+    if not isinstance(child, E.Binary):
         return False
     p, c = parent.group, child.op.group
     if p == "mul":
@@ -94,17 +95,17 @@ class Emitter:
 
     # ------------------------------------------------------------ expressions
 
-    def expr(self, e: N.Expr) -> str:
+    def expr(self, e: E.Expr) -> str:
         self._note_type(e.type)
         return _EXPR[type(e)](self, e)
 
-    def _lit(self, e: N.Lit) -> str:
+    def _lit(self, e: E.Lit) -> str:
         return literal_text(e)
 
-    def _ref(self, e: N.Ref) -> str:
+    def _ref(self, e: E.Ref) -> str:
         return e.name
 
-    def _binary(self, e: N.Binary) -> str:
+    def _binary(self, e: E.Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         if _needs_parens(e.op, e.a, True):
             a = f"({a})"
@@ -112,42 +113,42 @@ class Emitter:
             b = f"({b})"
         return f"{a} {e.op.wgsl} {b}"
 
-    def _unary(self, e: N.Unary) -> str:
+    def _unary(self, e: E.Unary) -> str:
         a = self.expr(e.a)
-        if isinstance(e.a, (N.Binary, N.Unary)) or (isinstance(e.a, N.Lit) and a.startswith("-")):
+        if isinstance(e.a, (E.Binary, E.Unary)) or (isinstance(e.a, E.Lit) and a.startswith("-")):
             a = f"({a})"
         return f"{e.op.wgsl}{a}"
 
-    def _call(self, e: N.Call) -> str:
+    def _call(self, e: E.Call) -> str:
         if e.op.feature:
             self.features.add(e.op.feature)
         return f"{e.op.spell(e.type)}({', '.join(self._argument(a) for a in e.args)})"
 
-    def _address_of(self, e: N.AddressOf) -> str:
+    def _address_of(self, e: E.AddressOf) -> str:
         return f"&{self.expr(e.target)}"
 
-    def _index(self, e: N.Index) -> str:
+    def _index(self, e: E.Index) -> str:
         return f"{self._primary(e.base)}[{self.expr(e.index)}]"
 
-    def _member(self, e: N.Member) -> str:
+    def _member(self, e: E.Member) -> str:
         return f"{self._primary(e.base)}.{e.name}"
 
-    def _argument(self, e: N.Expr) -> str:
+    def _argument(self, e: E.Expr) -> str:
         """A call argument. A `<` or `>` comparison is parenthesized: unwrapped,
         `f(a < b, c > d)` reads as the template list `a<b, c>` in WGSL."""
         text = self.expr(e)
-        return f"({text})" if isinstance(e, N.Binary) and e.op.wgsl in _TEMPLATE_LIKE else text
+        return f"({text})" if isinstance(e, E.Binary) and e.op.wgsl in _TEMPLATE_LIKE else text
 
-    def _primary(self, e: N.Expr) -> str:
+    def _primary(self, e: E.Expr) -> str:
         text = self.expr(e)
-        if isinstance(e, (N.Binary, N.Unary)) or (isinstance(e, N.Lit) and text.startswith("-")):
+        if isinstance(e, (E.Binary, E.Unary)) or (isinstance(e, E.Lit) and text.startswith("-")):
             return f"({text})"
         return text
 
-    def _operand(self, e: N.Expr) -> str:
+    def _operand(self, e: E.Expr) -> str:
         """A loop bound after `<`: anything but arithmetic gets parentheses."""
         text = self.expr(e)
-        return f"({text})" if isinstance(e, N.Binary) and e.op.group not in ("mul", "add") \
+        return f"({text})" if isinstance(e, E.Binary) and e.op.group not in ("mul", "add") \
             else text
 
     # ------------------------------------------------------------ statements
@@ -241,9 +242,9 @@ class Emitter:
         self._line(out, depth, f"// {st.text}", st.where)
 
 
-_EXPR = {N.Lit: Emitter._lit, N.Ref: Emitter._ref, N.Binary: Emitter._binary,
-         N.Unary: Emitter._unary, N.Call: Emitter._call, N.AddressOf: Emitter._address_of,
-         N.Index: Emitter._index, N.Member: Emitter._member}
+_EXPR = {E.Lit: Emitter._lit, E.Ref: Emitter._ref, E.Binary: Emitter._binary,
+         E.Unary: Emitter._unary, E.Call: Emitter._call, E.AddressOf: Emitter._address_of,
+         E.Index: Emitter._index, E.Member: Emitter._member}
 _STMT = {N.Let: Emitter._let, N.VarDecl: Emitter._var, N.Assign: Emitter._assign,
          N.Effect: Emitter._effect, N.If: Emitter._if, N.For: Emitter._for,
          N.While: Emitter._while, N.Jump: Emitter._jump, N.Barrier: Emitter._barrier,
@@ -308,8 +309,8 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]
     return "\n".join(lines) + "\n", tuple(source_map), frozenset(em.features)
 
 
-def expr_text(e: N.Expr) -> str:
-    """WGSL text of one expression (for repr and error messages)."""
+def expr_text(e: E.Expr) -> str:
+    """WGSL text of one expression (for error messages and debugging)."""
     return Emitter().expr(e)
 
 
@@ -319,5 +320,3 @@ def stmt_text(st) -> str:
     Emitter().stmt(st, 0, out)
     return out[0][0] if out else ""
 
-
-N.hooks.text = expr_text

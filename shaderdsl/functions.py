@@ -22,9 +22,9 @@ import inspect
 
 from . import nodes as S
 from . import types as T
-from .literals import as_expr
+from .context import type_error
+from .expr import as_expr
 from .location import caller_location
-from .nodes import type_error
 
 
 class Function:

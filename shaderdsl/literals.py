@@ -1,9 +1,10 @@
-"""Python numbers in shader expressions: typed, range-checked literals.
+"""Python numbers in shader expressions: the value a literal of a type holds.
 
 A Python number takes the type of the expression it meets (``x + 1`` with
 ``x: u32`` gives ``1u``); alone it becomes what WGSL makes of an abstract
 literal (bool, i32 or f32). A value that does not fit its type raises here,
-naming the user's line.
+naming the user's line. The literal nodes themselves are made in
+``shaderdsl.expr`` (``literal``, ``as_expr``).
 """
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ import math
 import numpy as np
 
 from . import types as T
-from .nodes import Assigned, Expr, Lit, type_error
+from .context import type_error
 
 I32_MIN, I32_MAX, U32_MAX = -(2 ** 31), 2 ** 31 - 1, 2 ** 32 - 1
 
 
-def literal(value, scalar: T.Scalar, where: str | None = None) -> Lit:
-    """A Python number as a literal of ``scalar``, range-checked."""
+def literal_value(value, scalar: T.Scalar, where: str | None = None):
+    """A Python number as the value of a literal of ``scalar``, range-checked."""
     if isinstance(value, (bool, np.bool_)):
         if scalar != T.bool_:
             raise type_error(f"bool literal {value!r} used where {scalar} is expected", where)
-        return Lit(bool(value), T.bool_)
+        return bool(value)
     if scalar == T.bool_:
         raise type_error(f"number {value!r} used where bool is expected", where)
     if isinstance(value, (int, np.integer)):
@@ -31,9 +32,7 @@ def literal(value, scalar: T.Scalar, where: str | None = None) -> Lit:
             raise type_error(f"{value} does not fit in u32", where)
         if scalar == T.i32 and not I32_MIN <= value <= I32_MAX:
             raise type_error(f"{value} does not fit in i32", where)
-        if scalar.is_float:
-            value = float(value)
-        return Lit(value, scalar)
+        return float(value) if scalar.is_float else value
     if isinstance(value, (float, np.floating)):
         if not scalar.is_float:
             raise type_error(f"float literal {value!r} used where {scalar} is expected; "
@@ -45,7 +44,7 @@ def literal(value, scalar: T.Scalar, where: str | None = None) -> Lit:
                 rounded = float(np.float16(value) if scalar == T.f16 else np.float32(value))
             if not math.isfinite(rounded) or abs(rounded) > limit:
                 raise type_error(f"{value!r} is out of range for {scalar}", where)
-        return Lit(value, scalar)
+        return value
     raise type_error(f"cannot use {type(value).__name__} {value!r} in a shader expression", where)
 
 
@@ -58,13 +57,3 @@ def default_scalar(value) -> T.Scalar:
     if isinstance(value, (float, np.floating)):
         return T.f32
     raise type_error(f"cannot use {type(value).__name__} {value!r} in a shader expression")
-
-
-def as_expr(value, like: T.WType | None = None) -> Expr:
-    """An Expr as is, or a Python literal typed from ``like`` (its scalar type)."""
-    if isinstance(value, Expr):
-        return value
-    if isinstance(value, Assigned):
-        raise type_error("the result of an augmented assignment is not a value")
-    scalar = T.scalar_of(like) if like is not None else None
-    return literal(value, scalar or default_scalar(value))

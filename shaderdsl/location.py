@@ -3,7 +3,8 @@
 Every node, statement and error carries a ``file:line`` so that a mistake is
 reported at the user's line. Frames of this package and of ``contextlib``
 (``with m.loop(...)`` runs through it) are skipped; which files those are is
-decided once per file name, so a location costs a short walk up the stack.
+decided once per file name, so a location costs a short walk up the stack;
+an expression keeps the (file, line) pair and writes it out only when asked.
 """
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ import sys
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
-_skip: dict[str, bool] = {}          # co_filename -> frame belongs to the library
+_library: set[str] = set()           # co_filename of frames of the library (skipped)
+_user: set[str] = set()              # co_filename of frames of the user's code
 _shown: dict[tuple, str] = {}        # (co_filename, cwd) -> the name shown to the user
-
-
-def _is_library(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path.startswith(_PKG_DIR + os.sep) or path == _CONTEXTLIB
 
 
 def _show(filename: str) -> str:
@@ -35,23 +32,37 @@ def _show(filename: str) -> str:
     return name
 
 
-def caller_location() -> str:
-    """'file:line' of the first frame outside this package: the user's code."""
+def user_line() -> tuple[str, int] | None:
+    """(file name, line) of the first frame outside this package: the user's
+    code (None if there is none). Cheap: what every expression node keeps."""
     f = sys._getframe(1)
     while f is not None:
         filename = f.f_code.co_filename
-        skip = _skip.get(filename)
-        if skip is None:
-            skip = _skip[filename] = _is_library(filename)
-        if not skip:
-            return f"{_show(filename)}:{f.f_lineno}"
+        if filename not in _library and (filename in _user or not _classify(filename)):
+            return filename, f.f_lineno
         f = f.f_back
-    return "<unknown>"
+    return None
+
+
+def shown(at: tuple[str, int] | None) -> str:
+    """'file:line' of a ``user_line()`` result, the file relative to the
+    working directory."""
+    return "<unknown>" if at is None else f"{_show(at[0])}:{at[1]}"
+
+
+def caller_location() -> str:
+    """'file:line' of the first frame outside this package: the user's code."""
+    return shown(user_line())
 
 
 def is_library_file(filename: str) -> bool:
     """True for a file of this package (or contextlib): not the user's code."""
-    skip = _skip.get(filename)
-    if skip is None:
-        skip = _skip[filename] = _is_library(filename)
-    return skip
+    return filename in _library or (filename not in _user and _classify(filename))
+
+
+def _classify(filename: str) -> bool:
+    """Decide once whether ``filename`` is the library's; True if it is."""
+    path = os.path.abspath(filename)
+    library = path.startswith(_PKG_DIR + os.sep) or path == _CONTEXTLIB
+    (_library if library else _user).add(filename)
+    return library

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import nodes as N
+from .. import expr as E
 from .. import types as T
 from .. import values as V
 from .exprs import ExprCompiler
 
 
-def is_shared(e: N.Expr) -> bool:
+def is_shared(e: E.Expr) -> bool:
     """Is ``e`` a location in (or the whole of) a workgroup array?"""
-    if not isinstance(e, (N.Ref, N.Index, N.Member)):
+    if not isinstance(e, (E.Ref, E.Index, E.Member)):
         return False
-    r = N.root(e)
-    return isinstance(r, N.Ref) and r.kind == "workgroup"
+    r = E.root(e)
+    return isinstance(r, E.Ref) and r.kind == "workgroup"
 
 
 class CheckedExprCompiler(ExprCompiler):
@@ -35,13 +35,13 @@ class CheckedExprCompiler(ExprCompiler):
         super().__init__(name)
         self.offsets = offsets
 
-    def __call__(self, e: N.Expr) -> Callable:
+    def __call__(self, e: E.Expr) -> Callable:
         if is_shared(e):
             return self._load(e)
         return super().__call__(e)
 
     def _load(self, e) -> Callable:
-        place, where, name = self.shared_place(e), e.where, N.root(e).name
+        place, where, name = self.shared_place(e), e.where, E.root(e).name
 
         def load(inv):
             c, k, off = place(inv)
@@ -49,11 +49,11 @@ class CheckedExprCompiler(ExprCompiler):
             return V.copy(c[k])
         return load
 
-    def logged_place(self, e: N.Expr, mode: str, where: str) -> Callable:
+    def logged_place(self, e: E.Expr, mode: str, where: str) -> Callable:
         """``place(e)`` that logs a "read", "write" or "update" (both) of workgroup memory."""
         if not is_shared(e):
             return self.place(e)
-        place, name = self.shared_place(e), N.root(e).name
+        place, name = self.shared_place(e), E.root(e).name
         read, write = mode in ("read", "update"), mode in ("write", "update")
 
         def logged(inv):
@@ -66,10 +66,10 @@ class CheckedExprCompiler(ExprCompiler):
             return c, k
         return logged
 
-    def shared_place(self, e: N.Expr) -> Callable:
+    def shared_place(self, e: E.Expr) -> Callable:
         """``f(inv) -> (container, key, offsets)``: offsets is an int for one scalar
         element (the common ``sh[i]``), else an int array."""
-        if isinstance(e, N.Index) and isinstance(e.base, N.Ref) and \
+        if isinstance(e, E.Index) and isinstance(e.base, E.Ref) and \
                 isinstance(e.base.type.elem, (T.Scalar, T.Atomic)):
             name, idx, check = e.base.name, self(e.index), self.bounds_check(e)
 
@@ -85,14 +85,14 @@ class CheckedExprCompiler(ExprCompiler):
             return c, k, oc[k]
         return general
 
-    def _path(self, e: N.Expr) -> Callable:
+    def _path(self, e: E.Expr) -> Callable:
         """``f(inv) -> (container, key, offsets container)``, walking the value and
         its offsets array in step."""
-        if isinstance(e, N.Ref):
+        if isinstance(e, E.Ref):
             name, holder = e.name, {e.name: self.offsets[e.name]}
             return lambda inv: (inv.env, name, holder)
         parent = self._path(e.base)
-        if isinstance(e, N.Member):
+        if isinstance(e, E.Member):
             ks = e.components
             key = ks[0] if len(ks) == 1 else list(ks)
 

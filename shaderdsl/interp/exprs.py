@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import nodes as N
+from .. import expr as E
 from .. import types as T
 from .. import values as V
 from ..errors import InterpreterError, OutOfBoundsError
@@ -27,25 +27,25 @@ class ExprCompiler:
     def __init__(self, name: str):
         self.name = name
 
-    def __call__(self, e: N.Expr) -> Callable:
+    def __call__(self, e: E.Expr) -> Callable:
         return _EXPR[type(e)](self, e)
 
-    def _lit(self, e: N.Lit) -> Callable:
+    def _lit(self, e: E.Lit) -> Callable:
         v = V.DTYPES[e.type.name].type(e.value)
         return lambda inv: v
 
-    def _ref(self, e: N.Ref) -> Callable:
+    def _ref(self, e: E.Ref) -> Callable:
         name = e.name
         if e.kind in ("var", "workgroup", "buffer") and isinstance(e.type, (T.Vector, T.Array)):
             return lambda inv: inv.env[name].copy()   # a snapshot, not a view of the variable
         return lambda inv: inv.env[name]
 
-    def _unary(self, e: N.Unary) -> Callable:
+    def _unary(self, e: E.Unary) -> Callable:
         a = self(e.a)
         f = e.op.semantics((e.a.type,), e.type)
         return lambda inv: f(a(inv))
 
-    def _binary(self, e: N.Binary) -> Callable:
+    def _binary(self, e: E.Binary) -> Callable:
         a, b = self(e.a), self(e.b)
         if e.op.wgsl == "&&":
             return lambda inv: np.bool_(a(inv) and b(inv))
@@ -54,7 +54,7 @@ class ExprCompiler:
         f = e.op.semantics((e.a.type, e.b.type), e.type)
         return lambda inv: f(a(inv), b(inv))
 
-    def _call(self, e: N.Call) -> Callable:
+    def _call(self, e: E.Call) -> Callable:
         if e.op.collective:
             key = id(e)
             return lambda inv: inv.sg[key]
@@ -71,9 +71,9 @@ class ExprCompiler:
             return lambda inv: f(a(inv), b(inv))
         return lambda inv: f(*[a(inv) for a in args])
 
-    def _address_of(self, e: N.AddressOf) -> Callable:
+    def _address_of(self, e: E.AddressOf) -> Callable:
         """``&buf`` (arrayLength's argument): the buffer itself."""
-        if isinstance(e.target, N.Ref):
+        if isinstance(e.target, E.Ref):
             name = e.target.name
             return lambda inv: inv.env[name]
         raise InterpreterError(f"{e.where}: `&` is only meaningful as an atomic or "
@@ -81,7 +81,7 @@ class ExprCompiler:
 
     def _access(self, e) -> Callable:
         """Index/Member: a load from a named location, or a part of a computed value."""
-        if isinstance(N.root(e), N.Ref):
+        if isinstance(E.root(e), E.Ref):
             place = self.place(e)
 
             def load(inv):
@@ -89,7 +89,7 @@ class ExprCompiler:
                 return V.copy(c[k])
             return load
         base = self(e.base)
-        if isinstance(e, N.Member):
+        if isinstance(e, E.Member):
             ks = e.components
             if len(ks) == 1:
                 k = ks[0]
@@ -102,9 +102,9 @@ class ExprCompiler:
             return V.copy(v[check(inv, v, idx(inv))])
         return part
 
-    def bounds_check(self, e: N.Index) -> Callable:
-        r = N.root(e)
-        what = f"{_KIND_WORDS.get(r.kind, r.kind)} `{r.name}`" if isinstance(r, N.Ref) \
+    def bounds_check(self, e: E.Index) -> Callable:
+        r = E.root(e)
+        what = f"{_KIND_WORDS.get(r.kind, r.kind)} `{r.name}`" if isinstance(r, E.Ref) \
             else f"a value of type {e.base.type}"
         where, name = e.where, self.name
 
@@ -118,7 +118,7 @@ class ExprCompiler:
             return i
         return self._axes_check(e, what, check) if e.axes else check
 
-    def _axes_check(self, e: N.Index, what: str, check) -> Callable:
+    def _axes_check(self, e: E.Index, what: str, check) -> Callable:
         """A shaped array's index checked on each axis (``x[r, c]`` with c past the
         columns is out of bounds even where the flat index is not)."""
         axes = [(k, self(i), self(d)) for k, (i, d) in enumerate(e.axes)]
@@ -134,13 +134,13 @@ class ExprCompiler:
             return check(inv, container, i)
         return check_axes
 
-    def place(self, e: N.Expr) -> Callable:
+    def place(self, e: E.Expr) -> Callable:
         """``f(inv) -> (container, key)`` for a location rooted at a name."""
-        if isinstance(e, N.Ref):
+        if isinstance(e, E.Ref):
             name = e.name
             return lambda inv: (inv.env, name)
         parent = self.place(e.base)
-        if isinstance(e, N.Member):
+        if isinstance(e, E.Member):
             ks = e.components
             key = ks[0] if len(ks) == 1 else ks
 
@@ -157,7 +157,7 @@ class ExprCompiler:
         return index
 
 
-_EXPR = {N.Lit: ExprCompiler._lit, N.Ref: ExprCompiler._ref, N.Unary: ExprCompiler._unary,
-         N.Binary: ExprCompiler._binary, N.Call: ExprCompiler._call,
-         N.AddressOf: ExprCompiler._address_of, N.Index: ExprCompiler._access,
-         N.Member: ExprCompiler._access}
+_EXPR = {E.Lit: ExprCompiler._lit, E.Ref: ExprCompiler._ref, E.Unary: ExprCompiler._unary,
+         E.Binary: ExprCompiler._binary, E.Call: ExprCompiler._call,
+         E.AddressOf: ExprCompiler._address_of, E.Index: ExprCompiler._access,
+         E.Member: ExprCompiler._access}

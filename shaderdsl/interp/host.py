@@ -11,7 +11,7 @@ import numpy as np
 from .. import types as T
 from .. import values as V
 from ..errors import BindingError
-from ..literals import literal
+from ..expr import literal
 
 
 def bind(module, buffers: dict, overrides) -> tuple[dict, dict]:

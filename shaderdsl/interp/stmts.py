@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .. import expr as E
 from .. import nodes as N
 from .. import values as V
 from ..emit import stmt_text
 from ..errors import InterpreterError
-from ..ops import INFIX
+from ..operators import INFIX
 
 BREAK, CONTINUE, RETURN = "break", "continue", "return"
 BARRIER, SUBGROUP = "barrier", "subgroup"
@@ -28,9 +29,9 @@ def subgroup_calls(exprs) -> list:
     out: list = []
 
     def walk(e):
-        for sub in N.operands(e):
+        for sub in E.operands(e):
             walk(sub)
-        if isinstance(e, N.Call) and e.op.collective:
+        if isinstance(e, E.Call) and e.op.collective:
             out.append(e)
     for e in exprs:
         if e is not None:

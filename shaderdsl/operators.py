@@ -1,0 +1,287 @@
+"""The registry's operators: the type of its entries (:class:`Op`), the
+entries of Python's infix and prefix operators and of the type constructors,
+and the typing rules of the operators.
+
+An entry says everything the library knows about an operation:
+
+- its WGSL spelling (``wgsl``) and, for infix operators, its precedence
+  ``group`` (the emitter parenthesizes from it);
+- its meaning on numpy values (``semantics(arg_types, result_type)`` gives
+  a function of the argument values), which the interpreter runs and which
+  constant evaluation (``shaderdsl.consts``) uses;
+- for a builtin function, its typing rule (``rule``: the arguments as the
+  user gave them -> the checked argument expressions and the result type,
+  or a ShaderTypeError naming the user's line); the adapter feature it needs
+  and whether it is a side effect (atomics, emitted as a statement) or a
+  subgroup collective (values across lanes).
+
+The operator rules here read only the operands' types and, for integer
+division and shifts, their constant values (``shaderdsl.consts``); the
+expressions (``shaderdsl.expr``) apply them when Python's operators build a
+node. The builtin functions' entries are in ``shaderdsl.ops``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import consts
+from . import types as T
+from . import values as V
+from .context import type_error
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """One operation. ``form`` is "infix", "prefix", "call", "atomic", "subgroup" or
+    "subgroup_store" (a subgroup collective that writes memory)."""
+
+    name: str                       # the DSL's name (registry key)
+    wgsl: str                       # WGSL spelling; "{type}" is replaced by the result type
+    form: str                       # infix, prefix, call, atomic, subgroup, subgroup_store
+    semantics: Callable             # (arg types, result type) -> f(*values)
+    rule: Callable | None = None    # calls: (*user args) -> (arg exprs, result type)
+    feature: str | None = None
+    group: str = ""                 # infix precedence: mul, add, shift, rel, bit, logic
+    doc: str = ""
+
+    @property
+    def effect(self) -> bool:
+        """Atomics and subgroup matrix stores change memory: the builder emits
+        them as statements."""
+        return self.form in ("atomic", "subgroup_store")
+
+    @property
+    def collective(self) -> bool:
+        """Subgroup operations combine the values of several invocations."""
+        return self.form in ("subgroup", "subgroup_store")
+
+    def spell(self, result_type) -> str:
+        """The WGSL name for a call with this result type ("{component}": a
+        subgroup matrix's component type)."""
+        if "{" not in self.wgsl:
+            return self.wgsl
+        return self.wgsl.format(type=result_type,
+                                component=getattr(result_type, "component", result_type))
+
+    def __repr__(self) -> str:
+        return f"<Op {self.name} {self.wgsl!r}>"
+
+
+# ================================================================ operators
+
+def _int_arith(f):
+    """Integer semantics: in int64, wrapped to the 32-bit result type."""
+    def make(types, rt):
+        dt = V.dtype_of(rt)
+        return lambda a, b: V.wrap(f(np.asarray(a).astype(V.I64), np.asarray(b).astype(V.I64)), dt)
+    return make
+
+
+def _idiv(x, y):
+    """WGSL integer division on int64 values: truncates; x / 0 = x (and, after
+    wrapping, i32 MIN / -1 = MIN)."""
+    zero = y == 0
+    ys = np.where(zero, 1, y)
+    q = np.abs(x) // np.abs(ys)
+    q = np.where((x < 0) != (ys < 0), -q, q)
+    return np.where(zero, x, q)
+
+
+def _irem(x, y):
+    """WGSL integer remainder: sign of x; x % 0 = 0 (and i32 MIN % -1 = 0)."""
+    zero = y == 0
+    ys = np.where(zero, 1, y)
+    q = np.abs(x) // np.abs(ys)
+    q = np.where((x < 0) != (ys < 0), -q, q)
+    return np.where(zero, 0, x - q * ys)
+
+
+def _by_kind(int_fn, float_fn, bool_fn=None):
+    """Semantics choosing by the scalar type of the first operand."""
+    def make(types, rt):
+        s = T.scalar_of(types[0])
+        if s == T.bool_:
+            return bool_fn
+        if s.is_int:
+            return _int_arith(int_fn)(types, rt)
+        return float_fn
+    return make
+
+
+def plain(f):
+    """Semantics that need no types (comparisons, logic)."""
+    return lambda types, rt: f
+
+
+_INFIX = [
+    # name, wgsl, group, semantics
+    ("add", "+", "add", _by_kind(lambda x, y: x + y, lambda x, y: x + y)),
+    ("sub", "-", "add", _by_kind(lambda x, y: x - y, lambda x, y: x - y)),
+    ("mul", "*", "mul", _by_kind(lambda x, y: x * y, lambda x, y: x * y)),
+    ("div", "/", "mul", _by_kind(_idiv, lambda x, y: x / y)),
+    ("rem", "%", "mul", _by_kind(_irem, np.fmod)),
+    ("bit_and", "&", "bit", _by_kind(lambda x, y: x & y, None, lambda x, y: x & y)),
+    ("bit_or", "|", "bit", _by_kind(lambda x, y: x | y, None, lambda x, y: x | y)),
+    ("bit_xor", "^", "bit", _by_kind(lambda x, y: x ^ y, None)),
+    # WGSL: a run-time shift amount is taken modulo the bit width (32).
+    ("shl", "<<", "shift", _int_arith(lambda x, y: x << (y & 31))),
+    ("shr", ">>", "shift", _int_arith(lambda x, y: x >> (y & 31))),
+    ("lt", "<", "rel", plain(lambda x, y: x < y)),
+    ("le", "<=", "rel", plain(lambda x, y: x <= y)),
+    ("gt", ">", "rel", plain(lambda x, y: x > y)),
+    ("ge", ">=", "rel", plain(lambda x, y: x >= y)),
+    ("eq", "==", "rel", plain(lambda x, y: x == y)),
+    ("ne", "!=", "rel", plain(lambda x, y: x != y)),
+    # && and || short-circuit: the interpreter evaluates b only when needed.
+    ("and", "&&", "logic", plain(lambda x, y: np.bool_(x and y))),
+    ("or", "||", "logic", plain(lambda x, y: np.bool_(x or y))),
+]
+INFIX = {wgsl: Op(name, wgsl, "infix", sem, group=group) for name, wgsl, group, sem in _INFIX}
+
+
+def _negate(types, rt):
+    if T.scalar_of(rt).is_int:
+        dt = V.dtype_of(rt)
+        return lambda a: V.wrap(-np.asarray(a).astype(V.I64), dt)
+    return lambda a: -a
+
+
+def _complement(types, rt):
+    dt = V.dtype_of(rt)
+    return lambda a: V.wrap(~np.asarray(a).astype(V.I64), dt)
+
+
+PREFIX = {
+    "-": Op("neg", "-", "prefix", _negate),
+    "~": Op("complement", "~", "prefix", _complement),
+    "!": Op("not", "!", "prefix", plain(lambda a: V.scalar(np.asarray(np.logical_not(a))))),
+}
+
+ARITH = {"+", "-", "*", "/", "//", "%"}
+COMPARE = {"<", "<=", ">", ">=", "==", "!="}
+BITS = {"&", "|", "^"}
+SHIFT = {"<<", ">>"}
+
+
+def value_type(e, op: str) -> T.WType:
+    """The type of an operand, refusing atomics and arrays."""
+    t = e.type
+    if isinstance(t, T.Atomic):
+        raise type_error(f"cannot use an atomic<{t.scalar}> directly in `{op}`; use atomic_load(...)")
+    if not isinstance(t, (T.Scalar, T.Vector)):
+        raise type_error(f"operator `{op}` does not apply to {t}")
+    return t
+
+
+def _shift_rule(op, a, b, ta, tb):
+    sa = T.scalar_of(ta)
+    if not sa.is_int:
+        raise type_error(f"`{op}` needs an integer left operand, got {ta}")
+    want = T.u32 if isinstance(ta, T.Scalar) else T.Vector(ta.size, T.u32)
+    if tb != want:
+        raise type_error(f"`{op}` needs a shift amount of type {want}, got {tb}")
+    why = consts.refuse_shift(op, a, b, sa)
+    if why:
+        raise type_error(why)
+    return INFIX[op], ta
+
+
+def _compare_rule(op, ta, tb):
+    if ta != tb:
+        raise type_error(f"`{op}` needs operands of the same type, got {ta} and {tb}")
+    if T.scalar_of(ta) == T.bool_ and op not in ("==", "!="):
+        raise type_error(f"`{op}` does not apply to bool")
+    return INFIX[op], (T.bool_ if isinstance(ta, T.Scalar) else T.Vector(ta.size, T.bool_))
+
+
+def _bits_rule(op, ta, tb):
+    if ta != tb:
+        raise type_error(f"`{op}` needs operands of the same type, got {ta} and {tb}")
+    s = T.scalar_of(ta)
+    if s == T.bool_:
+        if op == "^":
+            return INFIX["!="], ta
+        if isinstance(ta, T.Scalar):
+            return INFIX["&&" if op == "&" else "||"], ta
+        return INFIX[op], ta
+    if not s.is_int:
+        raise type_error(f"`{op}` needs integer or bool operands, got {ta}")
+    return INFIX[op], ta
+
+
+def _arith_rule(op, a, b, ta, tb):
+    s = T.scalar_of(ta)
+    if not s.is_numeric:
+        raise type_error(f"`{op}` does not apply to {ta}")
+    if op == "//":
+        if not s.is_int:
+            raise type_error(f"`//` needs integer operands, got {ta}; use `/` for floats")
+        op = "/"
+    why = consts.refuse_division(op, a, b, s) if op in ("/", "%") and s.is_int else None
+    if why:
+        raise type_error(why)
+    if ta == tb or (isinstance(ta, T.Vector) and tb == s):
+        return INFIX[op], ta
+    if isinstance(tb, T.Vector) and ta == T.scalar_of(tb):
+        return INFIX[op], tb
+    raise type_error(f"`{op}` between {ta} and {tb}: vector sizes differ")
+
+
+def binary_rule(op: str, a, b) -> tuple[Op, T.WType]:
+    """The entry and result type of ``a op b`` (Python's operator symbol)."""
+    ta, tb = value_type(a, op), value_type(b, op)
+    if op in SHIFT:
+        return _shift_rule(op, a, b, ta, tb)
+    sa, sb = T.scalar_of(ta), T.scalar_of(tb)
+    if sa != sb:
+        raise type_error(f"`{op}` between {ta} and {tb}: convert one side explicitly, "
+                         f"e.g. {sa}(...) or {sb}(...)")
+    if op in COMPARE:
+        return _compare_rule(op, ta, tb)
+    if op in BITS:
+        return _bits_rule(op, ta, tb)
+    if op in ARITH:
+        return _arith_rule(op, a, b, ta, tb)
+    raise type_error(f"unknown operator {op!r}")
+
+
+def unary_rule(op: str, a) -> tuple[Op, T.WType]:
+    """The entry and result type of ``-a`` or ``~a``."""
+    t = value_type(a, op)
+    s = T.scalar_of(t)
+    if op == "-":
+        if s not in (T.f32, T.f16, T.i32):
+            raise type_error(f"unary minus needs a signed type (f32, f16, i32), got {t}")
+        return PREFIX["-"], t
+    if op == "~":
+        if s == T.bool_:
+            return PREFIX["!"], t
+        if not s.is_int:
+            raise type_error(f"`~` needs an integer or bool operand, got {t}")
+        return PREFIX["~"], t
+    raise type_error(f"unknown unary operator {op!r}")
+
+
+# ================================================================ constructors
+
+def _construct(types, rt):
+    """T(x) conversion, vecN(x) splat, vecN(v) conversion or vecN(a, b, ...)."""
+    dst = T.scalar_of(rt)
+    if isinstance(rt, T.Scalar):
+        return V.convert(types[0], rt)
+    dt = V.dtype_of(rt)
+    if len(types) == 1:
+        if isinstance(types[0], T.Vector):
+            conv = V.convert(types[0].scalar, dst)
+            return lambda a: np.asarray(conv(a), dt)
+        return lambda a: np.full(rt.size, a, dt)
+    if all(isinstance(t, T.Scalar) for t in types):
+        return lambda *xs: np.array(xs, dt)
+    return lambda *xs: np.concatenate([np.atleast_1d(x) for x in xs]).astype(dt)
+
+
+CONSTRUCT = Op("construct", "{type}", "call", _construct,
+               doc="type constructors and conversions: f32(x), vec4f(a, b, c, d)")
