@@ -67,8 +67,8 @@ class Function:
         """The function's definition in this module, built at its first call."""
         if self in m.functions:
             if m.functions[self] is None:
-                raise type_error(f"{caller_location()}: {self.fn.__name__} calls itself; "
-                                 f"WGSL functions cannot be recursive")
+                raise type_error(f"{self.fn.__name__} calls itself; WGSL functions cannot be "
+                                 f"recursive")
             return m.functions[self]
         where = caller_location()
         # the Python name without leading '_' (kept for generated names), made unique
@@ -81,9 +81,8 @@ class Function:
             result = self.fn(m, *params)
             result = None if result is None else m.check_use(as_expr(result, self.returns))
         if self.returns is not None and (result is None or result.type != self.returns):
-            raise type_error(f"{where}: function {self.fn.__name__} is annotated -> "
-                             f"{self.returns} but returns "
-                             f"{'nothing' if result is None else result.type}")
+            raise type_error(f"function {self.fn.__name__} is annotated -> {self.returns} but "
+                             f"returns {'nothing' if result is None else result.type}", where)
         m.function_writes[self] = m.assigned_since(before)
         fdef = S.FunctionDef(name, tuple(params), body, result, where,
                              tuple(k for k in S.BUILTIN_VALUES if k in builtins))
