@@ -222,12 +222,18 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
     """``output += scale * B @ (A @ input)`` with the fastest strategy for this
     shape on this device (lora.core.tuning; measured once, cached on disk), or
     the one forced by ``strategy`` (e.g. ``"tiled:256:8"``) or
-    ``$LORA_STRATEGY``: the plan of :func:`lora.core.forward.auto_plan`."""
-    w, tokens = _tokens(device, weight, input_buf, "input_buf")
-    s = C.scale_value(scale)
-    out = C.storage(device, output_buf, "output_buf", w.dtype, ACTIVATION)
-    C.shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
-    auto_plan(device, w, s, tokens, strategy)(input_buf, output_buf)
+    ``$LORA_STRATEGY``: the plan of :func:`lora.core.auto.auto_plan`, which
+    checks the buffers on every call (the arguments once per token count)."""
+    def build():
+        w, tokens = _tokens(device, weight, input_buf, "input_buf")
+        out = C.storage(device, output_buf, "output_buf", w.dtype, ACTIVATION)
+        C.shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+        return auto_plan(device, w, C.scale_value(scale), tokens, strategy)
+
+    tokens = getattr(input_buf, "size", 0) // max(1, getattr(weight, "in_dim", 1))
+    plan = get_or_build(weight, ("hesper auto", scale, tokens, str(strategy)), build,
+                        (getattr(weight, "a", None), getattr(weight, "b", None)))
+    plan(input_buf, output_buf)
 
 
 def save_activation(device, src_buf, dst_buf, num_elements: int | None = None) -> None:

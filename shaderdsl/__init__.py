@@ -10,6 +10,7 @@ from .compiler import compile
 from .errors import (AliasingError, BindingError, DispatchError, FeatureError, KernelBuildError,
                      NoAdapterError, ShaderDSLError, ShaderNameError, ShaderScopeError,
                      ShaderTypeError, WGSLCompileError)
+from .export import package_version
 from .kernel import Binding, Kernel, Override
 from .builder import ShaderM
 from .types import (Array, Atomic, Scalar, SubgroupMatrix, Vector, WType, array, atomic, bool_,
@@ -17,4 +18,4 @@ from .types import (Array, Atomic, Scalar, SubgroupMatrix, Vector, WType, array,
                     subgroup_matrix_right, u32, vec2, vec2f, vec2h, vec2i, vec2u, vec3, vec3f,
                     vec3h, vec3i, vec3u, vec4, vec4f, vec4h, vec4i, vec4u)
 
-__version__ = "0.1.0"
+__version__ = package_version()
