@@ -25,6 +25,8 @@ command line, benchmarks, the web export, the digits example).
 ``python -m lora demo`` runs the seed case, ``python -m lora train``
 fine-tunes on real data; ``--help`` for more.
 """
+import importlib
+
 from . import kernels
 from .core import reference
 from .core.cache import clear_plan_cache
@@ -51,9 +53,9 @@ _HESPER = ("execute_add_scaled", "execute_fused_b_add", "execute_lora_forward",
 
 
 def __getattr__(name):
-    if name in _HESPER:
-        from . import hesper
-        return getattr(hesper, name)
+    if name in _HESPER or name == "hesper":
+        hesper = importlib.import_module("lora.hesper")
+        return hesper if name == "hesper" else getattr(hesper, name)
     raise AttributeError(f"module 'lora' has no attribute {name!r}")
 
 

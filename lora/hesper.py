@@ -37,6 +37,7 @@ from .core.auto import auto_plan
 from .core.forward import forward_plan
 from .core.plan import Plan, Role
 from .core.strategy import Split, Strategy, Three
+from .core.tuning import runtime_bucket
 from .core.weight import wgsl_dtype
 from .training.backward import ONE_RESULT, backward_plan, train_forward_plan
 
@@ -167,6 +168,9 @@ def _forward(device, weight, scale, input_buf, output_buf, scratch: dict, key, m
             C.shaped(C.storage(device, buf, what), tokens, dim, what, dim_name)
             uses.append((what, buf, True))
         host.distinct(*uses, ("weight.a", w.a, False), ("weight.b", w.b, False))
+        if runtime_bucket(device, w, tokens):  # kernels shared by every token count
+            return forward_plan(device, w, s, None, strategy, given=tuple(scratch),
+                                max_tokens=tokens)
         return forward_plan(device, w, s, tokens, strategy, given=tuple(scratch))
 
     _run(weight, key, {"x": input_buf, "output": output_buf, **scratch}, build)

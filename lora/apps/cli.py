@@ -21,7 +21,7 @@ KERNELS = ("project_a", "project_b", "add_scaled", "fused_b_add", "fused_forward
 
 
 def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, tokens: int = 1,
-                 strategy: str = "workgroup", threads: int = 256, outputs_per_thread: int = 1,
+                 projection: str = "workgroup", threads: int = 256, outputs_per_thread: int = 1,
                  subgroups: bool = False, tile_tokens: int = 16, dtype: str = "f32",
                  rank_group: int = 0, token_block: int = 1):
     """The Kernel a plan would dispatch for these parameters (lora.kernels.KERNELS)."""
@@ -31,7 +31,7 @@ def build_kernel(name: str, rank: int, in_dim: int, out_dim: int, scale: float, 
         raise ValueError(f"unknown kernel {name!r}; expected one of {KERNELS}")
     if rank_group < 0:
         raise ValueError(f"rank_group must be >= 0 (0: all ranks in one workgroup), got {rank_group}")
-    if name == "project_a" and strategy == "seed":
+    if name == "project_a" and projection == "seed":
         name = "project_a_seed"
     given = dict(rank=rank, in_dim=in_dim, out_dim=out_dim, scale=float(scale), tokens=tokens,
                  threads=threads, outputs_per_thread=outputs_per_thread, subgroups=subgroups,
@@ -81,7 +81,7 @@ def cmd_wgsl(args) -> int:
             return 2
     try:
         kernel = build_kernel(args.kernel, args.rank, args.in_dim, args.out_dim, args.scale,
-                              args.tokens, args.strategy, args.threads, args.outputs_per_thread,
+                              args.tokens, args.projection, args.threads, args.outputs_per_thread,
                               args.subgroups, args.tile_tokens, args.dtype, args.rank_group,
                               args.token_block)
     except (ShaderDSLError, ValueError) as e:
@@ -125,7 +125,7 @@ def _runner(dev, name, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw):
 
 ROW_NAMES = {"three": "three: project_a, project_b, add_scaled",
              "split": "split: project_a, fused_b_add",
-             "fused": "fused: fused_forward (one dispatch)",
+             "single": "single: fused_forward (one dispatch)",
              "seed": "seed: Hesper's design (2 dispatches)",
              "auto": "auto: autotuned"}
 
@@ -219,7 +219,7 @@ def cmd_demo(args) -> int:
     print("host us/fwd: CPU time to record one forward into a batch; "
           "GPU us/fwd: batch GPU time / forwards.")
     print("auto: the fastest strategy for this shape and adapter, timed once and cached "
-          "(lora/tuning.py); python -m lora bench compares them on a real GPU.")
+          "(lora/core/tuning.py); python -m lora bench compares them on a real GPU.")
     return 1 if failed else 0
 
 
@@ -487,7 +487,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--out-dim", type=int, default=2560)
     w.add_argument("--scale", type=float, default=2.0)
     w.add_argument("--tokens", type=int, default=1)
-    w.add_argument("--strategy", choices=("workgroup", "seed"), default="workgroup",
+    w.add_argument("--projection", choices=("workgroup", "seed"), default="workgroup",
                    help="project_a only: one workgroup per token, or Hesper's one thread per h")
     w.add_argument("--threads", type=int, default=256, help="workgroup size (default 256)")
     w.add_argument("--outputs-per-thread", type=int, default=1, help="fused_forward only")

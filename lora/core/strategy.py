@@ -55,6 +55,9 @@ class Entry:
     subgroups = False  # (not a field here: the entries with a subgroup form have one)
 
     def __post_init__(self):
+        if not self.name:
+            raise TypeError(f"{type(self).__name__} is the base of the registry's entries: use "
+                            f"{type(self).__name__}.parse(text) or an entry class")
         threads = getattr(self, "threads", 1)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1 or \
                 threads & (threads - 1):
@@ -91,10 +94,10 @@ class Entry:
         bad = [p for p in parts if p not in words] or \
             [p for i, p in enumerate(parts) if p in parts[:i]]
         if bad or len(nums) > len(entry.numbers):
+            words_said = f" then any of the words {list(words)}" if words else " and no words"
             raise ValueError(f"cannot parse {cls.kind} {text!r}: {name!r} takes up to "
                              f"{len(entry.numbers)} number(s) ({', '.join(entry.numbers) or 'none'})"
-                             f" then any of the words {list(words) or 'none'}; e.g. "
-                             f"{str(entry.example())!r}")
+                             f"{words_said}; e.g. {str(entry.example())!r}")
         return entry(**dict(zip(entry.numbers, nums)), **dict(words[p] for p in parts))
 
     @classmethod
@@ -176,7 +179,8 @@ class _Projected:
 
     def validate(self) -> None:
         if self.projection not in ("workgroup", "seed"):
-            raise ValueError(f"projection must be 'workgroup' or 'seed', got {self.projection!r}")
+            raise ValueError(f"projection: expected one of ('workgroup', 'seed'), got "
+                             f"{self.projection!r}")
         if self.subgroups and self.projection == "seed":
             raise ValueError(f"the {self.name} strategy with Hesper's seed projection has no "
                              f"subgroup form")

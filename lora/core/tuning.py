@@ -4,7 +4,7 @@ The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
 ``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build, shape and storage dtype,
 and by the token count (``autotune``: plans with the count baked in) or a
 bucket of counts (``autotune_bucket``: run-time plans, ``BUCKETS``).
-``LORA_STRATEGY=fused:256:1`` (or the ``strategy`` argument) forces a choice.
+``LORA_STRATEGY=single:256:1`` (or the ``strategy`` argument) forces a choice.
 """
 from __future__ import annotations
 

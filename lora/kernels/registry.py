@@ -27,7 +27,7 @@ class KernelSpec:
     are the function's keyword parameters (defaults filled in), plus
     ``threads`` wherever the workgroup size is not one of them. A kernel
     built with ``tokens=None`` reads the token count at run time; its grid is
-    ``grid_rule(dict(params, tokens=T))`` for T tokens (``lora.plan``).
+    ``grid_rule(dict(params, tokens=T))`` for T tokens (``lora.core.plan``).
     """
 
     name: str
