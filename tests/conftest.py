@@ -1,8 +1,13 @@
-"""Shared fixtures: the device the GPU tests run on and a naga compile check."""
+"""Shared fixtures: the device the GPU tests run on and a naga compile check;
+and the test tiers (markers registered in pyproject.toml): tests that use the
+``device`` fixture are marked ``gpu`` here, and a hypothesis test marked
+``examples(quick=N)`` runs twice, as ``[quick]`` (N examples, the default tier)
+and as ``[full]`` (its own @settings count, marked ``slow``)."""
 import os
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 # The LoRA autotuner caches its choices on disk: keep the tests' choices out of
 # the user's cache, and fresh for each run.
@@ -61,3 +66,57 @@ def naga(device):
         device.prepare(kernel, overrides={o.name: 1 for o in kernel.overrides if o.default is None})
         return kernel
     return check
+
+
+# ---------------------------------------------------------------- tiers
+
+def pytest_generate_tests(metafunc):
+    """examples(quick=N): a [quick] item of N hypothesis examples and a [full] one, slow."""
+    mark = metafunc.definition.get_closest_marker("examples")
+    if mark is not None:
+        quick = mark.kwargs.get("quick", mark.args[0] if mark.args else None)
+        assert isinstance(quick, int) and quick > 0, "examples(quick=N) takes a count"
+        metafunc.parametrize("_examples", [pytest.param(quick, id="quick"),
+                                           pytest.param(None, id="full", marks=pytest.mark.slow)],
+                             indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _examples(request):
+    """In an examples(quick=N) test's [quick] item, hypothesis runs N examples."""
+    quick = getattr(request, "param", None)
+    if quick is None:
+        yield
+        return
+    fn = getattr(request.function, "__func__", request.function)
+    full = fn._hypothesis_internal_use_settings   # what @settings gave the test
+    fn._hypothesis_internal_use_settings = settings(full, max_examples=quick)
+    try:
+        yield
+    finally:
+        fn._hypothesis_internal_use_settings = full
+
+
+def _tier(item):
+    """(N or None, the test's other parameters) for an examples(quick=N) item, else None."""
+    params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+    if "_examples" not in params:
+        return None
+    return params.pop("_examples"), (item.parent.nodeid, item.originalname, repr(params))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark gpu the tests that use the device (before -m and -k choose); then,
+    where both items of an examples(quick=N) test are chosen (a --full run),
+    leave out [quick]: [full] checks the same property on more examples."""
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gpu)
+    yield
+    tiers = {item: _tier(item) for item in items if _tier(item)}
+    full = {key for quick, key in tiers.values() if quick is None}
+    dropped = [item for item, (quick, key) in tiers.items() if quick is not None and key in full]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]

@@ -21,6 +21,7 @@ from lora import bench, tuning
 from lora.plan import Strategy
 
 
+# bench --quick takes over a minute on lavapipe: the tests that read it are slow.
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory, device):
     out = tmp_path_factory.mktemp("bench")
@@ -42,6 +43,7 @@ def positive(value) -> bool:
         math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 def test_exit_code_and_files(quick):
     code, out = quick
     assert code == 0
@@ -50,6 +52,7 @@ def test_exit_code_and_files(quick):
         assert (out / "bench-naga.json").is_file()
 
 
+@pytest.mark.slow
 def test_header(results, device):
     for key in ("adapter", "backend", "wgpu_build", "compiler", "copy_gbps",
                 "dispatch_floor_us", "rows"):
@@ -64,6 +67,7 @@ def test_header(results, device):
     assert isinstance(floor, float) and (math.isnan(floor) or floor > 0)
 
 
+@pytest.mark.slow
 def test_rows_cover_the_quick_matrix(results, device):
     rows = results["rows"]
     dtypes = ["f32", "f16"] if device.has_feature("shader-f16") else ["f32"]
@@ -77,6 +81,7 @@ def test_rows_cover_the_quick_matrix(results, device):
         assert results["skipped"] == []
 
 
+@pytest.mark.slow
 def test_row_fields(results, device):
     for r in results["rows"]:
         where = f"row T={r['tokens']} r={r['rank']}"
@@ -97,6 +102,7 @@ def test_row_fields(results, device):
         assert r["dispatches"] == (2 if s.name in ("seed", "split") else 1), where
 
 
+@pytest.mark.slow
 def test_torch_field(results):
     for r in results["rows"]:
         torch = r["torch"]
@@ -109,6 +115,7 @@ def test_torch_field(results):
                 assert positive(r[key]), (key, r.get(key))
 
 
+@pytest.mark.slow
 def test_one_token_row_has_alone_read(results):
     one = [r for r in results["rows"] if r["tokens"] == 1]
     assert one
@@ -116,6 +123,7 @@ def test_one_token_row_has_alone_read(results):
         assert positive(r["alone_read_us"])
 
 
+@pytest.mark.slow
 def test_plot(quick):
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("matplotlib is not installed: the bench writes no plot")
@@ -132,6 +140,7 @@ def test_bad_dtype_is_refused(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_tokens_sweep_quick(tmp_path):
     """python -m lora bench --tokens-sweep --quick: the run-time loop compiles
     nothing after its warm-up, the baked loop compiles per new count."""

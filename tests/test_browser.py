@@ -34,6 +34,8 @@ from lora import Weight, reference as R
 from lora.plan import Plan, Strategy
 from test_strategies import STRATEGY_TEXTS
 
+pytestmark = pytest.mark.browser
+
 U = 2.0 ** -24
 
 

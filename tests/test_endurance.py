@@ -61,6 +61,7 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow  # 100,000 forwards
 def test_100k_forwards_exact_and_flat(device, capsys):
     a, b, x, base, delta = integer_problem()
     assert np.any(b) and np.count_nonzero(delta) > OUT // 2, "the delta must be visible"

@@ -11,6 +11,8 @@ from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, 
                       subgroup_matmul)
 from shaderdsl import interp
 
+pytestmark = pytest.mark.interp
+
 
 @pytest.fixture(scope="module")
 def cpu():

@@ -21,8 +21,14 @@ from shaderdsl.__main__ import main as shaderdsl_main
 from lora import reference as R
 from lora.__main__ import main as lora_main
 
-needs_browser = pytest.mark.skipif(not browser.chromium_available(),
-                                   reason=f"browser tests: {browser.unavailable_reason()}")
+
+def needs_browser(test):
+    """Runs in headless Chromium (marked browser); skips where there is none."""
+    skip = pytest.mark.skipif(not browser.chromium_available(),
+                              reason=f"browser tests: {browser.unavailable_reason()}")
+    return pytest.mark.browser(skip(test))
+
+
 U = 2.0 ** -24
 
 # In the browser device's page: upload and download GPUBuffers as base64.

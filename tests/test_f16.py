@@ -78,7 +78,8 @@ def run_plan(device, a, b, x, base, scale, tokens, strategy):
     return got
 
 
-@SETTINGS
+@pytest.mark.examples(quick=5)
+@settings(SETTINGS, max_examples=20)
 @given(strategy=st.sampled_from(STRATEGY_TEXTS), tokens=st.integers(1, 40),
        rank=st.integers(1, 16), in_dim=dims, out_dim=dims,
        scale=st.sampled_from([0.0, 1.0, -1.0, 2.0, -3.5, 0.125]), positive=st.booleans(),
@@ -115,7 +116,9 @@ def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, toke
     check(got, a, b, x, base, scale, path)
 
 
-@pytest.mark.parametrize("path", ["three", "fused", "single", "auto"])
+# slow: "auto" tunes (compiles every candidate) for each token count, ~10 s each
+@pytest.mark.parametrize("path", ["three", "fused", "single",
+                                  pytest.param("auto", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_forward_f16_paths(device, path, tokens):
     """lora.forward(dtype=float16): every path stores and returns float16."""

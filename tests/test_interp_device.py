@@ -29,6 +29,8 @@ from shaderdsl.interp import Device, InterpDevice, Interpreter
 import examples.histogram as EH
 import examples.saxpy as ES
 
+pytestmark = pytest.mark.interp
+
 RTOL_F32 = 2 ** -22          # a few f32 roundings
 
 

@@ -98,6 +98,7 @@ def variant_kw(variant, sub_ok, in_hypothesis=True):
 
 # ---------------------------------------------------------------- each kernel
 
+@pytest.mark.examples(quick=4)
 @SETTINGS
 @given(data=st.data(), variant=st.sampled_from(["workgroup", "seed", "subgroups"]),
        in_dim=dims, tokens=tokens_st, threads=st.sampled_from([64, 256, 1024]), seed=seeds)
@@ -202,6 +203,7 @@ def check_paths(results, a, b, x, base, scale):
         assert np.all(np.abs(results[p].astype(np.float64) - results[q]) <= 2 * tol), (p, q)
 
 
+@pytest.mark.examples(quick=3)
 @settings(SETTINGS, max_examples=20)
 @given(data=st.data(), variant=st.sampled_from(["workgroup", "seed", "subgroups"]),
        in_dim=dims, out_dim=dims, tokens=tokens_st, scale=scales, seed=seeds)
@@ -277,6 +279,7 @@ def test_multi_token_equals_token_by_token(device):
 
 # ---------------------------------------------------------------- lora.forward
 
+@pytest.mark.examples(quick=5)
 @settings(SETTINGS, max_examples=15)
 @given(rank=st.integers(1, 12), in_dim=dims, out_dim=dims, tokens=tokens_st,
        path=st.sampled_from(["three", "fused", "single"]), with_base=st.booleans(),

@@ -432,6 +432,7 @@ def test_cli_wgsl_every_kernel(capsys):
     assert main(["wgsl", "project_a", "--rank-group", "-1"]) == 1
 
 
+@pytest.mark.slow  # python -m lora check and demo: every kernel
 def test_cli_check_and_demo(device, capsys):
     from lora.__main__ import main
 
@@ -472,6 +473,7 @@ def test_module_entry_point():
     assert "y[workgroup_id.y * 10u + i] = " in r.stdout
 
 
+@pytest.mark.slow  # examples/lora_forward.py: the demo's shapes, autotuned
 def test_example_script_runs(capsys):
     from examples import lora_forward
 

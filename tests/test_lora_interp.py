@@ -13,6 +13,8 @@ from shaderdsl import interp
 
 from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS
 
+pytestmark = pytest.mark.interp
+
 
 @pytest.fixture(scope="module")
 def cpu():

@@ -23,6 +23,8 @@ try:
 except NoAdapterError as e:  # pragma: no cover - depends on the machine
     pytest.skip(f"no WebGPU adapter: {e}", allow_module_level=True)
 
+pytestmark = pytest.mark.gpu   # every test here runs on DEV, the test device
+
 SAXPY_WGSL = """\
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> y: array<f32>;

@@ -123,7 +123,8 @@ def test_split_grid_refuses_what_z_cannot_hold():
 
 # ---------------------------------------------------------------- every strategy, against numpy
 
-@SETTINGS
+@pytest.mark.examples(quick=5)
+@settings(SETTINGS, max_examples=20)
 @given(strategy=st.sampled_from(STRATEGY_TEXTS + ALIGNED_TEXTS),
        counts=st.lists(st.integers(1, 40), min_size=1, max_size=3),
        extra=st.sampled_from([0, 0, 1, 60]), rank=st.integers(1, 16), in_dim=dims,

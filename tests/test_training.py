@@ -60,6 +60,7 @@ def assert_within(got, want, tol, what):
 
 # ---------------------------------------------------------------- backward
 
+@pytest.mark.examples(quick=4)
 @SETTINGS
 @given(strategy=st.sampled_from(BACKWARD_TEXTS), rank=st.integers(1, 20),
        in_dim=st.integers(1, 300), out_dim=st.integers(1, 300), tokens=st.integers(1, 140),
@@ -318,6 +319,7 @@ def test_init_is_peft_like_and_seeded():
     assert abs(g.std() - 0.25) < 0.01  # N(0, 1/rank)
 
 
+@pytest.mark.slow  # trains on digits end to end
 def test_train_command(tmp_path, capsys):
     """python -m lora train --quick --check: trains, matches float64, writes a peft adapter."""
     from lora.__main__ import main
