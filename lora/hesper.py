@@ -38,7 +38,7 @@ from .core.forward import forward_plan
 from .core.plan import Plan, Role
 from .core.strategy import Split, Strategy, Three
 from .core.tuning import runtime_bucket
-from .core.weight import wgsl_dtype
+from .core.weight import Weight, wgsl_dtype
 from .training.backward import ONE_RESULT, backward_plan, train_forward_plan
 
 ACTIVATION = "; activations are stored like the weight"
@@ -232,9 +232,13 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
         w, tokens = _tokens(device, weight, input_buf, "input_buf")
         out = C.storage(device, output_buf, "output_buf", w.dtype, ACTIVATION)
         C.shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
+        host.distinct(("input_buf", input_buf, False), ("output_buf", out, True),
+                      ("weight.a", w.a, False), ("weight.b", w.b, False))  # before tuning
         return auto_plan(device, w, C.scale_value(scale), tokens, strategy)
 
     tokens = getattr(input_buf, "size", 0) // max(1, getattr(weight, "in_dim", 1))
+    if isinstance(weight, Weight) and tokens:  # one entry per bucket of counts, as auto_plan's
+        tokens = runtime_bucket(device, weight, tokens) or tokens
     plan = get_or_build(weight, ("hesper auto", scale, tokens, str(strategy)), build,
                         (getattr(weight, "a", None), getattr(weight, "b", None)))
     plan(input_buf, output_buf)

@@ -1,4 +1,4 @@
-"""LoRA adapter files (lora.adapter_io): peft's directory and Hesper's binary
+"""LoRA adapter files (lora.training.adapter_io): peft's directory and Hesper's binary
 file round trip bit for bit, are laid out as peft and Hesper expect, and every
 bad file is refused with an AdapterFileError naming the file (and key)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from lora.adapter_io import (CONFIG_NAME, HESPER_HEADER, WEIGHTS_NAME, AdapterFileError,
+from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, WEIGHTS_NAME, AdapterFileError,
                              LoraLayer, load_adapter, load_hesper, save_adapter, save_hesper)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_target_modules_regex_and_suffix(tmp_path):
 
 def test_save_writes_nothing_half_done(tmp_path, monkeypatch):
     """A failure while writing leaves the previous adapter intact and no temp files."""
-    import lora.adapter_io as io
+    import lora.training.adapter_io as io
     layers = random_layers(np.random.default_rng(0), [(2, 3, 4)], np.float32)
     save_adapter(tmp_path, layers, alpha=2)
 
@@ -244,7 +244,7 @@ def test_save_writes_nothing_half_done(tmp_path, monkeypatch):
 
 def test_imports_without_wgpu():
     probe = ("import sys; sys.modules['wgpu'] = None\n"
-             "import lora.adapter_io as io; print(io.LoraLayer.__name__)")
+             "import lora.training.adapter_io as io; print(io.LoraLayer.__name__)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["LoraLayer"]

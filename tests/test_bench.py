@@ -17,8 +17,9 @@ import pytest
 
 from shaderdsl.runtime import COMPILER, WGPU_BUILD
 
-from lora import bench, tuning
-from lora.plan import Strategy
+from lora.apps import bench
+from lora.core import tuning
+from lora import Strategy
 
 
 # bench --quick takes over a minute on lavapipe: the tests that read it are slow.
@@ -144,7 +145,7 @@ def test_bad_dtype_is_refused(tmp_path, capsys):
 def test_tokens_sweep_quick(tmp_path):
     """python -m lora bench --tokens-sweep --quick: the run-time loop compiles
     nothing after its warm-up, the baked loop compiles per new count."""
-    from lora.bench import main
+    from lora.apps.bench import main
     assert main(["--tokens-sweep", "--quick", "--forwards", "12", "--baked-forwards", "4",
                  "--out", str(tmp_path)]) == 0
     result = json.loads(next(tmp_path.glob("tokens-sweep-*.json")).read_text())
@@ -155,10 +156,10 @@ def test_tokens_sweep_quick(tmp_path):
 def test_profile_small(tmp_path, monkeypatch, device):
     """``bench --profile`` on small shapes: every strategy timed whole, the
     multi-dispatch ones by dispatch, tiled by phase, and the read-back's pieces."""
-    from lora import bench_profile
+    from lora.apps import bench_profile
     monkeypatch.setattr(bench_profile, "DIM", 64)
     monkeypatch.setattr(bench_profile, "CASES", (
-        (8, 32, "f32", ("tiled:64:8", "gemm:64:8:2", "fused:64:2", "tiled:8:8:too-many")),))
+        (8, 32, "f32", ("tiled:64:8", "gemm:64:8:2", "single:64:2", "tiled:8:8:too-many")),))
     assert bench.main(["--profile", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / f"profile-{COMPILER}.json").read_text())
     assert result["adapter"] == device.name and result["build"] == WGPU_BUILD
@@ -169,6 +170,6 @@ def test_profile_small(tmp_path, monkeypatch, device):
     strategies = case["strategies"]
     assert set(strategies["tiled:64:8"]) == {"us", "phase h", "phase out"}
     assert set(strategies["gemm:64:8:2"]) == {"us", "0:project_a_tiled", "1:tiled_b_add"}
-    assert set(strategies["fused:64:2"]) == {"us"}
+    assert set(strategies["single:64:2"]) == {"us"}
     assert "error" in strategies["tiled:8:8:too-many"]
     assert all(positive(v) for s in list(strategies.values())[:3] for v in s.values())

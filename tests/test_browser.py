@@ -31,7 +31,7 @@ from shaderdsl.kernel import Binding, Kernel
 from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, saxpy, scan
 from examples import rows as rows_mod
 from lora import Weight, reference as R
-from lora.plan import Plan, Strategy
+from lora import Strategy, forward_plan
 from test_strategies import STRATEGY_TEXTS
 
 pytestmark = pytest.mark.browser
@@ -292,7 +292,7 @@ def test_lora_strategy_matches_numpy(web, strategy):
     rng = np.random.default_rng(37)
     a, b = rng.standard_normal((5, 131)).astype(np.float32), rng.standard_normal((259, 5)).astype(np.float32)
     x, base = rng.standard_normal((37, 131)).astype(np.float32), rng.standard_normal((37, 259)).astype(np.float32)
-    plan = Plan(web, Weight.from_numpy(web, a, b), -0.75, 37, Strategy.parse(strategy))
+    plan = forward_plan(web, Weight.from_numpy(web, a, b), -0.75, 37, Strategy.parse(strategy))
     out = web.buffer(base)
     plan(web.buffer(x), out)
     got = web.read(out).astype(np.float64)
@@ -302,12 +302,12 @@ def test_lora_strategy_matches_numpy(web, strategy):
 
 def test_lora_one_token_and_auto(web):
     """The numpy entry point on the browser device, one token, a forced strategy."""
-    from lora.execute import forward
+    from lora import forward
 
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((200, 8)).astype(np.float32)
     x, base = rng.standard_normal(300).astype(np.float32), rng.standard_normal(200).astype(np.float32)
-    got = forward(x, a, b, base, alpha=16.0, device=web, strategy="fused:64:1")
+    got = forward(x, a, b, base, alpha=16.0, device=web, strategy="single:64:1")
     assert np.all(np.abs(got - R.forward(x, a, b, 2.0, base)) <= R.tolerance(x, a, b, 2.0, base))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lora.__main__ import main
+from lora.apps.cli import main
 
 DOCS = [Path(__file__).resolve().parent.parent / "docs" / name
         for name in ("lora.md", "training.md")]

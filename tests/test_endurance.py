@@ -26,13 +26,13 @@ import pytest
 
 import lora
 from lora import Weight
-from lora.execute import execute_lora_forward_auto
+from lora.hesper import execute_lora_forward_auto
 
 FORWARDS = 100_000
 BATCH = 1_000            # forwards per device.batch()
 CHECK_EVERY = 10         # batches between read-backs
 RANK, IN, OUT = 4, 64, 64
-STRATEGY = "fused:64:1"
+STRATEGY = "single:64:1"
 RSS_LIMIT = 50 << 20     # bytes of growth allowed after warm-up
 CHURN_CALLS = 2_000
 CHURN_RSS_LIMIT = 20 << 20

@@ -35,8 +35,9 @@ from shaderdsl.runtime import COMPILER, get_device, list_adapters
 from conftest import device_or_skip
 
 from lora import Weight
-from lora.execute import execute_lora_forward_auto, forward
-from lora.plan import Plan, Strategy
+from lora import forward
+from lora.hesper import execute_lora_forward_auto
+from lora import Strategy, forward_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 STORAGE_CAP = "max-storage-buffer-binding-size"
@@ -521,7 +522,7 @@ def test_storage_binding_over_a_patched_limit(device, monkeypatch):
     w = Weight.from_numpy(device, rng.standard_normal((2, 300)), rng.standard_normal((16, 2)))
     with refused(device, BindingError, rf"kernel 'fused_forward' binding 'A' .*buffer of 2400 bytes "
                                        rf"is over {STORAGE_CAP} = 1024", [out]):
-        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="fused:64:1")
+        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:64:1")
 
 
 def test_uniform_binding_over_the_limit(device):
@@ -565,16 +566,17 @@ def test_released_buffers_everywhere(device):
 
     rng = np.random.default_rng(1)
     w = Weight.from_numpy(device, rng.standard_normal((2, 4)), rng.standard_normal((4, 2)))
-    plan = Plan(device, w, 1.0, 1, Strategy.parse("seed"))
+    plan = forward_plan(device, w, 1.0, 1, Strategy.parse("seed"))
     with refused(device, BindingError, r"<Plan seed .*>: input buffer must be a live Buffer on .* released>",
                  [out]):
         plan(dead, out)
-    # a weight released after its auto plan was cached: refused at the dispatch
+    # a weight released after its auto plan was cached: refused by the argument checks
     x = device.buffer(np.ones(4, np.float32))
-    execute_lora_forward_auto(device, w, 1.0, x, out, strategy="fused:64:1")
+    execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:64:1")
     w.b.release()
-    with refused(device, BindingError, r"kernel 'fused_forward' binding 'B' .* was released", [out, x]):
-        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="fused:64:1")
+    with refused(device, BindingError, r"weight\.b: <Buffer 'lora\.B' #\d+ storage float32\[4, 2\] "
+                                       r"released> was released", [out, x]):
+        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:64:1")
 
 
 def test_buffers_of_another_device(device):
@@ -595,7 +597,7 @@ def test_buffers_of_another_device(device):
         device.dispatch(ADD_ONE, {"x": foreign, "out": mine}, 1)
     rng = np.random.default_rng(2)
     w = Weight.from_numpy(device, rng.standard_normal((2, 4)), rng.standard_normal((4, 2)))
-    plan = Plan(device, w, 1.0, 1, Strategy.parse("fused:64:1"))
+    plan = forward_plan(device, w, 1.0, 1, Strategy.parse("single:64:1"))
     with refused([device, other], BindingError, r"input buffer must be a live Buffer on", [foreign, mine]):
         plan(foreign, mine)
     with refused([device, other], BindingError, r"Weight: a must be a Buffer on"):
@@ -664,7 +666,7 @@ def test_workgroup_count_at_and_over_the_limit(device, axis):
         device.dispatch(kernel, {"hits": hits}, tuple(grid))
 
 
-@pytest.mark.parametrize("strategy", ["fused:64:1", "seed", "split:64", "tiled:64:1"])
+@pytest.mark.parametrize("strategy", ["single:64:1", "seed", "split:64", "tiled:64:1"])
 def test_lora_tokens_over_the_grid_limit(device, strategy):
     """70,000 tokens need 70,000 workgroups on one axis for some kernels: a plan
     with the count baked in refuses them before the first dispatch, on every
@@ -675,7 +677,7 @@ def test_lora_tokens_over_the_grid_limit(device, strategy):
     out = device.buffer(np.full((tokens, 1), 5.0, np.float32))
     with refused(device, DispatchError, r"workgroup count 70000 on axis [xy] exceeds "
                                         r"max-compute-workgroups-per-dimension", [out]):
-        Plan(device, w, 1.0, tokens, Strategy.parse(strategy))
+        forward_plan(device, w, 1.0, tokens, Strategy.parse(strategy))
     execute_lora_forward_auto(device, w, 1.0, x, out, strategy=strategy)
     assert (device.read(out) == 6.0).all()
 
@@ -753,10 +755,10 @@ def test_lora_subgroup_strategy_on_the_opengl_adapter():
         pytest.skip("this OpenGL adapter has subgroups")
     w = Weight.from_numpy(gl, np.ones((2, 4)), np.ones((4, 2)))
     out = gl.buffer(np.arange(4, dtype=np.float32))
-    with refused(gl, FeatureError, r"strategy fused:64:1:sg needs the 'subgroup' feature, which "
+    with refused(gl, FeatureError, r"strategy single:64:1:sg needs the 'subgroup' feature, which "
                                    r".* \(OpenGL\) lacks", [out]):
         execute_lora_forward_auto(gl, w, 1.0, gl.buffer(np.ones(4, np.float32)), out,
-                                  strategy="fused:64:1:sg")
+                                  strategy="single:64:1:sg")
 
 
 def test_adapter_that_cannot_open_a_device():
@@ -802,16 +804,16 @@ def test_lora_auto_path_arguments(device):
     w = Weight.from_numpy(device, rng.standard_normal((2, 8)), rng.standard_normal((8, 2)))
     x, out = device.buffer(np.ones(8, np.float32)), poisoned(device, 8)
     with refused(device, ValueError, r"scale: expected a finite float32 value, got nan", [out]):
-        execute_lora_forward_auto(device, w, float("nan"), x, out, strategy="fused:64:1")
+        execute_lora_forward_auto(device, w, float("nan"), x, out, strategy="single:64:1")
     with refused(device, ValueError, r"scale: expected a finite float32 value, got inf", [out]):
-        execute_lora_forward_auto(device, w, float("inf"), x, out, strategy="fused:64:1")
+        execute_lora_forward_auto(device, w, float("inf"), x, out, strategy="single:64:1")
     with refused(device, BindingError, r"weight: expected a lora.Weight .* got tuple", [out]):
-        execute_lora_forward_auto(device, (w.a, w.b), 1.0, x, out, strategy="fused:64:1")
+        execute_lora_forward_auto(device, (w.a, w.b), 1.0, x, out, strategy="single:64:1")
     with refused(device, BindingError, r"output_buf: expected dtype float32, got int32"):
         execute_lora_forward_auto(device, w, 1.0, x, device.buffer(np.zeros(8, np.int32)),
-                                  strategy="fused:64:1")
-    with refused(device, ValueError, r"cannot parse strategy 'fused:many'", [out]):
-        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="fused:many")
+                                  strategy="single:64:1")
+    with refused(device, ValueError, r"cannot parse strategy 'single:many'", [out]):
+        execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:many")
 
 
 def test_lora_forward_refuses_non_finite_weights_but_not_activations(device):
@@ -820,7 +822,7 @@ def test_lora_forward_refuses_non_finite_weights_but_not_activations(device):
     with pytest.raises(BindingError, match=r"Weight: a has 1 NaN or infinite value\(s\) as float32"):
         forward(np.ones(3), np.array([[1, np.inf, 1], [1, 1, 1]]), b, device=device)
     got = forward(np.array([1.0, np.nan, 1.0]), a, b, np.zeros(4), device=device,
-                  strategy="fused:64:1")
+                  strategy="single:64:1")
     assert np.isnan(got).all()
 
 
@@ -864,8 +866,8 @@ def assert_like_numpy(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
-LORA_STRATEGIES = ["seed", "split:64", "fused:64:1", "fused:32:3:loop", "tiled:64:4",
-                   "tiled:32:32:loop", "split:64:sg", "fused:64:1:sg"]
+LORA_STRATEGIES = ["seed", "split:64", "single:64:1", "single:32:3:loop", "tiled:64:4",
+                   "tiled:32:32:loop", "split:64:sg", "single:64:1:sg"]
 
 
 @pytest.mark.parametrize("strategy", LORA_STRATEGIES)
@@ -879,7 +881,7 @@ def test_lora_nan_inf_propagate_like_numpy(device, strategy, tokens):
     for scale in (1.0, -0.5):
         shape = (lambda arr: arr[0]) if tokens == 1 else (lambda arr: arr)
         out = device.buffer(shape(base))
-        Plan(device, w, scale, tokens, s)(device.buffer(shape(x)), out)
+        forward_plan(device, w, scale, tokens, s)(device.buffer(shape(x)), out)
         got = out.read().reshape(base.shape)
         want = numpy_f32(x, a, b, scale, base)
         assert np.isnan(want).any() and np.isinf(want).any()
@@ -887,23 +889,21 @@ def test_lora_nan_inf_propagate_like_numpy(device, strategy, tokens):
         assert_like_numpy(got, want)
 
 
-@pytest.mark.parametrize("path, strategy", [("three", None), ("fused", "seed"), ("single", None),
-                                            ("auto", "split:64")])
-def test_lora_forward_paths_nan_inf(device, path, strategy):
+@pytest.mark.parametrize("strategy", ["three:256", "split:256:seed", "single:256:1", "split:64"])
+def test_lora_forward_paths_nan_inf(device, strategy):
     a, b, x, base = nan_inf_problem(4)
-    got = forward(x, a, b, base, scale=2.0, device=device, path=path, strategy=strategy)
+    got = forward(x, a, b, base, scale=2.0, device=device, strategy=strategy)
     assert_like_numpy(got, numpy_f32(x, a, b, 2.0, base))
 
 
-@pytest.mark.parametrize("path, strategy", [("auto", "fused:64:1"), ("auto", "tiled:64:4"),
-                                            ("three", None), ("fused", None)])
-def test_lora_scale_zero_with_nan_inf(device, path, strategy):
+@pytest.mark.parametrize("strategy", ["single:64:1", "tiled:64:4", "three:256", "split:256"])
+def test_lora_scale_zero_with_nan_inf(device, strategy):
     """scale = 0: numpy gives NaN wherever B @ h is NaN or infinite (0 * inf,
     0 * NaN). The kernels bake 0.0 in as a literal and the shader compiler
     folds 0.0 * v to 0, so on lavapipe/llvmpipe the output is the base exactly
     (its own NaN and inf included). WGSL allows either."""
     a, b, x, base = nan_inf_problem(4)
-    got = forward(x, a, b, base, scale=0.0, device=device, path=path, strategy=strategy)
+    got = forward(x, a, b, base, scale=0.0, device=device, strategy=strategy)
     want = numpy_f32(x, a, b, 0.0, base)
     assert np.isnan(want).sum() > np.isnan(base).sum()
     if is_llvmpipe(device):

@@ -19,7 +19,7 @@ from shaderdsl import browser
 from shaderdsl.__main__ import main as shaderdsl_main
 
 from lora import reference as R
-from lora.__main__ import main as lora_main
+from lora.apps.cli import main as lora_main
 
 
 def needs_browser(test):
@@ -170,7 +170,7 @@ def test_exported_dispatch_checks_its_buffers(tmp_path):
     assert "workgroup counts must be integers >= 1" in errors[3]
 
 
-LORA_CASES = [("fused:64:1", 1), ("split:64:sg", 3), ("three:64", 3), ("tiled:64:4", 5),
+LORA_CASES = [("single:64:1", 1), ("split:64:sg", 3), ("three:64", 3), ("tiled:64:4", 5),
               ("seed", 2)]
 
 
@@ -209,7 +209,7 @@ def test_demo_page_runs_checks_and_is_captured(tmp_path, capsys):
 
 @needs_browser
 def test_demo_page_with_a_peft_adapter(tmp_path):
-    from lora.adapter_io import save_adapter
+    from lora.training.adapter_io import save_adapter
 
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((4, 72)).astype(np.float32), rng.standard_normal((56, 4)).astype(np.float32)

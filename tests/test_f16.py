@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from shaderdsl.errors import BindingError, FeatureError
 
-import lora.execute as E
+import lora
+import lora.hesper as E
 from lora import Weight, reference as R
-from lora import tuning
-from lora.plan import Plan, Strategy
+from lora.core import tuning
+from lora import Strategy, forward_plan
 
 from test_strategies import EDGE_DIMS, STRATEGY_TEXTS, lead
 
@@ -35,6 +36,11 @@ dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 600))
 def needs_f16(device):
     if not device.has_feature("shader-f16"):
         pytest.skip(f"adapter {device.name!r} ({device.backend}) lacks shader-f16")
+
+
+# the former lora.forward paths as strategy texts ("auto": the autotuned one)
+PATH_STRATEGY = {"three": "three:256", "fused": "split:256", "single": "single:256:1",
+                 "auto": None}
 
 
 def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
@@ -67,7 +73,7 @@ def check(got, a, b, x, base, scale, what):
 
 def run_plan(device, a, b, x, base, scale, tokens, strategy):
     w = Weight.from_numpy(device, a, b, dtype=F16)
-    plan = Plan(device, w, scale, tokens, Strategy.parse(strategy))
+    plan = forward_plan(device, w, scale, tokens, Strategy.parse(strategy))
     x_buf, out = device.buffer(x), device.buffer(base)
     before = device.stats["dispatches"]
     plan(x_buf, out)
@@ -112,7 +118,8 @@ def test_f16_every_output_written(device, sub_ok, strategy):
 def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, tokens, scale, seed):
     """The execute paths of the lora issue, on float16 storage, over random shapes."""
     a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens)
-    got = E.forward(x, a, b, base, scale=scale, device=device, path=path, dtype=F16)
+    got = lora.forward(x, a, b, base, scale=scale, device=device, strategy=PATH_STRATEGY[path],
+                       dtype=F16)
     check(got, a, b, x, base, scale, path)
 
 
@@ -123,7 +130,8 @@ def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, toke
 def test_forward_f16_paths(device, path, tokens):
     """lora.forward(dtype=float16): every path stores and returns float16."""
     a, b, x, base = problem(np.random.default_rng(tokens), 8, 260, 130, tokens)
-    got = E.forward(x, a, b, base, scale=1.5, device=device, path=path, dtype=F16)
+    got = lora.forward(x, a, b, base, scale=1.5, device=device, strategy=PATH_STRATEGY[path],
+                       dtype=F16)
     assert got.shape == base.shape
     check(got, a, b, x, base, 1.5, path)
 
@@ -133,7 +141,7 @@ def test_forward_f16_from_float32_input(device):
     the forward of the rounded values."""
     rng = np.random.default_rng(5)
     a, b, x = rng.random((4, 64)), rng.random((48, 4)), rng.random((3, 64))
-    got = E.forward(x, a, b, scale=0.5, device=device, dtype="float16")
+    got = lora.forward(x, a, b, scale=0.5, device=device, dtype="float16")
     a16, b16, x16 = (v.astype(F16) for v in (a, b, x))
     check(got, a16, b16, x16, np.zeros((3, 48), F16), 0.5, "cast")
 
@@ -180,7 +188,7 @@ def test_mixed_dtypes_refused_before_dispatch(device):
         with pytest.raises(BindingError, match="expected dtype float(16|32), got float(32|16)"):
             E.execute_lora_forward_single(device, w, 1.0, xb, ob)
         with pytest.raises(BindingError, match="the weight's dtype"):
-            Plan(device, w, 1.0, 2, Strategy.parse("tiled:64:4"))(xb, ob)
+            forward_plan(device, w, 1.0, 2, Strategy.parse("tiled:64:4"))(xb, ob)
     with pytest.raises(BindingError, match="h_buf: expected dtype float32, got float16"):
         E.execute_lora_forward_fused(device, w16, 1.0, x16, out16, device.empty((2, 4), F16))
     assert device.stats["dispatches"] == before
@@ -196,7 +204,7 @@ def test_f16_needs_the_feature(device, monkeypatch):
     with pytest.raises(FeatureError, match="float16 storage needs the 'shader-f16' feature"):
         Weight.from_numpy(device, np.ones((2, 8)), np.ones((8, 2)), dtype=F16)
     with pytest.raises(FeatureError, match="shader-f16"):
-        E.forward(np.ones(8), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
+        lora.forward(np.ones(8), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
 
 
 def boom(*args, **kwargs):
@@ -213,7 +221,7 @@ def test_values_beyond_f16_range_refused(device):
     with pytest.raises(BindingError, match=r"a has 16 NaN or infinite value\(s\) as float16 \(float16 holds at most 65504\)"):
         Weight.from_numpy(device, np.full((2, 8), 70000.0), np.ones((8, 2)), dtype=F16)
     with pytest.raises(BindingError, match="x: values beyond float16's range"):
-        E.forward(np.full(8, 1e5), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
+        lora.forward(np.full(8, 1e5), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)
 
 
 @pytest.mark.parametrize("n, size", [(7, 7), (6, 9), (9, 9)])

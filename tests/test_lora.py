@@ -34,9 +34,10 @@ from shaderdsl.errors import DispatchError
 
 import lora.kernels as K
 from lora import Config, Weight, reference as R
-from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
+from lora.hesper import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
                           execute_lora_forward_fused, execute_lora_forward_single,
-                          execute_project_a, execute_project_b, forward, save_activation)
+                          execute_project_a, execute_project_b, save_activation)
+from lora import forward
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -53,6 +54,15 @@ def over_workgroup_memory(device, kernel):
     """Subgroup reductions at high rank and 1024 threads can need more workgroup
     memory than the device has: the execute functions refuse those."""
     return kernel.workgroup_bytes > device.limits["max-compute-workgroup-storage-size"]
+
+
+def project_a_kernel(rank, in_dim, tokens, threads=256, projection="workgroup",
+                     subgroups=False):
+    """The project_a kernel execute_project_a runs for these arguments."""
+    if projection == "seed":
+        return K.KERNELS["project_a_seed"].kernel(rank=rank, in_dim=in_dim, tokens=tokens)
+    return K.KERNELS["project_a"].kernel(rank=rank, in_dim=in_dim, tokens=tokens,
+                                         threads=threads, subgroups=subgroups)
 
 
 def cheap_rank(variant):
@@ -86,7 +96,7 @@ def assert_close(got, want, tol, what=""):
 
 def variant_kw(variant, sub_ok, in_hypothesis=True):
     if variant == "seed":
-        return {"strategy": "seed"}
+        return {"projection": "seed"}
     if variant == "subgroups":
         if not sub_ok:
             if in_hypothesis:
@@ -110,8 +120,8 @@ def test_project_a(device, sub_ok, data, variant, in_dim, tokens, threads, seed)
     w = Weight.from_numpy(device, a, b)
     h = poisoned(device, lead(tokens) + (rank,))
     kw = variant_kw(variant, sub_ok)
-    if over_workgroup_memory(device, K.project_a_kernel(rank, in_dim, tokens or 1,
-                                                        threads=threads, **kw)):
+    if over_workgroup_memory(device, project_a_kernel(rank, in_dim, tokens or 1,
+                                                      threads=threads, **kw)):
         with pytest.raises(DispatchError, match="bytes of workgroup memory"):
             execute_project_a(device, w, device.buffer(x), h, threads=threads, **kw)
         return
@@ -222,9 +232,10 @@ def test_paths_match_numpy_and_agree(device, sub_ok, data, variant, in_dim, out_
         single = {"subgroups": True, "outputs_per_thread": opt, "threads": threads}
     else:
         single = None
-    for k in (K.project_a_kernel(rank, in_dim, tokens or 1, **kw),
-              single and K.fused_forward_kernel(rank, in_dim, out_dim, scale, tokens or 1,
-                                                **single)):
+    for k in (project_a_kernel(rank, in_dim, tokens or 1, **kw),
+              single and K.KERNELS["fused_forward"].kernel(
+                  rank=rank, in_dim=in_dim, out_dim=out_dim, scale=scale, tokens=tokens or 1,
+                  **single)):
         assume(not k or not over_workgroup_memory(device, k))
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
@@ -271,9 +282,9 @@ def test_multi_token_equals_token_by_token(device):
     a, b = normal(rng, (6, 300)), normal(rng, (257, 6))
     x, base = normal(rng, (3, 300)), normal(rng, (3, 257))
     # Bit-equal only with one kernel for both ("auto" may pick a tiled kernel for 3 tokens).
-    together = forward(x, a, b, base, scale=1.5, device=device, path="fused")
-    apart = np.stack([forward(x[t], a, b, base[t], scale=1.5, device=device, path="fused")
-                      for t in range(3)])
+    together = forward(x, a, b, base, scale=1.5, device=device, strategy="split:256")
+    apart = np.stack([forward(x[t], a, b, base[t], scale=1.5, device=device,
+                              strategy="split:256") for t in range(3)])
     np.testing.assert_array_equal(together, apart)
 
 
@@ -293,7 +304,8 @@ def test_numpy_forward(device, rank, in_dim, out_dim, tokens, path, with_base, h
     base = cast(normal(rng, lead(tokens) + (out_dim,))) if with_base else None
     kw = {"alpha": 3.0} if how == "alpha" else {"scale": -0.25} if how == "scale" else {}
     scale = {"alpha": 3.0 / rank, "scale": -0.25, "default": 1.0}[how]
-    got = forward(x, a, b, base, device=device, path=path, **kw)
+    strategy = {"three": "three:256", "fused": "split:256", "single": "single:256:1"}[path]
+    got = forward(x, a, b, base, device=device, strategy=strategy, **kw)
     assert got.dtype == np.float32 and got.shape == lead(tokens) + (out_dim,)
     a32, b32, x32 = (v.astype(np.float32) for v in (a, b, x))
     base32 = None if base is None else base.astype(np.float32)
@@ -395,9 +407,7 @@ def test_repeat_calls_generate_no_wgsl(device, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("kernel built on the hot path")
 
-    for name in ("project_a_kernel", "project_b_kernel", "add_scaled_kernel",
-                 "fused_b_add_kernel", "fused_forward_kernel"):
-        monkeypatch.setattr(K, name, boom)
+    monkeypatch.setattr(K.KernelSpec, "kernel", boom)
     monkeypatch.setattr("shaderdsl.compile", boom)
     for run in PATH_CALLS.values():
         run(device, w, 1.25, bufs)

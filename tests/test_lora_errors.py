@@ -12,10 +12,11 @@ import pytest
 
 import lora
 from lora import Config, Weight, reference as R
-from lora.execute import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
+from lora.hesper import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
                           execute_lora_forward_fused, execute_lora_forward_single,
-                          execute_project_a, execute_project_b, forward, save_activation)
-from lora.plan import Plan, Strategy
+                          execute_project_a, execute_project_b, save_activation)
+from lora import forward
+from lora import Strategy, forward_plan
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
 
 from conftest import device_or_skip
@@ -206,16 +207,18 @@ def test_bad_arguments(device, setup):
         run(scale="2")
     with NoDispatch(device, TypeError, r"scale: expected a real number, got bool"):
         run(scale=True)
-    with NoDispatch(device, ValueError, r"strategy: expected one of \('workgroup', 'seed'\)"):
-        run(strategy="fast")
+    with NoDispatch(device, ValueError, r"projection: expected one of \('workgroup', 'seed'\), "
+                                        r"got 'fast'"):
+        run(projection="fast")
     with NoDispatch(device, ValueError, r"threads: expected a power of two .* got 96"):
         run(threads=96)
     with NoDispatch(device, ValueError, r"threads: expected an int >= 1, got 0"):
         run(threads=0)
     with NoDispatch(device, DispatchError, r"threads: 2048 is over max-compute-invocations"):
         run(threads=2048)
-    with NoDispatch(device, ValueError, r"subgroups=True applies to strategy='workgroup' only"):
-        run(strategy="seed", subgroups=True)
+    with NoDispatch(device, ValueError, r"subgroups=True applies to projection='workgroup' "
+                                        r"only, got projection='seed'"):
+        run(projection="seed", subgroups=True)
     with NoDispatch(device, ValueError, r"outputs_per_thread: expected an int >= 1, got 0"):
         execute_lora_forward_single(device, w, 1.0, b["x"], b["out"], outputs_per_thread=0)
     with NoDispatch(device, BindingError, r"weight: expected a lora.Weight .* got tuple"):
@@ -227,7 +230,7 @@ def test_limits_are_checked_before_dispatch(device):
     rng = np.random.default_rng(3)
     w1 = Weight.from_numpy(device, np.ones((1, 1)), np.ones((1, 1)))
     with NoDispatch(device, DispatchError, r"workgroup count 70000 on axis x exceeds"):
-        Plan(device, w1, 1.0, 70000, Strategy.parse("three"))  # the count baked in
+        forward_plan(device, w1, 1.0, 70000, Strategy.parse("three"))  # the count baked in
     if device.has_feature("subgroup"):
         w = Weight.from_numpy(device, rng.standard_normal((64, 8)), rng.standard_normal((8, 64)))
         x, out = device.buffer(np.ones(8, np.float32)), device.buffer(np.zeros(8, np.float32))
@@ -317,8 +320,9 @@ def test_numpy_forward_errors(device):
         forward(x, a, np.ones((3, 3)), device=device)
     with pytest.raises(ValueError, match="give alpha or scale, not both"):
         forward(x, a, b, alpha=1.0, scale=1.0, device=device)
-    with pytest.raises(ValueError, match=r"path: expected one of \('auto', 'three', 'fused', 'single'\)"):
-        forward(x, a, b, path="double", device=device)
+    with pytest.raises(ValueError, match=r"strategy must be one of \('seed', 'three', 'split', "
+                                         r"'single', 'tiled', 'gemm'\), got 'double' in 'double'"):
+        forward(x, a, b, strategy="double", device=device)
     # alpha / rank, and the default scale 1
     np.testing.assert_allclose(forward(x, a, b, alpha=4.0, device=device), np.full(3, 20.0))
     np.testing.assert_allclose(forward(x, a, b, device=device), np.full(3, 10.0))
@@ -401,14 +405,14 @@ def test_reference_float32_and_float64():
 # ---------------------------------------------------------------- command line and example
 
 def test_cli_wgsl_every_kernel(capsys):
-    from lora.__main__ import KERNELS, main
+    from lora.apps.cli import KERNELS, main
 
     for name in KERNELS:
         assert main(["wgsl", name, "--rank", "8", "--in-dim", "16", "--out-dim", "16",
                      "--scale", "2.0"]) == 0
         out = capsys.readouterr().out
         assert f"// kernel {name}" in out and "@compute @workgroup_size(256, 1, 1)" in out
-    assert main(["wgsl", "project_a", "--strategy", "seed", "--info"]) == 0
+    assert main(["wgsl", "project_a", "--projection", "seed", "--info"]) == 0
     out = capsys.readouterr().out
     assert "// kernel project_a_seed" in out and "// binding 2: h read_write f32 length=8" in out
     assert main(["wgsl", "fused_forward", "--subgroups", "--tokens", "2", "--threads", "64"]) == 0
@@ -434,7 +438,7 @@ def test_cli_wgsl_every_kernel(capsys):
 
 @pytest.mark.slow  # python -m lora check and demo: every kernel
 def test_cli_check_and_demo(device, capsys):
-    from lora.__main__ import main
+    from lora.apps.cli import main
 
     assert main(["check"]) == 0
     out = capsys.readouterr().out
@@ -443,9 +447,9 @@ def test_cli_check_and_demo(device, capsys):
                  "--trials", "1"]) == 0
     out = capsys.readouterr().out
     assert device.name in out
-    from lora.__main__ import ROW_NAMES
+    from lora.apps.cli import ROW_NAMES
 
-    for strategy, dispatches in (("three", 3), ("split", 2), ("fused", 1)):
+    for strategy, dispatches in (("three", 3), ("split", 2), ("single", 1)):
         name = ROW_NAMES[strategy]
         row = next(r for r in out.splitlines() if r.startswith(name))
         fields = row[len(name):].split()
@@ -454,11 +458,11 @@ def test_cli_check_and_demo(device, capsys):
 
 
 def test_cli_bench_missing(monkeypatch, capsys):
-    from lora.__main__ import main
+    from lora.apps.cli import main
 
-    monkeypatch.setitem(sys.modules, "lora.bench", None)  # as if lora/bench.py did not exist
+    monkeypatch.setitem(sys.modules, "lora.apps.bench", None)  # as if lora/apps/bench.py did not exist
     assert main(["bench"]) == 2
-    assert "lora.bench is not available" in capsys.readouterr().err
+    assert "lora.apps.bench is not available" in capsys.readouterr().err
 
 
 ROOT = Path(__file__).resolve().parents[1]

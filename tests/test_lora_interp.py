@@ -34,7 +34,7 @@ def test_forward_strategies(cpu, strategy):
     np.testing.assert_allclose(got, R.forward(x, a, b, 1.5, base), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["seed", "fused:64", "split:64", "split:64:0:4"])
+@pytest.mark.parametrize("strategy", ["seed", "paired:64", "split:64", "split:64:0:4"])
 def test_backward_strategies(cpu, strategy):
     x, a, b, g = problem(2, 3)
     gx, ga, gb = lora.backward(x, a, b, g, scale=-0.5, device=cpu, strategy=strategy)

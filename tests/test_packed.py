@@ -195,10 +195,11 @@ def test_integer_packs_wrap_or_clamp_each_component():
                for n in ("pack4x_i8", "pack4x_u8", "pack4x_i8_clamp", "pack4x_u8_clamp"))
 
 
-@pytest.mark.parametrize("name, scale, signed", [("unpack4x8snorm", 127, True),
-                                                 ("unpack4x8unorm", 255, False),
-                                                 ("unpack2x16snorm", 32767, True),
-                                                 ("unpack2x16unorm", 65535, False)])
+# slow: the 16-bit fields, 65,536 values each through the interpreter, ~5 s each
+@pytest.mark.parametrize("name, scale, signed", [
+    ("unpack4x8snorm", 127, True), ("unpack4x8unorm", 255, False),
+    pytest.param("unpack2x16snorm", 32767, True, marks=pytest.mark.slow),
+    pytest.param("unpack2x16unorm", 65535, False, marks=pytest.mark.slow)])
 def test_normalized_unpacks_are_correctly_rounded_for_every_field(name, scale, signed):
     """max(v / scale, -1) rounded once to f32, for every value of a field (the
     interpreter divides in float64 first: this shows that does not double-round)."""

@@ -4,7 +4,7 @@ A Plan built with ``tokens=None, max_tokens=M`` runs kernels that read T
 from the u32 uniform ``tokens``; each record computes its grids from T
 (split over z past max-compute-workgroups-per-dimension) and passes
 ``np.uint32(T)``. The auto path and the fixed-strategy execute functions use
-such plans (per bucket of token counts, ``lora.tuning.BUCKETS``), so a
+such plans (per bucket of token counts, ``lora.core.tuning.BUCKETS``), so a
 serving loop whose batch size changes compiles nothing after warm-up.
 
 Results are compared with the float64 reference within the whole-forward
@@ -23,11 +23,12 @@ from shaderdsl.errors import BindingError, DispatchError
 
 import lora.kernels as K
 from lora import Weight, reference as R
-from lora import tuning
-from lora.execute import (execute_lora_forward, execute_lora_forward_auto,
+from lora.core import tuning
+from lora.hesper import (execute_lora_forward, execute_lora_forward_auto,
                           execute_lora_forward_fused, execute_lora_forward_single)
-from lora.plan import Plan, PlanAt, split_grid
-from lora.strategy import Strategy
+from lora import PlanAt, forward_plan
+from lora.core.plan import split_grid
+from lora import Strategy
 
 from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom, normal
 
@@ -35,7 +36,8 @@ from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom, normal
 def aligned(strategy, *dims):
     """The dims, rounded up to multiples of 4 for the strategies that need them."""
     s = Strategy.parse(strategy)
-    return tuple(-(-d // 4) * 4 for d in dims) if s.name == "gemm" or s.quad else dims
+    return tuple(-(-d // 4) * 4 for d in dims) if s.name == "gemm" or getattr(s, "quad", False) \
+        else dims
 
 
 SETTINGS = settings(max_examples=30, deadline=None,
@@ -141,7 +143,7 @@ def test_runtime_plan_matches_numpy(device, sub_ok, strategy, counts, extra, ran
     a, b, _, _ = problem(rng, rank, in_dim, out_dim, 1, positive)
     w = Weight.from_numpy(device, a, b)
     try:
-        plan = Plan(device, w, scale, None, s, max_tokens=max(counts) + extra,
+        plan = forward_plan(device, w, scale, None, s, max_tokens=max(counts) + extra,
                     max_workgroups=max_workgroups)
     except DispatchError as e:  # a tiny max_workgroups: z cannot hold the whole split
         assert max_workgroups and "cannot be split over z" in str(e)
@@ -167,7 +169,7 @@ def test_every_output_written_at_run_time(device, sub_ok, strategy):
     rng = np.random.default_rng(37)
     a, b, x, base = problem(rng, *aligned(strategy, 5, 131, 45), 37, positive=True)
     w = Weight.from_numpy(device, a, b)
-    plan = Plan(device, w, 0.5, None, s, max_tokens=40, max_workgroups=9)
+    plan = forward_plan(device, w, 0.5, None, s, max_tokens=40, max_workgroups=9)
     out = device.buffer(base)
     plan(device.buffer(x), out)
     got = device.read(out)
@@ -179,7 +181,7 @@ def test_every_output_written_at_run_time(device, sub_ok, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["seed", "three:32", "three:64:seed", "split:32",
-                                      "split:64:sg", "fused:32:1", "fused:64:2:loop:sg",
+                                      "split:64:sg", "single:32:1", "single:64:2:loop:sg",
                                       "tiled:32:1", "tiled:64:4", "tiled:64:8:4",
                                       "tiled:64:4:q", "gemm:32:1:2"])
 def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
@@ -191,7 +193,7 @@ def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
     tokens = 70000
     rng = np.random.default_rng(70000)
     a, b, x, base = problem(rng, *aligned(strategy, 2, 3, 5), tokens)
-    plan = Plan(device, Weight.from_numpy(device, a, b), -1.5, None, s, max_tokens=tokens)
+    plan = forward_plan(device, Weight.from_numpy(device, a, b), -1.5, None, s, max_tokens=tokens)
     out = device.buffer(base)
     plan(device.buffer(x), out)
     check_result(device.read(out), a, b, x, base, -1.5, strategy)
@@ -209,8 +211,8 @@ def test_runtime_plan_float16(device):
     a, b, _, _ = problem(rng, 4, 36, 20, 1)
     a16, b16 = a.astype(np.float16), b.astype(np.float16)
     w = Weight.from_numpy(device, a16, b16, dtype=np.float16)
-    for text in ("split:64", "three:64", "fused:64:1", "tiled:64:4", "tiled:64:4:q", "gemm:64:4:2"):
-        plan = Plan(device, w, 0.5, None, Strategy.parse(text), max_tokens=16)
+    for text in ("split:64", "three:64", "single:64:1", "tiled:64:4", "tiled:64:4:q", "gemm:64:4:2"):
+        plan = forward_plan(device, w, 0.5, None, Strategy.parse(text), max_tokens=16)
         for tokens in (1, 5, 16):
             x = normal(rng, (tokens, 36)).astype(np.float16)
             base = normal(rng, (tokens, 20)).astype(np.float16)
@@ -229,7 +231,7 @@ def test_plan_at_uses_the_first_rows(device):
     tokens=T) uses their first T rows and leaves the rest alone."""
     rng = np.random.default_rng(3)
     a, b, x, base = problem(rng, 3, 20, 12, 10)
-    plan = Plan(device, Weight.from_numpy(device, a, b), 2.0, None, Strategy.parse("split:64"),
+    plan = forward_plan(device, Weight.from_numpy(device, a, b), 2.0, None, Strategy.parse("split:64"),
                 max_tokens=10)
     x_buf, out = device.buffer(x), device.buffer(base)
     at = plan.at(4)
@@ -250,13 +252,14 @@ def test_runtime_plan_refuses_bad_buffers(device):
     rng = np.random.default_rng(4)
     a, b, x, base = problem(rng, 3, 20, 12, 6)
     w = Weight.from_numpy(device, a, b)
-    plan = Plan(device, w, 1.0, None, Strategy.parse("tiled:64:4"), max_tokens=5)
+    plan = forward_plan(device, w, 1.0, None, Strategy.parse("tiled:64:4"), max_tokens=5)
     assert "tokens=1..5" in repr(plan)
     out = device.buffer(base)
     before = device.stats["dispatches"]
     cases = [
         (device.buffer(x), out, None, r"token count 6 must be an int from 1 to 5"),
-        (device.buffer(x[:3]), out, None, r"holds 3 token\(s\) and the output buffer 6"),
+        (device.buffer(x[:3]), out, None, r"the buffers hold different token counts "
+                                           r"\{'input buffer': 3, 'output buffer': 6\}; they must agree"),
         (device.buffer(x[:5]), device.buffer(base[:5]), 0, r"token count 0"),
         (device.buffer(x[:5]), device.buffer(base[:2]), 3, r"from 1 to 2"),
         (device.buffer(x[:, :7]), out, None, r"input buffer must be float32 \(T, 20\)"),
@@ -271,10 +274,10 @@ def test_runtime_plan_refuses_bad_buffers(device):
     with pytest.raises(ValueError, match="tokens must be an int from 1 to 5"):
         plan.at(6)
     with pytest.raises(ValueError, match="give tokens .* or tokens=None with max_tokens"):
-        Plan(device, w, 1.0, None, Strategy.parse("split:64"))
+        forward_plan(device, w, 1.0, None, Strategy.parse("split:64"))
     with pytest.raises(ValueError, match="give tokens .* or tokens=None with max_tokens"):
-        Plan(device, w, 1.0, 3, Strategy.parse("split:64"), max_tokens=5)
-    baked = Plan(device, w, 1.0, 3, Strategy.parse("split:64"))
+        forward_plan(device, w, 1.0, 3, Strategy.parse("split:64"), max_tokens=5)
+    baked = forward_plan(device, w, 1.0, 3, Strategy.parse("split:64"))
     with pytest.raises(ValueError, match="at\\(\\) is for run-time plans"):
         baked.at(3)
 
@@ -284,7 +287,7 @@ def test_runtime_scratch_grows_with_the_token_count(device):
     save_h leaves h there for the backward."""
     rng = np.random.default_rng(5)
     a, b, _, _ = problem(rng, 3, 16, 8, 1)
-    plan = Plan(device, Weight.from_numpy(device, a, b), 1.0, None, Strategy.parse("fused:64:1"),
+    plan = forward_plan(device, Weight.from_numpy(device, a, b), 1.0, None, Strategy.parse("single:64:1"),
                 max_tokens=100, save_h=True)
     for tokens, rows in ((3, 4), (2, 4), (9, 16), (100, 100)):
         _, _, x, base = problem(rng, 3, 16, 8, tokens)
@@ -307,8 +310,8 @@ def test_varying_tokens_compile_nothing(device):
     rng = np.random.default_rng(6)
     a, b, _, _ = problem(rng, 4, 48, 40, 1)
     w = Weight.from_numpy(device, a, b)
-    for text in ("seed", "three:64", "split:64", "fused:64:1", "tiled:64:4"):
-        plan = Plan(device, w, 0.5, None, Strategy.parse(text), max_tokens=300)
+    for text in ("seed", "three:64", "split:64", "single:64:1", "tiled:64:4"):
+        plan = forward_plan(device, w, 0.5, None, Strategy.parse(text), max_tokens=300)
         plan.record(device.buffer(normal(rng, (2, 48))), device.buffer(normal(rng, (2, 40))))
         before = compiles(device)
         for tokens in (1, 3, 17, 64, 299, 300, 5):
@@ -319,7 +322,7 @@ def test_varying_tokens_compile_nothing(device):
         assert compiles(device) == before, text
     before = compiles(device)
     for tokens in (7, 8):  # the baked path, for contrast
-        Plan(device, w, 0.5, tokens, Strategy.parse("split:64"))
+        forward_plan(device, w, 0.5, tokens, Strategy.parse("split:64"))
     assert compiles(device)["pipelines"] == before["pipelines"] + 4
 
 
@@ -329,7 +332,7 @@ def test_auto_serving_loop_of_1000_forwards_compiles_nothing(device, cache_dir, 
     --tokens-sweep`` (1..8192), after a warm-up of one forward per bucket:
     no module or pipeline is created, nothing is tuned again, and the results
     are right (checked on a sample)."""
-    from lora.bench_sweep import serving_tokens
+    from lora.apps.bench_sweep import serving_tokens
 
     monkeypatch.setattr(tuning, "time_plan",  # the last candidate wins: no timing here
                         lambda dev, plan, *a, **k: 1.0 if plan.strategy == tuning.candidates(
@@ -344,7 +347,7 @@ def test_auto_serving_loop_of_1000_forwards_compiles_nothing(device, cache_dir, 
     for tokens in warm:
         execute_lora_forward_auto(device, w, 0.75, device.buffer(normal(rng, (tokens, 32))),
                                   device.buffer(normal(rng, (tokens, 24))))
-    assert len(w.plans) == len(warm)
+    assert len({id(p) for p in w.plans.values()}) == len(warm)  # one plan per bucket
     monkeypatch.setattr(tuning, "autotune", boom)
     monkeypatch.setattr(tuning, "autotune_bucket", boom)
     monkeypatch.setattr(shaderdsl.compiler, "_build", boom)
@@ -356,7 +359,7 @@ def test_auto_serving_loop_of_1000_forwards_compiles_nothing(device, cache_dir, 
         if n % 50 == 0:
             check_result(device.read(out), a, b, x, base, 0.75, f"forward {n}, T={tokens}")
     assert compiles(device) == before
-    assert len(w.plans) == len(warm)
+    assert len({id(p) for p in w.plans.values()}) == len(warm)  # one plan per bucket
 
 
 def test_execute_functions_compile_nothing_for_a_new_count(device):
@@ -422,8 +425,9 @@ def test_auto_keys_plans_by_bucket(device, cache_dir, monkeypatch):
         out = device.buffer(base)
         execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out)
         check_result(device.read(out), a, b, x, base, 1.5, f"T={tokens}")
-    plans = {key[2]: plan for key, plan in w.plans.items()}
+    plans = {key[2]: plan for key, plan in w.plans.items() if key[0] == "auto"}
     assert set(plans) == {1, (2, 16), (17, 256)}
+    assert {id(p) for p in w.plans.values()} == {id(p) for p in plans.values()}
     assert plans[1].tokens == 1 and plans[(2, 16)].max_tokens == 16
     assert plans[(2, 16)].runtime and plans[(2, 16)].strategy.name == "tiled"
     import json
@@ -458,7 +462,7 @@ def test_autotune_bucket_never_returns_what_cannot_run(device, cache_dir, monkey
     w = Weight.from_numpy(device, a, b)
     chosen = tuning.autotune_bucket(device, w, 1.0, bucket)
     assert chosen != biggest and memory(chosen) < memory(biggest)
-    plan = Plan(device, w, 1.0, None, chosen, max_tokens=bucket[1])
+    plan = forward_plan(device, w, 1.0, None, chosen, max_tokens=bucket[1])
     for t in (bucket[0], bucket[1]):
         _, _, x, base = problem(rng, rank, in_dim, out_dim, t)
         out = device.buffer(base)

@@ -11,17 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import lora
-from lora import reference as R, strategy
-from lora.optim import SGD, AdamW
-from lora.strategy import Backward
-from lora.training import BackwardPlan, LayerTrainer
+from lora import reference as R
+from lora.training import strategy
+from lora import SGD, AdamW
+from lora import Backward
+from lora import LayerTrainer, backward_plan
 from shaderdsl.errors import AliasingError, BindingError
 
 from test_lora_errors import NoDispatch
 
 SETTINGS = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-BACKWARD_TEXTS = ["seed", "fused:64", "fused:256", "split:64", "split:128:16", "split:64:3",
+BACKWARD_TEXTS = ["seed", "paired:64", "paired:256", "split:64", "split:128:16", "split:64:3",
                   "split:64:0:sg", "split:64:0:8", "split:64:5:4:sg"]
 
 
@@ -36,11 +37,11 @@ def grad_tolerance(x, a, b, g, scale):
 
 
 def run_backward(device, x, a, b, g, scale, strategy, accumulate=False, start=None):
-    """BackwardPlan on fresh buffers (h from the float64 reference); the gradients."""
+    """lora.backward_plan on fresh buffers (h from the float64 reference); the gradients."""
     w = lora.Weight.from_numpy(device, a, b)
     tokens = 1 if x.ndim == 1 else x.shape[0]
     h = (np.atleast_2d(x).astype(np.float64) @ a.T).astype(np.float32)
-    plan = BackwardPlan(device, w, scale, tokens, strategy, accumulate=accumulate)
+    plan = backward_plan(device, w, scale, tokens, strategy, accumulate=accumulate)
     start = start or {}
     bufs = {"g": device.buffer(g), "x": device.buffer(x), "h": device.buffer(h),
             "dA": device.buffer(start.get("dA", np.full(a.shape, np.nan, np.float32))),
@@ -48,7 +49,7 @@ def run_backward(device, x, a, b, g, scale, strategy, accumulate=False, start=No
             "dx": device.buffer(start.get("dx", np.full(x.shape, np.nan, np.float32)))}
     plan(bufs["g"], bufs["x"], bufs["h"], bufs["dA"], bufs["dB"], bufs["dx"])
     return {"grad_a": device.read(bufs["dA"]), "grad_b": device.read(bufs["dB"]),
-            "grad_x": device.read(bufs["dx"]), "dh": device.read(plan.dh)}
+            "grad_x": device.read(bufs["dx"]), "dh": device.read(plan.scratch["dh"])}
 
 
 def assert_within(got, want, tol, what):
@@ -69,7 +70,7 @@ def test_backward_matches_numpy(device, strategy, rank, in_dim, out_dim, tokens,
     s = Backward.parse(strategy)
     if s.subgroups and not device.has_feature("subgroup"):
         return
-    if s.name == "fused":
+    if s.name == "paired":
         tokens = min(tokens, 4)
     rng = np.random.default_rng(seed)
     x, g = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
@@ -149,10 +150,10 @@ def test_execute_functions_one_kernel_each(device, strategy):
         assert_within(device.read(buf), ref[key], 4 * tol[key] + 1e-6, f"{strategy} {key}")
 
 
-@pytest.mark.parametrize("forward", ["fused:64:1", "tiled:64:8", "split:64", "three:64", "seed"])
+@pytest.mark.parametrize("forward", ["single:64:1", "tiled:64:8", "split:64", "three:64", "seed"])
 def test_forward_train_saves_h(device, forward):
     rng = np.random.default_rng(11)
-    tokens = 1 if forward.startswith("fused") else 13
+    tokens = 1 if forward.startswith("single") else 13
     x, base = normal(rng, (tokens, 40)), normal(rng, (tokens, 24))
     a, b = normal(rng, (3, 40)), normal(rng, (24, 3))
     w = lora.Weight.from_numpy(device, a, b)
@@ -185,15 +186,15 @@ def test_backward_refuses_bad_buffers_before_dispatch(device):
         device, w, 1.0, *(kw.get(k, bufs[k]) for k in ("g", "x", "h", "dA", "dB")))
     with NoDispatch(device, BindingError, r"grad_b_buf must be float32 \(8, 3\), got float32 \(3, 8\)"):
         call(dB=device.empty((3, 8), np.float32))
-    with NoDispatch(device, BindingError, r"x_buf: expected dtype float32, got int32"):
+    with NoDispatch(device, BindingError, r"x_buf must be float32 \(2, 16\) \(the weight's dtype\), got int32"):
         call(x=device.buffer(np.ones((2, 16), np.int32)))
     with NoDispatch(device, AliasingError, r"x_buf and grad_x_buf are the same buffer"):
         lora.execute_lora_backward(device, w, 1.0, bufs["g"], bufs["x"], bufs["h"], bufs["dA"],
                                    bufs["dB"], bufs["x"])
     with NoDispatch(device, BindingError, r"grad_out_buf: expected shape \(out_dim,\) = \(8,\)"):
         call(g=device.buffer(normal(rng, (2, 9))))
-    with pytest.raises(ValueError, match="the fused backward takes at most 4 tokens"):
-        BackwardPlan(device, w, 1.0, 5, "fused")
+    with pytest.raises(ValueError, match="the paired backward takes at most 4 tokens"):
+        backward_plan(device, w, 1.0, 5, "paired")
     with pytest.raises(ValueError, match="cannot parse backward strategy 'split:x'"):
         Backward.parse("split:x")
     if device.has_feature("shader-f16"):
@@ -322,7 +323,7 @@ def test_init_is_peft_like_and_seeded():
 @pytest.mark.slow  # trains on digits end to end
 def test_train_command(tmp_path, capsys):
     """python -m lora train --quick --check: trains, matches float64, writes a peft adapter."""
-    from lora.__main__ import main
+    from lora.apps.cli import main
 
     assert main(["train", "--quick", "--check", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -348,7 +349,7 @@ def test_split_backward_of_many_tokens(device, rank, tiled_dh, monkeypatch):
     rng = np.random.default_rng(17 + rank)
     x, g = normal(rng, (197, 36)), normal(rng, (197, 44))
     a, b = normal(rng, (rank, 36)), normal(rng, (44, rank))
-    plan_kernels = [k[0] for k in Backward("split", 64).kernels(rank, 36, 44, 1.0, 197, "f32")]
+    plan_kernels = [k[0] for k in Backward.parse("split:64").kernels(rank, 36, 44, 1.0, 197, "f32")]
     assert ("grad_dh_tiled" in plan_kernels) == (tiled_dh and rank % 4 == 0)
     got = run_backward(device, x, a, b, g, -1.25, "split:64")
     want, tol = R.backward(x, a, b, g, -1.25), grad_tolerance(x, a, b, g, -1.25)

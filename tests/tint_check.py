@@ -221,8 +221,8 @@ def _training_entries(add) -> None:
 
 
 def planner_entries() -> list[Entry]:
-    """Kernels outside that grid which lora.tuning.candidates() also tries:
-    512 and 1024 threads, and fused with one workgroup for all outputs."""
+    """Kernels outside that grid which lora.core.tuning.candidates() also tries:
+    512 and 1024 threads, and single (fused_forward) with one workgroup for all outputs."""
     from lora import kernels as K
 
     out: list[Entry] = []

@@ -73,7 +73,7 @@ def _parts(device, plan, x, out, tokens) -> dict:
         (name, params), = plan.strategy.kernels(w.rank, w.in_dim, w.out_dim, SCALE, tokens,
                                                 wgsl_dtype(w.dtype))
         h = device.empty((tokens, w.rank), np.float32)
-        sizes = plan._sizes(tokens)
+        sizes = dict(plan._sizes(tokens), h=h.nbytes)  # the phases read or write h
         for phase in ("h", "out"):
             steps = build_steps(device, [(name, dict(params, phases=phase))], sizes)
             parts[f"phase {phase}"] = time_plan(

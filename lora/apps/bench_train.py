@@ -148,8 +148,8 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> 
     row = {"kind": "train", "tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
            "forward": str(trainer.forward.strategy), "backward": str(trainer.backward.strategy),
            "min_bytes": 4 * tokens * (in_dim + 2 * out_dim),
-           "dispatches": len(trainer.forward.steps) + len(trainer.loss_steps)
-           + len(trainer.backward.steps) + sum(len(s) for s, _ in trainer.optimizer._steps)}
+           "dispatches": len(trainer.forward.steps) + len(trainer.loss_plan.steps)
+           + len(trainer.backward.steps) + sum(len(p.steps) for p in trainer.optimizer._plans)}
     row["rel_err"] = _check_one_step(device, trainer, weight, a, b, x, base, target, bufs)
     steps = 5 if quick else max(10, min(500, 20_000_000 // (tokens * (in_dim + out_dim))))
     row["gpu_us"] = _time_steps(device, trainer, bufs, steps, 3 if quick else 5)

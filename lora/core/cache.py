@@ -39,10 +39,10 @@ def get_or_build(owner, key, build, buffers=()):
         return build()
     if hit is not None and not any(b is not None and b.released for b in buffers):
         return hit
+    if table is not None and len(table) >= LIMIT:
+        _forget(table)  # before build(): it may return a plan of this table (under another key)
     plan = build()
     if table is not None:
-        if len(table) >= LIMIT:
-            _forget(table)
         table[key] = plan
         if isinstance(owner, Weight):
             _WEIGHTS.add(owner)

@@ -91,9 +91,13 @@ class Entry:
         while parts and parts[0].lstrip("-").isdigit():
             nums.append(int(parts.pop(0)))
         words = {flag: (field, value) for flag, field, value in entry.flags}
-        bad = [p for p in parts if p not in words] or \
-            [p for i, p in enumerate(parts) if p in parts[:i]]
-        if bad or len(nums) > len(entry.numbers):
+        foreign = [p for p in parts if p not in words]
+        owners = [other.name for other in cls.family.values()
+                  if any(flag in foreign for flag, _, _ in other.flags)]
+        if owners:
+            raise ValueError(f"cannot parse {cls.kind} {text!r}: {name!r} takes no word "
+                             f"{foreign[0]!r}; it belongs to {' and '.join(owners)}")
+        if foreign or len(set(parts)) < len(parts) or len(nums) > len(entry.numbers):
             words_said = f" then any of the words {list(words)}" if words else " and no words"
             raise ValueError(f"cannot parse {cls.kind} {text!r}: {name!r} takes up to "
                              f"{len(entry.numbers)} number(s) ({', '.join(entry.numbers) or 'none'})"
