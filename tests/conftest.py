@@ -1,8 +1,9 @@
 """Shared fixtures: the device the GPU tests run on and a naga compile check;
 and the test tiers (markers registered in pyproject.toml): tests that use the
-``device`` fixture are marked ``gpu`` here, and a hypothesis test marked
+``device`` fixture are marked ``gpu`` here; a hypothesis test marked
 ``examples(quick=N)`` runs twice, as ``[quick]`` (N examples, the default tier)
-and as ``[full]`` (its own @settings count, marked ``slow``)."""
+and as ``[full]`` (its own @settings count, marked ``slow``); of a test marked
+``one_per_kind``, the first strategy of each kind stays in the default tier."""
 import os
 import tempfile
 
@@ -97,6 +98,12 @@ def _examples(request):
         fn._hypothesis_internal_use_settings = full
 
 
+def _strategy_kind(text):
+    """seed, three, split, single, tiled, gemm; tiled's quad columns (:q) a kind apart."""
+    parts = str(text).split(":")
+    return parts[0] + (":q" if parts[-1] == "q" else "")
+
+
 def _tier(item):
     """(N or None, the test's other parameters) for an examples(quick=N) item, else None."""
     params = dict(getattr(getattr(item, "callspec", None), "params", {}))
@@ -107,12 +114,21 @@ def _tier(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark gpu the tests that use the device (before -m and -k choose); then,
+    """Before -m and -k choose: mark gpu the tests that use the device, and
+    slow all but the first strategy of each kind in a one_per_kind test. After:
     where both items of an examples(quick=N) test are chosen (a --full run),
     leave out [quick]: [full] checks the same property on more examples."""
+    kinds = set()
     for item in items:
         if "device" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("one_per_kind"):
+            params = dict(item.callspec.params)
+            kind = (item.parent.nodeid, item.originalname,
+                    _strategy_kind(params.pop("strategy")), repr(params))
+            if kind in kinds:
+                item.add_marker(pytest.mark.slow)
+            kinds.add(kind)
     yield
     tiers = {item: _tier(item) for item in items if _tier(item)}
     full = {key for quick, key in tiers.values() if quick is None}

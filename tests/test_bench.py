@@ -153,6 +153,7 @@ def test_tokens_sweep_quick(tmp_path):
     assert case["runtime"]["modules"] == 0 and case["runtime"]["pipelines"] == 0
 
 
+@pytest.mark.slow  # a bench run
 def test_profile_small(tmp_path, monkeypatch, device):
     """``bench --profile`` on small shapes: every strategy timed whole, the
     multi-dispatch ones by dispatch, tiled by phase, and the read-back's pieces."""

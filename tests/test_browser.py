@@ -284,6 +284,7 @@ def test_three_implementations_agree(web, device):
 
 # ---------------------------------------------------------------- every LoRA strategy
 
+@pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
 def test_lora_strategy_matches_numpy(web, strategy):
     """Rank 5, 131 -> 259, 37 tokens: ragged for every workgroup and tile."""

@@ -870,6 +870,7 @@ LORA_STRATEGIES = ["seed", "split:64", "single:64:1", "single:32:3:loop", "tiled
                    "tiled:32:32:loop", "split:64:sg", "single:64:1:sg"]
 
 
+@pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
 @pytest.mark.parametrize("strategy", LORA_STRATEGIES)
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_lora_nan_inf_propagate_like_numpy(device, strategy, tokens):

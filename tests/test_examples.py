@@ -122,6 +122,7 @@ def test_reduction_rejects_non_power_of_two_workgroup():
 
 # ---------------------------------------------------------------- matmul
 
+@pytest.mark.examples(quick=8)
 @SETTINGS
 @given(M=ragged(8, 40), K=ragged(8, 40), N=ragged(8, 40), seed=seeds,
        tile=st.sampled_from([4, 8, 16]))
@@ -245,6 +246,7 @@ def test_example_main_runs(device, module, capsys):
 
 # ---------------------------------------------------------------- rows: softmax and LayerNorm
 
+@pytest.mark.examples(quick=8)
 @SETTINGS
 @given(rows=st.integers(1, 5), cols=ragged(rows_mod.WORKGROUP_SIZE, 300), seed=seeds)
 def test_softmax_rows(device, rows, cols, seed):
@@ -255,6 +257,7 @@ def test_softmax_rows(device, rows, cols, seed):
     np.testing.assert_allclose(got, want, rtol=64 * U * np.log2(cols + 1) + 1e-6, atol=0)
 
 
+@pytest.mark.examples(quick=8)
 @SETTINGS
 @given(rows=st.integers(1, 5), cols=ragged(rows_mod.WORKGROUP_SIZE, 300), seed=seeds)
 def test_layer_norm_rows(device, rows, cols, seed):

@@ -84,7 +84,7 @@ def run_plan(device, a, b, x, base, scale, tokens, strategy):
     return got
 
 
-@pytest.mark.examples(quick=5)
+@pytest.mark.examples(quick=3)
 @settings(SETTINGS, max_examples=20)
 @given(strategy=st.sampled_from(STRATEGY_TEXTS), tokens=st.integers(1, 40),
        rank=st.integers(1, 16), in_dim=dims, out_dim=dims,
@@ -99,6 +99,7 @@ def test_plan_f16_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, 
     check(got, a, b, x, base, scale, strategy)
 
 
+@pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
 def test_f16_every_output_written(device, sub_ok, strategy):
     """Ragged tiles and workgroups; all-positive inputs, so a skipped element
@@ -111,6 +112,7 @@ def test_f16_every_output_written(device, sub_ok, strategy):
     check(got, a, b, x, base, 0.5, strategy)
 
 
+@pytest.mark.examples(quick=4)
 @settings(SETTINGS, max_examples=15)
 @given(path=st.sampled_from(["three", "fused", "single"]), rank=st.integers(1, 16),
        in_dim=dims, out_dim=dims, tokens=st.integers(1, 5),
@@ -136,6 +138,7 @@ def test_forward_f16_paths(device, path, tokens):
     check(got, a, b, x, base, 1.5, path)
 
 
+@pytest.mark.slow  # tunes for float16 (~5 s)
 def test_forward_f16_from_float32_input(device):
     """float32 (or float64) arrays are rounded to float16 first: the result is
     the forward of the rounded values."""

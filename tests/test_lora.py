@@ -213,7 +213,7 @@ def check_paths(results, a, b, x, base, scale):
         assert np.all(np.abs(results[p].astype(np.float64) - results[q]) <= 2 * tol), (p, q)
 
 
-@pytest.mark.examples(quick=3)
+@pytest.mark.examples(quick=2)
 @settings(SETTINGS, max_examples=20)
 @given(data=st.data(), variant=st.sampled_from(["workgroup", "seed", "subgroups"]),
        in_dim=dims, out_dim=dims, tokens=tokens_st, scale=scales, seed=seeds)
@@ -313,6 +313,7 @@ def test_numpy_forward(device, rank, in_dim, out_dim, tokens, path, with_base, h
                  R.tolerance(x32, a32, b32, scale, base32), path)
 
 
+@pytest.mark.slow  # tunes (~7 s)
 def test_numpy_forward_new_adapter_adds_nothing(device):
     """Weight.init's B is zero: the forward returns the base exactly."""
     w = Weight.init(device, 100, 70, 4, seed=3)

@@ -27,6 +27,7 @@ def problem(seed, tokens, rank=4, in_dim=12, out_dim=20):
     return f(tokens, in_dim), f(rank, in_dim), f(out_dim, rank), f(tokens, out_dim)
 
 
+@pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS + ALIGNED_TEXTS)
 def test_forward_strategies(cpu, strategy):
     x, a, b, base = problem(1, 3)

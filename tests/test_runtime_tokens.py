@@ -159,6 +159,7 @@ def test_runtime_plan_matches_numpy(device, sub_ok, strategy, counts, extra, ran
         assert np.array_equal(device.read(x_buf), x), "the input was modified"
 
 
+@pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS + ALIGNED_TEXTS)
 def test_every_output_written_at_run_time(device, sub_ok, strategy):
     """All-positive inputs, ragged tiles and workgroups, grids split over z
@@ -326,6 +327,7 @@ def test_varying_tokens_compile_nothing(device):
     assert compiles(device)["pipelines"] == before["pipelines"] + 4
 
 
+@pytest.mark.slow  # 1,000 forwards after tuning
 def test_auto_serving_loop_of_1000_forwards_compiles_nothing(device, cache_dir, monkeypatch):
     """The issue's acceptance test: 1,000 forwards through the auto path with T
     drawn from the serving distribution of ``python -m lora bench

@@ -220,10 +220,13 @@ def test_every_output_written(device, sub_ok, strategy):
     check_result(got, a, b, x, base, 0.5, strategy)
 
 
-# slow: ranks 36 and 64 compile for ~10 and ~45 s on lavapipe (20 has the ragged last group too)
+# slow: ranks 36 and 64 compile for ~10 and ~45 s on lavapipe (20 has the ragged last
+# group too), the two larger blocks ~4 s each at rank 20
 @pytest.mark.parametrize("rank", [20, pytest.param(36, marks=pytest.mark.slow),
                                   pytest.param(64, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("strategy", ["tiled:64:8:4", "tiled:128:16:2:loop", "tiled:16:16:4"])
+@pytest.mark.parametrize("strategy", [pytest.param("tiled:64:8:4", marks=pytest.mark.slow),
+                                      pytest.param("tiled:128:16:2:loop", marks=pytest.mark.slow),
+                                      "tiled:16:16:4"])
 def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
     """Blocks of tokens times all ranks would be over 64 accumulators: the
     ranks are split over groups of threads (the last group ragged for 20 and
@@ -235,9 +238,10 @@ def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
     check_result(got, a, b, x, base, 0.25, strategy)
 
 
-# slow: for 40+ tokens the tuner offers ~30 tiled kernels, some ~50 s to compile on lavapipe
+# slow: for 40+ tokens the tuner offers ~30 tiled kernels, some ~50 s to compile on lavapipe;
+# one token ~5 s (5 tokens stays: split, single and small tiles)
 @pytest.mark.parametrize("tokens, rank, in_dim, out_dim",
-                         [(1, 8, 130, 257), (5, 3, 64, 300),
+                         [pytest.param(1, 8, 130, 257, marks=pytest.mark.slow), (5, 3, 64, 300),
                           pytest.param(70, 8, 64, 40, marks=pytest.mark.slow),
                           pytest.param(67, 16, 128, 68, marks=pytest.mark.slow)])
 def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
