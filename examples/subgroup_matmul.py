@@ -10,11 +10,12 @@ What it shows:
 * where no adapter has it, the interpreter device runs the same host code and
   emulates the subgroup operations exactly: ``run(interp.Device(subgroup_size=32), a, b)``.
 
+* offsets and strides count elements of the array: with 8-bit values packed
+  four to an i32/u32, words (the WGSL proposal after gpuweb PR #6275); so K,
+  and the rows of a column-major matrix, are multiples of four.
+
 Run ``python -m examples.subgroup_matmul`` (the GPU when it has the feature,
-else the interpreter) to compare with numpy. On the H200 under Dawn a single
-16x16x32 product matched numpy, but several steps of K or several tiles did
-not (docs/dsl.md, "Subgroup matrices"): hardware results beyond one product
-are unverified.
+else the interpreter) to compare with numpy.
 """
 from __future__ import annotations
 
@@ -51,12 +52,17 @@ def tiled_matmul(m, M, N, K, TM, TN, TK, comp="i8", layouts="rrr", accumulate=Tr
                  m.workgroup_id().x * per + m.local_index() / SUBGROUP, "tile")
     row0, col0 = m.let(tile / tiles_n * TM, "row0"), m.let(tile % tiles_n * TN, "col0")
 
-    def at(layout, r, c, rows, cols):          # (offset, stride) of element (r, c)
-        return (r * cols + c, cols) if layout == "r" else (c * rows + r, rows)
+    def at(layout, r, c, rows, cols, pack=1):  # (offset, stride) of element (r, c)
+        """In elements of the array: 8-bit values are packed four to an element
+        (``pack`` 4), so a row (or column) starts at a multiple of four."""
+        offset, stride = (r * cols + c, cols) if layout == "r" else (c * rows + r, rows)
+        return (offset / pack, stride // pack) if pack > 1 else (offset, stride)
+
+    pack = 4 if comp in ("i8", "u8") else 1
 
     def load(mtype, buf, layout, r, c, rows, cols):
         fn = B.subgroup_matrix_load if layout == "r" else B.subgroup_matrix_load_col_major
-        return fn(mtype, buf, *at(layout, r, c, rows, cols))
+        return fn(mtype, buf, *at(layout, r, c, rows, cols, pack))
 
     acc = m.var(Result(RESULT[comp], TN, TM), name="acc")
     with m.loop(K // TK, name="kt") as kt:

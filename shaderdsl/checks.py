@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .devicebuffer import DeviceBuffer, describe
-from .errors import AliasingError, BindingError, DispatchError, FeatureError
+from .errors import AliasingError, BindingError, DispatchError, FeatureError, WGSLCompileError
 from .types import Array, Scalar, Vector, numpy_dtype
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
@@ -286,8 +286,11 @@ def workgroups(kernel, value, max_per_dim: int) -> tuple[int, int, int]:
 
 
 def overrides_key(kernel, overrides) -> tuple:
-    """Sorted (name, value) pairs after checking names and value kinds."""
+    """Sorted (name, value) pairs after checking names and value kinds; an
+    override with neither a default nor a value fails as a GPU pipeline does
+    (WGSLCompileError), with one message whichever WGSL compiler is underneath."""
     if not overrides:
+        _all_valued(kernel, ())
         return ()
     if not isinstance(overrides, dict):
         raise DispatchError(f"kernel {kernel.name!r}: overrides must be a dict name -> value")
@@ -321,7 +324,16 @@ def overrides_key(kernel, overrides) -> tuple:
         elif tname == "bool":
             value = bool(value)
         items.append((name, value))
+    _all_valued(kernel, overrides)
     return tuple(items)
+
+
+def _all_valued(kernel, given) -> None:
+    missing = [o.name for o in kernel.overrides if o.default is None and o.name not in given]
+    if missing:
+        raise WGSLCompileError(f"Missing value for pipeline-overridable constant "
+                               f"{', '.join(map(repr, missing))} (no default): pass "
+                               f"overrides={{{missing[0]!r}: ...}}", kernel_name=kernel.name)
 
 
 def order_buffers(kernel, bindings) -> list:

@@ -18,6 +18,8 @@ class HostDevice:
     ``empty``, ``dispatch``, and ``_copy`` and ``_release`` for the device's own
     part of copy() and release()."""
 
+    subgroup_matrix_configs: tuple = ()  # MatrixConfig shapes; none without the feature
+
     def has_feature(self, name: str) -> bool:
         return name in self.features
 

@@ -702,16 +702,24 @@ def _uniform(wgsl: str, lanes, args) -> tuple:
 
 
 def _matrix_cells(wgsl: str, mt, array, offset, stride, col_major: bool):
-    """(elements of ``array`` as the matrix's components, (rows, cols) indices):
-    element (r, c) is at offset + r*stride + c, or offset + c*stride + r."""
+    """(``array`` as the matrix's components, (rows, cols) indices into it).
+
+    Offset and stride count elements of the *array* (the WGSL proposal after
+    gpuweb PR #6275): for 8-bit components packed four to an i32/u32 element,
+    words, so the row (or column) starts at component 4 * (offset + r * stride)
+    and its components follow one another. Element (r, c) is at offset +
+    r*stride + c (row-major) or offset + c*stride + r, in those units."""
     flat = array.reshape(-1)
+    pack = 4 if mt.is_8bit else 1
     if mt.is_8bit:
         flat = flat.view(V.MATRIX_DTYPES[mt.component])
     r, c = np.arange(mt.rows)[:, None], np.arange(mt.cols)[None, :]
-    idx = int(offset) + (c * int(stride) + r if col_major else r * int(stride) + c)
+    start = pack * (int(offset) + (c * int(stride) if col_major else r * int(stride)))
+    idx = start + (r if col_major else c)
     if idx.max() >= flat.size:
         raise OutOfBoundsError(f"{wgsl}() of {mt} at offset {int(offset)}, stride {int(stride)} "
-                               f"reaches element {idx.max()} of an array of {flat.size}")
+                               f"(elements of the array) reaches element {idx.max() // pack} of "
+                               f"an array of {flat.size // pack}")
     return flat, idx
 
 

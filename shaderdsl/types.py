@@ -148,6 +148,42 @@ def subgroup_matrix_result(component, n: int, m: int) -> SubgroupMatrix:
     return _subgroup_matrix("result", component, n, m)
 
 
+@dataclass(frozen=True)
+class MatrixConfig:
+    """One shape an adapter's subgroup matrices come in (Dawn's
+    ``subgroup_matrix_configs``): an M x K left and a K x N right of
+    ``component`` multiply into an M x N result of ``result``, on subgroups
+    of ``subgroup_sizes`` (min, max). A device's ``subgroup_matrix_configs``
+    lists them; kernels pick their tile shapes from them."""
+
+    component: str
+    result: str
+    m: int
+    n: int
+    k: int
+    subgroup_sizes: tuple = (32, 32)
+
+    def types(self) -> tuple[SubgroupMatrix, SubgroupMatrix, SubgroupMatrix]:
+        """(left, right, result) matrix types of this shape."""
+        return (subgroup_matrix_left(self.component, self.k, self.m),
+                subgroup_matrix_right(self.component, self.n, self.k),
+                subgroup_matrix_result(self.result, self.n, self.m))
+
+    def __str__(self) -> str:
+        return f"{self.component}->{self.result} {self.m}x{self.n}x{self.k}"
+
+
+def matrix_config(configs, component: str, result: str, m: int | None = None,
+                  n: int | None = None) -> MatrixConfig | None:
+    """The first of ``configs`` with these component types (and M, N where
+    given), or None where the adapter has no such shape."""
+    for c in configs:
+        if (c.component, c.result) == (component, result) and m in (None, c.m) and \
+                n in (None, c.n):
+            return c
+    return None
+
+
 f32 = Scalar("f32")
 f16 = Scalar("f16")
 i32 = Scalar("i32")

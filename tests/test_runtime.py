@@ -417,15 +417,16 @@ def test_timestamps_positive():
     if not DEV.has_feature("timestamp-query"):
         pytest.skip("adapter lacks timestamp-query")
     bufs, ref = saxpy_setup(4096)
-    with DEV.batch(timestamps=True) as b:
-        for _ in range(4):
+    with DEV.batch(timestamps=True) as b:  # enough work for Dawn's 65.5 us timestamp quantum
+        for _ in range(400):
             DEV.dispatch_1d(SAXPY, bufs, 4096)
     assert b.gpu_time_ns is not None and b.gpu_time_ns > 0
     np.testing.assert_allclose(bufs["out"].read(), ref, rtol=RTOL, atol=ATOL)
     # a batch ending with a copy still gets an end time after the copy
     dst = DEV.zeros(4096, np.float32)
     with DEV.batch(timestamps=True) as b2:
-        DEV.dispatch_1d(SAXPY, bufs, 4096)
+        for _ in range(400):
+            DEV.dispatch_1d(SAXPY, bufs, 4096)
         DEV.copy(bufs["out"], dst)
     assert b2.gpu_time_ns > 0
     with DEV.batch() as plain:

@@ -77,10 +77,26 @@ def test_wgsl_text_and_features():
 
 
 def test_a_device_without_the_feature_refuses(device):
+    if device.has_feature(FEATURE):
+        pytest.skip(f"{device.name} has {FEATURE}: test_gpu_products_are_exact runs instead")
     k = sd.compile(tiled_matmul, 32, M=16, N=8, K=32, TM=16, TN=8, TK=32)
-    assert FEATURE not in device.features
     with pytest.raises(FeatureError, match=FEATURE):
         device.prepare(k)
+
+
+@pytest.mark.parametrize("M, K, N", [(16, 64, 16), (32, 64, 32), (256, 256, 256)])
+def test_gpu_products_are_exact(device, M, K, N):
+    """On an adapter with subgroup matrices (the H200 under Dawn): the int8
+    example against numpy's int64 product, several K steps and tiles."""
+    if not device.has_feature(FEATURE) or not any(
+            c.component == "i8" and (c.m, c.n, c.k) == (16, 16, 32)
+            for c in device.subgroup_matrix_configs):
+        pytest.skip(f"{device.name} has no i8 16x16x32 subgroup matrices ({FEATURE})")
+    from examples.subgroup_matmul import run
+
+    rng = np.random.default_rng(M + K)
+    a, b = random_8bit(rng, (M, K), "i8"), random_8bit(rng, (K, N), "i8")
+    assert np.array_equal(run(device, a, b), a.astype(np.int64) @ b.astype(np.int64))
 
 
 def test_subgroup_matrix_names_are_reserved():
@@ -161,8 +177,8 @@ def staged(m, read_back_barrier=True):
     for k in m.static_loop(range(0, 128, SUBGROUP)):
         a_tile[lane + k] = A[lane + k]
     m.barrier()
-    a = m.let(B.subgroup_matrix_load(Left("i8", 32, 16), a_tile, 0, 32), "a")
-    b = m.let(B.subgroup_matrix_load(Right("i8", 8, 32), Bm, 0, 8), "b")
+    a = m.let(B.subgroup_matrix_load(Left("i8", 32, 16), a_tile, 0, 32 // 4), "a")
+    b = m.let(B.subgroup_matrix_load(Right("i8", 8, 32), Bm, 0, 8 // 4), "b")
     B.subgroup_matrix_store(c_tile, 0, B.subgroup_matrix_multiply(i32, a, b), 8)
     if read_back_barrier:
         m.barrier()
@@ -252,8 +268,70 @@ def test_non_uniform_or_out_of_bounds_arguments_raise_in_the_interpreter():
     with pytest.raises(InterpreterError, match="same arguments in every lane of the subgroup: "
                                                "argument 2 of lane 1 differs from lane 0"):
         Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: i % 2).dispatch(data, 1)
-    with pytest.raises(OutOfBoundsError, match="at offset 1, stride 8 reaches element 64 of an "
-                                               "array of 64"):
+    with pytest.raises(OutOfBoundsError, match=r"at offset 1, stride 8 \(elements of the array\) "
+                                               r"reaches element 64 of an array of 64"):
         Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: 1).dispatch(data, 1)
     out = Interpreter(_uneven, SUBGROUP, offset_of_lane=lambda i: 0).dispatch(data, 1)
     assert np.array_equal(out["C"], data["A"])
+
+
+# ================================================================ units: elements of the array
+
+def _load_store(m, comp, rows, cols, offset, stride, col_major):
+    """One matrix loaded at (offset, stride) and stored whole, row-major, at 0."""
+    stored = {"i8": i32, "u8": sd.u32, "f16": sd.f16, "f32": f32}[comp]
+    A = m.declare_input_buffer("A", stored)
+    C = m.declare_output_buffer("C", stored)
+    load = B.subgroup_matrix_load_col_major if col_major else B.subgroup_matrix_load
+    a = m.let(load(Left(comp, cols, rows), A, offset, stride), "a")
+    pack = 4 if comp in ("i8", "u8") else 1
+    B.subgroup_matrix_store(C, 0, a, cols // pack)
+
+
+@pytest.mark.parametrize("comp", ["i8", "u8", "f16", "f32"])
+@pytest.mark.parametrize("col_major", [False, True])
+def test_offsets_and_strides_count_array_elements(comp, col_major):
+    """Offset 3 and stride 20 are array elements: for 8-bit values, u32 words,
+    so element (r, c) is byte 4 * (3 + r * 20) + c (row-major) or
+    4 * (3 + c * 20) + r (column-major); for f16 and f32, components."""
+    pack = 4 if comp in ("i8", "u8") else 1
+    rows, cols, offset, stride = 16, 32, 3, 20 if pack == 4 else 40
+    if col_major:
+        rows, cols, stride = 32, 16, 20 if pack == 4 else 40
+    dt = NUMPY[comp]
+    flat = np.arange(4096, dtype=np.int64).astype(dt) if pack == 1 else \
+        np.random.default_rng(1).integers(0, 255, 4096).astype(dt)
+    words = flat.view(np.int32 if comp == "i8" else np.uint32) if pack == 4 else flat
+    out = Interpreter(_load_store, SUBGROUP, comp=comp, rows=rows, cols=cols, offset=offset,
+                      stride=stride, col_major=col_major).dispatch(
+        {"A": words, "C": np.zeros(rows * cols // pack, words.dtype)}, 1)["C"]
+    got = out.view(dt).reshape(rows, cols) if pack == 4 else out.reshape(rows, cols)
+    r, c = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    start = pack * (offset + (c if col_major else r) * stride)
+    assert np.array_equal(got, flat[start + (r if col_major else c)])
+
+
+def _f16_into_f32(m):
+    A = m.declare_input_buffer("A", sd.f16)
+    Bm = m.declare_input_buffer("B", sd.f16)
+    C = m.declare_output_buffer("C", f32)
+    acc = m.var(Result(f32, 16, 16), name="acc")
+    with m.loop(2, name="k") as k:
+        a = m.let(B.subgroup_matrix_load(Left(sd.f16, 16, 16), A, k * 16, 32), "a")
+        b = m.let(B.subgroup_matrix_load(Right(sd.f16, 16, 16), Bm, k * 256, 16), "b")
+        m.assign(acc, B.subgroup_matrix_multiply_accumulate(a, b, acc))
+    B.subgroup_matrix_store(C, 0, acc, 16)
+
+
+def test_f16_products_accumulate_into_f32():
+    """The f16 x f16 -> f32 configuration (the H200 offers 16x16x16), two K
+    steps: each step's float64 product rounded once to f32 and added."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((16, 32)).astype(np.float16)
+    b = rng.standard_normal((32, 16)).astype(np.float16)
+    out = Interpreter(_f16_into_f32, SUBGROUP).dispatch(
+        {"A": a.reshape(-1), "B": b.reshape(-1), "C": np.zeros(256, np.float32)}, 1)["C"]
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = (a64[:, :16] @ b64[:16]).astype(np.float32)
+    want = (want.astype(np.float64) + a64[:, 16:] @ b64[16:]).astype(np.float32)
+    assert out.dtype == np.float32 and np.array_equal(out.reshape(16, 16), want)

@@ -18,12 +18,19 @@ from .. import checks
 from .. import types as T
 from ..checks import MAX_WORKGROUPS, check_dtype, host_array, uniform_array
 from ..devicebuffer import DeviceBuffer
-from ..errors import WGSLCompileError
 from ..hostdevice import HostBatch, HostDevice
 from .buffers import Buffer
 from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
 
 SUPPORTED_FEATURES = frozenset({"shader-f16", "subgroup", T.SUBGROUP_MATRIX_FEATURE})
+# The subgroup-matrix shapes Dawn reported for the H200 (wgpudawn 0.32.0.4 with
+# allow_unsafe_apis and vulkan_enable_f16_on_nvidia, 2026-12-03): the interpreter
+# claims them by default, emulating any shape exactly.
+H200_MATRIX_CONFIGS = tuple(T.MatrixConfig(c, r, m, n, k) for c, r, m, n, k in (
+    ("f16", "f16", 16, 16, 16), ("f16", "f32", 16, 16, 16), ("f16", "f16", 16, 8, 16),
+    ("f16", "f32", 16, 8, 16), ("f16", "f16", 16, 8, 8), ("f16", "f32", 16, 8, 8),
+    ("i8", "i32", 16, 16, 32), ("u8", "u32", 16, 16, 32), ("i8", "i32", 16, 8, 32),
+    ("u8", "u32", 16, 8, 32)))
 # WebGPU's default limits for compute, which every adapter meets: by default
 # the interpreter refuses what some WebGPU device would refuse.
 DEFAULT_LIMITS = {
@@ -48,12 +55,14 @@ class Device(HostDevice):
     and are checked as a GPU device checks its own: pass a GPU device's
     ``limits`` to refuse exactly what it refuses. ``subgroup_size``,
     ``max_loop_iterations``, ``check_races`` and ``check_uninitialized`` go
-    to every Interpreter.
+    to every Interpreter. ``subgroup_matrix_configs``: the shapes it offers
+    kernels (default: the H200's, where it claims the subgroup-matrix feature).
     """
 
     def __init__(self, *, subgroup_size: int = DEFAULT_SUBGROUP_SIZE, features=None,
                  limits=None, check_races: bool = True, check_uninitialized: bool = True,
-                 max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS):
+                 max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
+                 subgroup_matrix_configs=None):
         feats = SUPPORTED_FEATURES if features is None else frozenset(features)
         if feats - SUPPORTED_FEATURES:
             raise ValueError(f"the interpreter supports features {sorted(SUPPORTED_FEATURES)}, "
@@ -64,6 +73,9 @@ class Device(HostDevice):
         self.features: frozenset = feats
         self.limits: dict = {**DEFAULT_LIMITS, **dict(limits or {})}
         self.subgroup_size = subgroup_size
+        self.subgroup_matrix_configs = () if T.SUBGROUP_MATRIX_FEATURE not in feats else \
+            H200_MATRIX_CONFIGS if subgroup_matrix_configs is None else \
+            tuple(subgroup_matrix_configs)
         self._options = dict(subgroup_size=subgroup_size, check_races=check_races,
                              check_uninitialized=check_uninitialized,
                              max_loop_iterations=max_loop_iterations)
@@ -137,7 +149,7 @@ class Device(HostDevice):
         grid = checks.workgroups(kernel, workgroups, self.limits[MAX_WORKGROUPS])
         okey = checks.overrides_key(kernel, overrides)
         buffers = self._bind(kernel, checks.order_buffers(kernel, bindings))
-        given = _complete_overrides(kernel, okey)
+        given = dict(okey)
         self.stats["dispatches"] += 1
         self._record(lambda: _run(interp, kernel, buffers, grid, given))
 
@@ -145,7 +157,7 @@ class Device(HostDevice):
         """Check features, limits and overrides and build the interpreter now
         (``uniform_values`` is accepted for the GPU device's sake; nothing differs)."""
         self._interpreter(kernel)
-        _complete_overrides(kernel, checks.overrides_key(kernel, overrides))
+        checks.overrides_key(kernel, overrides)
 
     def _interpreter(self, kernel) -> Interpreter:
         """First sight of a Kernel object: check features/limits, build its Interpreter."""
@@ -222,17 +234,6 @@ class Batch(HostBatch):
     def flush(self) -> None:
         """Run what is recorded so far (the batch stays open)."""
         self.device._flush()
-
-
-def _complete_overrides(kernel, okey: tuple) -> dict:
-    """The checked overrides as a dict; one with neither a default nor a value
-    fails as a GPU pipeline does, with WGSLCompileError."""
-    given = dict(okey)
-    missing = [o.name for o in kernel.overrides if o.default is None and o.name not in given]
-    if missing:
-        raise WGSLCompileError(f"Missing value for pipeline-overridable constant(s) {missing} "
-                               f"(no default): pass overrides={{...}}", kernel_name=kernel.name)
-    return given
 
 
 def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict) -> None:

@@ -10,9 +10,12 @@ import re
 import wgpu
 
 from ..errors import FeatureError, NoAdapterError
+from ..types import SUBGROUP_MATRIX_FEATURE, MatrixConfig
+from .wgpu_build import WGPU_BUILD
 
 # Features requested whenever the adapter has them: the ones kernels may need.
-WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes")
+WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes",
+                   SUBGROUP_MATRIX_FEATURE)
 
 # Dawn's names for features that wgpu-native (and Kernel.features) spell otherwise.
 DAWN_NAMES = {"subgroups": "subgroup"}
@@ -83,11 +86,23 @@ def all_adapters() -> list:
     return _adapters
 
 
+def matrix_configs(a) -> tuple[MatrixConfig, ...]:
+    """The shapes of an adapter's subgroup matrices (Dawn with the feature; none elsewhere)."""
+    if WGPU_BUILD != "dawn" or SUBGROUP_MATRIX_FEATURE not in a.features:
+        return ()
+    from wgpudawn.backends.dawn import extras
+
+    found = extras.get_adapter_properties(a).get("subgroup_matrix_configs", [])
+    return tuple(MatrixConfig(c["component_type"], c["result_component_type"], c["m"], c["n"],
+                              c["k"], (c["min_subgroup_size"], c["max_subgroup_size"]))
+                 for c in found)
+
+
 def _describe_adapter(a) -> dict:
     info = a.info
     return {"name": info["device"], "backend": info["backend_type"],
             "adapter_type": info["adapter_type"], "description": info.get("description", ""),
-            "features": sorted(_features(a))}
+            "features": sorted(_features(a)), "matrix_configs": matrix_configs(a)}
 
 
 def list_adapters() -> list[dict]:
@@ -107,6 +122,8 @@ def adapters_report() -> str:
         if a["description"]:
             lines.append(f"    {a['description']}")
         lines.append(f"    shaderdsl features: {', '.join(used) or '(none)'}")
+        if a["matrix_configs"]:
+            lines.append("    subgroup matrices: " + ", ".join(map(str, a["matrix_configs"])))
     best = pick(all_adapters(), None, None, ())
     lines.append(f"default: {best.info['device']} ({best.info['backend_type']})")
     return "\n".join(lines)

@@ -18,8 +18,9 @@ from ..checks import check_dtype, host_array, uniform_array
 from ..devicebuffer import DeviceBuffer
 from ..errors import BindingError, NoAdapterError
 from ..hostdevice import HostDevice
+from ..types import SUBGROUP_MATRIX_FEATURE
 from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
-                       all_adapters, norm_backend, pick)
+                       all_adapters, matrix_configs, norm_backend, pick)
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
 from .pipelines import PipelineCache
@@ -109,6 +110,9 @@ class Device(HostDevice):
                 from e
         self.queue = self.wgpu_device.queue
         self.features: frozenset = frozenset(DAWN_NAMES.get(f, f) for f in self.wgpu_device.features)
+        # the shapes of subgroup matrices kernels may use (none without the feature)
+        self.subgroup_matrix_configs = matrix_configs(adapter) \
+            if SUBGROUP_MATRIX_FEATURE in self.features else ()
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
         self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
