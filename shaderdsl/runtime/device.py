@@ -274,7 +274,8 @@ class Device(HostDevice):
         so the first dispatch costs no compile; also a plain validity check.
         ``uniform_values``: the pipeline for dispatches that give uniforms values."""
         entry = self._kernels.get(id(kernel)) or self._entry(kernel)
-        okey = self._okey(entry, kernel, overrides) if overrides else ()
+        okey = self._okey(entry, kernel, overrides) if overrides else \
+            checks.overrides_key(kernel, None)
         if uniform_values:
             self._dynamic_pipeline(entry, kernel, okey)
         elif okey not in entry.pipelines:
@@ -307,6 +308,8 @@ class Device(HostDevice):
 
     def _dispatch_slow(self, entry, kernel, bindings, okey, x, y, z) -> None:
         """A combination not seen yet, or uniform values: check, then record."""
+        if not okey:
+            checks.overrides_key(kernel, None)  # one without a default needs a value
         buffers = checks.order_buffers(kernel, bindings)
         if any(not isinstance(buffers[i], DeviceBuffer) for i in entry.uniforms):
             pipeline, group, offsets = self._bind_values(entry, kernel, buffers, okey)
