@@ -335,3 +335,52 @@ def test_f16_products_accumulate_into_f32():
     want = (a64[:, :16] @ b64[:16]).astype(np.float32)
     want = (want.astype(np.float64) + a64[:, 16:] @ b64[16:]).astype(np.float32)
     assert out.dtype == np.float32 and np.array_equal(out.reshape(16, 16), want)
+
+
+# ================================================================ the f16 GEMM example (matrix units)
+
+def _f16_gemm_reference(a, b):
+    """f16 products summed in f32 16 columns of K at a time (as the example
+    accumulates), in float64 otherwise: what the interpreter computes."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in range(0, a.shape[1], 16):
+        step = a[:, k:k + 16].astype(np.float64) @ b[k:k + 16].astype(np.float64)
+        acc = (acc.astype(np.float64) + step).astype(np.float32)
+    return acc
+
+
+@settings(max_examples=6, deadline=None)
+@given(blocks=st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 2)),
+       bm=st.sampled_from([1, 2]), bn=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**32 - 1))
+def test_f16_gemm_example_in_the_interpreter(blocks, bm, bn, seed):
+    """examples/matrix_gemm.py on the interpreter device: several blocks each
+    way (the grid over x and y), several steps of K, register blocks of
+    bm x bn tiles; each f16 product step rounded once into the f32 sums."""
+    from shaderdsl import interp
+
+    from examples.matrix_gemm import run
+
+    rng = np.random.default_rng(seed)
+    M, N, K = 16 * bm * blocks[0], 16 * bn * blocks[1], 16 * blocks[2]
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    got = run(interp.Device(subgroup_size=SUBGROUP), a, b, bm, bn)
+    assert got.dtype == np.float32 and np.array_equal(got, _f16_gemm_reference(a, b))
+
+
+def test_f16_gemm_example_on_the_gpu(device):
+    """On an adapter with f16 -> f32 subgroup matrices (the H200 under Dawn):
+    within 1e-5 of |A| @ |B| (f32 sums of f16 products; the GPU may round its
+    partial sums in another order)."""
+    from shaderdsl.types import matrix_config
+
+    from examples.matrix_gemm import run
+
+    if matrix_config(device.subgroup_matrix_configs, "f16", "f32", 16, 16) is None:
+        pytest.skip(f"{device.name} has no f16 -> f32 16x16x16 subgroup matrices")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((256, 192)).astype(np.float16)
+    b = rng.standard_normal((192, 512)).astype(np.float16)
+    got = run(device, a, b)
+    bound = 1e-5 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    assert (np.abs(got - a.astype(np.float64) @ b.astype(np.float64)) <= bound).all()
