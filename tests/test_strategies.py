@@ -131,7 +131,7 @@ def boom(*args, **kwargs):
 # ---------------------------------------------------------------- every kind, against numpy
 
 @pytest.mark.examples(quick=6)
-@SETTINGS
+@settings(SETTINGS, max_examples=25)
 @given(strategy=st.sampled_from(STRATEGY_TEXTS), tokens=st.integers(1, 40),
        rank=st.integers(1, 16), in_dim=dims, out_dim=dims, scale=scales,
        positive=st.booleans(), one_row=st.booleans(), seed=seeds)
@@ -148,7 +148,7 @@ def test_plan_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, out_
 
 
 @pytest.mark.examples(quick=3)
-@settings(SETTINGS, max_examples=20)
+@settings(SETTINGS, max_examples=15)
 @given(strategy=st.sampled_from(ALIGNED_TEXTS), tokens=st.integers(1, 80),
        quads=st.tuples(st.integers(1, 16), st.integers(1, 150), st.integers(1, 150)),
        scale=scales, positive=st.booleans(), seed=seeds)
