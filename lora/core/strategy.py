@@ -34,7 +34,6 @@ from typing import ClassVar
 from ..kernels import tiled_fits
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
-RENAMED = {"fused": "single"}  # former forward names -> today's
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,7 @@ class Entry:
     name: ClassVar[str] = ""
     family: ClassVar[dict]  # name -> entry class, on each family's base
     kind: ClassVar[str] = "strategy"  # how messages name the family
+    renamed: ClassVar[dict] = {}  # former name -> (today's, what it is)
     numbers: ClassVar[tuple[str, ...]] = ()
     shown: ClassVar[int] = 0
     flags: ClassVar[tuple[tuple[str, str, object], ...]] = ()
@@ -106,10 +106,11 @@ class Entry:
 
     @classmethod
     def _unknown(cls, name: str, text: str) -> str:
-        if name in RENAMED and cls.family is FORWARD:
-            return (f"strategy {name!r} is now called {RENAMED[name]!r} (one dispatch); "
-                    f"write {text.replace(name, RENAMED[name], 1)!r}")
-        return f"strategy must be one of {tuple(cls.family)}, got {name!r} in {text!r}"
+        if name in cls.renamed:
+            new, what = cls.renamed[name]
+            return (f"{cls.kind} {name!r} is now called {new!r}{what}; write "
+                    f"{text.replace(name, new, 1)!r}")
+        return f"{cls.kind} must be one of {tuple(cls.family)}, got {name!r} in {text!r}"
 
     @classmethod
     def example(cls) -> "Entry":
@@ -134,6 +135,7 @@ class Strategy(Entry):
     ``Strategy.parse(text)`` gives the entry of that text."""
 
     family: ClassVar[dict] = FORWARD
+    renamed: ClassVar[dict] = {"fused": ("single", " (one dispatch)")}
 
     @classmethod
     def example(cls) -> "Strategy":

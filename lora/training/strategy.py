@@ -22,8 +22,6 @@ PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: fo
 # threads) 222 us against 41.
 TILED_DH_ELEMENTS = 1 << 18
 PARTIAL_BYTES = 8 << 20  # at most this much of partial sums of dA or dB
-GRADS = ("dh", "dB", "dA", "dx")
-RENAMED = {"fused": "paired"}
 
 BACKWARD: dict[str, type] = {}
 
@@ -41,13 +39,7 @@ class Backward(Entry):
 
     family: ClassVar[dict] = BACKWARD
     kind: ClassVar[str] = "backward strategy"
-
-    @classmethod
-    def _unknown(cls, name: str, text: str) -> str:
-        if name in RENAMED:
-            return (f"backward strategy {name!r} is now called {RENAMED[name]!r}; write "
-                    f"{text.replace(name, RENAMED[name], 1)!r}")
-        return f"backward strategy must be one of {tuple(BACKWARD)}, got {name!r} in {text!r}"
+    renamed: ClassVar[dict] = {"fused": ("paired", "")}
 
     @classmethod
     def example(cls) -> "Backward":
