@@ -118,14 +118,17 @@ class Entry:
         return cls()
 
 
+def registrar(family: dict):
+    """The decorator that makes a class body an entry of ``family``."""
+    def register(cls):
+        cls = dataclass(frozen=True)(cls)
+        family[cls.name] = cls
+        return cls
+    return register
+
+
 FORWARD: dict[str, type] = {}
-
-
-def forward_strategy(cls):
-    """Register a forward strategy entry (a class body: fields and methods)."""
-    cls = dataclass(frozen=True)(cls)
-    FORWARD[cls.name] = cls
-    return cls
+forward_strategy = registrar(FORWARD)  # register a forward strategy entry
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core.strategy import Entry
+from ..core.strategy import Entry, registrar
 
 PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: for a few tokens
 # From this many tokens x ranks, split computes dh with grad_dh_tiled (a vec4 of
@@ -24,13 +24,7 @@ TILED_DH_ELEMENTS = 1 << 18
 PARTIAL_BYTES = 8 << 20  # at most this much of partial sums of dA or dB
 
 BACKWARD: dict[str, type] = {}
-
-
-def backward_strategy(cls):
-    """Register a backward strategy entry."""
-    cls = dataclass(frozen=True)(cls)
-    BACKWARD[cls.name] = cls
-    return cls
+backward_strategy = registrar(BACKWARD)  # register a backward strategy entry
 
 
 @dataclass(frozen=True)
