@@ -77,6 +77,11 @@ _TEMPLATE_LIKE = {"<", ">", "<=", ">="}
 # enable is Tint's alone: Kernel.wgsl_for adds it).
 _ENABLES = (("shader-f16", "f16"),
             (T.SUBGROUP_MATRIX_FEATURE, "chromium_experimental_subgroup_matrix"))
+# Tint proves only workgroup uniformity, but a subgroup matrix needs its
+# arguments uniform in the subgroup alone (a workgroup of several subgroups
+# gives each its own tile): the check is Tint's, the interpreter makes it
+# exactly, at run time.
+_MATRIX_UNIFORMITY = "diagnostic(off, chromium.subgroup_matrix_uniformity);"
 # Compound assignments spell some bool operators differently (`a &= b` on bool).
 _COMPOUND = {"&&": "&", "||": "|"}
 
@@ -297,6 +302,8 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]
     em.block(m.body, 1, body)
     decls = _declarations(em, m)
     enables = [f"enable {name};" for feature, name in _ENABLES if feature in em.features]
+    if T.SUBGROUP_MATRIX_FEATURE in em.features:
+        enables.append(_MATRIX_UNIFORMITY)
     enables += [""] if enables else []
     lines = [f"// kernel {m.name}", *enables, *decls]
     source_map = []

@@ -321,7 +321,7 @@ def test_numpy_forward_errors(device):
     with pytest.raises(ValueError, match="give alpha or scale, not both"):
         forward(x, a, b, alpha=1.0, scale=1.0, device=device)
     with pytest.raises(ValueError, match=r"strategy must be one of \('seed', 'three', 'split', "
-                                         r"'single', 'tiled', 'gemm'\), got 'double' in 'double'"):
+                                         r"'single', 'tiled', 'gemm', 'matrix'\), got 'double' in 'double'"):
         forward(x, a, b, strategy="double", device=device)
     # alpha / rank, and the default scale 1
     np.testing.assert_allclose(forward(x, a, b, alpha=4.0, device=device), np.full(3, 20.0))

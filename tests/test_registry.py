@@ -34,7 +34,7 @@ def toy():
             return {"h": 1, "y": 1}
 
         @classmethod
-        def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+        def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
             return [cls(64)]
 
     yield Toy

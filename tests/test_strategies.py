@@ -293,7 +293,9 @@ def candidate_texts(device):
 
 
 def test_strategy_text_round_trip(device):
-    texts = candidate_texts(device)
+    from shaderdsl import interp  # (matrix: f16 on the H200's matrix shapes, which it offers)
+    texts = candidate_texts(device) + sorted({str(s) for s in tuning.candidates(
+        interp.Device(), 16, 256, 256, 64, np.float16)})
     assert {t.split(":")[0] for t in texts} == set(STRATEGIES)
     for text in texts:
         s = Strategy.parse(text)

@@ -18,6 +18,8 @@ text                          dispatches   kernels
 ``tiled:T:TT[:B][:loop][:q]`` 1            tiled_forward (TT tokens per workgroup, B per thread)
 ``gemm:T:TT:S``               2            project_a_tiled (4 x 4 per thread, S slices of in_dim),
                                            tiled_b_add (TT tokens x 256 columns per workgroup)
+``matrix:S:F:R:C``            2            f16 on matrix units: project_a_matrix (S slices),
+                                           b_add_matrix (R x C fragments per subgroup)
 ============================  ===========  =================================================
 
 ``T`` is the workgroup size, ``sg`` reduces with subgroup operations,
@@ -158,9 +160,10 @@ class Strategy(Entry):
 
     @classmethod
     def candidates(cls, rank: int, in_dim: int, out_dim: int, tokens: int,
-                   subgroups: bool) -> list["Strategy"]:
+                   subgroups: bool, matrices: tuple = ()) -> list["Strategy"]:
         """The forms of this strategy worth timing for a shape (``subgroups``:
-        whether the adapter has them)."""
+        whether the adapter has them; ``matrices``: its subgroup-matrix
+        shapes for this storage dtype, shaderdsl.types.MatrixConfig)."""
         return []
 
 
@@ -209,7 +212,7 @@ class Seed(Strategy):
         return {"h": 1}
 
     @classmethod
-    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         return [cls()]  # wins on some adapters (CPU ones: few, long threads)
 
 
@@ -268,7 +271,7 @@ class Split(_Projected, Strategy):
         return {"h": 1}
 
     @classmethod
-    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         out = []
         if rank > 8 and tokens <= 64:  # share A's rows among workgroups: per rank group
             out += [cls(256, group, subgroups=sg) for group in (4, 8) for sg in _sgs(subgroups)]
@@ -304,7 +307,7 @@ class Single(Strategy):
                                        subgroups=self.subgroups))]
 
     @classmethod
-    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         if tokens == 1:
             return [cls(t, 1, unroll, sg) for sg in _sgs(subgroups) for t in (256, 512, 1024)
                     for unroll in (True, False)]
@@ -339,7 +342,7 @@ class Tiled(Strategy):
                                        token_block=self.token_block, quad=self.quad))]
 
     @classmethod
-    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         if tokens == 1:
             return []
         out = []
@@ -392,13 +395,55 @@ class Gemm(Strategy):
         return {"hp": self.splits, "h": 1} if save_h else {"hp": self.splits}
 
     @classmethod
-    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups):
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         """From rank 16 and 64 tokens where the shape is a multiple of 4 (rank 64:
         T = 512 30-32 us against tiled's 57 on the H200; optimisation notes 22-23)."""
         if rank < 16 or tokens < 64 or rank % 4 or in_dim % 4 or out_dim % 4:
             return []
         return [cls(threads, 16, splits) for threads in ((64, 128) if rank <= 16 else (128, 256))
                 for splits in (4, 8, 16) if splits * 32 <= in_dim]
+
+
+@forward_strategy
+class Matrix(Strategy):
+    """f16 on matrix units, two dispatches: project_a_matrix (h in ``splits``
+    slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup),
+    then b_add_matrix (2 x 2 subgroups of ``rows`` x ``cols`` fragments)."""
+
+    name: ClassVar[str] = "matrix"
+    numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols")
+    shown: ClassVar[int] = 1
+    splits: int = 1
+    fragments: int = 2
+    rows: int = 2
+    cols: int = 4
+
+    def validate(self) -> None:
+        for f in self.numbers:
+            if getattr(self, f) < 1:
+                raise ValueError(f"matrix: {f} must be >= 1, got {getattr(self, f)}")
+
+    def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, save_h=False):
+        if dtype != "f16":
+            raise ValueError(f"the matrix strategy multiplies f16 on matrix units; the "
+                             f"weight is {dtype} (use an f16 weight, or another strategy)")
+        hp = {"hp": "h" if self.splits == 1 else "hp"}
+        return [("project_a_matrix", dict(rank=rank, in_dim=in_dim, tokens=tokens,
+                                          splits=self.splits, fragments=self.fragments), hp),
+                ("b_add_matrix", dict(out_dim=out_dim, rank=rank, scale=float(scale),
+                                      tokens=tokens, splits=self.splits, rows=self.rows,
+                                      cols=self.cols, save_h=save_h and self.splits > 1), hp)]
+
+    scratch = Gemm.scratch
+
+    @classmethod
+    def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
+        """Where the adapter multiplies f16 16x16x16 into f32 (from 16 tokens)."""
+        from ..kernels.matrix import FRAGMENT
+        if FRAGMENT not in matrices or tokens < 16 or rank % 4 or in_dim % 4 or out_dim % 4:
+            return []
+        splits = [s for s in (1, 2, 4, 8) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
+        return [cls(s, f, r, c) for s in splits for f in (1, 2) for r, c in ((2, 4), (1, 4))]
 
 
 STRATEGIES = tuple(FORWARD)

@@ -20,6 +20,7 @@ from shaderdsl.errors import BindingError, DispatchError
 from .forward import forward_plan
 from .plan import Plan
 from .strategy import FORWARD, Strategy
+from .weight import wgsl_dtype
 
 CACHE_VERSION = 2  # strategies renamed (fused -> single): older entries are not read
 
@@ -38,12 +39,15 @@ def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
     return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
 
-def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int) -> list[Strategy]:
-    """The strategies worth timing for this shape on this device: what each
-    registry entry (lora.core.strategy.FORWARD) offers."""
+def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int,
+               dtype=np.float32) -> list[Strategy]:
+    """The strategies worth timing for this shape, storage dtype and device:
+    what each registry entry (lora.core.strategy.FORWARD) offers."""
     sub = device.has_feature("subgroup")
+    matrices = tuple(c for c in getattr(device, "subgroup_matrix_configs", ())
+                     if c.component == wgsl_dtype(np.dtype(dtype)))
     return [s for entry in FORWARD.values()
-            for s in entry.candidates(rank, in_dim, out_dim, tokens, sub)]
+            for s in entry.candidates(rank, in_dim, out_dim, tokens, sub, matrices)]
 
 
 MIN_BATCH_NS = 20e6  # time a batch of at least 20 ms: Dawn rounds timestamps to 65.5 us
@@ -146,7 +150,7 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
     hit = _cached(key, use_cache)
     if hit:
         return hit
-    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
     timings = _timings(device, weight, tokens, cands,
                        lambda s: forward_plan(device, weight, scale, tokens, s), forwards, progress)
     return _best(key, timings, use_cache)
@@ -234,7 +238,7 @@ def autotune_bucket(device, weight, scale: float, bucket: tuple[int, int], *,
     if hit:
         return hit
     tokens = timed_tokens(bucket)
-    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens)
+    cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
     timings = _timings(device, weight, tokens, cands,
                        lambda s: forward_plan(device, weight, scale, None, s,
                                               max_tokens=bucket[1]).at(tokens), forwards, progress)

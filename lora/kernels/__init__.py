@@ -1,6 +1,7 @@
 """The LoRA kernels, written in shaderdsl: one module per family.
 
-``common`` (buffers, f16 handling, reductions, loops), ``forward`` (h = A @ x,
+``common`` (buffers, f16 handling, reductions, loops), ``matrix`` (the f16
+forward on matrix units), ``forward`` (h = A @ x,
 y = B @ h, the scaled add, fused forms); ``registry`` holds :data:`KERNELS`,
 each kernel with the role of its bindings, its workgroup size and its grid:
 ``KERNELS[name].kernel(...)`` compiles (and caches) it. Nothing here needs wgpu.

@@ -12,6 +12,7 @@ from typing import Callable
 import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
+from .matrix import a_tiling, b_add_matrix, b_tiling, project_a_matrix
 from .common import ceil_div
 from .forward import (B_ADD_THREADS, add_scaled, fused_b_add, fused_forward, gemm_tile_tokens, project_a_seed,
                       project_a_tiled, project_a_workgroup, project_b, tiled_b_add, tiled_forward)
@@ -98,6 +99,15 @@ KERNELS = {spec.name: spec for spec in (
                           ceil_div(p["out_dim"], 4 * B_ADD_THREADS), 1),
                "output += scale * B @ h (the slices of project_a_tiled summed), a tile of "
                "tokens and a block of columns per workgroup"),
+    KernelSpec("project_a_matrix", project_a_matrix,
+               lambda p: a_tiling(p["rank"], p["fragments"]).threads,
+               lambda p: a_tiling(p["rank"], p["fragments"]).grid(p["tokens"], p["rank"])[:2]
+               + (p["splits"],),
+               "h = A @ x on matrix units (f16), in slices of in_dim"),
+    KernelSpec("b_add_matrix", b_add_matrix,
+               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).threads,
+               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).grid(p["tokens"], p["out_dim"]),
+               "output += scale * B @ h on matrix units (f16), the slices of h summed"),
 )}
 
 

@@ -1,0 +1,232 @@
+"""A matrix product on matrix units (subgroup matrices), tiled over a workgroup.
+
+``tiled_product(m, tiling, a, b, M, N, K, epilogue)`` computes the (M x N)
+product of ``a`` (M x K) and ``b`` (K x N) in the kernel being built, one
+(tiling.rows x tiling.cols) block of it per workgroup (workgroup (x, y) is
+column block x, row block y):
+
+* the workgroup's threads copy a (rows x k_step) slice of ``a`` and a
+  (k_step x cols) slice of ``b`` into workgroup memory, four elements per
+  read, zero past the matrix's edge (so no size needs to be a multiple of a
+  tile), converted to the matrix component type;
+* two copies of each slice (double buffering): while the subgroups multiply
+  one, the next slice's reads are already in flight, and one barrier per
+  step of K suffices;
+* each subgroup owns ``fragments`` result matrices and reuses every left and
+  right fragment it loads across its row and column of them;
+* the results leave through workgroup memory, one fragment at a time, to
+  ``epilogue(row, col, value)``: four consecutive columns, a vec4<f32>, only
+  inside the product; it writes them wherever it likes (a store, a scaled
+  add to the output, ...).
+
+Subgroups are consecutive runs of ``subgroup_size`` local indices, and the
+tile each one owns is derived from ``local_index``: uniform within a
+subgroup, not within the workgroup. Tint's uniformity analysis only knows
+workgroup uniformity, so the module turns its subgroup-matrix check off
+(emit.py); the interpreter checks the subgroup uniformity instead, at run
+time, for every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import builtins as B
+from . import types as T
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One factor of the product, read four elements at a time: ``fetch(i, j)``
+    is a vec4 (of any float type) of elements (i, j), (i, j+1), ..., when
+    ``axis`` is 1, or (i, j), (i+1, j), ... when it is 0. It is called with
+    the first of the four inside the matrix and at a multiple of 4 on
+    ``axis``: the matrix's extent along ``axis`` must be a multiple of 4."""
+
+    fetch: Callable
+    axis: int = 1
+
+
+@dataclass(frozen=True)
+class MatrixTiling:
+    """How one workgroup computes its block of the product: ``subgroups``
+    (along rows, along columns), each owning ``fragments`` (along rows,
+    along columns) result matrices of ``config``'s shape; ``k_step`` columns
+    of ``a`` (rows of ``b``) per staged slice; ``pad`` extra elements per
+    row of a staged slice (fewer workgroup-memory bank conflicts)."""
+
+    config: T.MatrixConfig
+    subgroups: tuple = (2, 2)
+    fragments: tuple = (2, 2)
+    k_step: int = 16
+    pad: int = 8
+
+    def __post_init__(self):
+        if self.config.result != "f32":
+            raise ValueError(f"tiled_product sums in f32: {self.config} has {self.config.result} "
+                             f"results")
+        low, high = self.config.subgroup_sizes
+        if low != high:
+            raise ValueError(f"tiled_product needs one subgroup size, but {self.config} runs "
+                             f"on subgroups of {low} to {high}")
+        for name in ("subgroups", "fragments"):
+            v = getattr(self, name)
+            if len(v) != 2 or any(not isinstance(d, int) or d < 1 for d in v):
+                raise ValueError(f"{name}: expected (along rows, along columns) positive "
+                                 f"ints, got {v!r}")
+        if self.k_step < 1 or self.k_step % self.config.k or self.k_step % 4:
+            raise ValueError(f"k_step must be a multiple of {self.config.k} (the config's K) "
+                             f"and of 4, got {self.k_step}")
+        cells = self.config.m * self.config.n
+        if cells % (4 * self.subgroup_size):
+            raise ValueError(f"a {self.config} fragment ({cells} results) must split into "
+                             f"vec4s evenly over a subgroup of {self.subgroup_size}")
+        for what, n in (("a", self.rows * self.k_step), ("b", self.k_step * self.cols)):
+            if n % (4 * self.threads):
+                raise ValueError(f"a staged slice of {what} ({n} elements) must split into "
+                                 f"vec4 reads evenly over {self.threads} threads")
+
+    @property
+    def subgroup_size(self) -> int:
+        return self.config.subgroup_sizes[0]
+
+    @property
+    def threads(self) -> int:
+        """The workgroup size this tiling needs."""
+        return self.subgroups[0] * self.subgroups[1] * self.subgroup_size
+
+    @property
+    def rows(self) -> int:
+        return self.subgroups[0] * self.fragments[0] * self.config.m
+
+    @property
+    def cols(self) -> int:
+        return self.subgroups[1] * self.fragments[1] * self.config.n
+
+    def grid(self, M: int, N: int) -> tuple[int, int, int]:
+        """The workgroups an (M x N) product takes."""
+        return (-(-N // self.cols), -(-M // self.rows), 1)
+
+    def __str__(self) -> str:
+        (sr, sc), (fr, fc) = self.subgroups, self.fragments
+        return f"{self.config} x {sr}x{sc} subgroups x {fr}x{fc} fragments, k_step {self.k_step}"
+
+
+class _Slice:
+    """One operand's staged slice: where it lives in workgroup memory (two
+    copies) and how the threads fill it."""
+
+    def __init__(self, m, tiling, operand, extent, height, width, name):
+        # (height x width) of the operand per step; extent: its (rows, cols) in all
+        self.m, self.operand, self.extent = m, operand, extent
+        self.height, self.width = height, width
+        along = width if operand.axis == 1 else height     # the contiguous axis
+        across = height if operand.axis == 1 else width
+        self.stride = along + tiling.pad
+        self.size = across * self.stride
+        self.array = m.shared(T.SCALARS[tiling.config.component], 2 * self.size, name)
+        self.reads = height * width // 4 // tiling.threads
+        self.threads = tiling.threads
+
+    def fetch(self, origin, name):
+        """This thread's vec4 reads of the slice at ``origin`` (row, col)."""
+        m, op = self.m, self.operand
+        per_line = (self.width if op.axis == 1 else self.height) // 4
+        out = []
+        for q in range(self.reads):
+            idx = m.local_index() + q * self.threads
+            line, quad = idx / per_line, idx % per_line * 4
+            r, c = (line, quad) if op.axis == 1 else (quad, line)
+            gr, gc = origin[0] + r, origin[1] + c
+            inside = (gr < self.extent[0]) & (gc < self.extent[1])
+            # the read itself stays inside the matrix (its value is dropped past the edge)
+            last = [e - (4 if axis == op.axis else 1) for axis, e in enumerate(self.extent)]
+            value = op.fetch(B.min(gr, last[0]), B.min(gc, last[1]))
+            out.append((line, quad, m.let(B.select(value.type(0.0), value, inside),
+                                          f"{name}{q}")))
+        return out
+
+    def store(self, reads, stage):
+        """Write ``fetch``'s reads into copy ``stage`` (0 or 1, u32) of the slice."""
+        elem = self.array.type.elem
+        for line, quad, v in reads:
+            base = self.m.let(stage * self.size + line * self.stride + quad)
+            for e, lane in enumerate("xyzw"):
+                part = getattr(v, lane)
+                self.array[base + e] = part if part.type == elem else elem(part)
+
+    def load(self, matrix_type, stage, r, c):
+        """A fragment whose first element is (r, c) of copy ``stage``."""
+        if self.operand.axis == 1:
+            return B.subgroup_matrix_load(matrix_type, self.array,
+                                          stage * self.size + r * self.stride + c, self.stride)
+        return B.subgroup_matrix_load_col_major(matrix_type, self.array,
+                                                stage * self.size + c * self.stride + r,
+                                                self.stride)
+
+
+def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
+                  epilogue: Callable) -> None:
+    """Emit the product of ``a`` (M x K) and ``b`` (K x N) into the kernel being
+    built with ``m`` (its workgroup size must be ``tiling.threads``); hand
+    each four result columns to ``epilogue(row, col, vec4<f32>)``. M, N and
+    K are ints or u32 expressions uniform over the dispatch; N must be a
+    multiple of 4."""
+    cfg = tiling.config
+    left_t, right_t, result_t = cfg.types()
+    (fr, fc), sgs = tiling.fragments, tiling.subgroup_size
+    wg = m.workgroup_id()
+    row0 = m.let(wg.y * tiling.rows, "row0")
+    col0 = m.let(wg.x * tiling.cols, "col0")
+    sg = m.let(m.local_index() / sgs, "sg")
+    sub_r = m.let(sg / tiling.subgroups[1] * (fr * cfg.m), "sub_r")
+    sub_c = m.let(sg % tiling.subgroups[1] * (fc * cfg.n), "sub_c")
+    sa = _Slice(m, tiling, a, (M, K), tiling.rows, tiling.k_step, "stage_a")
+    sb = _Slice(m, tiling, b, (K, N), tiling.k_step, tiling.cols, "stage_b")
+    acc = [[m.var(result_t, name=f"acc{i}_{j}") for j in range(fc)] for i in range(fr)]
+    sa.store(sa.fetch((row0, 0), "a"), 0)
+    sb.store(sb.fetch((0, col0), "b"), 0)
+    m.barrier()
+    steps = (K + (tiling.k_step - 1)) / tiling.k_step if not isinstance(K, int) \
+        else -(-K // tiling.k_step)
+    with m.loop(steps, name="kt") as kt:
+        stage = m.let(kt & 1, "stage")
+        k_next = m.let((kt + 1) * tiling.k_step, "k_next")
+        next_a = sa.fetch((row0, k_next), "na")    # in flight while this step multiplies
+        next_b = sb.fetch((k_next, col0), "nb")
+        for kk in range(0, tiling.k_step, cfg.k):
+            lefts = [m.let(sa.load(left_t, stage, sub_r + i * cfg.m, kk), f"l{i}")
+                     for i in range(fr)]
+            rights = [m.let(sb.load(right_t, stage, kk, sub_c + j * cfg.n), f"r{j}")
+                      for j in range(fc)]
+            for i in range(fr):
+                for j in range(fc):
+                    m.assign(acc[i][j], B.subgroup_matrix_multiply_accumulate(
+                        lefts[i], rights[j], acc[i][j]))
+        sa.store(next_a, 1 - stage)
+        sb.store(next_b, 1 - stage)
+        m.barrier()
+    _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
+
+
+def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
+    """Each fragment through workgroup memory (f32) to ``epilogue``, four
+    columns per call; ``origin``: this subgroup's first result element."""
+    cfg, sgs = tiling.config, tiling.subgroup_size
+    cells = cfg.m * cfg.n
+    out = m.shared(T.SCALARS[cfg.result], tiling.threads // sgs * cells, "drain")
+    sg, lane = m.local_index() / sgs, m.local_index() % sgs
+    for i, row in enumerate(acc):
+        for j, value in enumerate(row):
+            B.subgroup_matrix_store(out, sg * cells, value, cfg.n)
+            m.barrier()
+            for q in range(0, cells // 4, sgs):
+                e = m.let(lane + q, "e")
+                r, c = e / (cfg.n // 4), e % (cfg.n // 4) * 4
+                row_i = m.let(origin[0] + i * cfg.m + r, "row")
+                col_i = m.let(origin[1] + j * cfg.n + c, "col")
+                with m.if_((row_i < extent[0]) & (col_i < extent[1])):
+                    at = m.let(sg * cells + r * cfg.n + c, "at")
+                    epilogue(row_i, col_i, T.vec4f(out[at], out[at + 1], out[at + 2],
+                                                   out[at + 3]))
+            m.barrier()

@@ -1,0 +1,188 @@
+"""The matrix-unit building block (shaderdsl.matmul.tiled_product), its
+example (examples/matrix_gemm.py) and the LoRA strategy on it ("matrix").
+
+The interpreter device runs them everywhere: it offers the H200's subgroup-
+matrix shapes and checks, at run time, that each subgroup's matrix arguments
+agree (the check Tint's diagnostic, turned off in the WGSL, cannot make), and
+the workgroup-memory races of the staging. On an adapter with f16 -> f32
+16x16x16 matrices (the H200 under Dawn) the same checks run on the GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import lora
+import shaderdsl as sd
+from lora import reference as R
+from shaderdsl import interp, vec4f, vec4h
+from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
+from shaderdsl.types import MatrixConfig
+
+from examples.matrix_gemm import CONFIG, SMALL, run
+
+ROOMY = {"max-compute-workgroup-storage-size": 49152}  # the H200's; tilings here need > 16 KiB
+
+
+def interp_device():
+    return interp.Device(subgroup_size=32, limits=ROOMY)
+
+
+def f32_steps_reference(a, b, step=16):
+    """f16 products summed in f32 ``step`` columns of K at a time, each step
+    exact (float64) and rounded once into the f32 sum: what the interpreter's
+    subgroupMatrixMultiplyAccumulate computes."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in range(0, a.shape[1], step):
+        exact = a[:, k:k + step].astype(np.float64) @ b[k:k + step].astype(np.float64)
+        acc = (acc.astype(np.float64) + exact).astype(np.float32)
+    return acc
+
+
+def product_kernel(m, M, N, K, tiling, a_t, b_t):
+    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K]."""
+    A = m.declare_input_buffer("A", vec4h)
+    Bm = m.declare_input_buffer("B", vec4h)
+    C = m.declare_output_buffer("C", vec4f)
+    a = Operand(lambda i, k: A[(k * M + i) / 4], axis=0) if a_t else \
+        Operand(lambda i, k: A[(i * K + k) / 4])
+    b = Operand(lambda k, j: Bm[(j * K + k) / 4], axis=0) if b_t else \
+        Operand(lambda k, j: Bm[(k * N + j) / 4])
+
+    def store(row, col, value):
+        C[(row * N + col) / 4] = value
+
+    tiled_product(m, tiling, a, b, M, N, K, store)
+
+
+@settings(max_examples=8, deadline=None)
+@given(dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 12)),
+       a_t=st.booleans(), b_t=st.booleans(), k_step=st.sampled_from([16, 32]),
+       seed=st.integers(0, 2**32 - 1))
+def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, seed):
+    """Any M, N, K multiples of 4 (so edges of every tile are exercised),
+    either factor stored transposed, one or several staged slices: equal to
+    the f16 products summed in f32 per 16 of K."""
+    M, N, K = (4 * d for d in dims)
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=k_step)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t)
+    dev = interp_device()
+    bufs = {"A": dev.buffer(np.ascontiguousarray(a.T if a_t else a).reshape(-1)),
+            "B": dev.buffer(np.ascontiguousarray(b.T if b_t else b).reshape(-1)),
+            "C": dev.empty(M * N, np.float32)}
+    dev.dispatch(k, bufs, tiling.grid(M, N))
+    assert np.array_equal(dev.read(bufs["C"]).reshape(M, N), f32_steps_reference(a, b))
+
+
+def test_the_wgsl_turns_off_only_tints_workgroup_uniformity_check():
+    k = sd.compile(product_kernel, SMALL.threads, M=64, N=64, K=32, tiling=SMALL,
+                   a_t=False, b_t=False)
+    assert "diagnostic(off, chromium.subgroup_matrix_uniformity);" in k.wgsl
+    assert k.wgsl.count("workgroupBarrier()") >= 3 and "subgroupMatrixLoad" in k.wgsl
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(config=MatrixConfig("f16", "f16", 16, 16, 16)), "sums in f32"),
+    (dict(config=MatrixConfig("f16", "f32", 16, 16, 16, (16, 64))), "one subgroup size"),
+    (dict(config=CONFIG, k_step=24), "k_step must be a multiple of 16"),
+    (dict(config=CONFIG, subgroups=(2,)), "subgroups: expected"),
+    (dict(config=CONFIG, subgroups=(4, 4), fragments=(1, 1), k_step=16),
+     "must split into vec4 reads evenly over 512 threads"),
+])
+def test_bad_tilings_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        MatrixTiling(**kw)
+
+
+def test_the_example_in_the_interpreter():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((72, 48)).astype(np.float16)
+    b = rng.standard_normal((48, 100)).astype(np.float16)
+    got = run(interp_device(), a, b)
+    assert got.dtype == np.float32 and np.array_equal(got, f32_steps_reference(a, b))
+
+
+def _has_fragment(device):
+    if CONFIG not in device.subgroup_matrix_configs:
+        pytest.skip(f"{device.name} has no {CONFIG} subgroup matrices")
+
+
+@pytest.mark.gpu
+def test_the_example_on_the_gpu(device):
+    """Within 1e-5 of |A| @ |B| (f32 sums; the GPU may order partial sums otherwise)."""
+    _has_fragment(device)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((200, 136)).astype(np.float16)
+    b = rng.standard_normal((136, 264)).astype(np.float16)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    for tiling in (SMALL, MatrixTiling(CONFIG, (4, 2), (2, 4), k_step=32)):
+        got = run(device, a, b, tiling)
+        bound = 1e-5 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+        assert (np.abs(got - want) <= bound).all(), str(tiling)
+
+
+# ------------------------------------------------------------------ LoRA's "matrix" strategy
+
+def _lora_case(device, rank, in_dim, out_dim, tokens, text, seed, save_h=False):
+    rng = np.random.default_rng(seed)
+    f16 = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+    a, b, x, base = f16(rank, in_dim), f16(out_dim, rank), f16(tokens, in_dim), f16(tokens, out_dim)
+    w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
+    out = device.buffer(base)
+    plan = lora.forward_plan(device, w, 0.5, tokens, text, save_h=save_h)
+    plan(device.buffer(x), out)
+    got = device.read(out).astype(np.float64)
+    # h is rounded to f16 as it is staged (as PyTorch's fp16 h is): one more 2**-11
+    tol = R.f16_tolerance(x, a, b, 0.5, base) + R.F16_ROUNDING * R.tolerance(
+        x, a, b, 0.5, rtol=1.0, atol=0.0)
+    assert R.within(got, R.forward(x, a, b, 0.5, base), tol), text
+    if save_h:
+        h = device.read(plan.scratch["h"]).reshape(tokens, rank)
+        assert R.within(h, R.project_a(a, x), R.h_tolerance(x, a)), "saved h"
+
+
+@settings(max_examples=5, deadline=None)
+@given(rank=st.sampled_from([8, 16, 32]), dims=st.tuples(st.integers(4, 24), st.integers(4, 40)),
+       tokens=st.integers(1, 80), form=st.sampled_from(["matrix", "matrix:2:1:1:4", "matrix:4"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
+    """Any token count (partial tiles), in_dim split or not: the f16 forward
+    within f16 rounding of float64, h (saved for a backward) within f32's."""
+    in_dim, out_dim = 16 * dims[0], 4 * dims[1]
+    _lora_case(interp_device(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+
+
+@pytest.mark.slow
+def test_matrix_strategy_at_rank_64_in_the_interpreter():
+    _lora_case(interp_device(), 64, 128, 136, 70, "matrix:2:2:2:4", 1, save_h=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rank, tokens", [(8, 300), (64, 77)])
+def test_matrix_strategy_on_the_gpu(device, rank, tokens):
+    _has_fragment(device)
+    for text in ("matrix", "matrix:4:1:1:4"):
+        _lora_case(device, rank, 512, 264, tokens, text, 2, save_h=True)
+
+
+def test_matrix_is_offered_only_with_f16_fragments():
+    from lora.core import tuning
+    dev = interp_device()
+    f16 = {str(s) for s in tuning.candidates(dev, 16, 256, 256, 64, np.float16)}
+    f32 = {str(s) for s in tuning.candidates(dev, 16, 256, 256, 64, np.float32)}
+    none = interp.Device(subgroup_size=32, subgroup_matrix_configs=())
+    assert any(s.startswith("matrix") for s in f16)
+    assert not any(s.startswith("matrix") for s in f32)
+    assert not any(str(s).startswith("matrix")
+                   for s in tuning.candidates(none, 16, 256, 256, 64, np.float16))
+
+
+def test_matrix_on_an_f32_weight_is_refused():
+    dev = interp_device()
+    w = lora.Weight.from_numpy(dev, np.ones((8, 64)), np.ones((64, 8)))
+    with pytest.raises(ValueError, match="multiplies f16 on matrix units; the weight is f32"):
+        lora.forward_plan(dev, w, 1.0, 16, "matrix")
