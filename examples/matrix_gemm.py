@@ -1,15 +1,17 @@
 """An f16 matrix multiply on matrix units (Dawn's subgroup matrices), summed in f32.
 
-What it shows: :func:`shaderdsl.matmul.tiled_product`, the tiled building
-block, used in a whole kernel: the two factors as :class:`Operand` (how to
-read four elements of each), the :class:`MatrixTiling` (subgroups per
-workgroup, result fragments per subgroup, K per staged slice) and an
-epilogue that stores the f32 results. Sizes need not be multiples of a tile.
+What it shows: :func:`shaderdsl.matmul.gemm`, a whole kernel on the tiled
+building block :func:`shaderdsl.matmul.tiled_product` (read its ten lines:
+the two factors as ``Operand`` (how to read four elements of each) and an
+epilogue that stores the f32 results), compiled for a ``MatrixTiling``
+(subgroups per workgroup, result fragments per subgroup, K per staged
+slice) and checked against numpy. Sizes need not be multiples of a tile.
 
 On the H200 under Dawn (2026-12-03, docs/benchmarks.md "Matrix units") the
-tiling 4 x 2 subgroups of 2 x 4 fragments ran 4096^3 at 158 TFLOP/s with the
-``disable_robustness`` toggle (65 without), against 763 for torch.mm fp16;
-the single-subgroup kernel this example used to be ran 2048^3 at 59.6.
+LARGE tiling (4 x 2 subgroups of 2 x 4 fragments) ran 4096^3 at 156.7 TFLOP/s
+with the ``disable_robustness`` toggle and 64.0 without, against 743-751 for
+torch.mm fp16; the single-subgroup kernel this example used to be ran 2048^3
+at 59.6.
 
 Run ``python -m examples.matrix_gemm`` (the GPU when it has the feature,
 else the interpreter device) to compare with numpy.
@@ -19,27 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 from shaderdsl import compile as compile_kernel
-from shaderdsl import vec4f, vec4h
-from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
+from shaderdsl.matmul import MatrixTiling, gemm
 from shaderdsl.types import SUBGROUP_MATRIX_FEATURE, MatrixConfig
 
 CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)  # f16 x f16 -> f32, 16x16x16, subgroups of 32
 SMALL = MatrixTiling(CONFIG)                      # 2 x 2 subgroups of 2 x 2 fragments: 64 x 64
 LARGE = MatrixTiling(CONFIG, (4, 2), (2, 4), k_step=32)  # 128 x 128 (45 KiB of workgroup memory)
-
-
-def gemm_f16(m, M, N, K, tiling=SMALL):
-    """``C = A @ B``: A [M, K] and B [K, N] f16, row-major, read as vec4<f16>
-    (K and N multiples of 4); C [M, N] f32."""
-    A = m.declare_input_buffer("A", vec4h, M * K // 4)
-    Bm = m.declare_input_buffer("B", vec4h, K * N // 4)
-    C = m.declare_output_buffer("C", vec4f, M * N // 4)
-
-    def store(row, col, value):
-        C[(row * N + col) / 4] = value
-
-    tiled_product(m, tiling, Operand(lambda i, k: A[(i * K + k) / 4]),
-                  Operand(lambda k, j: Bm[(k * N + j) / 4]), M, N, K, store)
 
 
 def run(device, a, b, tiling=SMALL) -> np.ndarray:
@@ -48,7 +35,7 @@ def run(device, a, b, tiling=SMALL) -> np.ndarray:
     if tiling.config not in device.subgroup_matrix_configs:
         raise ValueError(f"{device.name} has no {tiling.config} subgroup matrices")
     (M, K), N = a.shape, b.shape[1]
-    k = compile_kernel(gemm_f16, tiling.threads, M=M, N=N, K=K, tiling=tiling)
+    k = compile_kernel(gemm, tiling.threads, M=M, N=N, K=K, tiling=tiling)
     bufs = {"A": device.buffer(np.ascontiguousarray(a, np.float16).reshape(-1)),
             "B": device.buffer(np.ascontiguousarray(b, np.float16).reshape(-1)),
             "C": device.empty(M * N, np.float32)}

@@ -19,6 +19,9 @@ column block x, row block y):
   inside the product; it writes them wherever it likes (a store, a scaled
   add to the output, ...).
 
+``gemm(m, M, N, K, tiling)`` is a whole kernel on it: C = A @ B, f16 in,
+f32 out (examples/matrix_gemm.py, ``python -m lora bench --gemm``).
+
 Subgroups are consecutive runs of ``subgroup_size`` local indices, and the
 tile each one owns is derived from ``local_index``: uniform within a
 subgroup, not within the workgroup. Tint's uniformity analysis only knows
@@ -33,6 +36,7 @@ from typing import Callable
 
 from . import builtins as B
 from . import types as T
+from .types import vec4f, vec4h
 
 
 @dataclass(frozen=True)
@@ -230,3 +234,18 @@ def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
                     epilogue(row_i, col_i, T.vec4f(out[at], out[at + 1], out[at + 2],
                                                    out[at + 3]))
             m.barrier()
+
+
+def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling) -> None:
+    """A whole kernel (workgroup size ``tiling.threads``, grid
+    ``tiling.grid(M, N)``): ``C = A @ B`` for A [M, K] and B [K, N] f16,
+    row-major, read as vec4<f16> (K and N multiples of 4), into C [M, N] f32."""
+    A = m.declare_input_buffer("A", vec4h, M * K // 4)
+    Bm = m.declare_input_buffer("B", vec4h, K * N // 4)
+    C = m.declare_output_buffer("C", vec4f, M * N // 4)
+
+    def store(row, col, value):
+        C[(row * N + col) / 4] = value
+
+    tiled_product(m, tiling, Operand(lambda i, k: A[(i * K + k) / 4]),
+                  Operand(lambda k, j: Bm[(k * N + j) / 4]), M, N, K, store)

@@ -174,3 +174,24 @@ def test_profile_small(tmp_path, monkeypatch, device):
     assert set(strategies["single:64:2"]) == {"us"}
     assert "error" in strategies["tiled:8:8:too-many"]
     assert all(positive(v) for s in list(strategies.values())[:3] for v in s.values())
+
+
+@pytest.mark.slow
+def test_gemm_case_in_the_interpreter():
+    """``--gemm``'s case on the interpreter device (the H200's matrix shapes and
+    workgroup memory): every tiling runs, times and matches float64."""
+    from shaderdsl import interp
+    from lora.apps.bench_gemm import TILINGS, gemm_case
+
+    dev = interp.Device(subgroup_size=32, limits={"max-compute-workgroup-storage-size": 49152})
+    row = gemm_case(dev, 64, lambda *a: None)
+    assert len(row["tilings"]) == len(TILINGS)
+    for r in row["tilings"].values():
+        assert r["us"] > 0 and r["rel_err"] < 1e-6
+
+
+def test_gemm_refused_without_matrix_units(tmp_path, capsys, device):
+    if device.subgroup_matrix_configs:
+        pytest.skip(f"{device.name} has subgroup matrices: the GEMM runs")
+    assert bench.main(["--gemm", "64", "--out", str(tmp_path)]) == 1
+    assert "has no f16->f32 16x16x16 subgroup matrices" in capsys.readouterr().out

@@ -181,6 +181,12 @@ def test_matrix_is_offered_only_with_f16_fragments():
                    for s in tuning.candidates(none, 16, 256, 256, 64, np.float16))
 
 
+def test_matrix_depth_must_be_a_multiple_of_16():
+    with pytest.raises(ValueError, match=r"matrix: depth must be a multiple of 16 \(the "
+                                         r"fragments' K\), got 24"):
+        lora.Strategy.parse("matrix:1:1:1:1:24")
+
+
 def test_matrix_on_an_f32_weight_is_refused():
     dev = interp_device()
     w = lora.Weight.from_numpy(dev, np.ones((8, 64)), np.ones((64, 8)))

@@ -36,6 +36,7 @@ from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from . import bench_train
 from ..core import reference
+from .bench_gemm import gemm_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
 from .bench_train import NUMPY_DTYPES, SCALE
@@ -379,6 +380,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="where a forward's time goes: each dispatch and phase of several "
                         "strategies alone, and the read-back's pieces (lora.apps.bench_profile)")
+    p.add_argument("--gemm", type=lambda v: tuple(int(t) for t in v.split(",")),
+                   help="the matrix-unit GEMM (f16, f32 sums) at these comma-separated square "
+                        "sizes, several tilings, beside torch.mm fp16 (lora.apps.bench_gemm)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -406,6 +410,8 @@ def main(argv=None) -> int:
     if args.profile:
         profile_main(args.out, dispatch_floor, log)
         return 0
+    if args.gemm:
+        return gemm_main(args.out, args.gemm, log)
 
     grid = dict(QUICK if args.quick else FULL)
     for key in GRID_KEYS:

@@ -18,7 +18,7 @@ text                          dispatches   kernels
 ``tiled:T:TT[:B][:loop][:q]`` 1            tiled_forward (TT tokens per workgroup, B per thread)
 ``gemm:T:TT:S``               2            project_a_tiled (4 x 4 per thread, S slices of in_dim),
                                            tiled_b_add (TT tokens x 256 columns per workgroup)
-``matrix:S:F:R:C``            2            f16 on matrix units: project_a_matrix (S slices),
+``matrix:S:F:R:C:D``          2            f16 on matrix units: project_a_matrix (S slices),
                                            b_add_matrix (R x C fragments per subgroup)
 ============================  ===========  =================================================
 
@@ -407,21 +407,26 @@ class Gemm(Strategy):
 @forward_strategy
 class Matrix(Strategy):
     """f16 on matrix units, two dispatches: project_a_matrix (h in ``splits``
-    slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup),
-    then b_add_matrix (2 x 2 subgroups of ``rows`` x ``cols`` fragments)."""
+    slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup,
+    ``depth`` columns of x per staged slice), then b_add_matrix (2 x 2
+    subgroups of ``rows`` x ``cols`` fragments)."""
 
     name: ClassVar[str] = "matrix"
-    numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols")
+    numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth")
     shown: ClassVar[int] = 1
     splits: int = 1
     fragments: int = 2
     rows: int = 2
     cols: int = 4
+    depth: int = 32
 
     def validate(self) -> None:
         for f in self.numbers:
             if getattr(self, f) < 1:
                 raise ValueError(f"matrix: {f} must be >= 1, got {getattr(self, f)}")
+        if self.depth % 16:
+            raise ValueError(f"matrix: depth must be a multiple of 16 (the fragments' K), "
+                             f"got {self.depth}")
 
     def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, save_h=False):
         if dtype != "f16":
@@ -429,7 +434,8 @@ class Matrix(Strategy):
                              f"weight is {dtype} (use an f16 weight, or another strategy)")
         hp = {"hp": "h" if self.splits == 1 else "hp"}
         return [("project_a_matrix", dict(rank=rank, in_dim=in_dim, tokens=tokens,
-                                          splits=self.splits, fragments=self.fragments), hp),
+                                          splits=self.splits, fragments=self.fragments,
+                                          depth=self.depth), hp),
                 ("b_add_matrix", dict(out_dim=out_dim, rank=rank, scale=float(scale),
                                       tokens=tokens, splits=self.splits, rows=self.rows,
                                       cols=self.cols, save_h=save_h and self.splits > 1), hp)]
@@ -438,12 +444,15 @@ class Matrix(Strategy):
 
     @classmethod
     def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
-        """Where the adapter multiplies f16 16x16x16 into f32 (from 16 tokens)."""
+        """Where the adapter multiplies f16 16x16x16 into f32, from rank 16 and
+        16 tokens (at rank 8 on the H200 they ran 45-200 us against tiled's
+        29 at T = 4096; optimisation note 30)."""
         from ..kernels.matrix import FRAGMENT
-        if FRAGMENT not in matrices or tokens < 16 or rank % 4 or in_dim % 4 or out_dim % 4:
+        if FRAGMENT not in matrices or rank < 16 or tokens < 16 or rank % 4 or in_dim % 4 \
+                or out_dim % 4:
             return []
-        splits = [s for s in (1, 2, 4, 8) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
-        return [cls(s, f, r, c) for s in splits for f in (1, 2) for r, c in ((2, 4), (1, 4))]
+        splits = [s for s in (1, 2, 4, 8, 16) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
+        return [cls(s, 1, r, c) for s in splits for r, c in ((2, 2), (1, 2), (1, 4))]
 
 
 STRATEGIES = tuple(FORWARD)

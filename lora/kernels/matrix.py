@@ -28,12 +28,13 @@ def _check(what: str, **dims) -> None:
         raise ValueError(f"{what} reads four elements at a time: {bad} must be multiples of 4")
 
 
-def a_tiling(rank: int, fragments: int) -> MatrixTiling:
+def a_tiling(rank: int, fragments: int, depth: int = 32) -> MatrixTiling:
     """project_a_matrix's tiling: 2 x ``fragments`` fragments of tokens per
-    workgroup, and the rank's columns (padded to 16) over one or two subgroups."""
+    workgroup, the rank's columns (padded to 16) over one or two subgroups,
+    ``depth`` columns of x per staged slice."""
     cols = -(-rank // FRAGMENT.n)
     across = 2 if cols % 2 == 0 else 1
-    return MatrixTiling(FRAGMENT, (2, across), (fragments, cols // across), k_step=32)
+    return MatrixTiling(FRAGMENT, (2, across), (fragments, cols // across), k_step=depth)
 
 
 def b_tiling(rank: int, rows: int, cols: int) -> MatrixTiling:
@@ -42,12 +43,12 @@ def b_tiling(rank: int, rows: int, cols: int) -> MatrixTiling:
     return MatrixTiling(FRAGMENT, (2, 2), (rows, cols), k_step=min(32, -(-rank // 16) * 16))
 
 
-def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2):
+def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32):
     """hp[s * tokens + t, r] = sum over slice s of in_dim of x[t, i] A[r, i]."""
     _check("project_a_matrix", rank=rank, in_dim=in_dim, slice=in_dim // splits)
     if in_dim % splits:
         raise ValueError(f"project_a_matrix: splits ({splits}) must divide in_dim ({in_dim})")
-    tiling, part = a_tiling(rank, fragments), in_dim // splits
+    tiling, part = a_tiling(rank, fragments, depth), in_dim // splits
     A = m.declare_input_buffer("A", vec4h, rank * in_dim // 4)
     x = m.declare_input_buffer("x", vec4h, token_rows(tokens, in_dim // 4))
     hp = m.declare_output_buffer("hp", vec4f, token_rows(tokens, splits * rank // 4))

@@ -100,8 +100,9 @@ KERNELS = {spec.name: spec for spec in (
                "output += scale * B @ h (the slices of project_a_tiled summed), a tile of "
                "tokens and a block of columns per workgroup"),
     KernelSpec("project_a_matrix", project_a_matrix,
-               lambda p: a_tiling(p["rank"], p["fragments"]).threads,
-               lambda p: a_tiling(p["rank"], p["fragments"]).grid(p["tokens"], p["rank"])[:2]
+               lambda p: a_tiling(p["rank"], p["fragments"], p["depth"]).threads,
+               lambda p: a_tiling(p["rank"], p["fragments"], p["depth"]).grid(p["tokens"],
+                                                                               p["rank"])[:2]
                + (p["splits"],),
                "h = A @ x on matrix units (f16), in slices of in_dim"),
     KernelSpec("b_add_matrix", b_add_matrix,

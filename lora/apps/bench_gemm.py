@@ -1,0 +1,105 @@
+"""``python -m lora bench --gemm``: the matrix-unit GEMM (shaderdsl.matmul.gemm,
+f16 in, f32 sums) at several tilings beside ``torch.mm`` in fp16, square
+sizes; where the adapter has no f16 -> f32 16x16x16 subgroup matrices it
+says so and stops."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from shaderdsl import compile as compile_kernel
+from shaderdsl.errors import DispatchError
+from shaderdsl.matmul import MatrixTiling, gemm
+from shaderdsl.runtime import COMPILER, get_device
+from shaderdsl.types import MatrixConfig
+
+from ..core.tuning import MIN_BATCH_NS
+
+CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
+TILINGS = (((2, 2), (2, 2), 16), ((2, 2), (2, 4), 32), ((2, 2), (4, 4), 32),
+           ((4, 2), (2, 4), 32))  # (subgroups, fragments, k_step)
+
+
+def gemm_us(device, kernel, bufs, grid) -> float:
+    """Median microseconds per dispatch in batches of at least MIN_BATCH_NS: GPU
+    timestamps where the device has them, else wall time with a wait."""
+    def batch(n):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(n):
+                device.dispatch(kernel, bufs, grid)
+        if b.gpu_time_ns is None:
+            device.sync()
+            return (time.perf_counter() - t0) * 1e9
+        return b.gpu_time_ns
+
+    n = max(1, int(MIN_BATCH_NS / max(batch(2) / 2, 1.0)))
+    return statistics.median(batch(n) / n / 1e3 for _ in range(3))
+
+
+def torch_mm_us(size: int) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x, y = (torch.randn(size, size, device="cuda", dtype=torch.float16) for _ in range(2))
+    for _ in range(5):
+        torch.mm(x, y)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            torch.mm(x, y)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / 20)
+    return statistics.median(times)
+
+
+def gemm_case(device, size: int, log) -> dict:
+    rng = np.random.default_rng(size)
+    a, b = (rng.standard_normal((size, size)).astype(np.float16) for _ in range(2))
+    bufs = {"A": device.buffer(a), "B": device.buffer(b), "C": device.empty(size * size, np.float32)}
+    row = {"size": size, "tilings": {}, "torch_mm_us": torch_mm_us(size)}
+    check = slice(0, 64)  # rows checked against float64 (the whole product is slow in numpy)
+    want = a[check].astype(np.float64) @ b.astype(np.float64)
+    for subgroups, fragments, k_step in TILINGS:
+        tiling = MatrixTiling(CONFIG, subgroups, fragments, k_step)
+        kernel = compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling)
+        try:
+            us = gemm_us(device, kernel, bufs, tiling.grid(size, size))
+        except DispatchError as e:  # over this device's workgroup memory
+            log(f"  {tiling}: {e}")
+            continue
+        got = device.read(bufs["C"]).reshape(size, size)[check]
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        row["tilings"][str(tiling)] = {"us": us, "tflops": 2 * size**3 / us / 1e6, "rel_err": err}
+        log(f"{size}^3 {tiling}: {us:.1f} us, {2 * size**3 / us / 1e6:.1f} TFLOP/s, "
+            f"rel err {err:.1e}")
+    if row["torch_mm_us"]:
+        log(f"{size}^3 torch.mm fp16: {row['torch_mm_us']:.1f} us, "
+            f"{2 * size**3 / row['torch_mm_us'] / 1e6:.1f} TFLOP/s")
+    for buf in bufs.values():
+        device.release(buf)
+    return row
+
+
+def gemm_main(out_dir: str, sizes, log) -> int:
+    device = get_device()
+    if CONFIG not in device.subgroup_matrix_configs:
+        log(f"{device.name} ({device.backend}) has no {CONFIG} subgroup matrices "
+            f"(Dawn on a GPU with matrix units: SHADERDSL_WGPU=dawn)")
+        return 1
+    toggles = os.environ.get("SHADERDSL_DAWN_TOGGLES")
+    result = {"adapter": device.name, "compiler": COMPILER, "dawn_toggles": toggles,
+              "rows": [gemm_case(device, size, log) for size in sizes]}
+    with open(os.path.join(out_dir, f"gemm-{COMPILER}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
