@@ -9,7 +9,7 @@ from .functions import function
 from .compiler import compile
 from .errors import (AliasingError, BindingError, DispatchError, FeatureError, KernelBuildError,
                      NoAdapterError, ShaderDSLError, ShaderNameError, ShaderScopeError,
-                     ShaderTypeError, WGSLCompileError)
+                     ShaderTypeError, UniformityError, WGSLCompileError)
 from .export import package_version
 from .kernel import Binding, Kernel, Override
 from .builder import ShaderM

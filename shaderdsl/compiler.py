@@ -12,6 +12,7 @@ import numpy as np
 
 from . import context
 from . import types as T
+from . import uniformity
 from .builder import ShaderM
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
@@ -107,6 +108,7 @@ def _build(fn, ws, name, params) -> Kernel:
     finally:
         context.pop()
     m = builder.module()
+    uniformity.check(m)
     wgsl, source_map, features = emit(m)
     bindings = tuple(
         Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,

@@ -29,6 +29,12 @@ class KernelBuildError(ShaderDSLError):
     """The kernel function raised while building; wraps the original error."""
 
 
+class UniformityError(ShaderDSLError):
+    """A barrier, subgroup operation or call of a function with one, in control
+    flow that varies between invocations (WGSL's uniformity rules: Tint
+    refuses the kernel, naga does not)."""
+
+
 class BindingError(ShaderDSLError, ValueError):
     """A buffer does not fit its binding: wrong dtype, shape, size or name."""
 

@@ -250,7 +250,17 @@ def _diverging_barrier(m):
     out[lid] = lid
 
 
-def test_barrier_divergence_is_an_error():
+def test_barrier_divergence_is_an_error(monkeypatch):
+    """Refused at build (shaderdsl.uniformity); the interpreter's own check at
+    run time stays behind it, for a tree that got past the analysis."""
+    from shaderdsl import uniformity
+    from shaderdsl.errors import UniformityError
+
+    with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+:\d+ runs in "
+                                              r"non-uniform control flow: the if at \S+:\d+, "
+                                              r"whose condition reads local_index varies"):
+        sd.compile(_diverging_barrier, 4)
+    monkeypatch.setattr(uniformity, "check", lambda module: None)
     with pytest.raises(InterpreterError, match=r"diverged: .*local_index 0-1.*returned: "
                                                r"local_index 2-3"):
         run(_diverging_barrier, 4, 1, {"out": np.zeros(4, np.uint32)})
