@@ -41,12 +41,13 @@ def _identity(op, t: T.WType):
     """The value that leaves ``op`` unchanged, for the types WGSL literals reach."""
     s = T.scalar_of(t)
     big = {"f32": 3.4028234663852886e38, "f16": 65504.0, "i32": 2 ** 31 - 1, "u32": 2 ** 32 - 1}
+    least = {"f32": -big["f32"], "f16": -big["f16"], "i32": -2 ** 31, "u32": 0}
     if op == "sum":
         return 0.0 if s.is_float else 0
     if op == "min":
         return big[s.name]
     if op == "max":
-        return -big[s.name] if s.name != "u32" else 0
+        return least[s.name]
     raise ValueError(f"op {op!r} has no known identity: pass identity=")
 
 

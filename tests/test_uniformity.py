@@ -130,7 +130,8 @@ def subgroup_op_under_varying_if(m):
 def subgroup_result_decides(first):
     def k(m):
         _buffers(m)
-        s = m.let(B.subgroup_broadcast_first(m.local_index()) if first else B.subgroup_add(u32(1)), "s")
+        s = m.let(B.subgroup_broadcast_first(m.local_index()) if first
+                  else B.subgroup_add(u32(1)), "s")
         with m.if_(s < 3):
             m.barrier()
     k.__name__ = f"subgroup_result_decides_{'first' if first else 'add'}"

@@ -66,7 +66,8 @@ def torch_mm_us(size: int) -> float | None:
 def gemm_case(device, size: int, log) -> dict:
     rng = np.random.default_rng(size)
     a, b = (rng.standard_normal((size, size)).astype(np.float16) for _ in range(2))
-    bufs = {"A": device.buffer(a), "B": device.buffer(b), "C": device.empty(size * size, np.float32)}
+    bufs = {"A": device.buffer(a), "B": device.buffer(b),
+            "C": device.empty(size * size, np.float32)}
     row = {"size": size, "tilings": {}, "torch_mm_us": torch_mm_us(size)}
     check = slice(0, 64)  # rows checked against float64 (the whole product is slow in numpy)
     want = a[check].astype(np.float64) @ b.astype(np.float64)
