@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class _Block:
     gives the loop counter). Not entering it is a mistake the builder reports
     at the next statement or at the end of the build."""
 
-    __slots__ = ("builder", "block", "loop", "value", "ctx")
+    __slots__ = ("builder", "block", "loop", "value", "ctx", "frame", "vars")
 
     def __init__(self, builder, block, loop=False, value=None):
         self.builder, self.block, self.loop, self.value = builder, block, loop, value
@@ -39,9 +40,27 @@ class _Block:
         self.builder._pending = None
         self.ctx = self.builder._open(self.block, self.loop)
         self.ctx.__enter__()
+        # the caller's names that hold a var now: a Python `=` to one of them inside
+        # the block builds an expression and leaves the var unchanged in the WGSL
+        self.frame = sys._getframe(1)
+        self.vars = {k: v for k, v in self.frame.f_locals.items()
+                     if isinstance(v, Ref) and v.kind == "var"}
         return self.value
 
     def __exit__(self, *exc):
+        frame, self.frame = self.frame, None
+        if exc[0] is None:
+            now = frame.f_locals
+            for name, var in self.vars.items():
+                new = now.get(name, var)
+                if isinstance(new, Expr) and new is not var and not (
+                        isinstance(new, Ref) and new.kind == "var"):
+                    self.ctx.__exit__(*exc)
+                    raise ShaderScopeError(
+                        f"{caller_location()}: `{name}` held the var `{var.name}` when this "
+                        f"block opened and holds another expression now: a Python `=` does "
+                        f"not change a var in the WGSL. Write `m.assign({name}, value)` "
+                        f"inside the block")
         return self.ctx.__exit__(*exc)
 
 
@@ -236,7 +255,9 @@ class ShaderM:
             if info is not None and info[0] not in open_ids:
                 raise ShaderScopeError(
                     f"{caller_location()}: `{name}` was declared at {info[1]} inside a block "
-                    f"that has ended; declare it before the block to use it here")
+                    f"that has ended; declare it before the block to use it here (if a "
+                    f"Python `=` in the block rebound a var's name to it, write "
+                    f"`m.assign(var, value)` there instead)")
             if self._version.get(name, 0) != version:
                 raise ShaderScopeError(
                     f"{caller_location()}: the expression built at {e.where} reads `{name}`, "

@@ -478,7 +478,7 @@ def test_python_assignment_inside_a_block_is_refused():
             value = x[m.global_id().x]  # a Python rebinding, not a WGSL assignment
         out[m.global_id().x] = value
 
-    with pytest.raises(sd.ShaderScopeError, match=r"m.assign\(var, value\)"):
+    with pytest.raises(sd.ShaderScopeError, match=r"m.assign\(value, value\)"):
         k_of(k)
 
     def fixed(m):
@@ -490,6 +490,24 @@ def test_python_assignment_inside_a_block_is_refused():
         out[m.global_id().x] = value
 
     assert "value = x[global_id.x];" in body(k_of(fixed))
+
+
+def test_python_rebinding_of_a_var_in_a_loop_is_refused():
+    """``acc = acc + x[j]; y[j] = acc`` in a loop: used only inside the block, the
+    rebinding would compile to ``y[j] = acc + x[j]`` with acc never updated."""
+    def k(m):
+        x = m.declare_input_buffer("x", f32, 8)
+        y = m.declare_output_buffer("y", f32, 8)
+        acc = m.var(f32, 0.0, "acc")
+        with m.loop(8) as j:
+            acc = acc + x[j]
+            y[j] = acc
+
+    with pytest.raises(sd.ShaderScopeError, match=r"test_codegen.py:\d+: `acc` held the var "
+                                                  r"`acc` when this block opened and holds "
+                                                  r"another expression now: .* Write "
+                                                  r"`m.assign\(acc, value\)` inside the block"):
+        k_of(k)
 
 
 def test_more_refusals():
