@@ -6,6 +6,7 @@ the Kernel keeps both (the interpreter runs the tree, the runtime the text).
 from __future__ import annotations
 
 import functools
+import inspect
 import traceback
 
 import numpy as np
@@ -17,7 +18,7 @@ from .builder import ShaderM
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
 from .kernel import Binding, Kernel, Override
-from .location import is_library_file
+from .location import is_library_file, shown
 from .types import size_and_align
 
 
@@ -90,10 +91,35 @@ def _value(part):
     return tuple(_value(x) for x in part)
 
 
+def _check_parameters(fn, name: str, params: dict) -> None:
+    """The kernel function's missing or unknown parameters, named before it runs
+    (Python's own TypeError would point into this module)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call say
+        return
+    taken = list(sig.parameters.values())[1:]  # after m
+    if any(p.kind is p.VAR_KEYWORD for p in taken):
+        return
+    missing = [p.name for p in taken if p.default is p.empty and p.name not in params
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(params) - {p.name for p in taken})
+    if not missing and not unknown:
+        return
+    code = getattr(fn, "__code__", None)
+    where = f" ({shown((code.co_filename, code.co_firstlineno))})" if code else ""
+    parts = [f"needs {', '.join(missing)}"] if missing else []
+    parts += [f"takes no {', '.join(unknown)}"] if unknown else []
+    raise KernelBuildError(f"kernel function {name!r}{where} {' and '.join(parts)}: it takes "
+                           f"{', '.join(p.name for p in taken) or 'no parameters'} (give them "
+                           f"to compile() as name=value, or on the command line as name=value)")
+
+
 def _build(fn, ws, name, params) -> Kernel:
     name = name or getattr(fn, "__name__", "kernel")
     if not isinstance(name, str) or not name.isprintable() or not name:
         raise ValueError(f"kernel name must be a one-line printable str, got {name!r}")
+    _check_parameters(fn, name, params)
     builder = ShaderM(ws, name)
     context.push(builder)
     try:

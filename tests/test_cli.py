@@ -28,3 +28,13 @@ def test_module_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "shaderdsl", "wgsl", "lora.kernels:add_scaled",
                         "num_elements=8", "scale=1.0"], capture_output=True, text=True)
     assert r.returncode == 0 and "@compute @workgroup_size(64, 1, 1)" in r.stdout
+
+
+def test_a_missing_or_unknown_kernel_parameter_is_named(capsys):
+    """Named with the kernel function's line, not the compiler's."""
+    from shaderdsl.__main__ import main as shaderdsl_main
+
+    assert shaderdsl_main(["wgsl", "examples.rows:softmax", "rows=4", "colz=3"]) == 1
+    err = capsys.readouterr().err
+    assert "kernel function 'softmax' (examples/rows.py:31) needs cols and takes no colz: " \
+           "it takes rows, cols" in err
