@@ -202,8 +202,9 @@ def distinct(*uses) -> None:
                                 f"Allocate another with device.empty(...)")
 
 
-def check_features(what: str, needed, device) -> None:
-    """FeatureError naming the missing features and the adapters that have them."""
+def check_features(what: str, needed, device, first_use=()) -> None:
+    """FeatureError naming the missing features, the line that first needs each
+    (``first_use``: (feature, file:line) pairs) and the adapters that have them."""
     missing = sorted(set(needed) - set(device.features))
     if not missing:
         return
@@ -211,7 +212,9 @@ def check_features(what: str, needed, device) -> None:
     parts = []
     for feat in missing:
         having = where_else(feat)
-        parts.append(f"{feat!r} (available on: {', '.join(having) or 'no adapter on this machine'})")
+        used = dict(first_use).get(feat)
+        parts.append(f"{feat!r} ({f'first used at {used}; ' if used else ''}available on: "
+                     f"{', '.join(having) or 'no adapter on this machine'})")
     raise FeatureError(
         f"{what} needs feature(s) {', '.join(parts)}; device {device.name!r} "
         f"({device.backend}) lacks it. Pick another adapter with SHADERDSL_ADAPTER / "
@@ -238,7 +241,7 @@ def expected_dtype(binding) -> np.dtype | None:
 
 def check_kernel(kernel, device) -> None:
     """Features and workgroup size: things that depend only on kernel and device."""
-    check_features(f"kernel {kernel.name!r}", kernel.features, device)
+    check_features(f"kernel {kernel.name!r}", kernel.features, device, kernel.feature_lines)
     limits = device.limits
     wg = kernel.workgroup_size
     for axis, (n, key) in enumerate(zip(wg, MAX_WG_SIZE)):

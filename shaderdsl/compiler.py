@@ -135,7 +135,7 @@ def _build(fn, ws, name, params) -> Kernel:
         context.pop()
     m = builder.module()
     uniformity.check(m)
-    wgsl, source_map, features = emit(m)
+    wgsl, source_map, features, first_use = emit(m)
     bindings = tuple(
         Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
                 r.type if r.kind == "uniform" else r.type.elem,
@@ -147,4 +147,4 @@ def _build(fn, ws, name, params) -> Kernel:
     workgroup_bytes = sum(_bytes(r.type) for r in m.workgroup_vars)
     return Kernel(name=name, wgsl=wgsl, workgroup_size=ws, bindings=bindings,
                   overrides=overrides, features=features, source_map=source_map,
-                  workgroup_bytes=workgroup_bytes, ir=m)
+                  workgroup_bytes=workgroup_bytes, feature_lines=first_use, ir=m)

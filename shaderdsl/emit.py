@@ -15,6 +15,7 @@ import numpy as np
 from . import expr as E
 from . import nodes as N
 from . import types as T
+from .location import shown
 from .errors import ShaderTypeError
 
 INDENT = "    "
@@ -91,17 +92,23 @@ class Emitter:
 
     def __init__(self):
         self.features: set[str] = set()
+        self.first_use: dict[str, str] = {}  # feature -> the user's line that first needs it
 
-    def _note_type(self, t) -> None:
+    def _need(self, feature: str, at) -> None:
+        self.features.add(feature)
+        if at is not None:
+            self.first_use.setdefault(feature, shown(at))
+
+    def _note_type(self, t, at=None) -> None:
         if t is not None and T.uses_f16(t):
-            self.features.add("shader-f16")
+            self._need("shader-f16", at)
         if isinstance(t, T.SubgroupMatrix):
-            self.features.add(T.SUBGROUP_MATRIX_FEATURE)
+            self._need(T.SUBGROUP_MATRIX_FEATURE, at)
 
     # ------------------------------------------------------------ expressions
 
     def expr(self, e: E.Expr) -> str:
-        self._note_type(e.type)
+        self._note_type(e.type, e._at)
         return _EXPR[type(e)](self, e)
 
     def _lit(self, e: E.Lit) -> str:
@@ -126,7 +133,7 @@ class Emitter:
 
     def _call(self, e: E.Call) -> str:
         if e.op.feature:
-            self.features.add(e.op.feature)
+            self._need(e.op.feature, e._at)
         return f"{e.op.spell(e.type)}({', '.join(self._argument(a) for a in e.args)})"
 
     def _address_of(self, e: E.AddressOf) -> str:
@@ -291,8 +298,9 @@ def _entry_point(m: N.Module) -> list[tuple[str, str]]:
     return [(text, "") for text in head]
 
 
-def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]:
-    """WGSL text, (line -> Python file:line) map, and required features."""
+def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str], tuple]:
+    """WGSL text, (line -> Python file:line) map, required features, and
+    (feature, file:line) of the user's first line needing each, where known."""
     em = Emitter()
     em.features |= m.features
     functions: list[tuple[str, str]] = []
@@ -313,7 +321,8 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str]]
             if where:
                 source_map.append((len(lines), where))
     lines.append("}")
-    return "\n".join(lines) + "\n", tuple(source_map), frozenset(em.features)
+    return ("\n".join(lines) + "\n", tuple(source_map), frozenset(em.features),
+            tuple(sorted(em.first_use.items())))
 
 
 def expr_text(e: E.Expr) -> str:

@@ -75,6 +75,8 @@ class Kernel:
     features: frozenset[str] = frozenset()
     entry_point: str = "main"
     workgroup_bytes: int = 0  # var<workgroup> storage the kernel declares
+    # (feature, "file.py:line") of the first line of the kernel function needing it.
+    feature_lines: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     # (WGSL line number, "file.py:line") for each emitted statement line.
     source_map: tuple[tuple[int, str], ...] = field(default=(), compare=False, repr=False)
     # The tree the WGSL was printed from (shaderdsl.nodes.Module): what the

@@ -291,7 +291,8 @@ def needs_subgroups(m):
 
 def test_missing_feature_is_a_feature_error():
     d = Device(features=[])
-    with pytest.raises(FeatureError, match=r"needs feature\(s\) 'subgroup' \(available on: "
+    with pytest.raises(FeatureError, match=r"needs feature\(s\) 'subgroup' \(first used at "
+                                           r"\S+test_interp_device.py:\d+; available on: "
                                            r"interp.Device.*device 'shaderdsl interpreter' "
                                            r"\(interpreter\) lacks it"):
         d.dispatch(sd.compile(needs_subgroups, 8), {"out": d.zeros(8, np.uint32)}, 1)
