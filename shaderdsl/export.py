@@ -181,11 +181,29 @@ function pipelineOf(device, kernel, s, constants) {
   return p;
 }
 
+const UNIFORM_RANGES = {Uint32Array: [0, 2 ** 32 - 1, true], Int32Array: [-(2 ** 31), 2 ** 31 - 1, true],
+                        Float32Array: [-3.4028234663852886e38, 3.4028234663852886e38, false]};
+
+/** A uniform's plain value(s), checked as the Python devices check them: numbers
+ *  only, as many as the type has, integers in range for u32/i32, finite for f32. */
+function uniformValues(kernel, b, value) {
+  const where = `kernel ${kernel.name} binding '${b.name}' (${b.elem})`;
+  const values = typeof value === "number" ? [value] : Array.from(value ?? [], v => v);
+  const count = Math.max(1, Number((b.elem.match(/^vec(\d)/) || [])[1] || 1));
+  if (values.length !== count || values.some(v => typeof v !== "number"))
+    throw new Error(`${where}: expected ${count} number(s), got ${JSON.stringify(value)}`);
+  const [low, high, integer] = UNIFORM_RANGES[b.array];
+  for (const v of values)
+    if (!Number.isFinite(v) || v < low || v > high || (integer && !Number.isInteger(v)))
+      throw new Error(`${where}: ${v} is not ${integer ? `an integer in ${low}..${high}` : "a finite f32"}`);
+  return values;
+}
+
 function uniformBuffer(device, kernel, b, value) {
   const Array_ = {Float32Array, Uint32Array, Int32Array}[b.array];
   if (!Array_) throw new Error(`kernel ${kernel.name} binding '${b.name}': pass a GPUBuffer for ${b.elem}`);
   const data = new Array_(4);
-  data.set(typeof value === "number" ? [value] : Array.from(value));
+  data.set(uniformValues(kernel, b, value));
   const buf = device.createBuffer({size: 16, usage: GPUBufferUsage.UNIFORM, mappedAtCreation: true});
   new Array_(buf.getMappedRange()).set(data);
   buf.unmap();

@@ -170,6 +170,34 @@ def test_exported_dispatch_checks_its_buffers(tmp_path):
     assert "workgroup counts must be integers >= 1" in errors[3]
 
 
+@needs_browser
+def test_exported_uniform_values_are_checked_as_in_python(tmp_path):
+    """A u32 uniform refuses 1.5, -1, "2", NaN and 2**32, as the Python devices do;
+    an f32 one refuses Infinity; 3 and 2.5 pass."""
+    export(tmp_path, "examples.bitonic:bitonic", "how=uniform")
+    export(tmp_path, "examples.saxpy:saxpy", "a_from=uniform")
+    errors = json.loads(in_page(f"""
+      const b = await import("{(tmp_path / 'bitonic.js').as_uri()}");
+      const s = await import("{(tmp_path / 'saxpy.js').as_uri()}");
+      const data = up("{b64(np.zeros(256, np.float32))}");
+      const out = [];
+      for (const k of [1.5, -1, "2", NaN, 2 ** 32, 3]) {{
+        try {{ b.dispatch(dev, {{data, k, j: 1}}, 1); out.push("none"); }}
+        catch (e) {{ out.push(e.message); }} }}
+      for (const a of [Infinity, 2.5]) {{
+        try {{ s.dispatch(dev, {{x: data, y: data, a}}, 1); out.push("none"); }}
+        catch (e) {{ out.push(e.message); }} }}
+      return JSON.stringify(out);"""))
+    where = "kernel bitonic binding 'k' (u32)"
+    for got, value in zip(errors, ("1.5", "-1", None, "NaN", "4294967296")):
+        if value is None:
+            assert got == f'{where}: expected 1 number(s), got "2"'
+        else:
+            assert got == f"{where}: {value} is not an integer in 0..4294967295", got
+    assert errors[5] == "none" and errors[7] == "none"
+    assert errors[6] == "kernel saxpy binding 'a' (f32): Infinity is not a finite f32"
+
+
 LORA_CASES = [("single:64:1", 1), ("split:64:sg", 3), ("three:64", 3), ("tiled:64:4", 5),
               ("seed", 2)]
 
