@@ -541,3 +541,35 @@ def test_limits_default_to_webgpus_and_can_mirror_a_gpu(device):
         device.limits["max-compute-workgroup-size-x"]
     if device.limits["max-compute-invocations-per-workgroup"] >= 512:
         mirror.prepare(k)                  # accepted where the GPU accepts it
+
+
+def _partials_by_32(m):
+    """Per-subgroup partial sums at part[local_index / 32]: right only with
+    subgroups of 32 or more (with 4 or 8 lanes, subgroups collide)."""
+    x = m.declare_input_buffer("x", f32, 64)
+    out = m.declare_output_buffer("out", f32, 2)
+    part = m.shared(f32, 2, "part")
+    lid = m.let(m.local_index(), "lid")
+    s = m.let(B.subgroup_add(x[lid]), "s")
+    with m.if_(m.subgroup_invocation_id() == 0):
+        part[lid / 32] = s
+    m.barrier()
+    with m.if_(lid < 2):
+        out[lid] = part[lid]
+
+
+def test_subgroup_kernels_run_at_several_sizes():
+    """Unless a size is fixed: 4 and 64 first (errors only), then 32."""
+    x = np.arange(64, dtype=np.float32)
+    d = Device()
+    with pytest.raises(RaceError, match=r"with subgroups of 4 \(a GPU may have them; "
+                                        r"interp.Device\(subgroup_size=...\) runs one size "
+                                        r"only\): \S+test_interp_device.py:\d+: data race on "
+                                        r"workgroup array element part\[0\]"):
+        d.dispatch(sd.compile(_partials_by_32, 64),
+                   {"x": d.buffer(x), "out": d.zeros(2, np.float32)}, 1)
+        d.sync()
+    fixed = Device(subgroup_size=32)
+    out = fixed.zeros(2, np.float32)
+    fixed.dispatch(sd.compile(_partials_by_32, 64), {"x": fixed.buffer(x), "out": out}, 1)
+    assert fixed.read(out).tolist() == [x[:32].sum(), x[32:].sum()]

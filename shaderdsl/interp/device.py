@@ -18,9 +18,12 @@ from .. import checks
 from .. import types as T
 from ..checks import MAX_WORKGROUPS, check_dtype, host_array, uniform_array
 from ..devicebuffer import DeviceBuffer
+from ..errors import InterpreterError
 from ..hostdevice import HostBatch, HostDevice
 from .buffers import Buffer
 from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
+
+SUBGROUP_SWEEP = (4, 64)  # besides 32: SwiftShader's and AMD's (lavapipe's 8 runs on CI's GPU)
 
 SUPPORTED_FEATURES = frozenset({"shader-f16", "subgroup", T.SUBGROUP_MATRIX_FEATURE})
 # The subgroup-matrix shapes Dawn reported for the H200 (wgpudawn 0.32.0.4 with
@@ -57,9 +60,16 @@ class Device(HostDevice):
     ``max_loop_iterations``, ``check_races`` and ``check_uninitialized`` go
     to every Interpreter. ``subgroup_matrix_configs``: the shapes it offers
     kernels (default: the H200's, where it claims the subgroup-matrix feature).
+
+    Subgroup sizes differ between GPUs (4 on SwiftShader, 8 on lavapipe, 32 on
+    NVIDIA, 64 on AMD): unless ``subgroup_size`` is given, a kernel that uses
+    subgroups first runs at each size of ``SUBGROUP_SWEEP`` on copies of its
+    buffers, and an error at any of them (a race between subgroups that
+    assumed 32 lanes, an out-of-bounds index) is raised naming the size; then
+    it runs at 32 for the results.
     """
 
-    def __init__(self, *, subgroup_size: int = DEFAULT_SUBGROUP_SIZE, features=None,
+    def __init__(self, *, subgroup_size: int | None = None, features=None,
                  limits=None, check_races: bool = True, check_uninitialized: bool = True,
                  max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
                  subgroup_matrix_configs=None):
@@ -67,6 +77,8 @@ class Device(HostDevice):
         if feats - SUPPORTED_FEATURES:
             raise ValueError(f"the interpreter supports features {sorted(SUPPORTED_FEATURES)}, "
                              f"not {sorted(feats - SUPPORTED_FEATURES)}")
+        self.subgroup_sweep = SUBGROUP_SWEEP if subgroup_size is None else ()
+        subgroup_size = DEFAULT_SUBGROUP_SIZE if subgroup_size is None else subgroup_size
         if not isinstance(subgroup_size, int) or not 1 <= subgroup_size <= 128:
             raise ValueError(f"subgroup_size must be an int in 1..128, got {subgroup_size!r}")
         self.name, self.backend, self.adapter_type = "shaderdsl interpreter", "interpreter", "CPU"
@@ -151,7 +163,8 @@ class Device(HostDevice):
         buffers = self._bind(kernel, checks.order_buffers(kernel, bindings))
         given = dict(okey)
         self.stats["dispatches"] += 1
-        self._record(lambda: _run(interp, kernel, buffers, grid, given))
+        sizes = self.subgroup_sweep if _sweeps(kernel) else ()
+        self._record(lambda: _run(interp, kernel, buffers, grid, given, sizes, self._options))
 
     def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
         """Check features, limits and overrides and build the interpreter now
@@ -236,8 +249,16 @@ class Batch(HostBatch):
         self.device._flush()
 
 
-def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict) -> None:
-    """One dispatch: the buffers' memory in, the read_write bindings' results back."""
+def _sweeps(kernel) -> bool:
+    """Kernels whose meaning may hang on the subgroup size (subgroup matrices
+    come in the sizes of their configs: not swept)."""
+    return "subgroup" in kernel.features and T.SUBGROUP_MATRIX_FEATURE not in kernel.features
+
+
+def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict,
+         sizes: tuple = (), options=None) -> None:
+    """One dispatch: the buffers' memory in, the read_write bindings' results
+    back; first at each subgroup size of ``sizes`` on copies (errors only)."""
     arrays = {}
     for b, buf in zip(kernel.bindings, buffers):
         flat = buf.elements()
@@ -245,6 +266,13 @@ def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dic
             comps = T.components(b.elem)
             flat = flat[:len(flat) // comps * comps]
         arrays[b.name] = flat
+    for size in sizes:
+        trial = Interpreter(kernel, **dict(options, subgroup_size=size))
+        try:
+            trial.dispatch({k: v.copy() for k, v in arrays.items()}, grid, overrides)
+        except InterpreterError as e:
+            raise type(e)(f"with subgroups of {size} (a GPU may have them; interp.Device("
+                          f"subgroup_size=...) runs one size only): {e}") from e
     outs = interp.dispatch(arrays, grid, overrides)
     for b, buf in zip(kernel.bindings, buffers):
         if b.name in outs:
