@@ -23,7 +23,8 @@ from shaderdsl import builtins as B
 from shaderdsl import collectives as C
 from shaderdsl import f16, f32, u32, vec4f
 from shaderdsl.errors import (AliasingError, BindingError, DispatchError, FeatureError,
-                              RaceError, UninitializedReadError, WGSLCompileError)
+                              InterpreterError, RaceError, UninitializedReadError,
+                              WGSLCompileError)
 from shaderdsl.interp import Device, InterpDevice, Interpreter
 
 import examples.histogram as EH
@@ -573,3 +574,28 @@ def test_subgroup_kernels_run_at_several_sizes():
     out = fixed.zeros(2, np.float32)
     fixed.dispatch(sd.compile(_partials_by_32, 64), {"x": fixed.buffer(x), "out": out}, 1)
     assert fixed.read(out).tolist() == [x[:32].sum(), x[32:].sum()]
+
+
+def _chain(m):
+    """Workgroup w > 0 extends what workgroup w - 1 wrote: right only in order."""
+    out = m.declare_output_buffer("out", u32, 4)
+    w = m.let(m.workgroup_id().x, "w")
+    with m.if_(m.local_index() == 0):
+        with m.if_(w == 0):
+            out[0] = 7
+        with m.else_():
+            out[w] = out[w - 1] + 1
+
+
+def test_results_that_hang_on_the_workgroup_order_raise():
+    d = Device()
+    with pytest.raises(InterpreterError, match=r"kernel '_chain': the results depend on the order "
+                                               r"its workgroups run in: 'out'\[1\] is 8 with "
+                                               r"workgroup \(0, 0, 0\) first and 1 with the last "
+                                               r"first \(3 element\(s\) differ\)"):
+        d.dispatch(sd.compile(_chain, 4), {"out": d.zeros(4, np.uint32)}, 4)
+        d.sync()
+    hist = d.zeros(8, np.uint32)  # atomics that add commute: the same either way
+    values = d.buffer(np.arange(256, dtype=np.uint32))
+    d.dispatch(sd.compile(EH.histogram, 64, nbins=8), {"values": values, "hist": hist}, 4)
+    assert d.read(hist).tolist() == [32] * 8

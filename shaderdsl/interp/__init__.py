@@ -27,7 +27,10 @@ Execution model:
   invocations touching one element of workgroup memory between the same two
   workgroupBarrier()s, one of them writing (not both atomically), raise
   RaceError naming both lines (``check_races=False``: the order above decides).
-  Storage buffers are not checked for races.
+  Storage buffers are not checked for races; ``interp.Device`` runs a dispatch
+  of several workgroups a second time with the last workgroup first, and
+  raises InterpreterError where the results differ (a workgroup read what
+  another wrote in the same dispatch: no order is promised on a GPU).
 
 Modules: ``exprs`` and ``stmts`` compile the tree to Python functions,
 ``access`` logs workgroup-memory accesses to ``shared``'s checks,

@@ -249,6 +249,24 @@ class Batch(HostBatch):
         self.device._flush()
 
 
+def _same_in_any_order(kernel, forwards: dict, backwards: dict) -> None:
+    """InterpreterError where the results hang on the order of the workgroups."""
+    for name, got in forwards.items():
+        a, b = got.reshape(-1), backwards[name].reshape(-1)
+        bits = [np.ascontiguousarray(v).view(np.uint8).reshape(v.size, -1) for v in (a, b)]
+        differ = np.flatnonzero((bits[0] != bits[1]).any(axis=1))  # bit for bit: NaN too
+        if differ.size:
+            i = int(differ[0])
+            raise InterpreterError(
+                f"kernel {kernel.name!r}: the results depend on the order its workgroups run "
+                f"in: '{name}'[{i}] is {a[i].item()!r} with workgroup (0, 0, 0) first and "
+                f"{b[i].item()!r} with the last first ({differ.size} element(s) differ). "
+                f"A workgroup reads "
+                f"what another wrote in this dispatch, or two write one element: WebGPU "
+                f"promises no order between workgroups (they run at once on a GPU); split "
+                f"the work into two dispatches, or give each element one writer")
+
+
 def _sweeps(kernel) -> bool:
     """Kernels whose meaning may hang on the subgroup size (subgroup matrices
     come in the sizes of their configs: not swept)."""
@@ -273,7 +291,13 @@ def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dic
         except InterpreterError as e:
             raise type(e)(f"with subgroups of {size} (a GPU may have them; interp.Device("
                           f"subgroup_size=...) runs one size only): {e}") from e
+    backwards = None
+    if grid != (1, 1, 1):  # the workgroups the other way round too: no order is promised
+        backwards = interp.dispatch({k: v.copy() for k, v in arrays.items()}, grid, overrides,
+                                    reverse=True)
     outs = interp.dispatch(arrays, grid, overrides)
+    if backwards is not None:
+        _same_in_any_order(kernel, outs, backwards)
     for b, buf in zip(kernel.bindings, buffers):
         if b.name in outs:
             out = outs[b.name].reshape(-1)

@@ -103,14 +103,15 @@ class Interpreter:
                                    inv, st))
 
     def dispatch(self, buffers: dict, workgroups=1, overrides: dict | None = None, *,
-                 trace: Callable | None = None) -> dict:
+                 trace: Callable | None = None, reverse: bool = False) -> dict:
         """Run the kernel over ``workgroups`` (int or up to 3 ints).
 
         ``buffers``: binding name -> numpy array (copied in; dtype must match
         the binding) or, for uniforms, a number/array. Returns the read_write
         buffers after the dispatch, name -> array shaped like the input.
         ``trace(event)``, when given, is called before every statement of
-        every invocation with a :class:`TraceEvent`.
+        every invocation with a :class:`TraceEvent`. ``reverse``: the
+        workgroups in the opposite order (the last first).
         """
         wg = _grid(self.name, workgroups)
         env, outputs = bind(self.module, buffers, overrides)
@@ -119,11 +120,10 @@ class Interpreter:
         body, local_names = self._compiled(trace is not None)
         self._trace = trace
         try:
+            order = [(x, y, z) for z in range(wg[2]) for y in range(wg[1]) for x in range(wg[0])]
             with np.errstate(all="ignore"):
-                for wz in range(wg[2]):
-                    for wy in range(wg[1]):
-                        for wx in range(wg[0]):
-                            self._workgroup(env, (wx, wy, wz), body, local_names)
+                for wid in (order[::-1] if reverse else order):
+                    self._workgroup(env, wid, body, local_names)
         finally:
             self._trace = None
         return {name: work.reshape(shape) for name, (work, shape) in outputs.items()}
