@@ -163,8 +163,7 @@ class Device(HostDevice):
         buffers = self._bind(kernel, checks.order_buffers(kernel, bindings))
         given = dict(okey)
         self.stats["dispatches"] += 1
-        sizes = self.subgroup_sweep if _sweeps(kernel) else ()
-        self._record(lambda: _run(interp, kernel, buffers, grid, given, sizes, self._options))
+        self._record(lambda: _run(*interp, kernel, buffers, grid, given))
 
     def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
         """Check features, limits and overrides and build the interpreter now
@@ -172,13 +171,18 @@ class Device(HostDevice):
         self._interpreter(kernel)
         checks.overrides_key(kernel, overrides)
 
-    def _interpreter(self, kernel) -> Interpreter:
-        """First sight of a Kernel object: check features/limits, build its Interpreter."""
+    def _interpreter(self, kernel) -> tuple:
+        """First sight of a Kernel object: check features/limits, build its
+        Interpreter and, for the subgroup sweep where it applies, one per size:
+        (interpreter, ((size, interpreter), ...))."""
         interp = self._interpreters.get(id(kernel))
         if interp is not None:
             return interp
         checks.check_kernel(kernel, self)
-        interp = Interpreter(kernel, **self._options)
+        sizes = self.subgroup_sweep if _sweeps(kernel) else ()
+        interp = (Interpreter(kernel, **self._options),
+                  tuple((n, Interpreter(kernel, **dict(self._options, subgroup_size=n)))
+                        for n in sizes))
         self.stats["modules"] += 1
         self.stats["pipelines"] += 1
         key = id(kernel)
@@ -261,8 +265,8 @@ def _same_in_any_order(kernel, forwards: dict, backwards: dict) -> None:
                 f"kernel {kernel.name!r}: the results depend on the order its workgroups run "
                 f"in: '{name}'[{i}] is {a[i].item()!r} with workgroup (0, 0, 0) first and "
                 f"{b[i].item()!r} with the last first ({differ.size} element(s) differ). "
-                f"A workgroup reads "
-                f"what another wrote in this dispatch, or two write one element: WebGPU "
+                f"A workgroup reads what another wrote in this dispatch, or two write one "
+                f"element: WebGPU "
                 f"promises no order between workgroups (they run at once on a GPU); split "
                 f"the work into two dispatches, or give each element one writer")
 
@@ -273,10 +277,11 @@ def _sweeps(kernel) -> bool:
     return "subgroup" in kernel.features and T.SUBGROUP_MATRIX_FEATURE not in kernel.features
 
 
-def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dict,
-         sizes: tuple = (), options=None) -> None:
+def _run(interp: Interpreter, trials: tuple, kernel, buffers: list, grid: tuple,
+         overrides: dict) -> None:
     """One dispatch: the buffers' memory in, the read_write bindings' results
-    back; first at each subgroup size of ``sizes`` on copies (errors only)."""
+    back; first on copies with each (subgroup size, interpreter) of ``trials``
+    (errors only), and with the workgroups the other way round."""
     arrays = {}
     for b, buf in zip(kernel.bindings, buffers):
         flat = buf.elements()
@@ -284,8 +289,7 @@ def _run(interp: Interpreter, kernel, buffers: list, grid: tuple, overrides: dic
             comps = T.components(b.elem)
             flat = flat[:len(flat) // comps * comps]
         arrays[b.name] = flat
-    for size in sizes:
-        trial = Interpreter(kernel, **dict(options, subgroup_size=size))
+    for size, trial in trials:
         try:
             trial.dispatch({k: v.copy() for k, v in arrays.items()}, grid, overrides)
         except InterpreterError as e:
