@@ -87,12 +87,32 @@ _MATRIX_UNIFORMITY = "diagnostic(off, chromium.subgroup_matrix_uniformity);"
 _COMPOUND = {"&&": "&", "||": "|"}
 
 
+def _signed_remainder(t) -> tuple[str, list[str]]:
+    """The name and text of a function computing WGSL's ``a % b`` on i32 ``t``
+    (sign of a; 0 where b is 0) by division. naga prints ``%`` as SPIR-V's
+    OpSRem, which Vulkan leaves undefined for a negative operand: NVIDIA's
+    driver gave the unsigned remainder (-100 % 7 = 2; gfx-rs/wgpu#8191). Tint
+    spells it this way itself, so the helper costs Dawn nothing."""
+    name = "_rem_" + (t.name if isinstance(t, T.Scalar) else f"vec{t.size}i")
+    one, zero = (("1i", "0i") if isinstance(t, T.Scalar)
+                 else (f"{t}(1i)", f"{t}(0i)"))
+    return name, [
+        f"fn {name}(a: {t}, b: {t}) -> {t} {{",
+        f"{INDENT}// a % b: OpSRem is undefined for negative operands under Vulkan (wgpu#8191)",
+        f"{INDENT}let d = select(b, {one}, b == {zero});",
+        f"{INDENT}return a - a / d * d;",
+        "}",
+        ""]
+
+
 class Emitter:
-    """Prints nodes; records the features the printed types and calls need."""
+    """Prints nodes; records the features the printed types and calls need,
+    and the helper functions they call (name -> WGSL lines)."""
 
     def __init__(self):
         self.features: set[str] = set()
         self.first_use: dict[str, str] = {}  # feature -> the user's line that first needs it
+        self.helpers: dict[str, list[str]] = {}
 
     def _need(self, feature: str, at) -> None:
         self.features.add(feature)
@@ -118,12 +138,22 @@ class Emitter:
         return e.name
 
     def _binary(self, e: E.Binary) -> str:
+        if e.op.wgsl == "%" and T.scalar_of(e.type) == T.i32:
+            return self._remainder(e.type, e.a, e.b)
         a, b = self.expr(e.a), self.expr(e.b)
         if _needs_parens(e.op, e.a, True):
             a = f"({a})"
         if _needs_parens(e.op, e.b, False):
             b = f"({b})"
         return f"{a} {e.op.wgsl} {b}"
+
+    def _remainder(self, t, a: E.Expr, b: E.Expr) -> str:
+        """``a % b`` on i32 values of type ``t`` through its helper (a scalar
+        operand of a vector remainder splat to ``t``)."""
+        name, lines = _signed_remainder(t)
+        self.helpers.setdefault(name, lines)
+        args = [self.expr(x) if x.type == t else f"{t}({self.expr(x)})" for x in (a, b)]
+        return f"{name}({args[0]}, {args[1]})"
 
     def _unary(self, e: E.Unary) -> str:
         a = self.expr(e.a)
@@ -189,6 +219,8 @@ class Emitter:
         target, value = self.expr(st.target), self.expr(st.value)
         if st.op is None:
             text = f"{target} = {value};"
+        elif st.op.wgsl == "%" and T.scalar_of(st.target.type) == T.i32:
+            text = f"{target} = {self._remainder(st.target.type, st.target, st.value)};"
         elif st.op.group == "rel":  # `^=` on bool: WGSL has no `!=` assignment
             text = f"{target} = {target} {st.op.wgsl} {self._primary(st.value)};"
         else:
@@ -314,8 +346,9 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str],
         enables.append(_MATRIX_UNIFORMITY)
     enables += [""] if enables else []
     lines = [f"// kernel {m.name}", *enables, *decls]
+    helpers = [(text, "") for name in sorted(em.helpers) for text in em.helpers[name]]
     source_map = []
-    for part in (functions, _entry_point(m), body):
+    for part in (helpers, functions, _entry_point(m), body):
         for text, where in part:
             lines.append(text)
             if where:

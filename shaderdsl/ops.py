@@ -509,14 +509,15 @@ def _extreme(which):
 
 
 def _lane_read(source):
-    """subgroupShuffle and friends: each lane reads lane source(lane, x). Reading
-    a lane that is not active is undefined in WGSL; the interpreter returns the
-    reader's own value."""
+    """subgroupShuffle and friends: each lane reads lane source(lane, x). A lane
+    that is not active (or does not exist) gives an indeterminate value in WGSL:
+    None here, for the scheduler to fill (shaderdsl.interp.schedule.LaneReads)."""
     def make(types, rt):
         def f(lanes, args):
             by_lane = {lane: a[0] for lane, a in zip(lanes, args)}
-            return [V.copy(by_lane.get(source(lane, int(a[1]) if len(a) > 1 else 0), a[0]))
-                    for lane, a in zip(lanes, args)]
+            read = (by_lane.get(source(lane, int(a[1]) if len(a) > 1 else 0))
+                    for lane, a in zip(lanes, args))
+            return [None if v is None else V.copy(v) for v in read]
         return f
     return make
 

@@ -565,3 +565,23 @@ def test_compound_swizzle_store_is_refused():
 
     with pytest.raises(sd.ShaderTypeError, match="cannot assign to a swizzle"):
         k_of(k)
+
+
+def test_signed_remainder_goes_through_a_helper_naga_cannot_miscompile():
+    """naga's OpSRem is undefined under Vulkan for negative operands (the H200
+    gave -100 % 7 = 2): an i32 `%` calls a helper dividing instead, once per type."""
+    def k(m):
+        a, b = m.declare_input_buffer("a", i32), m.declare_input_buffer("b", i32)
+        o, u = m.declare_output_buffer("o", i32), m.declare_output_buffer("u", u32)
+        i = m.let(m.global_id().x, "i")
+        o[i] = a[i] % b[i] + (sd.vec2i(a[i], 1) % b[i]).y
+        v = m.var(a[i], name="v")
+        m.assign(v, b[i], op="%")
+        o[i + 1] = v
+        u[i] = u32(i) % 3
+    wgsl = sd.compile(k, 4).wgsl
+    assert wgsl.count("fn _rem_i32(a: i32, b: i32) -> i32 {") == 1
+    assert "fn _rem_vec2i(a: vec2<i32>, b: vec2<i32>) -> vec2<i32> {" in wgsl
+    assert "o[i] = _rem_i32(a[i], b[i]) + (_rem_vec2i(vec2<i32>(a[i], 1i), vec2<i32>(b[i]))).y;" \
+        in wgsl
+    assert "v = _rem_i32(v, b[i]);" in wgsl and "u[i] = u32(i) % 3u;" in wgsl

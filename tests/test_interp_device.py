@@ -23,7 +23,8 @@ from shaderdsl import builtins as B
 from shaderdsl import collectives as C
 from shaderdsl import f16, f32, u32, vec4f
 from shaderdsl.errors import (AliasingError, BindingError, DispatchError, FeatureError,
-                              InterpreterError, RaceError, UninitializedReadError,
+                              InterpreterError, OutOfBoundsError, RaceError,
+                              UninitializedReadError,
                               WGSLCompileError)
 from shaderdsl.interp import Device, InterpDevice, Interpreter
 
@@ -599,3 +600,58 @@ def test_results_that_hang_on_the_workgroup_order_raise():
     values = d.buffer(np.arange(256, dtype=np.uint32))
     d.dispatch(sd.compile(EH.histogram, 64, nbins=8), {"values": values, "hist": hist}, 4)
     assert d.read(hist).tolist() == [32] * 8
+
+
+def _shuffle_past_the_workgroup(m, lane_offset: int, lanes: int = 32):
+    """A workgroup of 16 in subgroups of 32: lanes 16-31 do not exist."""
+    x = m.declare_input_buffer("x", f32, 16)
+    out = m.declare_output_buffer("out", f32, 16)
+    i = m.let(m.local_index(), "i")
+    out[i] = B.subgroup_shuffle(x[i], (i + lane_offset) % lanes)
+
+
+def test_results_that_hang_on_reads_of_missing_lanes_raise():
+    """WGSL leaves them indeterminate (the H200 gave 0): the device runs the
+    dispatch again with another value for them, and the results must not change."""
+    d = Device(subgroup_size=32)
+    x = np.arange(1, 17, dtype=np.float32)
+    with pytest.raises(InterpreterError, match=r"kernel '_shuffle_past_the_workgroup': the "
+                                               r"results depend on reads of subgroup lanes "
+                                               r"that are not active \(at \S+test_interp_device"
+                                               r".py:\d+\): 'out'\[8\] is 0.0 where they read 0 "
+                                               r"and 9.0 where they read the reader's own value"):
+        out = d.zeros(16, np.float32)
+        d.dispatch(sd.compile(_shuffle_past_the_workgroup, 16, lane_offset=8),
+                   {"x": d.buffer(x), "out": out}, 1)
+        d.sync()
+    assert not d.read(out).any()  # nothing written
+    with pytest.raises(InterpreterError, match=r"'out'\[15\] is 0.0"):  # lane 15 reads 16
+        d.dispatch(sd.compile(_shuffle_past_the_workgroup, 16, lane_offset=1),
+                   {"x": d.buffer(x), "out": d.zeros(16, np.float32)}, 1)
+    out = d.zeros(16, np.float32)  # lanes 0-15 read lanes 0-15, turned: all exist
+    d.dispatch(sd.compile(_shuffle_past_the_workgroup, 16, lane_offset=1, lanes=16),
+               {"x": d.buffer(x), "out": out}, 1)
+    assert d.read(out).tolist() == np.roll(x, -1).tolist()
+
+
+def _select_guard(m):
+    """select() evaluates both operands: x[i] is read for every i."""
+    x = m.declare_input_buffer("x", f32, 8)
+    out = m.declare_output_buffer("out", f32, 16)
+    i = m.let(m.global_id().x, "i")
+    out[i] = B.select(f32(-1.0), x[i], i < 8)
+
+
+def test_robust_access_clamps_out_of_bounds_indices_as_a_gpu_does(device):
+    """By default the interpreter raises for the read select() drops; with
+    robust_access it clamps, and agrees with the GPU."""
+    x = np.random.default_rng().standard_normal(8).astype(np.float32)
+    want = np.concatenate([x, np.full(8, -1, np.float32)])
+    with pytest.raises(OutOfBoundsError, match=r"test_interp_device.py:\d+: index 8 is out of "
+                                               r"bounds for storage buffer `x` \(8 elements\)"):
+        d = Device()
+        d.dispatch(sd.compile(_select_guard, 16), {"x": d.buffer(x), "out": d.zeros(16, np.float32)}, 1)
+    for d in (Device(robust_access=True), device):
+        out = d.zeros(16, np.float32)
+        d.dispatch(sd.compile(_select_guard, 16), {"x": d.buffer(x), "out": out}, 1)
+        np.testing.assert_array_equal(d.read(out), want)

@@ -31,8 +31,8 @@ class CheckedExprCompiler(ExprCompiler):
     its value holding the flat scalar offsets (``shared.index_arrays``).
     """
 
-    def __init__(self, name: str, offsets: dict):
-        super().__init__(name)
+    def __init__(self, name: str, offsets: dict, robust: bool = False):
+        super().__init__(name, robust)
         self.offsets = offsets
 
     def __call__(self, e: E.Expr) -> Callable:

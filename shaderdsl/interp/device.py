@@ -57,8 +57,8 @@ class Device(HostDevice):
     on a GPU without it; ``limits`` update WebGPU's defaults (DEFAULT_LIMITS),
     and are checked as a GPU device checks its own: pass a GPU device's
     ``limits`` to refuse exactly what it refuses. ``subgroup_size``,
-    ``max_loop_iterations``, ``check_races`` and ``check_uninitialized`` go
-    to every Interpreter. ``subgroup_matrix_configs``: the shapes it offers
+    ``max_loop_iterations``, ``check_races``, ``check_uninitialized`` and
+    ``robust_access`` go to every Interpreter. ``subgroup_matrix_configs``: the shapes it offers
     kernels (default: the H200's, where it claims the subgroup-matrix feature).
 
     Subgroup sizes differ between GPUs (4 on SwiftShader, 8 on lavapipe, 32 on
@@ -71,6 +71,7 @@ class Device(HostDevice):
 
     def __init__(self, *, subgroup_size: int | None = None, features=None,
                  limits=None, check_races: bool = True, check_uninitialized: bool = True,
+                 robust_access: bool = False,
                  max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
                  subgroup_matrix_configs=None):
         feats = SUPPORTED_FEATURES if features is None else frozenset(features)
@@ -90,6 +91,7 @@ class Device(HostDevice):
             tuple(subgroup_matrix_configs)
         self._options = dict(subgroup_size=subgroup_size, check_races=check_races,
                              check_uninitialized=check_uninitialized,
+                             robust_access=robust_access,
                              max_loop_iterations=max_loop_iterations)
         self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
                       "copies": 0, "submits": 0}
@@ -253,22 +255,33 @@ class Batch(HostBatch):
         self.device._flush()
 
 
-def _same_in_any_order(kernel, forwards: dict, backwards: dict) -> None:
-    """InterpreterError where the results hang on the order of the workgroups."""
-    for name, got in forwards.items():
-        a, b = got.reshape(-1), backwards[name].reshape(-1)
+def _same_results(kernel, first: dict, second: dict, how: tuple, what: str,
+                  advice: str) -> None:
+    """InterpreterError where two runs' results differ (``how`` names each run)."""
+    for name, got in first.items():
+        a, b = got.reshape(-1), second[name].reshape(-1)
         bits = [np.ascontiguousarray(v).view(np.uint8).reshape(v.size, -1) for v in (a, b)]
         differ = np.flatnonzero((bits[0] != bits[1]).any(axis=1))  # bit for bit: NaN too
         if differ.size:
             i = int(differ[0])
             raise InterpreterError(
-                f"kernel {kernel.name!r}: the results depend on the order its workgroups run "
-                f"in: '{name}'[{i}] is {a[i].item()!r} with workgroup (0, 0, 0) first and "
-                f"{b[i].item()!r} with the last first ({differ.size} element(s) differ). "
-                f"A workgroup reads what another wrote in this dispatch, or two write one "
-                f"element: WebGPU "
-                f"promises no order between workgroups (they run at once on a GPU); split "
-                f"the work into two dispatches, or give each element one writer")
+                f"kernel {kernel.name!r}: the results depend on {what}: '{name}'[{i}] is "
+                f"{a[i].item()!r} {how[0]} and {b[i].item()!r} {how[1]} ({differ.size} "
+                f"element(s) differ). {advice}")
+
+
+WORKGROUP_ORDER = (
+    "the order its workgroups run in",
+    "A workgroup reads what another wrote in this dispatch, or two write one element: "
+    "WebGPU promises no order between workgroups (they run at once on a GPU); split the "
+    "work into two dispatches, or give each element one writer")
+
+
+def _lane_reads(where: set) -> tuple:
+    return (f"reads of subgroup lanes that are not active (at {', '.join(sorted(where))})",
+            "WGSL leaves such a read indeterminate (NVIDIA gives 0, others what they "
+            "like): read only lanes below subgroup_size that take part (a workgroup that "
+            "fills its subgroups, uniform control flow), or ignore what such reads give")
 
 
 def _sweeps(kernel) -> bool:
@@ -281,7 +294,9 @@ def _run(interp: Interpreter, trials: tuple, kernel, buffers: list, grid: tuple,
          overrides: dict) -> None:
     """One dispatch: the buffers' memory in, the read_write bindings' results
     back; first on copies with each (subgroup size, interpreter) of ``trials``
-    (errors only), and with the workgroups the other way round."""
+    (errors only); then again with the workgroups the other way round, and
+    with other values for reads of inactive lanes where there were some: the
+    results must not change."""
     arrays = {}
     for b, buf in zip(kernel.bindings, buffers):
         flat = buf.elements()
@@ -295,13 +310,16 @@ def _run(interp: Interpreter, trials: tuple, kernel, buffers: list, grid: tuple,
         except InterpreterError as e:
             raise type(e)(f"with subgroups of {size} (a GPU may have them; interp.Device("
                           f"subgroup_size=...) runs one size only): {e}") from e
-    backwards = None
-    if grid != (1, 1, 1):  # the workgroups the other way round too: no order is promised
-        backwards = interp.dispatch({k: v.copy() for k, v in arrays.items()}, grid, overrides,
-                                    reverse=True)
     outs = interp.dispatch(arrays, grid, overrides)
-    if backwards is not None:
-        _same_in_any_order(kernel, outs, backwards)
+    reads = interp.lane_reads
+    if grid != (1, 1, 1):  # the workgroups the other way round too: no order is promised
+        _same_results(kernel, outs, interp.dispatch(arrays, grid, overrides, reverse=True),
+                      ("with workgroup (0, 0, 0) first", "with the last first"),
+                      *WORKGROUP_ORDER)
+    if reads.where:  # reads of inactive lanes given another value: nothing may hang on them
+        _same_results(kernel, outs, interp.dispatch(arrays, grid, overrides, lanes_read_own=True),
+                      ("where they read 0", "where they read the reader's own value"),
+                      *_lane_reads(reads.where))
     for b, buf in zip(kernel.bindings, buffers):
         if b.name in outs:
             out = outs[b.name].reshape(-1)

@@ -22,10 +22,13 @@ _KIND_WORDS = {"buffer": "storage buffer", "workgroup": "workgroup array", "var"
 
 
 class ExprCompiler:
-    """Compiles the expressions of one kernel; ``name`` is used in messages."""
+    """Compiles the expressions of one kernel; ``name`` is used in messages.
+    ``robust``: an index past the end is clamped to the last element, as
+    Tint's and naga's robustness do on a GPU, instead of raising."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, robust: bool = False):
         self.name = name
+        self.robust = robust
 
     def __call__(self, e: E.Expr) -> Callable:
         return _EXPR[type(e)](self, e)
@@ -106,17 +109,19 @@ class ExprCompiler:
         r = E.root(e)
         what = f"{_KIND_WORDS.get(r.kind, r.kind)} `{r.name}`" if isinstance(r, E.Ref) \
             else f"a value of type {e.base.type}"
-        where, name = e.where, self.name
+        where, name, robust = e.where, self.name, self.robust
 
         def check(inv, container, i):
             i = int(i)
             n = len(container)
             if not 0 <= i < n:
+                if robust and n:
+                    return min(max(i, 0), n - 1)
                 raise OutOfBoundsError(
                     f"{where}: index {i} is out of bounds for {what} ({n} elements) in "
                     f"kernel {name!r}, invocation {inv.describe()}")
             return i
-        return self._axes_check(e, what, check) if e.axes else check
+        return self._axes_check(e, what, check) if e.axes and not robust else check
 
     def _axes_check(self, e: E.Index, what: str, check) -> Callable:
         """A shaped array's index checked on each axis (``x[r, c]`` with c past the

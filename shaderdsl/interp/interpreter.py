@@ -16,7 +16,7 @@ from ..nodes import Module
 from .access import CheckedExprCompiler
 from .exprs import ExprCompiler
 from .host import bind
-from .schedule import Invocation, TraceEvent, invocations, run_workgroup
+from .schedule import Invocation, LaneReads, TraceEvent, invocations, run_workgroup
 from .shared import WorkgroupLog, index_arrays
 from .stmts import StmtCompiler
 
@@ -58,13 +58,16 @@ class Interpreter:
     bounds each execution of a loop, so a loop that never ends raises
     InterpreterError instead of hanging. ``check_races`` and
     ``check_uninitialized`` check the use of workgroup memory (see the module
-    docstring); turned off, it is zero-filled and unchecked.
+    docstring); turned off, it is zero-filled and unchecked. ``robust_access``:
+    an index out of bounds is clamped to the last element (as a GPU's robust
+    access does) instead of raising OutOfBoundsError.
     """
 
     def __init__(self, source, workgroup_size=64, *, name: str | None = None,
                  subgroup_size: int = DEFAULT_SUBGROUP_SIZE,
                  max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
-                 check_races: bool = True, check_uninitialized: bool = True, **params):
+                 check_races: bool = True, check_uninitialized: bool = True,
+                 robust_access: bool = False, **params):
         m = _module(source, workgroup_size, name, params)
         if not isinstance(subgroup_size, int) or subgroup_size < 1 or subgroup_size > 128:
             raise ValueError(f"subgroup_size must be an int in 1..128, got {subgroup_size!r}")
@@ -75,10 +78,12 @@ class Interpreter:
         self.max_loop_iterations = max_loop_iterations
         self.check_races = bool(check_races)
         self.check_uninitialized = bool(check_uninitialized)
+        self.robust_access = bool(robust_access)
         checked = (self.check_races or self.check_uninitialized) and bool(m.workgroup_vars)
         self._offsets = index_arrays(m) if checked else None
         self._bodies: dict = {}   # traced? -> (compiled body, local names)
         self._trace = None
+        self.lane_reads = LaneReads()
 
     @property
     def wgsl(self) -> str:
@@ -89,8 +94,8 @@ class Interpreter:
         hit = self._bodies.get(traced)
         if hit is None:
             hook = self._note if traced else None
-            cx = ExprCompiler(self.name) if self._offsets is None else \
-                CheckedExprCompiler(self.name, self._offsets)
+            cx = ExprCompiler(self.name, self.robust_access) if self._offsets is None else \
+                CheckedExprCompiler(self.name, self._offsets, self.robust_access)
             sc = StmtCompiler(self.name, cx, self.max_loop_iterations, hook)
             hit = self._bodies[traced] = (sc.block(self.module.body), sc.locals)
         return hit
@@ -103,7 +108,8 @@ class Interpreter:
                                    inv, st))
 
     def dispatch(self, buffers: dict, workgroups=1, overrides: dict | None = None, *,
-                 trace: Callable | None = None, reverse: bool = False) -> dict:
+                 trace: Callable | None = None, reverse: bool = False,
+                 lanes_read_own: bool = False) -> dict:
         """Run the kernel over ``workgroups`` (int or up to 3 ints).
 
         ``buffers``: binding name -> numpy array (copied in; dtype must match
@@ -111,7 +117,10 @@ class Interpreter:
         buffers after the dispatch, name -> array shaped like the input.
         ``trace(event)``, when given, is called before every statement of
         every invocation with a :class:`TraceEvent`. ``reverse``: the
-        workgroups in the opposite order (the last first).
+        workgroups in the opposite order (the last first). A subgroup read of
+        a lane that is not active (indeterminate in WGSL) gives zero, or with
+        ``lanes_read_own`` the reader's own value; ``self.lane_reads`` then
+        holds the Python lines that made such reads.
         """
         wg = _grid(self.name, workgroups)
         env, outputs = bind(self.module, buffers, overrides)
@@ -119,6 +128,7 @@ class Interpreter:
             env["num_workgroups"] = np.array(wg, np.uint32)
         body, local_names = self._compiled(trace is not None)
         self._trace = trace
+        self.lane_reads = LaneReads(own=lanes_read_own)
         try:
             order = [(x, y, z) for z in range(wg[2]) for y in range(wg[1]) for x in range(wg[0])]
             with np.errstate(all="ignore"):
@@ -134,7 +144,7 @@ class Interpreter:
             self.check_uninitialized)
         invs = invocations(self.module, env, wid, self.subgroup_size, local_names, log)
         try:
-            run_workgroup(self.name, invs, body, self.subgroup_size, log)
+            run_workgroup(self.name, invs, body, self.subgroup_size, log, self.lane_reads)
         except ShaderDSLError:
             raise
         except Exception as e:

@@ -9,7 +9,7 @@ passed when every unfinished invocation waits at the same barrier statement
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -94,9 +94,27 @@ def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names,
     return out
 
 
-def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None) -> None:
+@dataclass
+class LaneReads:
+    """What a read of a subgroup lane that is not active gets (WGSL: an
+    indeterminate value): zero, as NVIDIA gives, or with ``own`` the reader's
+    own value; ``where`` collects the Python lines that made such reads, so two
+    runs whose results differ can say what the results hang on."""
+
+    own: bool = False
+    where: set = field(default_factory=set)
+
+    def fill(self, call, args: tuple, where: str):
+        self.where.add(where)
+        return V.copy(args[0]) if self.own else V.zero_value(call.type)
+
+
+def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
+                  lane_reads: LaneReads | None = None) -> None:
     """Run one workgroup's invocations to the end; ``log`` (a WorkgroupLog)
-    hears of every workgroupBarrier() passed and of the end."""
+    hears of every workgroupBarrier() passed and of the end; ``lane_reads``
+    fills reads of lanes that are not active (default: zero)."""
+    lane_reads = LaneReads() if lane_reads is None else lane_reads
     n = len(invs)
     gens = [body(inv) for inv in invs]
     events: list = [None] * n
@@ -118,7 +136,7 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None) -> 
             return
         waiting = [k for k in live if events[k][0] is SUBGROUP]
         if waiting:
-            runnable = _resolve_subgroups(waiting, events, sends, subgroup_size)
+            runnable = _resolve_subgroups(waiting, events, sends, subgroup_size, lane_reads)
             continue
         _check_same_barrier(name, invs, events, alive, live)
         if log is not None and events[live[0]][1].kind == "workgroup":
@@ -126,7 +144,8 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None) -> 
         runnable = live
 
 
-def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: int) -> list:
+def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: int,
+                       lane_reads: LaneReads) -> list:
     """Compute each subgroup call for the lanes waiting at it together."""
     groups: dict = {}
     for k in waiting:
@@ -137,7 +156,7 @@ def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: 
         collective = call.op.semantics(tuple(a.type for a in call.args), call.type)
         results = collective([k % subgroup_size for k in ks], [events[k][2] for k in ks])
         for k, r in zip(ks, results):
-            sends[k] = r
+            sends[k] = r if r is not None else lane_reads.fill(call, events[k][2], events[k][3])
             runnable.append(k)
     return sorted(runnable)
 

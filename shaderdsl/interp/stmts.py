@@ -80,9 +80,10 @@ class StmtCompiler:
             return (yield from f(inv)) if gen else f(inv)
         return True, traced
 
-    def _pre(self, exprs) -> Callable | None:
+    def _pre(self, exprs, where: str) -> Callable | None:
         """A generator function computing the subgroup calls in ``exprs``
-        (innermost first), yielding each to the scheduler; None if there are none."""
+        (innermost first), yielding each to the scheduler with ``where`` (the
+        statement's line); None if there are none."""
         calls = subgroup_calls(exprs)
         if not calls:
             return None
@@ -91,12 +92,12 @@ class StmtCompiler:
         def pre(inv):
             for call, argfns in items:
                 args = tuple(a(inv) for a in argfns)
-                inv.sg[id(call)] = yield (SUBGROUP, call, args)
+                inv.sg[id(call)] = yield (SUBGROUP, call, args, where)
         return pre
 
     def _simple(self, st, plain: Callable) -> tuple[bool, Callable]:
         """A straight-line statement, preceded by its subgroup calls if it has any."""
-        pre = self._pre(N.expressions(st))
+        pre = self._pre(N.expressions(st), st.where)
         if pre is None:
             return False, plain
 
@@ -171,7 +172,7 @@ class StmtCompiler:
     def _collective_store(self, st: N.Effect) -> Callable:
         """A store by the whole subgroup (the collective writes the memory); into a
         workgroup array, the first lane is logged as writing every element."""
-        pre, target = self._pre((st.call,)), st.call.args[0].target
+        pre, target = self._pre((st.call,), st.where), st.call.args[0].target
         key, name, where = id(st.call), target.name, st.where
 
         def store(inv):
@@ -188,11 +189,11 @@ class StmtCompiler:
         if fn.name not in self.functions:
             self.functions[fn.name] = (self.block(fn.body),
                                        None if fn.result is None else self.cx(fn.result),
-                                       None if fn.result is None else self._pre([fn.result]))
+                                       None if fn.result is None else self._pre([fn.result], fn.where))
             self.locals.update(p.name for p in fn.params)
         body, result, result_pre = self.functions[fn.name]
         args = [(p.name, self.cx(a)) for p, a in zip(fn.params, st.args)]
-        pre, bind = self._pre(st.args), st.ref.name if st.ref is not None else None
+        pre, bind = self._pre(st.args, st.where), st.ref.name if st.ref is not None else None
         if bind is not None:
             self.locals.add(bind)
 
@@ -225,7 +226,7 @@ class StmtCompiler:
     # ------------------------------------------------------------ control flow
 
     def _if(self, st: N.If):
-        branches = [(self._pre([c]), self.cx(c), self.block(b)) for c, b in st.branches]
+        branches = [(self._pre([c], st.where), self.cx(c), self.block(b)) for c, b in st.branches]
         other = self.block(st.else_body) if st.else_body is not None else None
 
         def if_(inv):
@@ -254,7 +255,7 @@ class StmtCompiler:
         name = st.var.name
         self.locals.add(name)
         start, end, step = self.cx(st.start), self.cx(st.end), self.cx(st.step)
-        pre_start, pre_iter = self._pre([st.start]), self._pre([st.end, st.step])
+        pre_start, pre_iter = self._pre([st.start], st.where), self._pre([st.end, st.step], st.where)
         body, guard = self.block(st.body), self._loop_guard(st.where)
         ty = st.var.type
         advance = INFIX["-" if st.descending else "+"].semantics((ty, ty), ty)  # wraps
@@ -283,7 +284,7 @@ class StmtCompiler:
         return True, for_
 
     def _while(self, st: N.While):
-        cond, pre = self.cx(st.cond), self._pre([st.cond])
+        cond, pre = self.cx(st.cond), self._pre([st.cond], st.where)
         body, guard = self.block(st.body), self._loop_guard(st.where)
 
         def while_(inv):
