@@ -508,16 +508,20 @@ def _extreme(which):
     return combine
 
 
+# What a read of a subgroup lane that is not active gives (an indeterminate
+# value in WGSL): the interpreter's scheduler fills it (interp.schedule.LaneReads).
+INACTIVE_LANE = object()
+
+
 def _lane_read(source):
-    """subgroupShuffle and friends: each lane reads lane source(lane, x). A lane
-    that is not active (or does not exist) gives an indeterminate value in WGSL:
-    None here, for the scheduler to fill (shaderdsl.interp.schedule.LaneReads)."""
+    """subgroupShuffle and friends: each lane reads lane source(lane, x), or
+    INACTIVE_LANE where that lane is not active or does not exist."""
     def make(types, rt):
         def f(lanes, args):
             by_lane = {lane: a[0] for lane, a in zip(lanes, args)}
             read = (by_lane.get(source(lane, int(a[1]) if len(a) > 1 else 0))
                     for lane, a in zip(lanes, args))
-            return [None if v is None else V.copy(v) for v in read]
+            return [INACTIVE_LANE if v is None else V.copy(v) for v in read]
         return f
     return make
 

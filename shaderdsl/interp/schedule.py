@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import values as V
 from ..errors import InterpreterError
+from ..ops import INACTIVE_LANE
 from .stmts import SUBGROUP
 
 
@@ -156,7 +157,8 @@ def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: 
         collective = call.op.semantics(tuple(a.type for a in call.args), call.type)
         results = collective([k % subgroup_size for k in ks], [events[k][2] for k in ks])
         for k, r in zip(ks, results):
-            sends[k] = r if r is not None else lane_reads.fill(call, events[k][2], events[k][3])
+            sends[k] = r if r is not INACTIVE_LANE else \
+                lane_reads.fill(call, events[k][2], events[k][3])
             runnable.append(k)
     return sorted(runnable)
 

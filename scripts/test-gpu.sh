@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole suite on a real GPU under one wgpu build: `scripts/test-gpu.sh native`
+# or `scripts/test-gpu.sh dawn` (SHADERDSL_WGPU=dawn). No set-up: it runs the
+# python3 it finds, which must already have numpy, wgpu (and wgpudawn),
+# hypothesis, pytest and pytest-xdist (the H200 machine reaches no registry; see
+# README "Tests on a real GPU"). Runs WORKERS (default 8) pytest-xdist workers;
+# the report goes to stdout and to ${OUT:-.}/pytest-<build>.txt.
+# Other arguments go to pytest.
+set -euo pipefail
+build=${1:?"usage: scripts/test-gpu.sh native|dawn [pytest arguments]"}
+shift
+case $build in
+    native) export SHADERDSL_WGPU=native ;;
+    dawn) export SHADERDSL_WGPU=dawn ;;
+    *) echo "scripts/test-gpu.sh: the build is native or dawn, not '$build'" >&2; exit 2 ;;
+esac
+report=${OUT:-.}/pytest-$build.txt
+python3 -m pytest tests -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEX "$@" 2>&1 | tee "$report"
