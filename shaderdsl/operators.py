@@ -46,6 +46,7 @@ class Op:
     feature: str | None = None
     group: str = ""                 # infix precedence: mul, add, shift, rel, bit, logic
     doc: str = ""
+    uniform_args: tuple = ()        # arguments WGSL requires uniform (a shuffle's delta)
 
     @property
     def effect(self) -> bool:

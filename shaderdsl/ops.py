@@ -570,8 +570,9 @@ def _subgroup_bool_rule(wgsl: str, result):
     return rule
 
 
-def _subgroup(name, wgsl, semantics, rule):
-    _register(Op(name, wgsl, "subgroup", semantics, rule, feature="subgroup"))
+def _subgroup(name, wgsl, semantics, rule, uniform_args=()):
+    _register(Op(name, wgsl, "subgroup", semantics, rule, feature="subgroup",
+                 uniform_args=uniform_args))
 
 
 for _name, _wgsl, _kind, _combine, _scan in (
@@ -594,8 +595,9 @@ for _name, _wgsl, _source in (
         ("subgroup_shuffle_xor", "subgroupShuffleXor", lambda lane, x: lane ^ x),
         ("subgroup_shuffle_up", "subgroupShuffleUp", lambda lane, x: lane - x),
         ("subgroup_shuffle_down", "subgroupShuffleDown", lambda lane, x: lane + x)):
-    _subgroup(_name, _wgsl, _lane_read(_source),
-              _subgroup_lane_rule(_wgsl, const_lane=_name == "subgroup_broadcast"))
+    _subgroup(_name, _wgsl, _lane_read(_source),  # WGSL: a delta or mask must be uniform
+              _subgroup_lane_rule(_wgsl, const_lane=_name == "subgroup_broadcast"),
+              uniform_args=(1,) if _name.startswith("subgroup_shuffle_") else ())
 _subgroup("subgroup_all", "subgroupAll", _vote(all), _subgroup_bool_rule("subgroupAll", T.bool_))
 _subgroup("subgroup_any", "subgroupAny", _vote(any), _subgroup_bool_rule("subgroupAny", T.bool_))
 _subgroup("subgroup_ballot", "subgroupBallot", _ballot,

@@ -13,7 +13,8 @@ the rest of the function varies; after a varying ``break`` or ``continue``
 the rest of the loop does (not what follows it). A ``@function`` that
 contains a barrier or collective may only be called where control flow is
 uniform, and an argument that decides whether its barrier runs must be
-uniform. Subgroup-matrix builtins are left out: their check is turned off in
+uniform, as must a subgroup shuffle's delta or mask (``Op.uniform_args``).
+Subgroup-matrix builtins are left out: their check is turned off in
 the WGSL (emit.py) and the interpreter makes it.
 
 Tint agrees with this analysis on tests/test_uniformity.py's corpus.
@@ -46,6 +47,8 @@ def find(module: S.Module) -> list[str]:
     for fn in module.functions:  # callees first
         walker = _Walker(summaries, {p.name: i for i, p in enumerate(fn.params)})
         walker.block(fn.body, NONE)
+        if fn.result is not None:  # `return subgroupAdd(v)`: a collective in the result
+            walker._collectives(fn.result, walker.cf(NONE))
         result = NONE if fn.result is None else walker.value(fn.result)
         summaries[fn] = (walker.needs_uniform, walker.param_needs, result)
         problems += walker.problems
@@ -211,7 +214,10 @@ class _Walker:
 
     def _collectives(self, e, cf) -> None:
         if isinstance(e, Call) and e.op.collective and e.op.feature != SUBGROUP_MATRIX_FEATURE:
-            self._uniform_here(f"{e.op.spell(e.type)}() at {shown(e._at)}", cf)
+            what = f"{e.op.spell(e.type)}() at {shown(e._at)}"
+            self._uniform_here(what, cf)
+            for i in e.op.uniform_args:
+                self._uniform_argument(i, self.value(e.args[i]), what)
         if isinstance(e, Expr) and not isinstance(e, Ref):
             for part in operands(e):
                 self._collectives(part, cf)
@@ -225,19 +231,28 @@ class _Walker:
             self._problem(f"{what} runs in non-uniform control flow: {_why(cf)} varies "
                           f"between invocations")
 
+    def _uniform_argument(self, i: int, taint, what: str, needed: str = "") -> None:
+        """Argument ``i`` of ``what`` must be uniform (``needed``: because it
+        decides whether that barrier or collective runs, or is its argument)."""
+        for kind, j in taint:
+            if kind == "p":
+                self.param_needs.setdefault(j, needed or f"argument {i + 1} of {what}")
+        if not _varies(taint):
+            return
+        text = f"argument {i + 1} of {what} reads {_why(taint)}, which varies between invocations"
+        if needed:
+            self._problem(f"{text}, and it decides whether {needed} runs")
+        else:
+            self.problems.append(f"{text}; WGSL requires it uniform (the same in every "
+                                 f"invocation): Tint (Dawn, every browser) refuses the kernel")
+
     def _call(self, st: S.CallFunction, cf) -> None:
         needs, param_needs, result = self.summaries[st.fn]
         args = [self.value(a) for a in st.args]
         if needs:
             self._uniform_here(f"{st.fn.name}() at {st.where} (it reaches {needs})", cf)
         for i, what in param_needs.items():
-            for kind, j in args[i]:
-                if kind == "p":
-                    self.param_needs.setdefault(j, what)
-            if _varies(args[i]):
-                self._problem(f"argument {i + 1} of {st.fn.name}() at {st.where} reads "
-                              f"{_why(args[i])}, which varies between invocations, and it "
-                              f"decides whether {what} runs")
+            self._uniform_argument(i, args[i], f"{st.fn.name}() at {st.where}", what)
         if st.ref is not None:
             out = NONE
             for kind, x in result:

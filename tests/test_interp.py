@@ -1474,8 +1474,10 @@ def subgroup_kernel(m, ops, size):
         f = getattr(B, fn)
         if fn == "subgroup_broadcast":
             r = f(a, extra)
-        elif fn in ("subgroup_shuffle", "subgroup_shuffle_xor"):
+        elif fn == "subgroup_shuffle":
             r = f(a, build(extra, ctx) % lanes)
+        elif fn == "subgroup_shuffle_xor":  # lanes is a power of two: lane ^ extra < lanes
+            r = f(a, extra)
         elif fn in ("subgroup_shuffle_up", "subgroup_shuffle_down"):
             # A lane reading past the subgroup gets an undefined value: keep it out.
             r = f(a, extra)
@@ -1500,9 +1502,9 @@ def test_random_subgroup_ops_gpu_vs_interpreter(device, device_subgroup_size, da
         extra = None
         if fn == "subgroup_broadcast":
             extra = data.draw(st.integers(0, min(size, SG_WORKGROUP) - 1))
-        elif fn in ("subgroup_shuffle", "subgroup_shuffle_xor"):
+        elif fn == "subgroup_shuffle":  # any lane; the others' delta or mask must be uniform
             extra = gen.expr((U, 1), 1)[0]
-        elif fn in ("subgroup_shuffle_up", "subgroup_shuffle_down"):
+        elif fn.startswith("subgroup_shuffle_"):
             extra = data.draw(st.integers(0, min(size, SG_WORKGROUP) - 1))
         ops.append((fn, s, arg, extra))
     ops = tuple(ops)

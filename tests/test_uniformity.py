@@ -184,20 +184,26 @@ def _index(m, v: u32) -> u32:
     return v + m.local_index()
 
 
-def function_call(where, argument):
+@sd.function
+def _added(m, v: u32) -> u32:
+    return B.subgroup_add(v)
+
+
+def function_call(where, argument, fn=None):
+    """``fn``: the function called (default: one with a barrier)."""
     def k(m):
         _, rw, _, _ = _buffers(m)
         arg = _source(m, argument)
         if where == "if":
             with m.if_(m.local_index() < 3):
-                rw[0] = _synced(m, arg)
+                rw[0] = (fn or _synced)(m, arg)
         elif where == "param":
-            rw[0] = _synced_if(m, arg)
+            rw[0] = (fn or _synced_if)(m, arg)
         else:  # a varying result
             r = m.let(_index(m, arg), "r")
             with m.if_(r < 3):
                 m.barrier()
-    k.__name__ = f"call_{where}_{argument}"
+    k.__name__ = f"call_{where}_{argument}" + (f"_{fn.__name__}" if fn else "")
     return k
 
 
@@ -211,6 +217,29 @@ def reduce_under(source):
     return k
 
 
+def shuffle_argument(op, source):
+    """A shuffle's delta or mask must be uniform (subgroupShuffle's lane need not)."""
+    def k(m):
+        _, rw, _, _ = _buffers(m)
+        rw[m.local_index()] = u32(getattr(B, op)(f32(1.0), _source(m, source) % 4))
+    k.__name__ = f"{op}_by_{source}"
+    return k
+
+
+@sd.function
+def _shuffle_by(m, v: u32) -> f32:
+    return B.subgroup_shuffle_xor(f32(1.0), v)
+
+
+def shuffle_in_function(source):
+    """A function passing its parameter on as a mask: the argument must be uniform."""
+    def k(m):
+        _, rw, _, _ = _buffers(m)
+        rw[0] = u32(_shuffle_by(m, _source(m, source) % 4))
+    k.__name__ = f"shuffle_in_function_{source}"
+    return k
+
+
 CORPUS = ([barrier_if(s) for s in ("lid", "wid", "sgs", "sgid", "ro", "ro_lid", "rw", "un", "wg")]
           + [return_then_barrier, uniform_return_then_barrier, break_then_barrier_after,
              jump_then_barrier_inside("break"), jump_then_barrier_inside("continue"),
@@ -219,7 +248,12 @@ CORPUS = ([barrier_if(s) for s in ("lid", "wid", "sgs", "sgid", "ro", "ro_lid", 
              subgroup_result_decides(False), select_decides, storage_barrier_under_varying_if,
              store_under_varying_if_then_barrier, else_if_under_varying_first]
           + [function_call(w, a) for w in ("if", "param", "result") for a in ("lid", "wid")]
-          + [reduce_under("lid"), reduce_under("wid")])
+          + [reduce_under("lid"), reduce_under("wid")]
+          + [shuffle_argument(op, a) for op in ("subgroup_shuffle", "subgroup_shuffle_xor",
+                                                "subgroup_shuffle_up", "subgroup_shuffle_down")
+             for a in ("lid", "wid", "rw")]
+          + [shuffle_in_function(a) for a in ("lid", "un")]
+          + [function_call(w, a, _added) for w in ("if", "param") for a in ("lid", "wid")])
 
 
 # ------------------------------------------------------------------ random programs
@@ -300,7 +334,8 @@ def test_the_dsl_refuses_exactly_what_tint_refuses(monkeypatch, tmp_path):
     verdicts = _tint([k.wgsl_for("tint") for k in built], tmp_path)
     disagree, refused = [], 0
     for fn, kernel, tint in zip(kernels, built, verdicts):
-        assert tint == "ok" or "uniform control flow" in tint, (fn.__name__, tint)
+        assert tint == "ok" or "uniform control flow" in tint or "to be uniform" in tint, \
+            (fn.__name__, tint)
         dsl = uniformity.find(kernel.ir)
         refused += tint != "ok"
         if bool(dsl) != (tint != "ok"):
@@ -338,3 +373,12 @@ def test_a_return_and_a_function_are_named():
                                               r"local_index, which varies between invocations, "
                                               r"and it decides whether workgroupBarrier\(\)"):
         sd.compile(function_call("param", "lid"), 64)
+
+
+def test_a_varying_shuffle_mask_is_named():
+    with pytest.raises(UniformityError, match=r"argument 2 of subgroupShuffleXor\(\) at \S+"
+                                              r"test_uniformity.py:\d+ reads local_index, which "
+                                              r"varies between invocations; WGSL requires it "
+                                              r"uniform"):
+        sd.compile(shuffle_argument("subgroup_shuffle_xor", "lid"), 64)
+    sd.compile(shuffle_argument("subgroup_shuffle", "lid"), 64)  # any lane may be read
