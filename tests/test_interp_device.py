@@ -593,7 +593,9 @@ def test_results_that_hang_on_the_workgroup_order_raise():
     with pytest.raises(InterpreterError, match=r"kernel '_chain': the results depend on the order "
                                                r"its workgroups run in: 'out'\[1\] is 8 with "
                                                r"workgroup \(0, 0, 0\) first and 1 with the last "
-                                               r"first \(3 element\(s\) differ\)"):
+                                               r"first \(3 element\(s\) differ\). 'out'\[1\] "
+                                               r"was written at \S+test_interp_device.py:\d+ in "
+                                               r"workgroup \(1, 0, 0\)"):
         d.dispatch(sd.compile(_chain, 4), {"out": d.zeros(4, np.uint32)}, 4)
         d.sync()
     hist = d.zeros(8, np.uint32)  # atomics that add commute: the same either way

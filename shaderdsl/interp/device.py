@@ -255,19 +255,40 @@ class Batch(HostBatch):
         self.device._flush()
 
 
-def _same_results(kernel, first: dict, second: dict, how: tuple, what: str,
-                  advice: str) -> None:
-    """InterpreterError where two runs' results differ (``how`` names each run)."""
+def _first_difference(first: dict, second: dict):
+    """(name, index, value in first, in second, how many differ) of the first
+    element two runs' results differ in, bit for bit (NaN too); or None."""
     for name, got in first.items():
         a, b = got.reshape(-1), second[name].reshape(-1)
         bits = [np.ascontiguousarray(v).view(np.uint8).reshape(v.size, -1) for v in (a, b)]
-        differ = np.flatnonzero((bits[0] != bits[1]).any(axis=1))  # bit for bit: NaN too
+        differ = np.flatnonzero((bits[0] != bits[1]).any(axis=1))
         if differ.size:
             i = int(differ[0])
-            raise InterpreterError(
-                f"kernel {kernel.name!r}: the results depend on {what}: '{name}'[{i}] is "
-                f"{a[i].item()!r} {how[0]} and {b[i].item()!r} {how[1]} ({differ.size} "
-                f"element(s) differ). {advice}")
+            return name, i, a[i].item(), b[i].item(), differ.size
+    return None
+
+
+def _differs(kernel, diff, how: tuple, what: str, advice: str) -> InterpreterError:
+    name, i, a, b, count = diff
+    return InterpreterError(
+        f"kernel {kernel.name!r}: the results depend on {what}: '{name}'[{i}] is {a!r} "
+        f"{how[0]} and {b!r} {how[1]} ({count} element(s) differ). {advice}")
+
+
+def _writers(interp: Interpreter, arrays: dict, grid: tuple, overrides: dict, name: str,
+             index: int) -> str:
+    """Where element ``index`` of buffer ``name`` changed in a run in order
+    ("k.py:12 in workgroup (1, 0, 0)"): the statement traced before each change
+    wrote it, as invocations run one at a time. Run on the error path only."""
+    seen, last, writes = [None], [None], []
+
+    def note(event):
+        value = event.invocation.env[name].reshape(-1)[index].tobytes()
+        if seen[0] is not None and value != seen[0] and last[0] is not None:
+            writes.append(f"{last[0].where} in workgroup {last[0].workgroup_id}")
+        seen[0], last[0] = value, event
+    interp.dispatch(arrays, grid, overrides, trace=note)
+    return ", then ".join(dict.fromkeys(writes)) or "no statement"
 
 
 WORKGROUP_ORDER = (
@@ -312,14 +333,18 @@ def _run(interp: Interpreter, trials: tuple, kernel, buffers: list, grid: tuple,
                           f"subgroup_size=...) runs one size only): {e}") from e
     outs = interp.dispatch(arrays, grid, overrides)
     reads = interp.lane_reads
-    if grid != (1, 1, 1):  # the workgroups the other way round too: no order is promised
-        _same_results(kernel, outs, interp.dispatch(arrays, grid, overrides, reverse=True),
-                      ("with workgroup (0, 0, 0) first", "with the last first"),
-                      *WORKGROUP_ORDER)
-    if reads.where:  # reads of inactive lanes given another value: nothing may hang on them
-        _same_results(kernel, outs, interp.dispatch(arrays, grid, overrides, lanes_read_own=True),
-                      ("where they read 0", "where they read the reader's own value"),
-                      *_lane_reads(reads.where))
+    diff = None if grid == (1, 1, 1) else \
+        _first_difference(outs, interp.dispatch(arrays, grid, overrides, reverse=True))
+    if diff:  # the workgroups the other way round: no order is promised
+        what, advice = WORKGROUP_ORDER
+        wrote = _writers(interp, arrays, grid, overrides, diff[0], diff[1])
+        raise _differs(kernel, diff, ("with workgroup (0, 0, 0) first", "with the last first"),
+                       what, f"'{diff[0]}'[{diff[1]}] was written at {wrote}. {advice}")
+    diff = reads.where and _first_difference(
+        outs, interp.dispatch(arrays, grid, overrides, lanes_read_own=True))
+    if diff:  # reads of inactive lanes given another value: nothing may hang on them
+        raise _differs(kernel, diff, ("where they read 0", "where they read the reader's own "
+                                      "value"), *_lane_reads(reads.where))
     for b, buf in zip(kernel.bindings, buffers):
         if b.name in outs:
             out = outs[b.name].reshape(-1)
