@@ -355,3 +355,26 @@ def test_split_backward_of_many_tokens(device, rank, tiled_dh, monkeypatch):
     want, tol = R.backward(x, a, b, g, -1.25), grad_tolerance(x, a, b, g, -1.25)
     for key in ("dh", "grad_a", "grad_b", "grad_x"):
         assert_within(got[key], want[key], tol[key], key)
+
+
+def test_training_forward_default_is_what_ran_fastest(device):
+    """single for one token, gemm from rank 16 and 64 tokens (the H200's fastest
+    there), tiled else; the gemm forward leaves h for the backward."""
+    from lora.training.backward import train_forward
+    assert str(train_forward(8, 64, 64, 1)) == "single:256:1"
+    assert str(train_forward(8, 2560, 2560, 512)).startswith("tiled")
+    assert str(train_forward(64, 2560, 2560, 4096)) == "gemm:256:16:4"
+    assert str(train_forward(64, 2560, 2560, 512)) == "gemm:128:16:8"
+    assert str(train_forward(16, 128, 32, 64)) == "gemm:128:16:4"
+    rng = np.random.default_rng()
+    tokens, rank, in_dim, out_dim = 64, 16, 128, 32
+    x, base = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
+    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
+    w = lora.Weight.from_numpy(device, a, b)
+    plan = lora.train_forward_plan(device, w, 0.5, tokens, given=())
+    assert str(plan.strategy) == "gemm:128:16:4"
+    ob = device.buffer(base)
+    plan(device.buffer(x), ob)
+    assert_within(device.read(plan.h), R.project_a(a, x), R.h_tolerance(x, a), "h")
+    assert_within(device.read(ob), R.forward(x, a, b, 0.5, base), R.tolerance(x, a, b, 0.5, base),
+                  "out")
