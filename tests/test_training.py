@@ -378,3 +378,48 @@ def test_training_forward_default_is_what_ran_fastest(device):
     assert_within(device.read(plan.h), R.project_a(a, x), R.h_tolerance(x, a), "h")
     assert_within(device.read(ob), R.forward(x, a, b, 0.5, base), R.tolerance(x, a, b, 0.5, base),
                   "out")
+
+
+def _trainer(device, loss="mse", tokens=4, classes=3):
+    rng = np.random.default_rng()
+    a, b = normal(rng, (2, 8)), normal(rng, (classes, 2))
+    return LayerTrainer(device, lora.Weight.from_numpy(device, a, b), 1.0, tokens, AdamW(),
+                        loss=loss), rng, (a, b)
+
+
+def test_a_step_needs_the_base_output(device):
+    """out holds the last prediction after a step: training on it as the base
+    diverged silently. base_buf is required; base_buf=out_buf says out holds it."""
+    trainer, rng, (a, b) = _trainer(device)
+    xs, target = normal(rng, (4, 8)), normal(rng, (4, 3))
+    x, out, target_buf = device.buffer(xs), device.empty((4, 3), np.float32), device.buffer(target)
+    with pytest.raises(ValueError, match=r"LayerTrainer.record: base_buf is required: the frozen "
+                                         r"base layer's output for this batch"):
+        trainer.record(x, out, target_buf)
+    with pytest.raises(RuntimeError, match=r"LayerTrainer.loss: no step recorded yet"):
+        trainer.loss()
+    base = normal(rng, (4, 3))
+    device.write(out, base)
+    trainer.record(x, out, target_buf, base_buf=out)   # out holds this batch's base output
+    want, _ = R.mse(R.forward(xs, a, b, 1.0, base), target)
+    assert abs(trainer.loss() - want) <= 1e-5 * want
+
+
+def test_a_label_outside_the_classes_is_reported(device):
+    trainer, rng, _ = _trainer(device, "xent", tokens=4, classes=3)
+    x, base = device.buffer(normal(rng, (4, 8))), device.buffer(normal(rng, (4, 3)))
+    labels = device.buffer(np.array([0, 2, 7, 1], np.uint32))
+    trainer.record(x, device.empty((4, 3), np.float32), labels, base)
+    with pytest.raises(ValueError, match=r"labels: label 7 at token 2 is outside 0..2 \(the "
+                                         r"output has 3 classes; 1 token\(s\) out of range, "
+                                         r"their gradient was zero\)"):
+        trainer.loss()
+    assert not device.read(trainer.g)[2].any()
+
+
+@pytest.mark.parametrize("make", [lambda: AdamW(betas=(0.9, 1.0)), lambda: AdamW(betas=(1.0, 0.9)),
+                                  lambda: AdamW().set(beta2=1.0), lambda: SGD(momentum=-0.1)])
+def test_hyper_parameters_are_checked_as_torch_checks_them(make):
+    with pytest.raises(ValueError, match=r"(betas\[\d\]|beta2|momentum): expected a finite number "
+                                         r"in \[0.0, 1.0[)\]]"):
+        make()

@@ -15,7 +15,10 @@ from . import digits as D
 from ..core.plan import Plan
 from ..core.weight import Weight
 from ..training.backward import backward_plan, train_forward_plan
+from ..training.losses import mean_xent
 from ..training.optim import AdamW
+
+CLASSES = 10  # the digits
 
 
 class DigitsTrainer:
@@ -30,7 +33,7 @@ class DigitsTrainer:
         self.base = {k: device.buffer(np.ascontiguousarray(v, f32), name=f"base.{k}")
                      for k, v in vars(base).items()}
         shapes = {"x": (batch, 64), "labels": (batch,), "z1": (batch, D.HIDDEN),
-                  "y1": (batch, D.HIDDEN), "logits": (batch, 10), "g": (batch, 10),
+                  "y1": (batch, D.HIDDEN), "logits": (batch, CLASSES), "g": (batch, CLASSES),
                   "dy1": (batch, D.HIDDEN), "dz1": (batch, D.HIDDEN), "losses": (batch,)}
         self.bufs = {k: device.empty(s, np.uint32 if k == "labels" else f32, name=k)
                      for k, s in shapes.items()}
@@ -51,10 +54,10 @@ class DigitsTrainer:
         b, h = self.batch, D.HIDDEN
         kernels = {"dense1": ("dense", dict(in_dim=64, out_dim=h, tokens=b), {"y": "z1"}),
                    "relu": ("relu", dict(n=b * h), {"z": "z1", "y": "y1"}),
-                   "dense2": ("dense", dict(in_dim=h, out_dim=10, tokens=b, threads=64),
+                   "dense2": ("dense", dict(in_dim=h, out_dim=CLASSES, tokens=b, threads=64),
                               {"x": "y1", "W": "w2", "bias": "b2", "y": "logits"}),
-                   "xent": ("softmax_xent", dict(classes=10, tokens=b, threads=64)),
-                   "dense2_grad": ("dense_grad_input", dict(in_dim=h, out_dim=10, tokens=b,
+                   "xent": ("softmax_xent", dict(classes=CLASSES, tokens=b, threads=64)),
+                   "dense2_grad": ("dense_grad_input", dict(in_dim=h, out_dim=CLASSES, tokens=b,
                                                             accumulate=True),
                                    {"W": "w2", "dx": "dy1"}),
                    "relu_grad": ("relu_grad", dict(n=b * h), {"z": "z1", "dy": "dy1", "dz": "dz1"})}
@@ -88,7 +91,7 @@ class DigitsTrainer:
 
     def loss(self) -> float:
         """The last step's mean cross-entropy (reads back: waits for the GPU)."""
-        return float(self.device.read(self.bufs["losses"]).astype(np.float64).mean())
+        return mean_xent(self.device.read(self.bufs["losses"]), CLASSES)
 
     def adapters(self) -> dict:
         """The trained adapters, read back: {"fc1": (A, B), "fc2": (A, B)}."""

@@ -4,7 +4,9 @@ only when the value is asked for.
 
     mse:          L = mean((out - want)^2) over all N elements; g = 2 (out - want) / N
     softmax_xent: L = mean over tokens of -log softmax(logits)[label];
-                  g = (softmax(logits) - onehot(label)) / tokens
+                  g = (softmax(logits) - onehot(label)) / tokens; a label
+                  outside the classes gets g = 0 and -1 - label as its loss,
+                  which the host reports when it reads the value
 """
 from __future__ import annotations
 
@@ -71,9 +73,11 @@ def softmax_xent(m, classes, tokens, threads=64, dtype="f32"):
         total += B.exp(widen(logits[row + c]) - top)
     norm = _workgroup_fold(m, total, threads, lambda a, b: a + b, "sum")
     label = m.let(labels[t], "label")
+    valid = m.let(label < classes, "valid")  # else: g 0, and -1 - label as its loss
     with m.loop(tid, classes, threads, name="c") as c:
         p = m.let(B.exp(widen(logits[row + c]) - top) / norm, "p")
         hit = m.let(B.select(0.0, 1.0, c == label), "hit")
-        store_output(g, row + c, (p - hit) * (1.0 / tokens))
+        store_output(g, row + c, B.select(0.0, (p - hit) * (1.0 / tokens), valid))
     with m.if_(tid == 0):
-        losses[t] = B.log(norm) - (widen(logits[row + B.min(label, classes - 1)]) - top)
+        loss = m.let(B.log(norm) - (widen(logits[row + B.min(label, classes - 1)]) - top), "loss")
+        losses[t] = B.select(-1.0 - f32(label), loss, valid)

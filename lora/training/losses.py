@@ -38,4 +38,16 @@ def loss_value(device, plan: Plan) -> float:
     if "partial" in plan.scratch:
         n = plan.tokens * plan.roles["out"].dims[0]
         return float(device.read(plan.scratch["partial"]).astype(np.float64).sum() / n)
-    return float(device.read(plan.scratch["losses"]).astype(np.float64).mean())
+    return mean_xent(device.read(plan.scratch["losses"]), plan.roles["logits"].dims[0])
+
+
+def mean_xent(losses: np.ndarray, classes: int) -> float:
+    """The mean of softmax_xent's per-token losses; ValueError where the kernel
+    marked a label outside the ``classes`` (a negative loss, -1 - label)."""
+    losses = losses.astype(np.float64)
+    bad = np.flatnonzero(losses < 0)
+    if bad.size:
+        raise ValueError(f"labels: label {int(-losses[bad[0]] - 1)} at token {bad[0]} is "
+                         f"outside 0..{classes - 1} (the output has {classes} classes; "
+                         f"{bad.size} token(s) out of range, their gradient was zero)")
+    return float(losses.mean())

@@ -29,10 +29,27 @@ from ..kernels.optimizer import (HYPER, HYPER_SIZE, MAX_NORM_TENSORS, MAX_UPDATE
 from ..core.plan import Plan
 
 
-def _real(value, what: str, low: float = 0.0, high: float = math.inf) -> float:
+# (low, high, high excluded) of the settings not in [0, inf): AdamW's betas below
+# 1 as torch requires (beta2 = 1 made the first step NaN)
+LIMITS = {"beta1": (0.0, 1.0, True), "beta2": (0.0, 1.0, True), "momentum": (0.0, 1.0, False),
+          "min_ratio": (0.0, 1.0, False)}
+
+
+def _setting(key: str, value, what: str | None = None) -> float:
+    """Setting ``key``'s value checked against LIMITS (``what``: its name in the message)."""
+    low, high, below = LIMITS.get(key, (0.0, math.inf, False))
+    return _real(value, what or key, low, high, below)
+
+
+def _real(value, what: str, low: float = 0.0, high: float = math.inf,
+          below_high: bool = False) -> float:
+    """A finite number in [low, high] (or [low, high) with ``below_high``)."""
+    top = ")" if below_high else "]"
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{what}: expected a finite number in [{low}, {high}], got {value!r}")
+            not math.isfinite(value) or not low <= value <= high or \
+            (below_high and value == high):
+        raise ValueError(f"{what}: expected a finite number in [{low}, {high}{top}, got "
+                         f"{value!r}")
     return float(value)
 
 
@@ -51,7 +68,7 @@ class _Optimizer:
         self.settings = {"lr": _real(lr, "lr"), "max_norm": 0.0 if max_grad_norm is None else
                          _real(max_grad_norm, "max_grad_norm"),
                          "warmup": _real(warmup, "warmup"), "total": _real(total, "total"),
-                         "min_ratio": _real(min_ratio, "min_ratio", 0.0, 1.0)}
+                         "min_ratio": _setting("min_ratio", min_ratio)}
         self.schedule, self.device = schedule, device
         self.groups = None  # [(param, grad), ...] once attached
 
@@ -113,7 +130,7 @@ class _Optimizer:
             if key not in self.settings:
                 raise ValueError(f"{type(self).__name__}.set: unknown setting {key!r}; it has "
                                  f"{sorted(self.settings)}")
-            self.settings[key] = _real(value, key)
+            self.settings[key] = _setting(key, value, f"{type(self).__name__}.set: {key}")
         if self.groups is not None:
             self.device.write(self.hyper, self._hyper())
 
@@ -177,8 +194,8 @@ class AdamW(_Optimizer):
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kw):
         super().__init__(lr, **kw)
         b1, b2 = betas
-        self.settings.update(beta1=_real(b1, "betas[0]", 0.0, 1.0),
-                             beta2=_real(b2, "betas[1]", 0.0, 1.0),
+        self.settings.update(beta1=_setting("beta1", b1, "betas[0]"),
+                             beta2=_setting("beta2", b2, "betas[1]"),
                              eps=_real(eps, "eps"), weight_decay=_real(weight_decay, "weight_decay"))
 
     @staticmethod
@@ -194,7 +211,7 @@ class SGD(_Optimizer):
 
     def __init__(self, lr=1e-2, momentum=0.0, weight_decay=0.0, **kw):
         super().__init__(lr, **kw)
-        self.settings.update(momentum=_real(momentum, "momentum", 0.0, 1.0),
+        self.settings.update(momentum=_setting("momentum", momentum),
                              weight_decay=_real(weight_decay, "weight_decay"))
 
     @staticmethod

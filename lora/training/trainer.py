@@ -39,6 +39,7 @@ class LayerTrainer:
         self.optimizer = optimizer
         optimizer.attach(device, [(weight.a, self.grad_a), (weight.b, self.grad_b)])
         self._copy = None  # (plan or None, bytes) of the base copy
+        self._steps = 0    # steps recorded
 
     @property
     def g(self):
@@ -47,15 +48,26 @@ class LayerTrainer:
 
     def record(self, x_buf, out_buf, target_buf, base_buf=None) -> None:
         """One training step on a batch: x [tokens, in], out [tokens, out] (the
-        base output on entry, or copied in from ``base_buf`` first, in the same
-        submit), target [tokens, out] (mse) or labels u32 [tokens] (xent)."""
+        adapted output afterwards), target [tokens, out] (mse) or labels u32
+        [tokens] (xent), base [tokens, out]: the frozen base layer's output,
+        copied into out first, in the same submit. ``base_buf`` is required:
+        out holds the last prediction after a step, and training on it as if
+        it were the base output diverges silently. ``base_buf=out_buf`` says
+        that out already holds this batch's base output (written by you)."""
+        if base_buf is None:
+            raise ValueError(
+                "LayerTrainer.record: base_buf is required: the frozen base layer's output "
+                "for this batch [tokens, out_dim]. out_buf holds the adapted output after a "
+                "step, so it cannot carry the base output to the next one; pass "
+                "base_buf=out_buf only if you wrote this batch's base output into out_buf")
         with self.device.batch():
-            if base_buf is not None:
+            if base_buf is not out_buf:
                 self._copy_base(base_buf, out_buf)
             self.forward.record(x_buf, out_buf)
             self.loss_plan.record(out_buf, target_buf)
             self.backward.record(self.g, x_buf, self.forward.h, self.grad_a, self.grad_b)
             self.optimizer.record()
+        self._steps += 1
 
     def _copy_base(self, base_buf, out_buf) -> None:
         """base -> out with a copy kernel (on the H200 copy_buffer_to_buffer moved
@@ -76,6 +88,8 @@ class LayerTrainer:
 
     def loss(self) -> float:
         """The last step's loss (reads back a small buffer: waits for the GPU)."""
+        if not self._steps:
+            raise RuntimeError("LayerTrainer.loss: no step recorded yet; call record(...) first")
         return loss_value(self.device, self.loss_plan)
 
 
