@@ -425,7 +425,7 @@ def test_auto_keys_plans_by_bucket(device, cache_dir, monkeypatch):
     for tokens in (1, 3, 16, 17, 40):
         _, _, x, base = problem(rng, 2, 12, 10, tokens)
         out = device.buffer(base)
-        execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out)
+        execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out, strategy="auto")
         check_result(device.read(out), a, b, x, base, 1.5, f"T={tokens}")
     plans = {key[2]: plan for key, plan in w.plans.items() if key[0] == "auto"}
     assert set(plans) == {1, (2, 16), (17, 256)}

@@ -569,7 +569,8 @@ def test_choose_forced(device, cache_dir, monkeypatch):
     monkeypatch.setattr(tuning, "autotune", boom)
     monkeypatch.setenv("LORA_STRATEGY", "single:64:1")
     assert tuning.choose(device, w, 1.0, 3) == Single(64, 1)
-    assert tuning.choose(device, w, 1.0, 3, "auto") == Single(64, 1)
+    with pytest.raises(AssertionError, match="must not be"):
+        tuning.choose(device, w, 1.0, 3, "auto")  # asked for in the call: tune
     # an explicit strategy wins over the variable
     assert tuning.choose(device, w, 1.0, 3, strategy="tiled:64:4") == Tiled(64, tile_tokens=4)
     s = Split(128, subgroups=False)
@@ -579,8 +580,38 @@ def test_choose_forced(device, cache_dir, monkeypatch):
         tuning.choose(device, w, 1.0, 3)
     monkeypatch.delenv("LORA_STRATEGY")
     assert tuning.choose(device, w, 1.0, 3, strategy="tiled:64:4") == Tiled(64, tile_tokens=4)
+    # nothing forced, nothing cached: the model's first strategy that builds, nothing timed
+    assert tuning.choose(device, w, 1.0, 3) == tuning.model(device, w, 3)[0]
+    monkeypatch.setenv("LORA_STRATEGY", "auto")
     with pytest.raises(AssertionError, match="must not be"):
-        tuning.choose(device, w, 1.0, 3)  # nothing forced: autotune
+        tuning.choose(device, w, 1.0, 3)
+
+
+def test_the_model_follows_the_h200_measurements(device):
+    """What ran fastest on the H200 (docs/benchmarks.md) for each kind of shape."""
+    def first(rank, i, o, tokens, dtype=np.float32):
+        a = np.zeros((rank, i), dtype)
+        w = Weight.from_numpy(device, a, np.zeros((o, rank), dtype), dtype=dtype)
+        return str(tuning.model(device, w, tokens)[0])
+    assert first(8, 2560, 2560, 1) == "single:256:1"
+    assert first(64, 2560, 2560, 1) == "split:256:4"
+    assert first(8, 2560, 2560, 16) == "split:256"
+    assert first(64, 2560, 2560, 512) == "gemm:128:16:8"
+    assert first(64, 2560, 2560, 4096) == "gemm:256:16:4"
+    assert first(64, 128, 64, 512) == "gemm:128:16:4"  # fewer splits of a small in_dim
+    assert first(8, 2560, 2560, 512).startswith("tiled:")
+    assert str(tuning.model(device, Weight.from_numpy(device, np.zeros((3, 5), np.float32),
+                                                      np.zeros((7, 3), np.float32)), 9)[-1]) \
+        == "seed"  # runs anything
+
+
+def test_the_first_call_times_nothing(device, cache_dir, monkeypatch):
+    """A new shape compiles the model's strategy and times nothing; "auto" tunes."""
+    monkeypatch.setattr(tuning, "time_plan", boom)
+    rng = np.random.default_rng()
+    a, b, x, base = problem(rng, 4, 40, 24, 70)
+    check_result(lora.forward(x, a, b, base, scale=0.5), a, b, x, base, 0.5, "model")
+    assert not (cache_dir / "lora_tuning.json").exists()
 
 
 # ---------------------------------------------------------------- execute_lora_forward_auto
@@ -592,7 +623,7 @@ def test_auto_correct_and_second_call_builds_nothing(device, cache_dir, monkeypa
     a, b, x, base = problem(rng, 3, 44, 37, tokens)
     w = Weight.from_numpy(device, a, b)
     x_buf, out = device.buffer(x), device.buffer(base)
-    execute_lora_forward_auto(device, w, -0.75, x_buf, out)  # tunes, caches, compiles
+    execute_lora_forward_auto(device, w, -0.75, x_buf, out, strategy="auto")  # tunes, caches
     check_result(device.read(out), a, b, x, base, -0.75, "auto")
     assert (cache_dir / "lora_tuning.json").exists()
 
@@ -602,7 +633,7 @@ def test_auto_correct_and_second_call_builds_nothing(device, cache_dir, monkeypa
     monkeypatch.setattr(K.KernelSpec, "kernel", boom)
     device.sync()
     before = dict(device.stats)
-    execute_lora_forward_auto(device, w, -0.75, x_buf, out)
+    execute_lora_forward_auto(device, w, -0.75, x_buf, out, strategy="auto")
     device.sync()
     assert {k: device.stats[k] - before[k] for k in STATS} == dict.fromkeys(STATS, 0)
     want = base + 2 * R.lora_delta(x, a, b, -0.75)
@@ -612,7 +643,7 @@ def test_auto_correct_and_second_call_builds_nothing(device, cache_dir, monkeypa
     # other buffers of the same shapes: the same plan, only new bind groups
     out2 = device.buffer(base)
     before = dict(device.stats)
-    execute_lora_forward_auto(device, w, -0.75, device.buffer(x), out2)
+    execute_lora_forward_auto(device, w, -0.75, device.buffer(x), out2, strategy="auto")
     assert device.stats["modules"] == before["modules"]
     assert device.stats["pipelines"] == before["pipelines"]
     check_result(device.read(out2), a, b, x, base, -0.75, "new buffers")

@@ -388,7 +388,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baked-forwards", type=int,
                    help="--tokens-sweep: forwards of the baked loop, the first of the same "
                         "counts (default: all)")
-    p.add_argument("--strategy", default=None,
+    p.add_argument("--strategy", default="auto",
                    help="--tokens-sweep: force a strategy (e.g. tiled:256:16) instead of "
                         "autotuning each bucket")
     return p

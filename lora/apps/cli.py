@@ -110,7 +110,7 @@ def _random(rng, shape):
 
 def _runner(dev, name, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw):
     """A zero-argument function running one forward of strategy ``name`` the way
-    its execute function does (``auto``: the autotuned or a given ``strategy``)."""
+    its execute function does (``auto``: the chosen or a given ``strategy``)."""
     F = _execute()
     if name == "three":
         return lambda: F.execute_lora_forward(dev, weight, scale, x_buf, out_buf, h_buf, y_buf, **kw)
@@ -127,7 +127,7 @@ ROW_NAMES = {"three": "three: project_a, project_b, add_scaled",
              "split": "split: project_a, fused_b_add",
              "single": "single: fused_forward (one dispatch)",
              "seed": "seed: Hesper's design (2 dispatches)",
-             "auto": "auto: autotuned"}
+             "auto": "auto: chosen"}
 
 
 # ---------------------------------------------------------------- demo
@@ -200,8 +200,8 @@ def cmd_demo(args) -> int:
     y_buf = dev.empty(base.shape, np.float32, name="y")
     t0 = time.perf_counter()
     best = choose(dev, weight, cfg.scale, args.tokens)
-    print(f"auto: chose {best} in {time.perf_counter() - t0:.1f} s (timed once per shape "
-          f"and adapter, then cached)\n")
+    print(f"auto: chose {best} in {time.perf_counter() - t0:.1f} s (the tuning cache's choice "
+          f"if it has one, else a model's: nothing timed)\n")
     header = (f"{'strategy':<50} {'disp':>4} {'subm':>4} {'max abs err':>11} {'max rel err':>11} "
               f"{'tol':>4} {'first ms':>8} {'GPU us/fwd':>10} {'host us/fwd':>11}")
     print(header + "\n" + "-" * len(header))
@@ -218,8 +218,9 @@ def cmd_demo(args) -> int:
           "first ms: first call incl. compile and read-back;")
     print("host us/fwd: CPU time to record one forward into a batch; "
           "GPU us/fwd: batch GPU time / forwards.")
-    print("auto: the fastest strategy for this shape and adapter, timed once and cached "
-          "(lora/core/tuning.py); python -m lora bench compares them on a real GPU.")
+    print("auto: the tuned strategy if the cache has one, else a model's of what ran fastest "
+          "on the H200 (lora/core/tuning.py; strategy='auto' tunes); python -m lora bench "
+          "compares them on a real GPU.")
     return 1 if failed else 0
 
 

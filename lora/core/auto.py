@@ -15,8 +15,9 @@ from .weight import Weight, storage_dtype
 
 def auto_plan(device, weight, scale: float, tokens: int, strategy=None) -> Plan:
     """The weight's cached forward plan for ``tokens`` tokens: the strategy
-    given (or ``$LORA_STRATEGY``), else the autotuned fastest (measured once,
-    cached on disk). From 2 to ``tuning.RUNTIME_TOKENS`` tokens the plan is a
+    given (or ``$LORA_STRATEGY``); "auto": the autotuned fastest (measured
+    once, cached on disk); None: the tuned one where the cache has it, else
+    the model's (``tuning.model``: nothing timed). From 2 to ``tuning.RUNTIME_TOKENS`` tokens the plan is a
     run-time one, chosen and kept per bucket of counts (``tuning.BUCKETS``):
     a new count in a bucket seen before compiles nothing. One token, and
     counts past the last bucket or the binding-size limit, are baked."""
@@ -44,9 +45,12 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
     where the adapter has shader-f16); sums are float32 either way.
 
     The factor is ``scale`` if given, else ``alpha / rank``; with neither it is
-    1 (alpha = rank, as ``Config(rank)``). ``strategy``: None for the fastest,
-    autotuned once per shape and device, or a strategy (or its text, such as
-    ``"single:256:1"``; :mod:`lora.core.strategy`). ``device`` defaults to
+    1 (alpha = rank, as ``Config(rank)``). ``strategy``: None for the tuned
+    choice where one is cached, else a model's (what ran fastest on the H200
+    for such a shape; nothing is timed); "auto" to time every candidate once
+    per shape and device (cached on disk; progress on stderr after a second);
+    or a strategy (or its text, such as ``"single:256:1"``;
+    :mod:`lora.core.strategy`). ``device`` defaults to
     ``shaderdsl.runtime.get_device()``.
     """
     from shaderdsl.runtime import get_device

@@ -5,18 +5,22 @@ The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
 and by the token count (``autotune``: plans with the count baked in) or a
 bucket of counts (``autotune_bucket``: run-time plans, ``BUCKETS``).
 ``LORA_STRATEGY=single:256:1`` (or the ``strategy`` argument) forces a choice.
+Nothing is timed unless asked (``strategy="auto"``, ``LORA_STRATEGY=auto``):
+without a tuned entry, :func:`model` gives the strategy, from what ran
+fastest on the H200.
 """
 from __future__ import annotations
 
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from shaderdsl.errors import BindingError, DispatchError
+from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 from .forward import forward_plan
 from .plan import Plan
 from .strategy import FORWARD, Strategy
@@ -127,6 +131,18 @@ def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) 
     return timings
 
 
+def _said_after_a_second(weight, tokens) -> callable:
+    """Progress for a tuning that is not silent: each candidate's time on
+    stderr once a second has passed (a first call that tunes says why it waits)."""
+    t0 = time.perf_counter()
+    what = f"lora: tuning rank {weight.rank} {weight.in_dim}->{weight.out_dim}, {tokens} token(s):"
+
+    def say(line: str) -> None:
+        if time.perf_counter() - t0 > 1.0:
+            print(f"{what}{line}", file=sys.stderr, flush=True)
+    return say
+
+
 def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
     best = min(timings, key=timings.get)
     if use_cache:
@@ -152,24 +168,81 @@ def autotune(device, weight, scale: float, tokens: int, *, use_cache: bool = Tru
         return hit
     cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
     timings = _timings(device, weight, tokens, cands,
-                       lambda s: forward_plan(device, weight, scale, tokens, s), forwards, progress)
+                       lambda s: forward_plan(device, weight, scale, tokens, s), forwards,
+                       progress or _said_after_a_second(weight, tokens))
     return _best(key, timings, use_cache)
 
 
-def choose(device, weight, scale: float, tokens: int, strategy=None) -> Strategy:
-    """The strategy to run: an explicit one (Strategy or text), $LORA_STRATEGY,
-    or the autotuned fastest for this shape and device."""
-    forced = _forced(strategy)
-    return forced if forced else autotune(device, weight, scale, tokens)
-
-
-def _forced(strategy) -> Strategy | None:
-    """An explicit strategy, or $LORA_STRATEGY's; None for the autotuner's."""
+def choose(device, weight, scale: float, tokens: int, strategy=None, *,
+           save_h: bool = False) -> Strategy:
+    """The strategy to run: an explicit one (Strategy or text); else
+    $LORA_STRATEGY's; "auto": the autotuned fastest (timed now unless
+    cached); None: the cached tuned choice where there is one, else
+    :func:`default_strategy` (nothing timed)."""
+    strategy = _asked(strategy)
     if isinstance(strategy, Strategy):
         return strategy
-    if strategy in (None, "auto"):
-        strategy = os.environ.get("LORA_STRATEGY") or "auto"
-    return None if strategy == "auto" else Strategy.parse(strategy)
+    if strategy == "auto":
+        return autotune(device, weight, scale, tokens)
+    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
+    return _cached(key, True) or default_strategy(
+        device, weight, scale, tokens, lambda s: forward_plan(device, weight, scale, tokens, s,
+                                                              save_h=save_h))
+
+
+def _asked(strategy):
+    """A Strategy, "auto" (tune) or None (tuned if cached, else the model's):
+    ``strategy`` as given, else $LORA_STRATEGY's."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy is None:
+        strategy = os.environ.get("LORA_STRATEGY") or None
+    return strategy if strategy in (None, "auto") else Strategy.parse(strategy)
+
+
+# ---------------------------------------------------------------- without timing
+
+def model(device, weight, tokens: int) -> list[Strategy]:
+    """What ran fastest on the H200 for this kind of shape (docs/benchmarks.md),
+    best first, then plainer forms and Hesper's seed, which runs anything. One
+    token: single (rank 8) or split by rank groups; up to 64 tokens: split;
+    beyond, from rank 32: matrix (f16 with the adapter's f16 16x16x16 -> f32)
+    then gemm, where the shape allows; else tiled."""
+    r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, weight.dtype
+    wide = (device.limits.get("max-compute-invocations-per-workgroup") or 256) >= 512
+    if tokens == 1:
+        texts = ["single:256:1"] if r <= 8 else ["split:256:4", "split:256"]
+    elif tokens <= 64:
+        texts = ["split:256"] if r <= 8 else ["split:256:4", "split:256"]
+    else:
+        texts = []
+        if r >= 32:
+            matrices = tuple(c for c in getattr(device, "subgroup_matrix_configs", ())
+                             if c.component == wgsl_dtype(np.dtype(dt)))
+            texts += [str(s) for s in FORWARD["matrix"].candidates(r, i, o, tokens, False,
+                                                                    matrices)][:1]
+            if FORWARD["gemm"].candidates(r, i, o, tokens, False):
+                many = tokens >= 2048
+                splits = 4 if many else 8
+                while splits > 1 and splits * 32 > i:
+                    splits //= 2
+                texts.append(f"gemm:{256 if many else 128}:16:{splits}")
+        threads = 512 if wide else 256  # past 1024 tokens the H200 chose looped output columns
+        texts += [f"tiled:{threads}:4" if tokens <= 1024 else f"tiled:{threads}:16:loop",
+                  "tiled:256:8"]
+    return [Strategy.parse(t) for t in texts + ["seed"]]
+
+
+def default_strategy(device, weight, scale: float, tokens: int, make_plan) -> Strategy:
+    """The first of :func:`model`'s strategies whose plan ``make_plan(s)``
+    builds on this device (within its limits); its kernels stay compiled."""
+    for s in model(device, weight, tokens):
+        try:
+            make_plan(s).release()
+            return s
+        except (ShaderDSLError, ValueError):  # over a limit, or not for this shape
+            continue
+    raise DispatchError(f"no strategy runs {tokens} token(s) of {weight!r} on {device.name!r}")
 
 
 # ---------------------------------------------------------------- run-time token counts
@@ -241,12 +314,21 @@ def autotune_bucket(device, weight, scale: float, bucket: tuple[int, int], *,
     cands = candidates(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
     timings = _timings(device, weight, tokens, cands,
                        lambda s: forward_plan(device, weight, scale, None, s,
-                                              max_tokens=bucket[1]).at(tokens), forwards, progress)
+                                              max_tokens=bucket[1]).at(tokens), forwards,
+                       progress or _said_after_a_second(weight, tokens))
     return _best(key, timings, use_cache)
 
 
 def choose_bucket(device, weight, scale: float, bucket: tuple[int, int],
                   strategy=None) -> Strategy:
-    """:func:`choose` for a bucket of run-time plans."""
-    forced = _forced(strategy)
-    return forced if forced else autotune_bucket(device, weight, scale, bucket)
+    """:func:`choose` for a bucket of run-time plans (the model's strategy
+    for the bucket's timed count)."""
+    strategy = _asked(strategy)
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy == "auto":
+        return autotune_bucket(device, weight, scale, bucket)
+    key = bucket_key(device, weight.rank, weight.in_dim, weight.out_dim, bucket, weight.dtype)
+    return _cached(key, True) or default_strategy(
+        device, weight, scale, timed_tokens(bucket),
+        lambda s: forward_plan(device, weight, scale, None, s, max_tokens=bucket[1]))

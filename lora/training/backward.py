@@ -14,7 +14,7 @@ from ..core import checks as C
 from ..core.forward import LIKE_WEIGHT, forward_plan
 from ..core.plan import Plan, Role
 from ..core import tuning
-from ..core.strategy import Gemm, Strategy
+from ..core.strategy import Strategy
 from ..core.weight import Weight, check_f16, wgsl_dtype
 from .strategy import Backward
 
@@ -66,34 +66,16 @@ def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
                 scratch=scratch, tokens=tokens, strategy=strategy, weight=weight)
 
 
-def train_forward(rank: int, in_dim: int, out_dim: int, tokens: int) -> Strategy:
-    """The forward of a training step when none is given, without timing
-    anything: what ran fastest on the H200 (docs/benchmarks.md). One token:
-    ``single``; from rank 16 and 64 tokens, where the shape allows, ``gemm``
-    (rank 64, T = 4096: 167.6 us against tiled's 306.9; T = 512: 32.5 against
-    56.8); else ``tiled``."""
-    if tokens == 1:
-        return Strategy.parse("single:256:1")
-    if not Gemm.candidates(rank, in_dim, out_dim, tokens, False):
-        return Strategy.parse("tiled:256:8")
-    many = tokens >= 2048
-    splits = 4 if many else 8
-    while splits > 1 and splits * 32 > in_dim:
-        splits //= 2
-    return Gemm(256 if many else 128, 16, splits)
-
-
 def train_forward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
                        given=("h",)) -> Plan:
     """The forward of a training step: ``output += scale * B @ (A @ x)`` that
     also leaves h = A @ x for the backward, in the ``h`` buffer it is given
     (x, output, h) or, with ``given=()``, its own (``plan.h``). ``strategy``:
-    a forward strategy or its text; None for :func:`train_forward`'s choice;
-    "auto" for the forward's autotuned fastest (timed once, cached on disk)."""
-    if strategy is None:
-        strategy = train_forward(weight.rank, weight.in_dim, weight.out_dim, tokens)
-    elif strategy == "auto":
-        strategy = tuning.choose(device, weight, scale, tokens, "auto")
+    a forward strategy or its text; None or "auto": as the forward chooses
+    (``lora.core.tuning.choose``: the tuned choice if cached, else the
+    model's; "auto" tunes)."""
+    if strategy is None or strategy == "auto":
+        strategy = tuning.choose(device, weight, scale, tokens, strategy, save_h=True)
     return forward_plan(device, weight, scale, tokens, strategy, given=given, save_h=True)
 
 
