@@ -264,6 +264,16 @@ def test_missing_directory(tmp_path):
     refused(tmp_path / "nope", match="no such adapter directory", naming=tmp_path / "nope")
 
 
+def test_the_tensors_file_instead_of_its_directory(tmp_path):
+    write_peft(tmp_path, pair(2, 3, 3))
+    refused(tmp_path / WEIGHTS_NAME, match=r"load_adapter takes the adapter's directory \(with "
+            r"adapter_config.json beside adapter_model.safetensors\), not the tensors file: "
+            r"load_adapter\(", naming=tmp_path)
+    (tmp_path / "notes.txt").write_text("")
+    refused(tmp_path / "notes.txt", match=r"no such adapter directory \(a file: load_adapter "
+            r"takes the adapter's directory\)", naming=tmp_path / "notes.txt")
+
+
 @pytest.mark.parametrize("gone", [CONFIG_NAME, WEIGHTS_NAME])
 def test_missing_file(tmp_path, gone):
     write_peft(tmp_path, pair(2, 3, 3))

@@ -312,8 +312,9 @@ def test_numpy_forward_errors(device):
         forward(np.ones(5, np.int64), a, b, device=device)
     with pytest.raises(BindingError, match=r"x: expected a real floating dtype .* got complex128"):
         forward(np.ones(5, complex), a, b, device=device)
-    with pytest.raises(BindingError, match=r"x: expected shape \(in_dim,\) or \(tokens, in_dim\)"):
-        forward(np.ones((1, 1, 5)), a, b, device=device)
+    with pytest.raises(BindingError, match=r"x: expected shape \(in_dim,\) or \(\.\.\., in_dim\) "
+                                           r"with in_dim >= 1, got \(5, 0\)"):
+        forward(np.ones((5, 0)), a, b, device=device)
     with pytest.raises(BindingError, match=r"base: expected shape \(3,\)"):
         forward(x, a, b, np.ones(4), device=device)
     with pytest.raises(BindingError, match=r"b must be \[out_dim, 2\], got \[3, 3\]"):
@@ -326,6 +327,33 @@ def test_numpy_forward_errors(device):
     # alpha / rank, and the default scale 1
     np.testing.assert_allclose(forward(x, a, b, alpha=4.0, device=device), np.full(3, 20.0))
     np.testing.assert_allclose(forward(x, a, b, device=device), np.full(3, 10.0))
+
+
+def test_leading_dimensions_and_no_tokens_as_torch_takes_them(device):
+    """[batch, seq, in_dim] goes in as torch's Linear takes it; an empty batch
+    gives an empty result; a wrongly shaped grad_out is named as such."""
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((2, 5)), rng.standard_normal((3, 2))
+    x, base = rng.standard_normal((2, 4, 5)), rng.standard_normal((2, 4, 3))
+    got = forward(x, a, b, base, scale=0.5, device=device)
+    assert got.shape == (2, 4, 3)
+    want = base + 0.5 * np.einsum("or,ri,bsi->bso", b, a, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert forward(np.zeros((0, 5)), a, b, device=device).shape == (0, 3)
+    assert forward(np.zeros((2, 0, 5)), a, b, device=device).shape == (2, 0, 3)
+    g = rng.standard_normal((2, 4, 3))
+    dx, da, db = lora.backward(x, a, b, g, scale=0.5, device=device)
+    assert dx.shape == x.shape and da.shape == a.shape and db.shape == b.shape
+    want_dx, want_da, want_db = (lora.reference.backward(x.reshape(8, 5), a, b, g.reshape(8, 3),
+                                                         0.5)[k] for k in ("grad_x", "grad_a",
+                                                                           "grad_b"))
+    np.testing.assert_allclose(dx.reshape(8, 5), want_dx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(da, want_da, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(db, want_db, rtol=1e-4, atol=1e-5)
+    assert [v.shape for v in lora.backward(np.zeros((0, 5)), a, b, np.zeros((0, 3)),
+                                           device=device)] == [(0, 5), (2, 5), (3, 2)]
+    with pytest.raises(BindingError, match=r"grad_out: expected shape \(2, 4, 3\)"):
+        lora.backward(x, a, b, np.ones((2, 4, 4)), device=device)
 
 
 # ---------------------------------------------------------------- Config and Weight

@@ -418,3 +418,14 @@ def test_hyper_parameters_are_checked_as_torch_checks_them(make):
     with pytest.raises(ValueError, match=r"(betas\[\d\]|beta2|momentum): expected a finite number "
                                          r"in \[0.0, 1.0[)\]]"):
         make()
+
+
+def test_a_smaller_last_batch_is_named(device):
+    trainer, rng, _ = _trainer(device, tokens=4)
+    x, out = device.buffer(normal(rng, (3, 8))), device.buffer(normal(rng, (3, 3)))
+    with pytest.raises(BindingError, match=r"LayerTrainer.record: this trainer takes batches of 4 "
+                                           r"token\(s\), x_buf has 3 .*make a trainer for 3 "
+                                           r"tokens for a smaller last batch, or drop it"):
+        trainer.record(x, out, device.buffer(normal(rng, (3, 3))), out)
+    with pytest.raises(BindingError, match=r"output buffer must be float32 \(4, 3\)"):
+        trainer.record(device.buffer(normal(rng, (4, 8))), out, out, out)

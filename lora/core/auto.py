@@ -38,7 +38,9 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
             device=None, strategy=None, dtype=np.float32) -> np.ndarray:
     """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
 
-    ``x``: ``(in_dim,)`` or ``(tokens, in_dim)``; ``a``: ``[rank, in_dim]``;
+    ``x``: ``(in_dim,)``, ``(tokens, in_dim)`` or with more leading dimensions
+    (``[batch, seq, in_dim]``, as torch's Linear takes; no tokens give an empty
+    result); ``a``: ``[rank, in_dim]``;
     ``b``: ``[out_dim, rank]``; ``base``: the base layer's output, shaped like
     the result (``x.shape[:-1] + (out_dim,)``), default zeros. Any real float
     dtype in; stored on the GPU and returned as ``dtype`` (float32, or float16
@@ -56,17 +58,19 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
     from shaderdsl.runtime import get_device
 
     dtype = storage_dtype(dtype)
-    xs, am, bm, base_host = C.host_problem(x, a, b, base, dtype)
-    s = C.scale_of(alpha, scale, am.shape[0])
-    if strategy is not None and not isinstance(strategy, Strategy):
+    p = C.host_problem(x, a, b, base, dtype)
+    s = C.scale_of(alpha, scale, p.a.shape[0])
+    if strategy not in (None, "auto") and not isinstance(strategy, Strategy):
         strategy = Strategy.parse(strategy)  # bad text: refused before any buffer exists
     dev = get_device() if device is None else C.device_of(device)
-    weight = Weight.from_numpy(dev, am, bm, dtype=dtype)
-    x_buf = dev.buffer(xs, name="lora.x")
-    out_buf = dev.buffer(base_host, name="lora.output")
+    if p.tokens == 0:  # as torch: an empty batch gives an empty result
+        return p.out.reshape(p.shape).copy()
+    weight = Weight.from_numpy(dev, p.a, p.b, dtype=dtype)
+    x_buf = dev.buffer(p.x, name="lora.x")
+    out_buf = dev.buffer(p.out, name="lora.output")
     try:
-        auto_plan(dev, weight, s, 1 if xs.ndim == 1 else xs.shape[0], strategy)(x_buf, out_buf)
-        return dev.read(out_buf).reshape(base_host.shape).copy()
+        auto_plan(dev, weight, s, p.tokens, strategy)(x_buf, out_buf)
+        return dev.read(out_buf).reshape(p.shape).copy()
     finally:
         for buf in (x_buf, out_buf, weight.a, weight.b):
             dev.release(buf)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -143,12 +144,32 @@ def host_activation(arr, what: str, dtype) -> np.ndarray:
     return out
 
 
-def host_problem(x, a, b, base, dtype):
-    """x, A, B and base (or a gradient shaped like the output) as C-contiguous
-    arrays of ``dtype``, shapes checked."""
+class HostProblem(NamedTuple):
+    """``host_problem``'s arrays: x as [tokens, in_dim] (or [in_dim] for a 1-D
+    x), A, B, the output-shaped array as [tokens, out_dim] (or [out_dim]), and
+    ``shape``, the result's shape: x.shape[:-1] + (out_dim,)."""
+
+    x: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    out: np.ndarray
+    shape: tuple
+
+    @property
+    def tokens(self) -> int:
+        return 1 if self.x.ndim == 1 else self.x.shape[0]
+
+
+def host_problem(x, a, b, base, dtype, base_name: str = "base") -> HostProblem:
+    """x, A, B and base (or a gradient shaped like the output, called
+    ``base_name`` in messages) as C-contiguous arrays of ``dtype``, shapes
+    checked. x may have leading dimensions, as torch's Linear takes
+    ([batch, seq, in_dim]): they are flattened into tokens. No tokens
+    (a leading dimension of 0) is allowed: the result is empty."""
     xs = host_activation(x, "x", dtype)
-    if xs.ndim not in (1, 2) or xs.shape[-1] < 1 or xs.size == 0:
-        raise BindingError(f"x: expected shape (in_dim,) or (tokens, in_dim), got {xs.shape}")
+    if xs.ndim < 1 or xs.shape[-1] < 1:
+        raise BindingError(f"x: expected shape (in_dim,) or (..., in_dim) with in_dim >= 1, "
+                           f"got {xs.shape}")
     am = host_matrix(a, "a", "[rank, in_dim]", dtype)
     bm = host_matrix(b, "b", "[out_dim, rank]", dtype)
     if bm.shape[1] != am.shape[0]:
@@ -157,14 +178,17 @@ def host_problem(x, a, b, base, dtype):
     if xs.shape[-1] != am.shape[1]:
         raise BindingError(f"x: a is [rank, in_dim] = {list(am.shape)}, so x must end in "
                            f"{am.shape[1]}, got shape {xs.shape}")
-    out_shape = xs.shape[:-1] + (bm.shape[0],)
+    shape = xs.shape[:-1] + (bm.shape[0],)
     if base is None:
-        return xs, am, bm, np.zeros(out_shape, dtype)
-    base = host_activation(base, "base", dtype)
-    if base.shape != out_shape:
-        raise BindingError(f"base: expected shape {out_shape} (x.shape[:-1] + (out_dim,)), "
-                           f"got {base.shape}")
-    return xs, am, bm, base
+        out = np.zeros(shape, dtype)
+    else:
+        out = host_activation(base, base_name, dtype)
+        if out.shape != shape:
+            raise BindingError(f"{base_name}: expected shape {shape} (x.shape[:-1] + "
+                               f"(out_dim,)), got {out.shape}")
+    if xs.ndim > 2:
+        xs, out = xs.reshape(-1, xs.shape[-1]), out.reshape(-1, shape[-1])
+    return HostProblem(xs, am, bm, out, shape)
 
 
 def scale_of(alpha, scale, rank: int) -> float:

@@ -320,8 +320,14 @@ def load_adapter(path) -> dict[str, LoraLayer]:
     change the shapes (peft's lora_A/lora_B are ``[r, in]``/``[out, r]`` either way).
     """
     path = Path(path)
+    if path.is_file() and path.name == WEIGHTS_NAME:
+        raise AdapterFileError(f"{path}: load_adapter takes the adapter's directory (with "
+                               f"{CONFIG_NAME} beside {WEIGHTS_NAME}), not the tensors file: "
+                               f"load_adapter({str(path.parent)!r})")
     if not path.is_dir():
-        raise AdapterFileError(f"{path}: no such adapter directory")
+        raise AdapterFileError(f"{path}: no such adapter directory" +
+                               (" (a file: load_adapter takes the adapter's directory)"
+                                if path.is_file() else ""))
     config = _read_config(path / CONFIG_NAME)
     file = path / WEIGHTS_NAME
     tensors = _read_tensors(file)

@@ -83,21 +83,24 @@ def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | No
              device=None, strategy=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grad_x, grad_a, grad_b) of ``out = base + scale * B @ (A @ x)`` for the
     upstream gradient ``grad_out``, on the GPU in float32; numpy in and out.
-    Shapes as lora.forward: x ``(in_dim,)`` or ``(tokens, in_dim)``, grad_out
-    like the output. ``scale`` if given, else ``alpha / rank``, else 1."""
+    Shapes as lora.forward: x ``(in_dim,)``, ``(tokens, in_dim)`` or with more
+    leading dimensions, grad_out like the output. ``scale`` if given, else ``alpha / rank``, else 1."""
     from shaderdsl.runtime import get_device
 
-    xs, am, bm, gs = C.host_problem(x, a, b, grad_out, np.float32)
+    p = C.host_problem(x, a, b, grad_out, np.float32, "grad_out")
+    am, bm, tokens = p.a, p.b, p.tokens
     s = C.scale_of(alpha, scale, am.shape[0])
     dev = get_device() if device is None else C.device_of(device)
-    tokens = 1 if xs.ndim == 1 else xs.shape[0]
     if strategy is not None and not isinstance(strategy, Backward):
         strategy = Backward.parse(strategy)  # bad text: refused before any buffer exists
+    if tokens == 0:  # as torch: no tokens, no gradient
+        return (np.zeros(np.shape(x), np.float32), np.zeros(am.shape, np.float32),
+                np.zeros(bm.shape, np.float32))
     weight = Weight.from_numpy(dev, am, bm)
-    bufs = {"x": dev.buffer(xs), "g": dev.buffer(gs),
+    bufs = {"x": dev.buffer(p.x), "g": dev.buffer(p.out),
             "h": dev.empty((tokens, am.shape[0]), np.float32),
             "dA": dev.empty(am.shape, np.float32), "dB": dev.empty(bm.shape, np.float32),
-            "dx": dev.empty(xs.shape, np.float32), "out": dev.empty(gs.shape, np.float32)}
+            "dx": dev.empty(p.x.shape, np.float32), "out": dev.empty(p.out.shape, np.float32)}
     plans = []
     try:
         plans = [train_forward_plan(dev, weight, s, tokens),
@@ -105,7 +108,8 @@ def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | No
         with dev.batch():
             plans[0](bufs["x"], bufs["out"], h=bufs["h"])
             plans[1](bufs["g"], bufs["x"], bufs["h"], bufs["dA"], bufs["dB"], bufs["dx"])
-        return dev.read(bufs["dx"]).copy(), dev.read(bufs["dA"]).copy(), dev.read(bufs["dB"]).copy()
+        return (dev.read(bufs["dx"]).reshape(np.shape(x)).copy(), dev.read(bufs["dA"]).copy(),
+                dev.read(bufs["dB"]).copy())
     finally:
         for plan in plans:
             plan.release()

@@ -60,6 +60,7 @@ class LayerTrainer:
                 "for this batch [tokens, out_dim]. out_buf holds the adapted output after a "
                 "step, so it cannot carry the base output to the next one; pass "
                 "base_buf=out_buf only if you wrote this batch's base output into out_buf")
+        self._check_batch(x_buf, out_buf)
         with self.device.batch():
             if base_buf is not out_buf:
                 self._copy_base(base_buf, out_buf)
@@ -68,6 +69,16 @@ class LayerTrainer:
             self.backward.record(self.g, x_buf, self.forward.h, self.grad_a, self.grad_b)
             self.optimizer.record()
         self._steps += 1
+
+    def _check_batch(self, x_buf, out_buf) -> None:
+        """x and out as the plans were made (a smaller last batch is the common
+        miss: say so, before anything is recorded)."""
+        rows = getattr(x_buf, "shape", (None,))[:1]
+        if rows and rows[0] is not None and len(x_buf.shape) == 2 and rows[0] != self.tokens:
+            raise BindingError(f"LayerTrainer.record: this trainer takes batches of {self.tokens} "
+                               f"token(s), x_buf has {rows[0]} ({x_buf!r}); make a trainer for "
+                               f"{rows[0]} tokens for a smaller last batch, or drop it")
+        self.forward.check(x_buf, out_buf)
 
     def _copy_base(self, base_buf, out_buf) -> None:
         """base -> out with a copy kernel (on the H200 copy_buffer_to_buffer moved
