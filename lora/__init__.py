@@ -36,8 +36,9 @@ from .core.forward import forward_plan
 from .core.plan import Plan, PlanAt, Role
 from .core.strategy import FORWARD, STRATEGIES, Strategy
 from .core.weight import Weight
-from .training.adapter_io import (AdapterFileError, LoraLayer, load_adapter, load_hesper,
-                                  save_adapter, save_hesper)
+from .training.adapter_io import (AdapterExtrasWarning, AdapterFileError, LoraLayer,
+                                  adapter_extras, load_adapter, load_hesper, save_adapter,
+                                  save_hesper)
 from .training.backward import backward, backward_plan, train_forward_plan
 from .training.losses import LOSSES, loss_plan
 from .training.optim import SGD, AdamW
@@ -64,4 +65,4 @@ __all__ = ["Config", "Weight", "Plan", "PlanAt", "Role", "Strategy", "Backward",
            "backward", "backward_plan", "train_forward_plan", "loss_plan", "LOSSES",
            "LayerTrainer", "AdamW", "SGD", "clear_plan_cache", "kernels", "reference",
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",
-           "AdapterFileError", *_HESPER]
+           "AdapterFileError", "AdapterExtrasWarning", "adapter_extras", *_HESPER]

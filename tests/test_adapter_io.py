@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, WEIGHTS_NAME, AdapterFileError,
-                             LoraLayer, load_adapter, load_hesper, save_adapter, save_hesper)
+from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, WEIGHTS_NAME,
+                                      AdapterExtrasWarning, AdapterFileError, LoraLayer,
+                                      adapter_extras, load_adapter, load_hesper, save_adapter,
+                                      save_hesper)
 
 ROOT = Path(__file__).resolve().parents[1]
 BITS = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16}
@@ -485,3 +487,31 @@ def test_docs_error_table_names_real_tests():
 def test_layer_checks_its_shapes():
     with pytest.raises(ValueError, match="A must be"):
         LoraLayer(np.ones((2, 3)), np.ones((3, 3)), alpha=1.0)
+
+
+def test_tensors_beside_the_lora_pairs_are_left_out_with_a_warning(tmp_path):
+    """A SEQ_CLS adapter's modules_to_save head and bias="lora_only" biases:
+    the LoRA pairs load, a warning names what is not applied, adapter_extras
+    returns it; a LoRA tensor of another kind (DoRA) is still refused."""
+    tensors = pair(2, 3, 5)
+    head = np.arange(6, dtype=np.float32).reshape(2, 3)
+    bias = np.ones(5, np.float32)
+    tensors["base_model.model.classifier.modules_to_save.default.weight"] = head
+    tensors["base_model.model.model.layers.0.mlp.down_proj.bias"] = bias
+    write_peft(tmp_path, tensors, modules_to_save=["classifier"], bias="lora_only")
+    with pytest.warns(AdapterExtrasWarning, match=r"2 tensor\(s\) beside the LoRA pairs are not "
+                                                  r"applied: base_model.model.classifier.modules_"
+                                                  r"to_save.default.weight, base_model.model.model"
+                                                  r".layers.0.mlp.down_proj.bias \(modules_to_save="
+                                                  r"\['classifier'\], bias='lora_only'\)"):
+        layers = load_adapter(tmp_path)
+    assert list(layers) == ["model.layers.0.mlp.down_proj"]
+    extras = adapter_extras(tmp_path)
+    assert set(extras) == {"classifier.modules_to_save.default.weight",
+                           "model.layers.0.mlp.down_proj.bias"}
+    np.testing.assert_array_equal(extras["classifier.modules_to_save.default.weight"], head)
+    tensors["base_model.model.model.layers.0.mlp.down_proj.lora_magnitude_vector"] = bias
+    write_peft(tmp_path, tensors)
+    refused(tmp_path, match=r"unexpected key .*lora_magnitude_vector; only <module>.lora_A.weight "
+                            r"and <module>.lora_B.weight are supported \(not DoRA's magnitudes",
+            naming=tmp_path)

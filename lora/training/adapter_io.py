@@ -25,6 +25,7 @@ import os
 import re
 import struct
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,11 @@ _HESPER_PARTS = ("q", "v")
 class AdapterFileError(ValueError):
     """A LoRA adapter file (or the arrays to save into one) is not what the
     format says; the message names the file and, where there is one, the key."""
+
+
+class AdapterExtrasWarning(UserWarning):
+    """A peft adapter holds tensors beside its LoRA pairs (``modules_to_save``
+    heads, trained biases) that ``load_adapter`` does not apply."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,6 +270,30 @@ def _split_key(file: Path, key: str) -> tuple[str, str]:
     return match["module"].removeprefix(PEFT_PREFIX), match["part"]
 
 
+def _is_extra(file: Path, key: str) -> bool:
+    """A tensor beside the LoRA pairs (a modules_to_save head, a bias): True.
+    A LoRA tensor of a kind not supported (DoRA's lora_magnitude_vector, an
+    embedding's lora_embedding_A) would make the result wrong: refused."""
+    if _KEY.fullmatch(key):
+        return False
+    if ".lora_" in key:
+        raise AdapterFileError(f"{file}: unexpected key {key}; only <module>.lora_A.weight "
+                               f"and <module>.lora_B.weight are supported (not DoRA's "
+                               f"magnitudes or embedding LoRA)")
+    return True
+
+
+def adapter_extras(path) -> dict[str, np.ndarray]:
+    """The tensors of a peft adapter directory that are not LoRA pairs, by key
+    without peft's ``base_model.model.`` prefix: ``modules_to_save`` copies
+    (``classifier.modules_to_save.default.weight`` or ``classifier.weight``)
+    and trained biases (``bias="lora_only"`` or ``"all"``), for the caller to
+    set in the base model; ``load_adapter`` warns that it leaves them out."""
+    file = _adapter_dir(path) / WEIGHTS_NAME
+    return {key.removeprefix(PEFT_PREFIX): value for key, value in _read_tensors(file).items()
+            if _is_extra(file, key)}
+
+
 def _pair_keys(file: Path, keys) -> dict[str, dict[str, str]]:
     """{module: {"A": key, "B": key}}: every module needs exactly one of each."""
     pairs: dict[str, dict[str, str]] = {}
@@ -318,7 +348,29 @@ def load_adapter(path) -> dict[str, LoraLayer]:
     ``rank_pattern``/``alpha_pattern`` overrides), ``use_rslora`` and
     ``target_modules`` are honoured; ``fan_in_fan_out`` is recorded and does not
     change the shapes (peft's lora_A/lora_B are ``[r, in]``/``[out, r]`` either way).
+    Tensors beside the LoRA pairs (``modules_to_save`` heads, trained biases)
+    are left out with an :class:`AdapterExtrasWarning` (``adapter_extras``
+    returns them); DoRA and other LoRA kinds are refused.
     """
+    path = _adapter_dir(path)
+    config = _read_config(path / CONFIG_NAME)
+    file = path / WEIGHTS_NAME
+    tensors = _read_tensors(file)
+    extras = [key for key in sorted(tensors) if _is_extra(file, key)]
+    if extras:
+        shown = ", ".join(extras[:4]) + (f", … ({len(extras)} in all)" if len(extras) > 4 else "")
+        warnings.warn(AdapterExtrasWarning(
+            f"{file}: {len(extras)} tensor(s) beside the LoRA pairs are not applied: {shown} "
+            f"(modules_to_save={config.get('modules_to_save')!r}, bias="
+            f"{config.get('bias', 'none')!r}); lora.adapter_extras(path) returns them, to set "
+            f"in the base model"), stacklevel=2)
+    pairs = _pair_keys(file, [key for key in tensors if key not in extras])
+    return {module: _peft_layer(file, module, keys, tensors, config)
+            for module, keys in pairs.items()}
+
+
+def _adapter_dir(path) -> Path:
+    """``path`` as a peft adapter directory, or AdapterFileError saying what it is."""
     path = Path(path)
     if path.is_file() and path.name == WEIGHTS_NAME:
         raise AdapterFileError(f"{path}: load_adapter takes the adapter's directory (with "
@@ -328,12 +380,7 @@ def load_adapter(path) -> dict[str, LoraLayer]:
         raise AdapterFileError(f"{path}: no such adapter directory" +
                                (" (a file: load_adapter takes the adapter's directory)"
                                 if path.is_file() else ""))
-    config = _read_config(path / CONFIG_NAME)
-    file = path / WEIGHTS_NAME
-    tensors = _read_tensors(file)
-    pairs = _pair_keys(file, tensors)
-    return {module: _peft_layer(file, module, keys, tensors, config)
-            for module, keys in pairs.items()}
+    return path
 
 
 # ---------------------------------------------------------------- peft: saving
