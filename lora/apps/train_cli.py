@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,15 @@ def _progress(step: int, total: int, loss: float, started: float) -> None:
         print(line, end="" if step < total else "\n", flush=True)
     elif step == total or step % max(1, total // 10) == 0:
         print(line.lstrip("\r"), flush=True)
+
+
+@contextmanager
+def _phase(what: str):
+    """Say what is starting, then how long it took: no silent second."""
+    print(f"{what} ...", end="", flush=True)
+    t0 = time.perf_counter()
+    yield
+    print(f" {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def _optimizer_settings(args) -> dict:
@@ -104,14 +114,16 @@ def main(argv=None) -> int:
         if getattr(args, what) < 1:
             print(f"error: --{what} must be >= 1", file=sys.stderr)
             return 2
-    from shaderdsl.runtime import get_device
-
-    from . import digits as D
-    from ..training.adapter_io import save_adapter
-
-    device = get_device()
-    data = D.load(args.seed)
-    base = D.train_base(data, args.seed)
+    began = time.perf_counter()
+    with _phase("starting the GPU"):
+        from shaderdsl.runtime import get_device
+        device = get_device()
+    with _phase("loading scikit-learn's digits"):
+        from . import digits as D
+        from ..training.adapter_io import save_adapter
+        data = D.load(args.seed)
+    with _phase(f"training the frozen base network in numpy ({D.BASE_STEPS} steps)"):
+        base = D.train_base(data, args.seed)
     base = D.Base(*(v.astype(np.float32).astype(np.float64) for v in vars(base).values()))
     scale = args.alpha / args.rank
     before = D.accuracy(base, None, scale, data.test_x, data.test_y)
@@ -129,7 +141,8 @@ def main(argv=None) -> int:
                "accuracy_before": before, "accuracy_after": after, "loss": run["gpu"],
                "seconds": run["seconds"]}
     print(f"test accuracy: {before:.1%} before, {after:.1%} after; loss {run['gpu'][0]:.4f} -> "
-          f"{run['gpu'][-1]:.4f}; {run['seconds']:.1f} s")
+          f"{run['gpu'][-1]:.4f}; the LoRA training took {run['seconds']:.1f} s"
+          f"{' (with the float64 check)' if args.check else ''}")
     status = 0
     if args.check:
         diff = float(np.max(np.abs(np.array(run["gpu"]) - run["cpu"]) / np.abs(run["cpu"])))
@@ -144,6 +157,8 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"wrote {out / 'adapter'} (peft format){'' if args.no_plot else ', ' + str(out / 'loss.png')}"
           f", {out / 'summary.json'}")
+    print(f"wall time {time.perf_counter() - began:.1f} s in all (the Python start and imports "
+          f"before this command's first line excluded)")
     return status
 
 
