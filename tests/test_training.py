@@ -24,7 +24,7 @@ from test_lora_errors import NoDispatch
 SETTINGS = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 BACKWARD_TEXTS = ["seed", "paired:64", "paired:256", "split:64", "split:128:16", "split:64:3",
-                  "split:64:0:sg", "split:64:0:8", "split:64:5:4:sg"]
+                  "split:64:0:sg", "split:64:0:8", "split:64:5:4:sg", "split:64:q"]
 
 
 def normal(rng, shape):
@@ -429,3 +429,25 @@ def test_a_smaller_last_batch_is_named(device):
         trainer.record(x, out, device.buffer(normal(rng, (3, 3))), out)
     with pytest.raises(BindingError, match=r"output buffer must be float32 \(4, 3\)"):
         trainer.record(device.buffer(normal(rng, (4, 8))), out, out, out)
+
+
+@pytest.mark.parametrize("rank, in_dim, out_dim, tokens, chunk", [
+    (4, 8, 12, 3, 0), (16, 260, 64, 70, 16), (64, 36, 520, 20, 7), (32, 40, 44, 9, 0)])
+def test_quad_outer_products_match_numpy(device, rank, in_dim, out_dim, tokens, chunk):
+    """split's q: dA and dB with 4 columns x 16 ranks per thread, over one or
+    several chunks of tokens, overwritten and accumulated."""
+    strategy = Backward.parse(f"split:64:{chunk}:q")
+    kernels = [k[0] for k in strategy.kernels(rank, in_dim, out_dim, 1.0, tokens, "f32")]
+    assert kernels.count("grad_outer_quad") == 2 and "grad_outer" not in kernels
+    assert "grad_outer_quad" not in [k[0] for k in strategy.kernels(20, 40, 44, 1.0, 9, "f32")]
+    rng = np.random.default_rng()
+    x, g = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
+    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
+    want, tol = R.backward(x, a, b, g, -1.5), grad_tolerance(x, a, b, g, -1.5)
+    got = run_backward(device, x, a, b, g, -1.5, strategy)
+    for key in ("grad_a", "grad_b"):
+        assert_within(got[key], want[key], tol[key], f"quad {key}")
+    start = {"dA": normal(rng, a.shape), "dB": normal(rng, b.shape), "dx": normal(rng, x.shape)}
+    got = run_backward(device, x, a, b, g, -1.5, strategy, accumulate=True, start=start)
+    assert_within(got["grad_a"], start["dA"] + want["grad_a"], 2 * tol["grad_a"] + 1e-6, "acc dA")
+    assert_within(got["grad_b"], start["dB"] + want["grad_b"], 2 * tol["grad_b"] + 1e-6, "acc dB")

@@ -198,6 +198,9 @@ def _training_entries(add) -> None:
                 accumulate=bool(n % 2), dtype=dt)
             add("grad_outer", n=dim, rank=rank, scale=s["scale"], tokens=t, threads=64,
                 chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
+            if dim % 4 == 0 and rank % 4 == 0 and (rank <= 16 or rank % 16 == 0):  # quad_fits
+                add("grad_outer_quad", n=dim, rank=rank, scale=s["scale"], tokens=t,
+                    chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
         add("grad_outer_reduce", size=i * rank, chunks=3, accumulate=bool(n % 2))
         add("grad_input_seed", in_dim=i, rank=rank, tokens=t, accumulate=bool(n % 2), dtype=dt)
         add("grad_input", in_dim=i, rank=rank, tokens=t, threads=64, dtype=dt)

@@ -211,6 +211,59 @@ def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", acc
                    accumulate and chunks == 1)
 
 
+QUAD_RANKS = 16  # grad_outer_quad: 4 columns x up to 16 ranks = 64 sums per thread
+QUAD_COLUMNS = 256  # columns per workgroup of grad_outer_quad: 64 quads
+
+
+def quad_fits(n: int, rank: int) -> bool:
+    """Shapes grad_outer_quad takes: n and rank multiples of 4, rank up to 16 or
+    a multiple of 16."""
+    return n % 4 == 0 and rank % 4 == 0 and (rank <= QUAD_RANKS or rank % QUAD_RANKS == 0)
+
+
+def quad_threads(rank: int) -> int:
+    """grad_outer_quad's workgroup: 64 column quads x rank groups of QUAD_RANKS."""
+    return 64 * (rank // min(rank, QUAD_RANKS))
+
+
+def grad_outer_quad(m, n, rank, scale, tokens, chunk=0, layout="jr", accumulate=False,
+                    dtype="f32"):
+    """grad_outer with 4 adjacent columns x 16 ranks per thread: one token's 4
+    values of G and 16 of H (4 vec4 loads) feed 64 sums, where grad_outer's
+    thread loads rank / 4 + 1 for rank sums. A workgroup is 64 column quads
+    (256 columns) x rank / 16 rank groups; grid (ceil(n / 256), chunks), as
+    grad_outer; n and rank multiples of 4."""
+    if not quad_fits(n, rank):
+        raise ValueError(f"grad_outer_quad needs n and rank multiples of 4 (and rank a multiple "
+                         f"of {QUAD_RANKS} past {QUAD_RANKS}), got n={n}, rank={rank}")
+    group = min(rank, QUAD_RANKS)
+    chunk = tokens if chunk <= 0 or chunk >= tokens else chunk
+    chunks = -(-tokens // chunk)
+    G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
+    H = m.declare_input_buffer("H", vec4f, tokens * rank // 4)
+    out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
+    lid = m.local_index()
+    j0 = m.let((m.workgroup_id().x * 64 + lid % 64) * 4, "j0")
+    r0 = m.let(lid / 64 * group, "r0")
+    c = m.workgroup_id().y
+    accs = [[m.var(f32, 0.0, f"acc{k}_{r}") for r in range(group)] for k in range(4)]
+    t0 = m.let(c * chunk, "t0")
+    with m.if_(j0 < n):
+        last = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t1")
+        with m.loop(t0, last, name="t") as t:
+            gs = [m.let(widen(G[t * n + j0 + k]), f"g{k}") for k in range(4)]
+            hs = [m.let(H[t * (rank // 4) + r0 / 4 + q], f"h{q}") for q in range(group // 4)]
+            for k in range(4):
+                for r in range(group):
+                    accs[k][r] += gs[k] * _component(hs, r)
+        base = c * (n * rank) if chunks > 1 else 0
+        for k in range(4):
+            for r in range(group):
+                i = _outer_index(j0 + k, r0 + r, n, rank, layout)
+                _write(out, base + i if chunks > 1 else i, scale * accs[k][r],
+                       accumulate and chunks == 1)
+
+
 def grad_outer_reduce(m, size, chunks, accumulate=False):
     """out[k] (+)= sum_c partial[c, k]: the last step of a chunked grad_outer."""
     partial = m.declare_input_buffer("partial", f32, chunks * size)

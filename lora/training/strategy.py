@@ -4,9 +4,10 @@ entry each (the text form and its rules are lora.core.strategy's Entry):
 ``seed``: Hesper's four kernels, one thread per element of each result (4 dispatches);
 ``paired:T``: dh and dB from one read of g, then dA and dx from one read of x
 (2 dispatches; up to PAIRED_TOKENS tokens);
-``split:T[:C[:G]][:sg]``: dh by a workgroup per token (and per G ranks), dB
+``split:T[:C[:G]][:sg][:q]``: dh by a workgroup per token (and per G ranks), dB
 and dA over chunks of C tokens (0: as many as fill the GPU, then summed by a
-second kernel), dx (3 to 6 dispatches; any token count).
+second kernel; ``q``: 4 columns x 16 ranks per thread), dx (3 to 6
+dispatches; any token count).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..core.strategy import Entry, registrar
+from ..kernels.backward import quad_fits
 
 PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: for a few tokens
 # From this many tokens x ranks, split computes dh with grad_dh_tiled (a vec4 of
@@ -122,12 +124,13 @@ class Split(Backward):
     name: ClassVar[str] = "split"
     numbers: ClassVar[tuple] = ("threads", "chunk", "rank_group")
     shown: ClassVar[int] = 1
-    flags: ClassVar[tuple] = (("sg", "subgroups", True),)
+    flags: ClassVar[tuple] = (("sg", "subgroups", True), ("q", "quad", True))
     order: ClassVar[tuple] = ("dh", "dB", "dA")
     threads: int = 256
     chunk: int = 0
     rank_group: int = 0
     subgroups: bool = False
+    quad: bool = False  # dA and dB by grad_outer_quad where the shape fits (quad_fits)
 
     def validate(self) -> None:
         if self.chunk < 0:
@@ -177,10 +180,12 @@ class Split(Backward):
         """dB (which "b": g and h, layout jr) or dA ("a": x and dh, layout rj), chunked."""
         chunk = self.chunk_for(tokens, n, rank)
         names = dict(_outer_names(which), partial=f"partial_{which}")
-        steps = [("grad_outer", dict(n=n, rank=rank, scale=scale, tokens=tokens,
-                                     threads=self.threads, chunk=chunk,
-                                     layout="jr" if which == "b" else "rj",
-                                     accumulate=accumulate, dtype=dtype), names)]
+        shape = dict(n=n, rank=rank, scale=scale, tokens=tokens, chunk=chunk,
+                     layout="jr" if which == "b" else "rj", accumulate=accumulate, dtype=dtype)
+        if self.quad and quad_fits(n, rank):
+            steps = [("grad_outer_quad", shape, names)]
+        else:
+            steps = [("grad_outer", dict(shape, threads=self.threads), names)]
         chunks = -(-tokens // chunk)
         if chunks > 1:
             steps.append(("grad_outer_reduce", dict(size=n * rank, chunks=chunks,
