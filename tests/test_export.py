@@ -250,3 +250,98 @@ def test_demo_page_with_a_peft_adapter(tmp_path):
     assert "layers.0.q_proj" in result["weights"]
     assert result["checksum"]["a"] == pytest.approx(float(a.sum()), rel=1e-5)
     assert result["checksum"]["b"] == pytest.approx(float(b.sum()), rel=1e-5)
+
+
+# ---------------------------------------------------------------- adapter files in the page
+
+def _adapter_module(tmp_path) -> str:
+    assert lora_main(["export", "--rank", "2", "--in-dim", "8", "--out-dim", "8",
+                      "--out", str(tmp_path / "web")]) == 0
+    return (tmp_path / "web" / "lora_adapter.js").as_uri()
+
+
+def _files(folder) -> tuple[str, str]:
+    """An adapter directory's config text and base64 tensor bytes, for the page."""
+    return ((folder / "adapter_config.json").read_text(),
+            base64.b64encode((folder / "adapter_model.safetensors").read_bytes()).decode())
+
+
+@needs_browser
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_page_reads_and_writes_peft_adapters(tmp_path, dtype):
+    """An adapter saved by Python reads in the page value for value; the page's
+    file loads with lora.load_adapter to the same values."""
+    from lora.training.adapter_io import load_adapter, save_adapter
+
+    rng = np.random.default_rng()
+    layers = {"layers.0.q_proj": (rng.standard_normal((4, 24)), rng.standard_normal((16, 4))),
+              "layers.0.v_proj": (rng.standard_normal((4, 24)), rng.standard_normal((12, 4)))}
+    layers = {m: tuple(v.astype(dtype) for v in p) for m, p in layers.items()}
+    save_adapter(tmp_path / "adapter", layers, alpha=8.0)
+    config, tensors = _files(tmp_path / "adapter")
+    got = in_page(f"""
+      const m = await import("{_adapter_module(tmp_path)}");
+      const read = m.readPeftAdapter({json.dumps(config)}, Uint8Array.fromBase64("{tensors}"));
+      const back = m.writePeftAdapter(read.layers, {{alpha: read.config.lora_alpha}});
+      const out = {{}};
+      for (const [k, l] of Object.entries(read.layers))
+        out[k] = {{a: new Uint8Array(l.a.buffer).toBase64(), b: new Uint8Array(l.b.buffer).toBase64(),
+                  scale: l.scale, dims: [l.rank, l.inDim, l.outDim]}};
+      return {{layers: out, config: back.config, tensors: back.tensors.toBase64()}};""")
+    for module, (a, b) in layers.items():
+        page = got["layers"][module]
+        assert page["dims"] == [4, 24, b.shape[0]] and page["scale"] == 2.0
+        np.testing.assert_array_equal(unb64(page["a"], np.float32, a.size).reshape(a.shape),
+                                      a.astype(np.float32))
+        np.testing.assert_array_equal(unb64(page["b"], np.float32, b.size).reshape(b.shape),
+                                      b.astype(np.float32))
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "adapter_config.json").write_text(got["config"])
+    (tmp_path / "back" / "adapter_model.safetensors").write_bytes(base64.b64decode(got["tensors"]))
+    again = load_adapter(tmp_path / "back")
+    assert set(again) == set(layers)
+    for module, (a, b) in layers.items():
+        np.testing.assert_array_equal(again[module].a, a.astype(np.float32))
+        np.testing.assert_array_equal(again[module].b, b.astype(np.float32))
+        assert again[module].scale == 2.0
+
+
+@needs_browser
+def test_the_page_refuses_bad_adapter_files(tmp_path):
+    from lora.training.adapter_io import save_adapter
+
+    save_adapter(tmp_path / "adapter", {"q_proj": (np.ones((2, 3)), np.ones((5, 2)))}, alpha=4.0)
+    config, tensors = _files(tmp_path / "adapter")
+    raw = base64.b64decode(tensors)
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    f64 = dict(header)
+    key_b = next(k for k in header if k.endswith("lora_B.weight"))
+    f64[key_b] = dict(header[key_b], dtype="F64")
+    f64_bytes = json.dumps(f64).encode()
+    cases = {
+        "truncated": (config, raw[:-7]),
+        "F64": (config, len(f64_bytes).to_bytes(8, "little") + f64_bytes + raw[8 + header_len:]),
+        "no B": (config, None),
+        "bad JSON": ("{r: 2", raw),
+        "DoRA": (json.dumps(dict(json.loads(config), use_dora=True)), raw),
+    }
+    from safetensors.numpy import save
+    cases["no B"] = (config, save({k: np.ones((2, 3), np.float32) for k in header
+                                   if k.endswith("lora_A.weight")}))
+    messages = in_page(f"""
+      const m = await import("{_adapter_module(tmp_path)}");
+      const cases = {json.dumps({k: [c, base64.b64encode(t).decode()] for k, (c, t) in cases.items()})};
+      const out = {{}};
+      for (const [name, [cfg, bytes]] of Object.entries(cases)) {{
+        try {{ m.readPeftAdapter(cfg, Uint8Array.fromBase64(bytes)); out[name] = "accepted"; }}
+        catch (e) {{ out[name] = `${{e.name}}: ${{e.message}}`; }}
+      }}
+      return out;""")
+    assert messages["truncated"].startswith("AdapterFileError: adapter_model.safetensors: not a "
+                                            "readable safetensors file"), messages
+    assert "lora_B.weight has dtype F64; float32 (F32) or float16 (F16) expected" in messages["F64"]
+    assert "module q_proj has base_model.model.q_proj.lora_A.weight but no lora_B tensor" \
+        in messages["no B"]
+    assert messages["bad JSON"].startswith("AdapterFileError: adapter_config.json: not valid JSON")
+    assert "use_dora is true; DoRA adapters are not supported" in messages["DoRA"]

@@ -258,13 +258,15 @@ def _show_page(page, screenshot) -> int:
 
 
 def cmd_export(args) -> int:
-    """Write the forward as an ES module (--out) and/or the demo page (--demo)."""
+    """Write the forward as an ES module with the adapter-file module beside it
+    (--out) and/or the demo page (--demo)."""
     import shlex
     from pathlib import Path
 
     from shaderdsl.errors import ShaderDSLError
 
     from . import web
+    from .web_adapter import ADAPTER_DTS, ADAPTER_JS
 
     try:
         shape, strategy, adapter = _export_shape(args)
@@ -273,6 +275,8 @@ def cmd_export(args) -> int:
         if args.out:
             files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
             files["lora_forward.d.ts"] = (args.out, web.module_dts(shape, strategy, command))
+            files["lora_adapter.js"] = (args.out, ADAPTER_JS)
+            files["lora_adapter.d.ts"] = (args.out, ADAPTER_DTS)
         if args.demo:
             files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
                                                             args.seed, args.repeat))
