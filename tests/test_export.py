@@ -345,3 +345,80 @@ def test_the_page_refuses_bad_adapter_files(tmp_path):
         in messages["no B"]
     assert messages["bad JSON"].startswith("AdapterFileError: adapter_config.json: not valid JSON")
     assert "use_dora is true; DoRA adapters are not supported" in messages["DoRA"]
+
+
+# ---------------------------------------------------------------- the training step in the page
+
+def _train_in_page(tmp_path, loss, steps, data) -> dict:
+    """The exported step run ``steps`` times in the page on ``data`` (x, base,
+    target per step): the loss after each step, and the adapter at the end."""
+    x, base, target = data
+    kind = "Uint32Array" if target.dtype == np.uint32 else "Float32Array"
+    per = [v[0].size for v in data]
+    return in_page(f"""
+      const m = await import("{(tmp_path / 'lora_train.js').as_uri()}");
+      const tr = await m.loraTrainer(dev);
+      const X = new Float32Array(Uint8Array.fromBase64("{b64(x)}").buffer);
+      const BASE = new Float32Array(Uint8Array.fromBase64("{b64(base)}").buffer);
+      const T = new {kind}(Uint8Array.fromBase64("{b64(target)}").buffer);
+      const [nx, nb, nt] = {per}, losses = [];
+      for (let s = 0; s < {steps}; s++) {{
+        tr.step({{x: X.subarray(s * nx, (s + 1) * nx), base: BASE.subarray(s * nb, (s + 1) * nb),
+                 target: T.subarray(s * nt, (s + 1) * nt)}});
+        losses.push(await tr.loss());
+      }}
+      const ad = await tr.adapter();
+      let refused = "";
+      try {{ tr.step({{x: X.subarray(0, nx - 1), base: BASE, target: T}}); }}
+      catch (e) {{ refused = e.message; }}
+      return {{losses, a: new Uint8Array(ad.a.buffer).toBase64(),
+               b: new Uint8Array(ad.b.buffer).toBase64(), refused}};""")
+
+
+@needs_browser
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss):
+    """100 steps in the page: the loss trajectory equals the Python LayerTrainer's
+    (same initialisation, same data) within 1e-5 and float64 numpy's within 1e-4,
+    and the adapter it hands back is the Python trainer's."""
+    import lora
+    from lora import AdamW, LayerTrainer
+
+    rank, in_dim, out_dim, tokens, steps, lr, scale = 4, 20, 8, 16, 100, 1e-2, 2.0
+    assert lora_main(["export", "--rank", str(rank), "--in-dim", str(in_dim), "--out-dim",
+                      str(out_dim), "--tokens", str(tokens), "--scale", str(scale), "--loss", loss,
+                      "--lr", str(lr), "--train", str(tmp_path)]) == 0
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((steps, tokens, in_dim)).astype(np.float32)
+    base = rng.standard_normal((steps, tokens, out_dim)).astype(np.float32)
+    target = (rng.standard_normal((steps, tokens, out_dim)).astype(np.float32) if loss == "mse"
+              else rng.integers(0, out_dim, (steps, tokens)).astype(np.uint32))
+    page = _train_in_page(tmp_path, loss, steps, (x, base, target))
+    assert "x has 319 values, the trainer takes 320 (16 token(s)" in page["refused"]
+
+    a, b = R.init_lora(in_dim, out_dim, rank, seed=0)
+    w = lora.Weight.from_numpy(device, a, b)
+    trainer = LayerTrainer(device, w, scale, tokens, AdamW(lr=lr), loss=loss)
+    bufs = [device.empty(v.shape[1:], v.dtype) for v in (x, base, base, target)]  # x out base t
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
+    python, exact = [], []
+    for s in range(steps):
+        for buf, v in zip((bufs[0], bufs[2], bufs[3]), (x, base, target)):
+            device.write(buf, v[s])
+        trainer.record(bufs[0], bufs[1], bufs[3], bufs[2])
+        python.append(trainer.loss())
+        out = R.forward(x[s], ar, br, scale, base[s])
+        want, g = R.mse(out, target[s]) if loss == "mse" else R.softmax_cross_entropy(out, target[s])
+        exact.append(want)
+        d = R.backward(x[s], ar, br, g, scale)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1], s + 1, lr)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3], s + 1, lr)
+    got = np.array(page["losses"])
+    assert np.max(np.abs(got - python) / np.abs(python)) <= 1e-5
+    assert np.max(np.abs(got - exact) / np.abs(exact)) <= 1e-4
+    a_page = unb64(page["a"], np.float32, a.size).reshape(a.shape)
+    b_page = unb64(page["b"], np.float32, b.size).reshape(b.shape)
+    a_py, b_py = w.numpy()
+    np.testing.assert_allclose(a_page, a_py, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b_page, b_py, rtol=1e-4, atol=1e-6)

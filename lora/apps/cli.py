@@ -258,14 +258,14 @@ def _show_page(page, screenshot) -> int:
 
 
 def cmd_export(args) -> int:
-    """Write the forward as an ES module with the adapter-file module beside it
-    (--out) and/or the demo page (--demo)."""
+    """Write the forward as an ES module (--out), the training step (--train),
+    each with the adapter-file module beside it, and/or the demo page (--demo)."""
     import shlex
     from pathlib import Path
 
     from shaderdsl.errors import ShaderDSLError
 
-    from . import web
+    from . import web, web_train
     from .web_adapter import ADAPTER_DTS, ADAPTER_JS
 
     try:
@@ -275,8 +275,15 @@ def cmd_export(args) -> int:
         if args.out:
             files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
             files["lora_forward.d.ts"] = (args.out, web.module_dts(shape, strategy, command))
-            files["lora_adapter.js"] = (args.out, ADAPTER_JS)
-            files["lora_adapter.d.ts"] = (args.out, ADAPTER_DTS)
+        if args.train:
+            train = web_train.TrainShape(
+                shape.rank, shape.in_dim, shape.out_dim, shape.tokens, shape.scale * shape.rank,
+                args.loss, args.optimizer, args.lr, args.max_grad_norm, args.seed)
+            files["lora_train.js"] = (args.train, web_train.module_js(train, command))
+            files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
+        for folder in {args.out, args.train} - {None}:
+            files[f"{folder}/lora_adapter.js"] = (folder, ADAPTER_JS)
+            files[f"{folder}/lora_adapter.d.ts"] = (folder, ADAPTER_DTS)
         if args.demo:
             files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
                                                             args.seed, args.repeat))
@@ -284,10 +291,11 @@ def cmd_export(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not files:
-        print("error: give --out DIR (the module) and/or --demo DIR (the page)", file=sys.stderr)
+        print("error: give --out DIR (the forward), --train DIR (the training step) and/or "
+              "--demo DIR (the page)", file=sys.stderr)
         return 2
     for name, (folder, text) in files.items():
-        path = Path(folder) / name
+        path = Path(folder) / Path(name).name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(path)
@@ -307,7 +315,16 @@ def _export_parser(sub) -> None:
                                       "split:256 for more)")
     e.add_argument("--dtype", choices=("f32", "f16"), default="f32",
                    help="storage of A, B, x and output (f16 needs shader-f16 in the browser)")
-    e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here")
+    e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here "
+                   "(and lora_adapter.js: peft files in the page)")
+    e.add_argument("--train", metavar="DIR", help="write lora_train.js and lora_train.d.ts here "
+                   "(and lora_adapter.js): the whole training step, one submit a step")
+    e.add_argument("--loss", choices=("mse", "xent"), default="mse", help="--train: the loss")
+    e.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="--train: the optimizer (default adamw)")
+    e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
+    e.add_argument("--max-grad-norm", type=float, default=None,
+                   help="--train: clip the gradients' global norm to this")
     e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
     e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
                    "shapes and scale) go into the page instead of random ones")
