@@ -422,3 +422,39 @@ def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss
     a_py, b_py = w.numpy()
     np.testing.assert_allclose(a_page, a_py, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(b_page, b_py, rtol=1e-4, atol=1e-6)
+
+
+@needs_browser
+def test_the_training_page_trains_as_python_does(tmp_path, capsys):
+    """The digits page: 30 steps give python -m lora train's loss trajectory
+    (same data, order, initialisation and settings) within 1e-5 and float64's
+    within 1e-4; the adapter it offers loads with lora.load_adapter and scores
+    the page's accuracy; nothing is fetched from a network."""
+    from lora.apps import digits as D
+    from lora.training.adapter_io import load_adapter
+
+    assert lora_main(["export", "--train-demo", str(tmp_path / "page"), "--steps", "30"]) == 0
+    html = (tmp_path / "page" / "index.html").read_text()
+    assert "http" not in html.replace("http-equiv", "")
+    result = browser.load_page(tmp_path / "page" / "index.html", "window.loraTrainDemo",
+                               timeout=300)
+    assert result["ok"], result
+    assert lora_main(["train", "--steps", "30", "--check", "--no-plot",
+                      "--out", str(tmp_path / "py")]) == 0
+    summary = json.loads((tmp_path / "py" / "summary.json").read_text())
+    page, python = np.array(result["losses"]), np.array(summary["loss"])
+    exact = np.array(summary["reference_loss"])
+    assert np.max(np.abs(page - python) / python) <= 1e-5
+    assert np.max(np.abs(page - exact) / exact) <= 1e-4
+    (tmp_path / "got").mkdir()
+    (tmp_path / "got" / "adapter_config.json").write_text(result["config"])
+    (tmp_path / "got" / "adapter_model.safetensors").write_bytes(
+        base64.b64decode(result["tensors"]))
+    layers = load_adapter(tmp_path / "got")
+    data = D.load(0)
+    base = D.train_base(data, 0)
+    base = D.Base(*(v.astype(np.float32).astype(np.float64) for v in vars(base).values()))
+    adapters = {m: (layer.a, layer.b) for m, layer in layers.items()}
+    got = D.accuracy(base, adapters, layers["fc1"].scale, data.test_x, data.test_y)
+    assert got == pytest.approx(result["accuracyAfter"], abs=1 / 297)
+    assert result["accuracyAfter"] == pytest.approx(summary["accuracy_after"], abs=1 / 297)

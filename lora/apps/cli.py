@@ -279,7 +279,8 @@ def cmd_export(args) -> int:
             train = web_train.TrainShape(
                 shape.rank, shape.in_dim, shape.out_dim, shape.tokens, shape.scale * shape.rank,
                 args.loss, args.optimizer, args.lr, args.max_grad_norm, args.seed)
-            files["lora_train.js"] = (args.train, web_train.module_js(train, command))
+            files["lora_train.js"] = (args.train,
+                                      web_train.module_js(web_train.record_layer(train), command))
             files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
         for folder in {args.out, args.train} - {None}:
             files[f"{folder}/lora_adapter.js"] = (folder, ADAPTER_JS)
@@ -287,12 +288,17 @@ def cmd_export(args) -> int:
         if args.demo:
             files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
                                                             args.seed, args.repeat))
+        if args.train_demo:
+            run = web_train.DigitsRun(steps=args.steps, rank=args.rank, seed=args.seed)
+            files[f"{args.train_demo}/index.html"] = (args.train_demo,
+                                                      web_train.digits_page(run, command))
     except (ShaderDSLError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not files:
-        print("error: give --out DIR (the forward), --train DIR (the training step) and/or "
-              "--demo DIR (the page)", file=sys.stderr)
+        print("error: give --out DIR (the forward), --train DIR (the training step), --demo "
+              "DIR (the forward's page) and/or --train-demo DIR (the training page)",
+              file=sys.stderr)
         return 2
     for name, (folder, text) in files.items():
         path = Path(folder) / Path(name).name
@@ -301,7 +307,26 @@ def cmd_export(args) -> int:
         print(path)
     if args.demo and (args.screenshot or args.open):
         return _show_page(Path(args.demo) / "index.html", args.screenshot)
+    if args.train_demo and (args.screenshot or args.open):
+        return _show_training_page(Path(args.train_demo) / "index.html", args.screenshot)
     return 0
+
+
+def _show_training_page(page, screenshot) -> int:
+    """Open the training page in headless Chromium, print what it did, save a screenshot."""
+    from shaderdsl.browser import load_page
+
+    result = load_page(page, "window.loraTrainDemo", timeout=600.0, screenshot=screenshot)
+    if result.get("error"):
+        print(f"training page: error: {result['error']}", file=sys.stderr)
+        return 1
+    losses = result["losses"]
+    print(f"training page in headless Chromium: loss {losses[0]:.4f} -> {losses[-1]:.4f} over "
+          f"{len(losses)} steps, test accuracy {result['accuracyBefore']:.1%} -> "
+          f"{result['accuracyAfter']:.1%}, {result['stepMs']:.1f} ms a step")
+    if screenshot:
+        print(screenshot)
+    return 0 if result["ok"] else 1
 
 
 def _export_parser(sub) -> None:
@@ -325,6 +350,10 @@ def _export_parser(sub) -> None:
     e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
     e.add_argument("--max-grad-norm", type=float, default=None,
                    help="--train: clip the gradients' global norm to this")
+    e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
+                   "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
+                   "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
+    e.add_argument("--steps", type=int, default=200, help="--train-demo: steps (default 200)")
     e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
     e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
                    "shapes and scale) go into the page instead of random ones")

@@ -60,9 +60,16 @@ def _phase(what: str):
     print(f" {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def optimizer_settings(lr: float, max_grad_norm: float | None, schedule: str, warmup: int,
+                       steps: int) -> dict:
+    """The digits fine-tuning's AdamW settings (also the web page's: lora.apps.web_train)."""
+    return dict(lr=lr, max_grad_norm=max_grad_norm or None, schedule=schedule, warmup=warmup,
+                total=steps, eps=1e-8, weight_decay=0.0)
+
+
 def _optimizer_settings(args) -> dict:
-    return dict(lr=args.lr, max_grad_norm=args.max_grad_norm or None, schedule=args.schedule,
-                warmup=args.warmup, total=args.steps, eps=1e-8, weight_decay=0.0)
+    return optimizer_settings(args.lr, args.max_grad_norm, args.schedule, args.warmup,
+                              args.steps)
 
 
 def _train(args, data, base, device) -> dict:
