@@ -163,6 +163,13 @@ def module_dts(command: str = "") -> str:
 
 
 TRAIN_JS = r"""// ---- the training step: every op of one step into one submit
+/** Bytes of base64 text (atob: in every browser and in Node, unlike Uint8Array.fromBase64). */
+export function bytesOfBase64(text) {
+  const raw = atob(text), out = new Uint8Array(raw.length);
+  for (let k = 0; k < raw.length; k++) out[k] = raw.charCodeAt(k);
+  return out;
+}
+
 async function readBack(device, buffer, bytes) {
   const staging = device.createBuffer({size: bytes, usage: GPUBufferUsage.MAP_READ |
                                                            GPUBufferUsage.COPY_DST});
@@ -202,7 +209,7 @@ export async function loraTrainer(device, weights = {}) {
   for (const [name, info] of Object.entries(buffers)) {
     own[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, info.bytes),
       usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
-    const data = first[name] ?? (info.init ? Uint8Array.fromBase64(info.init) : null);
+    const data = first[name] ?? (info.init ? bytesOfBase64(info.init) : null);
     if (data) {
       if (data.byteLength !== info.bytes)
         throw new Error(`loraTrainer: ${name} has ${data.byteLength} bytes, needs ${info.bytes}`);
@@ -389,7 +396,7 @@ never leaves the page.</p>
 // ---- the page
 const page = /*PAGE*/;
 const $ = id => document.getElementById(id);
-const u8 = text => Uint8Array.fromBase64(text);
+const u8 = bytesOfBase64;
 const images = (text, n) => Float32Array.from(u8(text), v => v / 16);
 const f32 = name => buffers[name].init ? new Float32Array(u8(buffers[name].init).buffer)
                                         : new Float32Array(buffers[name].bytes / 4);  // zeros
