@@ -196,7 +196,9 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora = fals
                   target_modules: targetModules ?? [...new Set(modules.map(m => m.split(".").pop()))].sort(),
                   use_rslora: useRslora, fan_in_fan_out: false, lora_dropout: 0.0, bias: "none",
                   init_lora_weights: true, inference_mode: true, use_dora: false,
-                  rank_pattern: {}, alpha_pattern: {}, modules_to_save: null};
+                  rank_pattern: {}, alpha_pattern: {}, modules_to_save: null,
+                  base_model_name_or_path: null, revision: null, layers_to_transform: null,
+                  layers_pattern: null};  // the fields lora.save_adapter writes
   return {config: JSON.stringify(config, null, 1), tensors: writeSafetensors(tensors)};
 }
 """
