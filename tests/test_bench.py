@@ -195,3 +195,15 @@ def test_gemm_refused_without_matrix_units(tmp_path, capsys, device):
         pytest.skip(f"{device.name} has subgroup matrices: the GEMM runs")
     assert bench.main(["--gemm", "64", "--out", str(tmp_path)]) == 1
     assert "has no f16->f32 16x16x16 subgroup matrices" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # four training rows of the quick matrix, each checked and timed
+def test_training_rows_for_several_backwards(tmp_path, device):
+    """--backward times each training step with each strategy (default: the
+    trainer's), every row checked against float64 first."""
+    assert bench.main(["--quick", "--train", "only", "--backward", "default,split:64:q",
+                       "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
+    assert [r["tokens"] for r in rows] == [1, 1, 16, 16]
+    assert [r["backward"] == "split:64:q" for r in rows] == [False, True, False, True]
+    assert all(r["rel_err"] < 1e-5 and positive(r["gpu_us"]) for r in rows)

@@ -260,9 +260,11 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
     return row
 
 
-def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str = "also") -> dict:
+def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str = "also",
+        backwards: tuple = (None,)) -> dict:
     """Measure every case of ``grid`` (and, unless ``train`` is "no", the training
-    steps of lora.apps.bench_train; "only": those alone); ``save(result)`` is called
+    steps of lora.apps.bench_train, once per backward strategy of ``backwards``,
+    None for the default; "only": those alone); ``save(result)`` is called
     after each case."""
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
@@ -285,7 +287,8 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str 
          for t in grid["tokens"]]
     tgrid = bench_train.QUICK if quick else bench_train.FULL
     train_cases = [] if train == "no" else \
-        [(t, r, i, o) for (i, o) in tgrid["dims"] for r in tgrid["ranks"] for t in tgrid["tokens"]]
+        [(t, r, i, o, bw) for (i, o) in tgrid["dims"] for r in tgrid["ranks"]
+         for t in tgrid["tokens"] for bw in backwards]
     total = len(cases) + len(train_cases)
     for k, case in enumerate(cases, 1):
         log(f"[{k}/{total}]", end=" ")
@@ -295,7 +298,7 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str 
     for k, case in enumerate(train_cases, len(cases) + 1):
         log(f"[{k}/{total}]", end=" ")
         result.setdefault("train_rows", []).append(
-            bench_train.train_case(device, *case, copy, quick, log))
+            bench_train.train_case(device, *case[:4], copy, quick, log, backward=case[4]))
         if save:
             save(result)
     return result
@@ -372,6 +375,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated storage dtypes, f32 and/or f16 (default: both)")
     p.add_argument("--train", choices=("also", "no", "only"), default="also",
                    help="training steps (lora.apps.bench_train) too (default), not, or alone")
+    p.add_argument("--backward", default=(None,),
+                   type=lambda v: tuple(None if t == "default" else t for t in v.split(",")),
+                   help="training rows: comma-separated backward strategies to time each step "
+                        "with (e.g. default,split:256:q; default: the trainer's default)")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     p.add_argument("--tokens-sweep", action="store_true",
@@ -424,12 +431,14 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
         os.replace(name + ".tmp", name)
 
-    results = [run(args.quick, log, grid, save, args.train)]
+    results = [run(args.quick, log, grid, save, args.train, args.backward)]
     save(results[0])
     log(f"wrote {name}")
     if args.both_builds and WGPU_BUILD != "dawn":
         cmd = [sys.executable, "-m", "lora", "bench", "--out", args.out, "--train", args.train] + \
-            (["--quick"] if args.quick else [])
+            (["--quick"] if args.quick else []) + \
+            (["--backward", ",".join(str(b) for b in args.backward)]
+             if args.backward != (None,) else [])
         for key in GRID_KEYS:
             if getattr(args, key):
                 cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v)

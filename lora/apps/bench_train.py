@@ -139,10 +139,13 @@ def torch_step_times(a, b, x, base, target, steps: int) -> dict:
     return {"torch": torch.__version__, "torch_eager_us": eager, "torch_graph_us": graph_us}
 
 
-def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log) -> dict:
+def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
+               backward=None) -> dict:
+    """One training step's row (``backward``: a strategy text, None for the default)."""
     a, b, x, base, target = _problem(tokens, rank, in_dim, out_dim)
     weight = Weight.from_numpy(device, a, b)
-    trainer = LayerTrainer(device, weight, SCALE, tokens, AdamW(lr=LR), loss="mse")
+    trainer = LayerTrainer(device, weight, SCALE, tokens, AdamW(lr=LR), loss="mse",
+                           backward=backward)
     bufs = {"x": device.buffer(x), "base": device.buffer(base), "target": device.buffer(target),
             "out": device.empty(base.shape, np.float32)}
     row = {"kind": "train", "tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
