@@ -242,19 +242,12 @@ def _export_shape(args):
 
 def _show_page(page, screenshot) -> int:
     """Open the demo page in headless Chromium, print its verdict, save a screenshot."""
-    from shaderdsl.browser import load_page
-
-    result = load_page(page, "window.loraDemo", screenshot=screenshot)
-    if result.get("error"):
-        print(f"demo page: error: {result['error']}", file=sys.stderr)
-        return 1
-    t = result["timings"]
-    print(f"demo page in headless Chromium ({result['adapter']}): "
-          f"{'ok' if result['ok'] else 'FAILED'}, max error {result['maxErr']:.3e}; compile "
-          f"{t['compile']:.0f} ms, forward {t['each']:.3f} ms")
-    if screenshot:
-        print(screenshot)
-    return 0 if result["ok"] else 1
+    def verdict(r):
+        t = r["timings"]
+        return (f"demo page in headless Chromium ({r['adapter']}): "
+                f"{'ok' if r['ok'] else 'FAILED'}, max error {r['maxErr']:.3e}; compile "
+                f"{t['compile']:.0f} ms, forward {t['each']:.3f} ms")
+    return _open_page(page, "window.loraDemo", "demo page", verdict, screenshot, 120.0)
 
 
 def cmd_export(args) -> int:
@@ -314,16 +307,25 @@ def cmd_export(args) -> int:
 
 def _show_training_page(page, screenshot) -> int:
     """Open the training page in headless Chromium, print what it did, save a screenshot."""
+    def verdict(r):
+        losses = r["losses"]
+        return (f"training page in headless Chromium: loss {losses[0]:.4f} -> "
+                f"{losses[-1]:.4f} over {len(losses)} steps, test accuracy "
+                f"{r['accuracyBefore']:.1%} -> {r['accuracyAfter']:.1%}, {r['stepMs']:.1f} ms "
+                f"a step")
+    return _open_page(page, "window.loraTrainDemo", "training page", verdict, screenshot, 600.0)
+
+
+def _open_page(page, until: str, what: str, verdict, screenshot, timeout: float) -> int:
+    """Load ``page`` until ``until`` is set, print ``verdict(result)`` (or its
+    error), save the screenshot; 0 where the page says ok."""
     from shaderdsl.browser import load_page
 
-    result = load_page(page, "window.loraTrainDemo", timeout=600.0, screenshot=screenshot)
+    result = load_page(page, until, timeout=timeout, screenshot=screenshot)
     if result.get("error"):
-        print(f"training page: error: {result['error']}", file=sys.stderr)
+        print(f"{what}: error: {result['error']}", file=sys.stderr)
         return 1
-    losses = result["losses"]
-    print(f"training page in headless Chromium: loss {losses[0]:.4f} -> {losses[-1]:.4f} over "
-          f"{len(losses)} steps, test accuracy {result['accuracyBefore']:.1%} -> "
-          f"{result['accuracyAfter']:.1%}, {result['stepMs']:.1f} ms a step")
+    print(verdict(result))
     if screenshot:
         print(screenshot)
     return 0 if result["ok"] else 1

@@ -179,15 +179,23 @@ def choose(device, weight, scale: float, tokens: int, strategy=None, *,
     $LORA_STRATEGY's; "auto": the autotuned fastest (timed now unless
     cached); None: the cached tuned choice where there is one, else
     :func:`default_strategy` (nothing timed)."""
+    return _choice(strategy, lambda: autotune(device, weight, scale, tokens),
+                   cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens,
+                             weight.dtype),
+                   lambda: default_strategy(device, weight, scale, tokens,
+                                            lambda s: forward_plan(device, weight, scale, tokens,
+                                                                   s, save_h=save_h)))
+
+
+def _choice(strategy, tune, key: str, model) -> Strategy:
+    """``strategy`` (or $LORA_STRATEGY's) if it names one; "auto": ``tune()``;
+    None: the tuning cache's entry under ``key``, else ``model()``."""
     strategy = _asked(strategy)
     if isinstance(strategy, Strategy):
         return strategy
     if strategy == "auto":
-        return autotune(device, weight, scale, tokens)
-    key = cache_key(device, weight.rank, weight.in_dim, weight.out_dim, tokens, weight.dtype)
-    return _cached(key, True) or default_strategy(
-        device, weight, scale, tokens, lambda s: forward_plan(device, weight, scale, tokens, s,
-                                                              save_h=save_h))
+        return tune()
+    return _cached(key, True) or model()
 
 
 def _asked(strategy):
@@ -323,12 +331,9 @@ def choose_bucket(device, weight, scale: float, bucket: tuple[int, int],
                   strategy=None) -> Strategy:
     """:func:`choose` for a bucket of run-time plans (the model's strategy
     for the bucket's timed count)."""
-    strategy = _asked(strategy)
-    if isinstance(strategy, Strategy):
-        return strategy
-    if strategy == "auto":
-        return autotune_bucket(device, weight, scale, bucket)
-    key = bucket_key(device, weight.rank, weight.in_dim, weight.out_dim, bucket, weight.dtype)
-    return _cached(key, True) or default_strategy(
-        device, weight, scale, timed_tokens(bucket),
-        lambda s: forward_plan(device, weight, scale, None, s, max_tokens=bucket[1]))
+    return _choice(strategy, lambda: autotune_bucket(device, weight, scale, bucket),
+                   bucket_key(device, weight.rank, weight.in_dim, weight.out_dim, bucket,
+                              weight.dtype),
+                   lambda: default_strategy(device, weight, scale, timed_tokens(bucket),
+                                            lambda s: forward_plan(device, weight, scale, None,
+                                                                   s, max_tokens=bucket[1])))
