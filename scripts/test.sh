@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the tests (sets itself up first). By default the quick tier, every test not
-# marked slow (about 2 minutes on 2 cores); with --full, every test (what CI runs,
+# marked slow (about 4 minutes on 2 cores); with --full, every test (what CI runs,
 # about 12 minutes a pass on lavapipe or llvmpipe).
 # Other arguments go to pytest (a -m of yours replaces the tier's).
 set -euo pipefail
