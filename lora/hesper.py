@@ -289,8 +289,8 @@ def execute_lora_backward(device, weight, scale, grad_out_buf, x_buf, h_buf, gra
                           grad_b_buf, grad_x_buf=None, *, accumulate=False, strategy=None) -> None:
     """dB, dA (and dx when ``grad_x_buf`` is given) from the upstream gradient,
     the forward's input x and its saved h = A x (execute_lora_forward_train
-    leaves it). ``strategy``: a lora.Backward or its text (default: split,
-    lora.Backward.for_shape). Everything is checked first."""
+    leaves it). ``strategy``: a lora.Backward or its text (default:
+    lora.Backward.for_shape's, gemm or split). Everything is checked first."""
     buffers = {"g": grad_out_buf, "x": x_buf, "h": h_buf, "dA": grad_a_buf, "dB": grad_b_buf}
     if grad_x_buf is not None:
         buffers["dx"] = grad_x_buf

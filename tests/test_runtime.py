@@ -6,6 +6,7 @@ runs only where an OpenGL adapter exists.
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -545,3 +546,39 @@ def test_a_numpy_scalar_uniform_keeps_its_shape(device):
     device.write(u, np.uint32(3))
     got = device.read(u)
     assert got.shape == () and got == 3
+
+
+def test_triton_is_hidden_once_mesa_llvm_is_loaded(tmp_path):
+    """Importing triton beside Mesa's LLVM segfaults (docs/errors.md, known
+    issue 2): once the adapters are listed, an installed, not yet imported
+    triton (here a stand-in package) is blocked, with one warning; imported
+    before, it is left alone."""
+    import subprocess
+    import sys
+
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    script = """
+import sys, warnings
+warnings.simplefilter("error" if sys.argv[1] == "first" else "always")
+if sys.argv[1] == "first":
+    import triton
+from shaderdsl.runtime import adapters
+adapters.all_adapters()
+if not adapters._mesa_llvm_loaded():
+    print("no-mesa"); sys.exit(0)
+try:
+    import triton
+    print("imported")
+except ImportError:
+    print("blocked")
+"""
+    runs = {order: subprocess.run([sys.executable, "-c", script, order], capture_output=True,
+                                  text=True, timeout=120, env={**os.environ, "PYTHONPATH":
+                                  f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+            for order in ("after", "first")}
+    if runs["after"].stdout.strip() == "no-mesa":
+        pytest.skip("no Mesa driver (lavapipe or llvmpipe) in this process: nothing to guard")
+    assert runs["after"].stdout.strip() == "blocked", runs["after"].stderr
+    assert runs["after"].stderr.count("RuntimeWarning: shaderdsl: Mesa's LLVM") == 1
+    assert runs["first"].stdout.strip() == "imported", runs["first"].stderr

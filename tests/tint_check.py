@@ -167,6 +167,8 @@ def lora_entries() -> list[Entry]:
         dt = ("f32", "f16")[n // 2 % 2]
         add("project_a_tiled", rank=rank, in_dim=in_dim, tokens=s["tokens"],
             threads=(64, 256)[n % 2], splits=1 + n % 3, dtype=dt)
+        add("project_a_tiled", rank=rank, in_dim=out_dim, tokens=3, threads=(256, 64)[n % 2],
+            splits=1 + n % 2, dtype=dt, a_columns=True, scale=s["scale"])  # gemm's dh
         add("tiled_b_add", out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"],
             tile_tokens=(4, 16)[n % 2], splits=1 + n % 3, dtype=dt, save_h=bool(n % 2))
         if rank <= 16:
@@ -198,8 +200,8 @@ def _training_entries(add) -> None:
                 accumulate=bool(n % 2), dtype=dt)
             add("grad_outer", n=dim, rank=rank, scale=s["scale"], tokens=t, threads=64,
                 chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
-            if dim % 4 == 0 and rank % 4 == 0 and (rank <= 16 or rank % 16 == 0):  # quad_fits
-                add("grad_outer_quad", n=dim, rank=rank, scale=s["scale"], tokens=t,
+            if dim % 4 == 0 and rank % 4 == 0:  # outer_tiled_fits
+                add("grad_outer_tiled", n=dim, rank=rank, scale=s["scale"], tokens=t,
                     chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
         add("grad_outer_reduce", size=i * rank, chunks=3, accumulate=bool(n % 2))
         add("grad_input_seed", in_dim=i, rank=rank, tokens=t, accumulate=bool(n % 2), dtype=dt)

@@ -378,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backward", default=(None,),
                    type=lambda v: tuple(None if t == "default" else t for t in v.split(",")),
                    help="training rows: comma-separated backward strategies to time each step "
-                        "with (e.g. default,split:256:q; default: the trainer's default)")
+                        "with (e.g. default,split:256; default: the trainer's default)")
     p.add_argument("--both-builds", action="store_true",
                    help="also run under Dawn (SHADERDSL_WGPU=dawn) in a subprocess, if installed")
     p.add_argument("--tokens-sweep", action="store_true",

@@ -97,8 +97,11 @@ def profile_step(device, trainer, bufs, repeats: int) -> dict:
     return out
 
 
-def torch_step_times(a, b, x, base, target, steps: int) -> dict:
-    """PyTorch CUDA eager and CUDA-graph microseconds per training step, or why not."""
+def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> dict:
+    """PyTorch CUDA eager and CUDA-graph microseconds per training step, or why
+    not. ``half``: x, base and target in fp16 and the products under
+    ``torch.autocast`` (fp16 on tensor cores, A and B and AdamW in fp32: how
+    PyTorch users train in fp16); keys then start ``torch_fp16_``."""
     try:
         import torch
     except ImportError:
@@ -107,12 +110,14 @@ def torch_step_times(a, b, x, base, target, steps: int) -> dict:
         return {"torch": f"{torch.__version__} without CUDA"}
     dev = torch.device("cuda")
     A, B = (torch.nn.Parameter(torch.from_numpy(v).to(dev)) for v in (a, b))
-    X, BASE, TGT = (torch.from_numpy(v).to(dev) for v in (x, base, target))
+    X, BASE, TGT = (torch.from_numpy(v).to(dev, torch.float16 if half else torch.float32)
+                    for v in (x, base, target))
     opt = torch.optim.AdamW([A, B], lr=LR, capturable=True)
 
     def step():
-        out = BASE + SCALE * ((X @ A.T) @ B.T)
-        torch.nn.functional.mse_loss(out, TGT).backward()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=half):
+            out = BASE + SCALE * ((X @ A.T) @ B.T)
+        torch.nn.functional.mse_loss(out.float(), TGT.float()).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
 
@@ -136,7 +141,8 @@ def torch_step_times(a, b, x, base, target, steps: int) -> dict:
         step()
     graph_us = statistics.median(timed(lambda: [graph.replay() for _ in range(steps)], steps)
                                  for _ in range(5))
-    return {"torch": torch.__version__, "torch_eager_us": eager, "torch_graph_us": graph_us}
+    key = "torch_fp16_" if half else "torch_"
+    return {"torch": torch.__version__, f"{key}eager_us": eager, f"{key}graph_us": graph_us}
 
 
 def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
@@ -161,12 +167,15 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
     row["min_bytes_us"] = row["min_bytes"] / (copy_gbps * 1e3) if copy_gbps else None
     row.update(torch_step_times(a, b, x, base, target, steps))
     if "torch_graph_us" in row:
+        row.update(torch_step_times(a, b, x, base, target, steps, half=True))
+    if "torch_graph_us" in row:
         row["vs_torch_graph"] = row["torch_graph_us"] / row["gpu_us"]
         row["vs_torch_eager"] = row["torch_eager_us"] / row["gpu_us"]
     for buf in bufs.values():
         device.release(buf)
-    torch_text = f"torch graph {row['torch_graph_us']:.1f} us, eager {row['torch_eager_us']:.1f} us" \
-        if "torch_graph_us" in row else f"PyTorch: {row['torch']}"
+    torch_text = f"torch graph {row['torch_graph_us']:.1f} us, eager {row['torch_eager_us']:.1f} " \
+        f"us (fp16 autocast: graph {row['torch_fp16_graph_us']:.1f}, eager " \
+        f"{row['torch_fp16_eager_us']:.1f})" if "torch_graph_us" in row else f"PyTorch: {row['torch']}"
     log(f"train T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['forward']} + "
         f"{row['backward']} {row['gpu_us']:8.2f} us ({row['dispatches']} dispatches, "
         f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), {torch_text}, "

@@ -22,8 +22,9 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
-from .common import (b_row, check_threads, input_matrix, load_h, output_buffer, reduce_sum,
-                     storage_scalar, store_output, unrolled_or_loop, widen, width)
+from .common import (b_row, check_threads, hold, input_matrix, load_h, output_buffer,
+                     reduce_sum, stage, storage_scalar, store_output, unrolled_or_loop, widen,
+                     width)
 
 
 def _component(row, r: int):
@@ -211,56 +212,90 @@ def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", acc
                    accumulate and chunks == 1)
 
 
-QUAD_RANKS = 16  # grad_outer_quad: 4 columns x up to 16 ranks = 64 sums per thread
-QUAD_COLUMNS = 256  # columns per workgroup of grad_outer_quad: 64 quads
+OUTER_THREADS = 256  # grad_outer_tiled's workgroup, at most
 
 
-def quad_fits(n: int, rank: int) -> bool:
-    """Shapes grad_outer_quad takes: n and rank multiples of 4, rank up to 16 or
-    a multiple of 16."""
-    return n % 4 == 0 and rank % 4 == 0 and (rank <= QUAD_RANKS or rank % QUAD_RANKS == 0)
+def outer_tile(n_rank: int) -> tuple[int, int, int]:
+    """(threads, columns, tokens per step) of grad_outer_tiled at this rank: a
+    thread per 4 columns x 4 ranks, as many column quads as fill
+    OUTER_THREADS, and as many tokens per step as keep both staged tiles
+    within 16 KiB."""
+    quads = n_rank // 4
+    groups = max(1, OUTER_THREADS // quads)
+    columns = 4 * groups
+    return groups * quads, columns, max(1, min(16, 2048 // max(columns, n_rank)))
 
 
-def quad_threads(rank: int) -> int:
-    """grad_outer_quad's workgroup: 64 column quads x rank groups of QUAD_RANKS."""
-    return 64 * (rank // min(rank, QUAD_RANKS))
+def outer_tiled_fits(n: int, rank: int) -> bool:
+    """Shapes grad_outer_tiled takes: n and rank multiples of 4, rank up to 1024."""
+    return n % 4 == 0 and rank % 4 == 0 and 0 < rank <= 1024
 
 
-def grad_outer_quad(m, n, rank, scale, tokens, chunk=0, layout="jr", accumulate=False,
-                    dtype="f32"):
-    """grad_outer with 4 adjacent columns x 16 ranks per thread: one token's 4
-    values of G and 16 of H (4 vec4 loads) feed 64 sums, where grad_outer's
-    thread loads rank / 4 + 1 for rank sums. A workgroup is 64 column quads
-    (256 columns) x rank / 16 rank groups; grid (ceil(n / 256), chunks), as
-    grad_outer; n and rank multiples of 4."""
-    if not quad_fits(n, rank):
-        raise ValueError(f"grad_outer_quad needs n and rank multiples of 4 (and rank a multiple "
-                         f"of {QUAD_RANKS} past {QUAD_RANKS}), got n={n}, rank={rank}")
-    group = min(rank, QUAD_RANKS)
+def outer_chunk(chunk: int, tokens: int, rank: int) -> int:
+    """grad_outer_tiled's tokens per workgroup row: ``chunk`` (0: all) rounded
+    up to whole steps."""
+    steps = outer_tile(rank)[2]
     chunk = tokens if chunk <= 0 or chunk >= tokens else chunk
+    return -(-chunk // steps) * steps
+
+
+def grad_outer_tiled(m, n, rank, scale, tokens, chunk=0, layout="jr", accumulate=False,
+                     dtype="f32"):
+    """grad_outer as a tiled matrix product: a workgroup takes ``columns``
+    columns (outer_tile) and every rank over a chunk of tokens; each step
+    stages a few tokens' rows of G and H in workgroup memory (coalesced vec4
+    loads, the next step's in flight during this one's arithmetic), and each
+    thread does 16 multiply-adds per two vec4 reads there, for its 4 columns
+    x 4 ranks. Grid (ceil(n / columns), chunks); n and rank multiples of 4."""
+    if not outer_tiled_fits(n, rank):
+        raise ValueError(f"grad_outer_tiled needs n and rank multiples of 4 and rank at most "
+                         f"1024, got n={n}, rank={rank}")
+    quads, (threads, columns, kt) = rank // 4, outer_tile(rank)
+    groups = columns // 4
+    chunk = outer_chunk(chunk, tokens, rank)
     chunks = -(-tokens // chunk)
-    G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
-    H = m.declare_input_buffer("H", vec4f, tokens * rank // 4)
+    G, gn = input_matrix(m, "G", tokens, n, dtype)
+    H = m.declare_input_buffer("H", vec4f, tokens * quads)
     out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
-    lid = m.local_index()
-    j0 = m.let((m.workgroup_id().x * 64 + lid % 64) * 4, "j0")
-    r0 = m.let(lid / 64 * group, "r0")
+    gs, hs = m.shared(vec4f, kt * groups, "gs"), m.shared(vec4f, kt * quads, "hs")
+    tid = m.local_index()
+    tx, ty = m.let(tid % quads, "tx"), m.let(tid / quads, "ty")
+    q0 = m.let(m.workgroup_id().x * groups, "q0")  # this workgroup's first column quad
     c = m.workgroup_id().y
-    accs = [[m.var(f32, 0.0, f"acc{k}_{r}") for r in range(group)] for k in range(4)]
     t0 = m.let(c * chunk, "t0")
-    with m.if_(j0 < n):
-        last = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t1")
-        with m.loop(t0, last, name="t") as t:
-            gs = [m.let(widen(G[t * n + j0 + k]), f"g{k}") for k in range(4)]
-            hs = [m.let(H[t * (rank // 4) + r0 / 4 + q], f"h{q}") for q in range(group // 4)]
-            for k in range(4):
-                for r in range(group):
-                    accs[k][r] += gs[k] * _component(hs, r)
-        base = c * (n * rank) if chunks > 1 else 0
-        for k in range(4):
-            for r in range(group):
-                i = _outer_index(j0 + k, r0 + r, n, rank, layout)
-                _write(out, base + i if chunks > 1 else i, scale * accs[k][r],
+    end = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t_end")
+
+    def tiles(step, into=None):
+        """This thread's items of both tiles at ``step`` (zero past the chunk)."""
+        def item(j, per_row, fetch):
+            t = m.let(t0 + step * kt + j / per_row, "t")
+            return B.select(vec4f(0.0), fetch(B.min(t, tokens - 1), j % per_row), t < end)
+        g = lambda t, q: widen(G[t * gn + B.min(q0 + q, gn - 1)])
+        h = lambda t, q: H[t * quads + q]
+        return [hold(m, kt * per_row, threads, lambda j, p=per_row, f=f: item(j, p, f),
+                     name, part) for (per_row, f, name), part in
+                zip(((groups, g, "gv"), (quads, h, "hv")), into or (None, None))]
+
+    accs = [m.var(vec4f, vec4f(0.0), f"acc{k}") for k in range(4)]
+    held = tiles(0)
+    with m.loop(0, chunk // kt, name="step") as step:
+        m.barrier()  # the previous step's reads of the tiles are done
+        for shared, items, part in zip((gs, hs), (kt * groups, kt * quads), held):
+            stage(m, shared, items, part, threads)
+        m.barrier()
+        with m.if_(step + 1 < chunk // kt):
+            tiles(step + 1, held)
+        for k in range(kt):
+            gv, hv = m.let(gs[k * groups + ty], "g4"), m.let(hs[k * quads + tx], "h4")
+            for i in range(4):
+                accs[i] += getattr(gv, "xyzw"[i]) * hv
+    base = c * (n * rank) if chunks > 1 else 0
+    for i in range(4):
+        j = m.let((q0 + ty) * 4 + i, f"j{i}")
+        with m.if_(j < n):
+            for r in range(4):
+                k = _outer_index(j, tx * 4 + r, n, rank, layout)
+                _write(out, base + k if chunks > 1 else k, scale * getattr(accs[i], "xyzw"[r]),
                        accumulate and chunks == 1)
 
 

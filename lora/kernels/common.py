@@ -44,6 +44,35 @@ def input_matrix(m, name, n_rows, row_len, dtype="f32"):
     return m.declare_input_buffer(name, elem, token_rows(n_rows, row_len // w)), row_len // w
 
 
+# ------------------------------------------------------------------ tiles staged in workgroup memory
+
+def hold(m, items, threads, value, name="", into=None):
+    """This thread's share (items j = local_index + k threads) of ``items``
+    vec4 items, item j being ``value(j)`` (j clamped to the last item): loaded
+    into new vars named ``name``, or assigned to ``into``'s. Loaded before
+    the arithmetic of a step and stored (``stage``) after it, a tile's reads
+    overlap that arithmetic."""
+    out = into or []
+    for k in range(-(-items // threads)):
+        v = value(B.min(m.local_index() + k * threads, items - 1))
+        if into is None:
+            out.append(m.var(vec4f, v, f"{name}{k}"))
+        else:
+            m.assign(into[k], v)
+    return out
+
+
+def stage(m, shared, items, held, threads):
+    """shared[j] = the item j this thread holds (from ``hold``)."""
+    for k, value in enumerate(held):
+        j = m.let(m.local_index() + k * threads, "j")
+        if (k + 1) * threads > items:
+            with m.if_(j < items):
+                shared[j] = value
+        else:
+            shared[j] = value
+
+
 # ------------------------------------------------------------------ the token count
 
 def token_rows(tokens, row_len: int):

@@ -15,9 +15,10 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
-from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, input_matrix, load_h,
+from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, hold, input_matrix, load_h,
                      output_buffer, partial_dots, past_the_end, reduce_sum, row_dot,
-                     split_index, storage_scalar, store_output, token_count, token_rows, tree_sum,
+                     split_index, stage, storage_scalar, store_output, token_count, token_rows,
+                     tree_sum,
                      unrolled_or_loop, widen, width)
 
 # ------------------------------------------------------------------ A @ x
@@ -399,10 +400,12 @@ def gemm_chunk(rank: int, in_dim: int, threads: int) -> int:
                      f"{threads} threads at rank {rank} must fit {SHARED_FLOATS} floats")
 
 
-def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32"):
-    """Partial sums of h = A @ x, shaped like a matrix product: a workgroup takes
-    ``gemm_tile_tokens`` tokens and every rank, over slice ``workgroup_id.y``
-    of ``splits`` slices of in_dim (more workgroups when tokens are few).
+def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
+                    a_columns=False, scale=1.0):
+    """Partial sums of h = scale A @ x, shaped like a matrix product: a workgroup
+    takes ``gemm_tile_tokens`` tokens and every rank, over slice
+    ``workgroup_id.y`` of ``splits`` slices of in_dim (more workgroups when
+    tokens are few).
 
     Each step stages ``chunk`` columns of x and A in workgroup memory,
     transposed so that a vec4 holds 4 tokens (x) or 4 ranks (A); each thread
@@ -410,17 +413,21 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32")
     another. The next step's loads are issued before this step's arithmetic,
     so their latency overlaps it. hp[s, t] holds slice s's sums for token t
     (hp is h when splits is 1); ``tiled_b_add`` adds the slices.
+    ``a_columns``: A is given as its transpose [in_dim, rank] (B's layout: the
+    backward's dh = s g B is this kernel with x = g and A = B), staged as is.
     """
     if rank % 4 or in_dim % 4 or rank > 4 * threads:
         raise ValueError(f"project_a_tiled: rank ({rank}) and in_dim ({in_dim}) must be "
                          f"multiples of 4, and rank at most 4 x threads ({threads})")
     quads, tm, chunk = rank // 4, gemm_tile_tokens(rank, threads), gemm_chunk(rank, in_dim, threads)
-    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
-    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    A, in_n = input_matrix(m, "A", *((in_dim, rank) if a_columns else (rank, in_dim)), dtype)
+    x, in_n = input_matrix(m, "x", tokens, in_dim, dtype)
     hp = m.declare_output_buffer("hp", vec4f, None if tokens is None else splits * tokens * quads)
     n, t0 = _tile_origin(m, tokens, tm)
-    tiles = [(m.shared(vec4f, chunk * tm // 4, "xs"), x, tm, lambda t: B.min(t0 + t, n - 1)),
-             (m.shared(vec4f, chunk * quads, "at"), A, rank, lambda r: r)]
+    xs, at = m.shared(vec4f, chunk * tm // 4, "xs"), m.shared(vec4f, chunk * quads, "at")
+    tiles = [_transposed_tile(m, xs, x, tm, chunk, in_n, lambda t: B.min(t0 + t, n - 1), threads),
+             _direct_tile(m, at, A, chunk * quads, threads) if a_columns
+             else _transposed_tile(m, at, A, rank, chunk, in_n, lambda r: r, threads)]
     tid = m.local_index()
     tx, ty = m.let(tid % quads, "tx"), m.let(tid / quads, "ty")
     spare = tm // 4 * quads < threads  # threads past the last group of 4 tokens: staging only
@@ -430,17 +437,15 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32")
     steps = in_dim // chunk
     first = m.let(s * steps / splits, "first")
     last = m.let((s + 1) * steps / splits, "last")
-    held = [_stage_load(m, src, rows, chunk, in_n, first, row_of, threads, f"{name}_")
-            for (_, src, rows, row_of), name in zip(tiles, ("x", "a"))]
+    held = [load(first, name) for (load, _), name in zip(tiles, ("x_", "a_"))]
     with m.loop(first, last, name="step") as step:
         m.barrier()  # the previous step's reads of the tiles are done
-        for (shared, _, rows, _), items in zip(tiles, held):
-            _stage_store(m, shared, rows, chunk, items, threads)
+        for (_, store), items in zip(tiles, held):
+            store(items)
         m.barrier()
         with m.if_(step + 1 < last):  # the next step's loads, in flight during the arithmetic
-            for (_, src, rows, row_of), items in zip(tiles, held):
-                _stage_load(m, src, rows, chunk, in_n, step + 1, row_of, threads, into=items)
-        xs, at = tiles[0][0], tiles[1][0]
+            for (load, _), items in zip(tiles, held):
+                load(step + 1, into=items)
         for k in range(chunk):
             xv = m.let(xs[k * (tm // 4) + tr], "xv")
             av = m.let(at[k * quads + tx], "av")
@@ -449,7 +454,24 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32")
     for i in range(4):
         t = m.let(t0 + ty * 4 + i, f"t{i}")
         with m.if_((t < n) & (ty < tm // 4) if spare else t < n):
-            hp[(s * n + t) * quads + tx] = accs[i]
+            hp[(s * n + t) * quads + tx] = accs[i] if scale == 1.0 else scale * accs[i]
+
+
+def _transposed_tile(m, shared, src, rows, chunk, in_n, row_of, threads):
+    """(load(step, name or into), store(held)) of a rows x chunk tile of src
+    staged transposed: _stage_load and _stage_store."""
+    return (lambda step, name="", into=None: _stage_load(m, src, rows, chunk, in_n, step, row_of,
+                                                         threads, name, into),
+            lambda held: _stage_store(m, shared, rows, chunk, held, threads))
+
+
+def _direct_tile(m, shared, src, items, threads):
+    """(load, store) of a tile that is ``items`` consecutive vec4s of src per
+    step, staged as it is stored."""
+    return (lambda step, name="", into=None: hold(m, items, threads,
+                                                  lambda j: widen(src[step * items + j]), name,
+                                                  into),
+            lambda held: stage(m, shared, items, held, threads))
 
 
 def _stage_items(rows, chunk, threads):

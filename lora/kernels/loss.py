@@ -11,25 +11,28 @@ only when the value is asked for.
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f32, u32
+from shaderdsl import f32, u32, vec4f
 
-from .common import check_threads, reduce_sum, storage_scalar, store_output, widen
+from .common import (check_threads, input_matrix, output_buffer, reduce_sum, storage_scalar,
+                     store_output, widen, width)
 
 
 def mse(m, n, threads=256, dtype="f32"):
-    """g = 2 (out - want) / n, one element per thread (grid ceil(n / threads));
-    each workgroup writes the sum of its squared errors to ``partial``."""
+    """g = 2 (out - want) / n, a vec4 per thread where n is a multiple of 4,
+    else one element (grid ceil(n / (w threads))); each workgroup writes the
+    sum of its squared errors to ``partial``."""
     check_threads(threads)
-    out = m.declare_input_buffer("out", storage_scalar(dtype), n)
-    want = m.declare_input_buffer("want", storage_scalar(dtype), n)
-    g = m.declare_output_buffer("g", storage_scalar(dtype), n)
-    partial = m.declare_output_buffer("partial", f32, -(-n // threads))
+    w = width(n)
+    out, _ = input_matrix(m, "out", 1, n, dtype)
+    want, _ = input_matrix(m, "want", 1, n, dtype)
+    g = output_buffer(m, n, dtype, "g", quad=w == 4)
+    partial = m.declare_output_buffer("partial", f32, -(-n // (w * threads)))
     i = m.let(m.global_id().x, "i")
-    d = m.var(f32, 0.0, "d")
-    with m.if_(i < n):
+    d = m.var(vec4f, vec4f(0.0), "d") if w == 4 else m.var(f32, 0.0, "d")
+    with m.if_(i < n // w):
         m.assign(d, widen(out[i]) - widen(want[i]))
         store_output(g, i, (2.0 / n) * d)
-    (total,) = reduce_sum(m, [d * d], threads, False)
+    (total,) = reduce_sum(m, [B.dot(d, d) if w == 4 else d * d], threads, False)
     with m.if_(m.local_index() == 0):
         partial[m.workgroup_id().x] = total
 

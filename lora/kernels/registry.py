@@ -13,7 +13,7 @@ import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
 from .matrix import a_tiling, b_add_matrix, b_tiling, project_a_matrix
-from .common import ceil_div
+from .common import ceil_div, width
 from .forward import (B_ADD_THREADS, add_scaled, fused_b_add, fused_forward, gemm_tile_tokens, project_a_seed,
                       project_a_tiled, project_a_workgroup, project_b, tiled_b_add, tiled_forward)
 
@@ -149,10 +149,12 @@ TRAINING_KERNELS = (
                "dB or dA, Hesper's gradB/gradA: one thread per element"),
     KernelSpec("grad_outer", backward.grad_outer, _threads, _outer_grid,
                "dB = s g^T h or dA = dh^T x over chunks of tokens"),
-    KernelSpec("grad_outer_quad", backward.grad_outer_quad,
-               lambda p: backward.quad_threads(p["rank"]),
-               lambda p: (ceil_div(p["n"], backward.QUAD_COLUMNS),) + _outer_grid(p)[1:],
-               "grad_outer with 4 columns x 16 ranks per thread"),
+    KernelSpec("grad_outer_tiled", backward.grad_outer_tiled,
+               lambda p: backward.outer_tile(p["rank"])[0],
+               lambda p: (ceil_div(p["n"], backward.outer_tile(p["rank"])[1]),
+                          ceil_div(p["tokens"], backward.outer_chunk(p["chunk"], p["tokens"],
+                                                                     p["rank"])), 1),
+               "grad_outer as a tiled matrix product: 4 columns x 4 ranks per thread"),
     KernelSpec("grad_outer_reduce", backward.grad_outer_reduce, _threads,
                _elements(lambda p: p["size"]), "the sum of grad_outer's chunks"),
     KernelSpec("grad_input_seed", backward.grad_input_seed, lambda p: 64,
@@ -163,7 +165,7 @@ TRAINING_KERNELS = (
     KernelSpec("grad_a_input", backward.grad_a_input, _threads,
                lambda p: (ceil_div(p["in_dim"], p["threads"]), 1, 1),
                "dA = dh^T x and dx = dh A from one read of x (a few tokens)"),
-    KernelSpec("mse", loss.mse, _threads, _elements(lambda p: p["n"]),
+    KernelSpec("mse", loss.mse, _threads, _elements(lambda p: p["n"] // width(p["n"])),
                "mean squared error: gradient and per-workgroup partial sums"),
     KernelSpec("softmax_xent", loss.softmax_xent, _threads, lambda p: (p["tokens"], 1, 1),
                "softmax cross-entropy: gradient and per-token losses"),

@@ -23,10 +23,11 @@ ONE_RESULT = {"dB": ("g", "h", "dB"), "dh": ("g", "dh"), "dA": ("dh", "x", "dA")
               "dx": ("dh", "dx")}
 
 
-def backward_of(strategy, tokens: int, rank: int, device) -> Backward:
+def backward_of(strategy, tokens: int, weight, device) -> Backward:
     """A Backward from itself, its text, or None for the default for the shape."""
     if strategy is None:
-        return Backward.for_shape(tokens, rank, device.has_feature("subgroup"))
+        return Backward.for_shape(tokens, weight.rank, weight.in_dim, weight.out_dim,
+                                  device.has_feature("subgroup"))
     return strategy if isinstance(strategy, Backward) else Backward.parse(strategy)
 
 
@@ -52,7 +53,7 @@ def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
     "dA" or "dx") from the buffers ``ONE_RESULT`` names. ``strategy``: a
     Backward, its text, or None (the default for the shape)."""
     check_f16(device, weight.dtype, "backward plan")
-    strategy = backward_of(strategy, tokens, weight.rank, device)
+    strategy = backward_of(strategy, tokens, weight, device)
     r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, wgsl_dtype(weight.dtype)
     if only is None:
         kernels = strategy.kernels(r, i, o, float(scale), tokens, dt, accumulate, with_dx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.plan import Plan, Role
+from ..kernels.common import width
 
 LOSSES = ("mse", "xent")
 MSE_THREADS = 256  # the mse kernel sums a workgroup's squares into one partial
@@ -22,7 +23,7 @@ def loss_plan(device, kind: str, tokens: int, columns: int) -> Plan:
         kernel = ("mse", dict(n=n))
         roles = {"out": Role("output buffer", f32, (columns,)),
                  "want": Role("target buffer", f32, (columns,))}
-        sums = {"partial": -(-n // MSE_THREADS)}
+        sums = {"partial": -(-n // (width(n) * MSE_THREADS))}
     else:
         kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64))
         roles = {"logits": Role("output buffer", f32, (columns,)),

@@ -4,10 +4,12 @@ entry each (the text form and its rules are lora.core.strategy's Entry):
 ``seed``: Hesper's four kernels, one thread per element of each result (4 dispatches);
 ``paired:T``: dh and dB from one read of g, then dA and dx from one read of x
 (2 dispatches; up to PAIRED_TOKENS tokens);
-``split:T[:C[:G]][:sg][:q]``: dh by a workgroup per token (and per G ranks), dB
+``split:T[:C[:G]][:sg]``: dh by a workgroup per token (and per G ranks), dB
 and dA over chunks of C tokens (0: as many as fill the GPU, then summed by a
-second kernel; ``q``: 4 columns x 16 ranks per thread), dx (3 to 6
-dispatches; any token count).
+second kernel), dx (3 to 6 dispatches; any token count);
+``gemm:T[:C]``: dh, dB and dA as tiled matrix products (4 x 4 results per
+thread from tiles in workgroup memory; dims and rank multiples of 4), dx as
+split's (3 to 6 dispatches).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..core.strategy import Entry, registrar
-from ..kernels.backward import quad_fits
+from ..kernels.backward import outer_chunk, outer_tile, outer_tiled_fits
+from ..kernels.forward import gemm_chunk, gemm_tile_tokens
 
 PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: for a few tokens
 # From this many tokens x ranks, split computes dh with grad_dh_tiled (a vec4 of
@@ -24,6 +27,11 @@ PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: fo
 # threads) 222 us against 41.
 TILED_DH_ELEMENTS = 1 << 18
 PARTIAL_BYTES = 8 << 20  # at most this much of partial sums of dA or dB
+# The default backward is gemm from rank GEMM_RANK, and from rank 16 at GEMM_TOKENS
+# tokens. On the H200 (naga, 2560 -> 2560) gemm took the rank-64 step from 49 to 42 us
+# at one token, 68 to 46 at 16, 304 to 107 at 512 and 969 to 480 at 4096; at rank 8
+# split stays faster up to 512 tokens (24 against 42 us at one) and ties at 4096.
+GEMM_RANK, GEMM_TOKENS = 32, 128
 
 BACKWARD: dict[str, type] = {}
 backward_strategy = registrar(BACKWARD)  # register a backward strategy entry
@@ -42,11 +50,17 @@ class Backward(Entry):
         return cls() if cls is not Backward else Split()
 
     @classmethod
-    def for_shape(cls, tokens: int, rank: int, subgroups: bool = False) -> "Backward":
-        """The default: split, over groups of 8 ranks when tokens are few and the
-        rank high, with subgroup reductions where the adapter has them. (paired
-        reads g once but runs in one workgroup: on the H200 its grad_dh_b took
-        15 us at one token, split's three kernels 11 us together.)"""
+    def for_shape(cls, tokens: int, rank: int, in_dim: int, out_dim: int,
+                  subgroups: bool = False) -> "Backward":
+        """The default: gemm where the shape fits it from rank GEMM_RANK, or
+        from rank 16 at GEMM_TOKENS tokens; else split, over groups of 8 ranks
+        when tokens are few and the rank high, with subgroup reductions where
+        the adapter has them. (paired reads g once but runs in one workgroup:
+        on the H200 its grad_dh_b took 15 us at one token, split's three
+        kernels 11 us together.)"""
+        if (rank >= GEMM_RANK or rank >= 16 and tokens >= GEMM_TOKENS) and \
+                Gemm.fits(rank, in_dim, out_dim):
+            return Gemm()
         group = 8 if rank > 8 and rank % 8 == 0 and tokens <= 64 else 0
         return Split(subgroups=subgroups, rank_group=group)
 
@@ -124,13 +138,12 @@ class Split(Backward):
     name: ClassVar[str] = "split"
     numbers: ClassVar[tuple] = ("threads", "chunk", "rank_group")
     shown: ClassVar[int] = 1
-    flags: ClassVar[tuple] = (("sg", "subgroups", True), ("q", "quad", True))
+    flags: ClassVar[tuple] = (("sg", "subgroups", True),)
     order: ClassVar[tuple] = ("dh", "dB", "dA")
     threads: int = 256
     chunk: int = 0
     rank_group: int = 0
     subgroups: bool = False
-    quad: bool = False  # dA and dB by grad_outer_quad where the shape fits (quad_fits)
 
     def validate(self) -> None:
         if self.chunk < 0:
@@ -139,14 +152,7 @@ class Split(Backward):
             raise ValueError(f"rank_group must be a multiple of 4, got {self.rank_group}")
 
     def chunk_for(self, tokens: int, columns: int, rank: int) -> int:
-        """Tokens per workgroup row of dA and dB: enough rows to fill a big GPU
-        (about 1024 workgroups), at least 64 tokens each, and no more partial
-        sums than PARTIAL_BYTES."""
-        if self.chunk:
-            return min(self.chunk, tokens)
-        rows = max(1, 1024 // max(1, -(-columns // self.threads)))
-        most = max(1, PARTIAL_BYTES // (4 * columns * rank))
-        return max(64, -(-tokens // rows), -(-tokens // most))
+        return chunk_for(self.chunk, tokens, columns, rank, self.threads)
 
     def scratch(self, tokens, rank, in_dim, out_dim) -> dict:
         out = {"dh": (tokens, rank)}
@@ -182,16 +188,96 @@ class Split(Backward):
         names = dict(_outer_names(which), partial=f"partial_{which}")
         shape = dict(n=n, rank=rank, scale=scale, tokens=tokens, chunk=chunk,
                      layout="jr" if which == "b" else "rj", accumulate=accumulate, dtype=dtype)
-        if self.quad and quad_fits(n, rank):
-            steps = [("grad_outer_quad", shape, names)]
-        else:
-            steps = [("grad_outer", dict(shape, threads=self.threads), names)]
-        chunks = -(-tokens // chunk)
-        if chunks > 1:
-            steps.append(("grad_outer_reduce", dict(size=n * rank, chunks=chunks,
-                                                    threads=self.threads, accumulate=accumulate),
-                          {"partial": names["partial"], "out": names["out"]}))
-        return steps
+        return [("grad_outer", dict(shape, threads=self.threads), names)] + \
+            _reduce(-(-tokens // chunk), n * rank, accumulate, names["partial"], names["out"])
+
+
+def chunk_for(chunk: int, tokens: int, columns: int, rank: int, per_workgroup: int) -> int:
+    """Tokens per workgroup row of dA and dB (``chunk`` if given): enough rows
+    to fill a big GPU (about 1024 workgroups of ``per_workgroup`` columns),
+    at least 64 tokens each, and no more partial sums than PARTIAL_BYTES."""
+    if chunk:
+        return min(chunk, tokens)
+    rows = max(1, 1024 // max(1, -(-columns // per_workgroup)))
+    most = max(1, PARTIAL_BYTES // (4 * columns * rank))
+    return max(64, -(-tokens // rows), -(-tokens // most))
+
+
+def _reduce(chunks, size, accumulate, partial, out) -> list[tuple]:
+    """The sum of ``chunks`` partial results (no step for one)."""
+    return [("grad_outer_reduce", dict(size=size, chunks=chunks, accumulate=accumulate),
+             {"partial": partial, "out": out})] if chunks > 1 else []
+
+
+DH_WORKGROUPS = 256  # gemm: dh's slices of out_dim fill about this many workgroups
+DH_SPLITS = 16       # and at most this many
+
+
+@backward_strategy
+class Gemm(Backward):
+    """dh = s g B by project_a_tiled on B as it is stored (slices of out_dim,
+    summed by grad_outer_reduce when several), dB and dA by grad_outer_tiled
+    over chunks of C tokens (0: as many as fill the GPU), dx as split's."""
+
+    name: ClassVar[str] = "gemm"
+    numbers: ClassVar[tuple] = ("threads", "chunk")
+    shown: ClassVar[int] = 1
+    order: ClassVar[tuple] = ("dh", "dB", "dA")
+    threads: int = 256
+    chunk: int = 0
+
+    def validate(self) -> None:
+        if self.chunk < 0:
+            raise ValueError(f"chunk must be >= 0, got {self.chunk}")
+
+    @staticmethod
+    def fits(rank: int, in_dim: int, out_dim: int) -> bool:
+        return outer_tiled_fits(in_dim, rank) and outer_tiled_fits(out_dim, rank) and rank <= 256
+
+    def dh_splits(self, tokens: int, rank: int, out_dim: int) -> int:
+        tiles = -(-tokens // gemm_tile_tokens(rank, self.threads))
+        steps = out_dim // gemm_chunk(rank, out_dim, self.threads)
+        return max(1, min(steps, DH_SPLITS, -(-DH_WORKGROUPS // tiles)))
+
+    def _chunk(self, tokens: int, n: int, rank: int) -> int:
+        return outer_chunk(chunk_for(self.chunk, tokens, n, rank, outer_tile(rank)[1]),
+                           tokens, rank)
+
+    def scratch(self, tokens, rank, in_dim, out_dim) -> dict:
+        out = {"dh": (tokens, rank)}
+        splits = self.dh_splits(tokens, rank, out_dim)
+        if splits > 1:
+            out["dh_slices"] = (splits, tokens * rank)
+        for role, n in (("partial_b", out_dim), ("partial_a", in_dim)):
+            chunks = -(-tokens // self._chunk(tokens, n, rank))
+            if chunks > 1:
+                out[role] = (chunks, n * rank)
+        return out
+
+    def kernels_of(self, grad, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False):
+        if not self.fits(rank, in_dim, out_dim):
+            raise ValueError(f"the gemm backward needs rank, in_dim and out_dim multiples of 4 "
+                             f"and rank at most 256, got rank {rank}, in_dim {in_dim}, out_dim "
+                             f"{out_dim}; use split")
+        if grad == "dx":
+            return Split(threads=self.threads).kernels_of(grad, rank, in_dim, out_dim, scale,
+                                                          tokens, dtype, accumulate)
+        if grad == "dh":
+            splits = self.dh_splits(tokens, rank, out_dim)
+            into = "dh_slices" if splits > 1 else "dh"
+            return [("project_a_tiled", dict(rank=rank, in_dim=out_dim, tokens=tokens, splits=splits,
+                                             threads=self.threads, dtype=dtype, a_columns=True,
+                                             scale=float(scale)),
+                     {"A": "B", "x": "g", "hp": into})] + \
+                _reduce(splits, tokens * rank, False, "dh_slices", "dh")
+        which, n, sc = ("b", out_dim, float(scale)) if grad == "dB" else ("a", in_dim, 1.0)
+        names = dict(_outer_names(which), partial=f"partial_{which}")
+        chunk = self._chunk(tokens, n, rank)
+        return [("grad_outer_tiled", dict(n=n, rank=rank, scale=sc, tokens=tokens, chunk=chunk,
+                                          layout="jr" if which == "b" else "rj",
+                                          accumulate=bool(accumulate), dtype=dtype), names)] + \
+            _reduce(-(-tokens // chunk), n * rank, bool(accumulate), names["partial"],
+                    names["out"])
 
 
 BACKWARDS = tuple(BACKWARD)

@@ -5,7 +5,10 @@ before OpenGL, unless a backend or name is asked for.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+import warnings
 
 import wgpu
 
@@ -83,7 +86,38 @@ def all_adapters() -> list:
             one = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
             found = [one] if one is not None else []
         _adapters = found
+        hide_triton_beside_mesa_llvm()
     return _adapters
+
+
+TRITON_HIDDEN = (
+    "shaderdsl: Mesa's LLVM (loaded by the lavapipe/llvmpipe driver when adapters were "
+    "listed) is now in this process, and importing triton (installed here; torch.compile's "
+    "compiler, imported by peft and transformers) beside it crashes the process: triton "
+    "bundles another LLVM, whose static initialisers then segfault. `import triton` now "
+    "raises ImportError in this process instead; torch, peft and transformers work without "
+    "it. To use triton too, import it (or torch._dynamo, or peft) before the first GPU call.")
+
+
+def hide_triton_beside_mesa_llvm() -> bool:
+    """Block triton's import where Mesa's libLLVM is loaded and triton is not
+    yet: that import segfaults (SIGSEGV in LLVM's DebugCounter set-up, triton
+    3.8 beside Mesa 22.3's LLVM 15; docs/errors.md, known issue 2). Says so
+    once (RuntimeWarning); True if it blocked it."""
+    if "triton" in sys.modules or not _mesa_llvm_loaded() or \
+            importlib.util.find_spec("triton") is None:
+        return False
+    sys.modules["triton"] = None  # import triton -> ModuleNotFoundError, as if not installed
+    warnings.warn(TRITON_HIDDEN, RuntimeWarning, stacklevel=3)
+    return True
+
+
+def _mesa_llvm_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return "/libLLVM" in maps.read()
+    except OSError:  # not Linux: no Mesa driver there
+        return False
 
 
 def matrix_configs(a) -> tuple[MatrixConfig, ...]:
