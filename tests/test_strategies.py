@@ -61,8 +61,9 @@ STRATEGY_TEXTS = [
 ]
 # Strategies for shapes whose rank, in_dim and out_dim are multiples of 4 (gemm
 # stages x and A as vec4s and writes vec4s of output; "q" writes vec4s):
-# 1 to 8 slices of in_dim, tiles of 1 to 32 tokens, 32 to 256 threads.
+# 1 to 8 slices of in_dim, tiles of 1 to 32 tokens, 32 to 256 threads, 4 or 8 tokens per thread.
 ALIGNED_TEXTS = ["gemm:64:4:1", "gemm:32:8:3", "gemm:128:16:2", "gemm:256:1:8", "gemm:64:32:5",
+                 "gemm:64:16:2:8", "gemm:256:4:1:8",
                  "tiled:64:4:q", "tiled:128:16:loop:q", "tiled:64:8:4:q"]
 EDGE_DIMS = [1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
              511, 512, 513, 597, 599, 600]
@@ -342,6 +343,8 @@ def test_strategy_fields():
     ("gemm:64:4:2:sg", "cannot parse strategy 'gemm:64:4:2:sg': 'gemm' takes no word 'sg'"),
     ("gemm:64:33:2", "tile_tokens must be 1 to 32"),
     ("gemm:64:4:0", "gemm: splits must be >= 1, got 0"),
+    ("gemm:64:4:2:6", "gemm: block (tokens per thread of project_a_tiled) must be one of (4, 8), "
+                      "got 6"),
     ("single:64:1:q", "cannot parse strategy 'single:64:1:q': 'single' takes no word 'q'; it "
                       "belongs to tiled"),
     ("seed:sg", "cannot parse strategy 'seed:sg': 'seed' takes no word 'sg'"),
@@ -357,7 +360,7 @@ def test_strategy_bad_text(text, message):
 
 
 @pytest.mark.parametrize("text", ["single:64:1:2", "tiled:64:4:2:1", "split:64:5:2", "seed:64",
-                                  "gemm:64:4:2:1"])
+                                  "gemm:64:4:2:4:1"])
 def test_strategy_too_many_numbers(text):
     with pytest.raises(ValueError, match="takes up to"):
         Strategy.parse(text)
@@ -596,9 +599,10 @@ def test_the_model_follows_the_h200_measurements(device):
     assert first(8, 2560, 2560, 1) == "single:256:1"
     assert first(64, 2560, 2560, 1) == "split:256:4"
     assert first(8, 2560, 2560, 16) == "split:256"
-    assert first(64, 2560, 2560, 512) == "gemm:128:16:8"
-    assert first(64, 2560, 2560, 4096) == "gemm:256:16:4"
-    assert first(64, 128, 64, 512) == "gemm:128:16:4"  # fewer splits of a small in_dim
+    assert first(64, 2560, 2560, 256) == "gemm:128:16:16"
+    assert first(64, 2560, 2560, 512) == "gemm:128:16:16:8"
+    assert first(64, 2560, 2560, 4096) == "gemm:256:16:8:8"
+    assert first(64, 128, 64, 512) == "gemm:128:16:4:8"  # fewer splits of a small in_dim
     assert first(8, 2560, 2560, 512).startswith("tiled:")
     assert str(tuning.model(device, Weight.from_numpy(device, np.zeros((3, 5), np.float32),
                                                       np.zeros((7, 3), np.float32)), 9)[-1]) \

@@ -166,7 +166,7 @@ def lora_entries() -> list[Entry]:
         s = dict(_spread(n), in_dim=in_dim, out_dim=out_dim, tokens=(None, 3)[n % 2])
         dt = ("f32", "f16")[n // 2 % 2]
         add("project_a_tiled", rank=rank, in_dim=in_dim, tokens=s["tokens"],
-            threads=(64, 256)[n % 2], splits=1 + n % 3, dtype=dt)
+            threads=(64, 256)[n % 2], splits=1 + n % 3, dtype=dt, block=(4, 8)[n // 2 % 2])
         add("project_a_tiled", rank=rank, in_dim=out_dim, tokens=3, threads=(256, 64)[n % 2],
             splits=1 + n % 2, dtype=dt, a_columns=True, scale=s["scale"])  # gemm's dh
         add("tiled_b_add", out_dim=out_dim, rank=rank, scale=s["scale"], tokens=s["tokens"],

@@ -29,9 +29,10 @@ from ..core.weight import Weight, wgsl_dtype
 
 DIM = 2560
 CASES = (  # (rank, tokens, dtype, strategies)
-    (64, 4096, "f32", ("tiled:512:16:4:loop", "gemm:256:16:4", "gemm:256:16:8", "gemm:256:32:8")),
+    (64, 4096, "f32", ("tiled:512:16:4:loop", "gemm:256:16:4", "gemm:256:16:8", "gemm:256:32:8",
+                       "gemm:256:16:4:8", "gemm:256:16:8:8")),
     (64, 512, "f32", ("tiled:256:4", "gemm:256:8:16", "gemm:128:16:16", "gemm:256:16:16",
-                      "gemm:128:16:8", "gemm:256:16:8")),
+                      "gemm:128:16:8", "gemm:256:16:8", "gemm:128:16:16:8")),
     (16, 4096, "f32", ("tiled:512:16", "gemm:64:16:8", "gemm:128:16:8")),
     (8, 4096, "f32", ("tiled:512:16:loop", "tiled:512:16:q")),
     (8, 4096, "f16", ("tiled:512:16:loop", "tiled:512:16:q")),

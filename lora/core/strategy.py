@@ -16,8 +16,9 @@ text                          dispatches   kernels
 ``split:T[:G][:seed][:sg]``   2            project_a (per token, G ranks per workgroup), fused_b_add
 ``single:T:O[:loop][:sg]``    1            fused_forward (h recomputed by every workgroup)
 ``tiled:T:TT[:B][:loop][:q]`` 1            tiled_forward (TT tokens per workgroup, B per thread)
-``gemm:T:TT:S``               2            project_a_tiled (4 x 4 per thread, S slices of in_dim),
-                                           tiled_b_add (TT tokens x 256 columns per workgroup)
+``gemm:T:TT:S[:BL]``          2            project_a_tiled (BL = 4 or 8 tokens x 4 ranks per
+                                           thread, S slices of in_dim), tiled_b_add (TT
+                                           tokens x 256 columns per workgroup)
 ``matrix:S:F:R:C:D``          2            f16 on matrix units: project_a_matrix (S slices),
                                            b_add_matrix (R x C fragments per subgroup)
 ============================  ===========  =================================================
@@ -34,6 +35,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ..kernels import tiled_fits
+from ..kernels.forward import GEMM_BLOCKS
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
 
@@ -363,14 +365,16 @@ class Tiled(Strategy):
 @forward_strategy
 class Gemm(Strategy):
     """Two dispatches: project_a_tiled (h as a matrix product, in ``splits``
-    slices of in_dim), then tiled_b_add (a tile of tokens x 256 columns)."""
+    slices of in_dim, ``block`` tokens per thread), then tiled_b_add (a tile of
+    tokens x 256 columns)."""
 
     name: ClassVar[str] = "gemm"
-    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "splits")
+    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "splits", "block")
     shown: ClassVar[int] = 3
     threads: int = 128
     tile_tokens: int = 16
     splits: int = 1
+    block: int = 4
 
     def validate(self) -> None:
         if not 1 <= self.tile_tokens <= GEMM_TILE_TOKENS:
@@ -378,12 +382,15 @@ class Gemm(Strategy):
                              f"accumulator per token and thread), got {self.tile_tokens}")
         if self.splits < 1:
             raise ValueError(f"gemm: splits must be >= 1, got {self.splits}")
+        if self.block not in GEMM_BLOCKS:
+            raise ValueError(f"gemm: block (tokens per thread of project_a_tiled) must be one "
+                             f"of {GEMM_BLOCKS}, got {self.block}")
 
     def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, save_h=False):
         hp = {"hp": "h" if self.splits == 1 else "hp"}  # the slices of h (h itself when one)
         return [("project_a_tiled", dict(rank=rank, in_dim=in_dim, tokens=tokens,
-                                         threads=self.threads, splits=self.splits, dtype=dtype),
-                 hp),
+                                         threads=self.threads, splits=self.splits, dtype=dtype,
+                                         block=self.block), hp),
                 ("tiled_b_add", dict(out_dim=out_dim, rank=rank, scale=float(scale),
                                      tokens=tokens, tile_tokens=self.tile_tokens,
                                      splits=self.splits, dtype=dtype,
@@ -397,11 +404,14 @@ class Gemm(Strategy):
     @classmethod
     def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         """From rank 16 and 64 tokens where the shape is a multiple of 4 (rank 64:
-        T = 512 30-32 us against tiled's 57 on the H200; optimisation notes 22-23)."""
+        T = 512 30-32 us against tiled's 57 on the H200; optimisation notes 22-23);
+        8 tokens per thread from 512 tokens."""
         if rank < 16 or tokens < 64 or rank % 4 or in_dim % 4 or out_dim % 4:
             return []
-        return [cls(threads, 16, splits) for threads in ((64, 128) if rank <= 16 else (128, 256))
-                for splits in (4, 8, 16) if splits * 32 <= in_dim]
+        return [cls(threads, 16, splits, block)
+                for threads in ((64, 128) if rank <= 16 else (128, 256))
+                for splits in (4, 8, 16) if splits * 32 <= in_dim
+                for block in ((4, 8) if tokens >= 512 else (4,))]
 
 
 @forward_strategy

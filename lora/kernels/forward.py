@@ -382,17 +382,21 @@ def _phase_out(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, threads, qu
 B_ADD_THREADS = 64  # tiled_b_add's workgroup: 64 threads, a vec4 of output columns each
 
 
-def gemm_tile_tokens(rank: int, threads: int) -> int:
-    """Tokens per workgroup of project_a_tiled: each thread owns a 4 x 4 block
-    (4 tokens, a vec4 of ranks), so threads // (rank / 4) groups of 4 tokens,
-    at most 128 (the threads left over only stage tiles)."""
-    return 4 * min(threads // (rank // 4), 128)
+GEMM_BLOCKS = (4, 8)  # tokens per thread of project_a_tiled
 
 
-def gemm_chunk(rank: int, in_dim: int, threads: int) -> int:
+def gemm_tile_tokens(rank: int, threads: int, block: int = 4) -> int:
+    """Tokens per workgroup of project_a_tiled: each thread owns a block x 4
+    block (``block`` tokens, a vec4 of ranks), so threads // (rank / 4) groups
+    of ``block`` tokens, at most 512 tokens (the threads left over only stage
+    tiles)."""
+    return block * min(threads // (rank // 4), 512 // block)
+
+
+def gemm_chunk(rank: int, in_dim: int, threads: int, block: int = 4) -> int:
     """Columns of x and A staged per step: the most of 32, 16, 8, 4 that divides
     in_dim and fits both tiles in workgroup memory."""
-    tile_rows = gemm_tile_tokens(rank, threads) + rank
+    tile_rows = gemm_tile_tokens(rank, threads, block) + rank
     for chunk in (32, 16, 8, 4):
         if in_dim % chunk == 0 and chunk * tile_rows <= SHARED_FLOATS:
             return chunk
@@ -401,7 +405,7 @@ def gemm_chunk(rank: int, in_dim: int, threads: int) -> int:
 
 
 def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
-                    a_columns=False, scale=1.0):
+                    a_columns=False, scale=1.0, block=4):
     """Partial sums of h = scale A @ x, shaped like a matrix product: a workgroup
     takes ``gemm_tile_tokens`` tokens and every rank, over slice
     ``workgroup_id.y`` of ``splits`` slices of in_dim (more workgroups when
@@ -409,8 +413,8 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
 
     Each step stages ``chunk`` columns of x and A in workgroup memory,
     transposed so that a vec4 holds 4 tokens (x) or 4 ranks (A); each thread
-    then does 16 multiply-adds per two vec4 loads, and no thread reduces with
-    another. The next step's loads are issued before this step's arithmetic,
+    then does 4 ``block`` multiply-adds per block / 4 + 1 vec4 loads (``block``
+    tokens per thread: 4 or 8), and no thread reduces with another. The next step's loads are issued before this step's arithmetic,
     so their latency overlaps it. hp[s, t] holds slice s's sums for token t
     (hp is h when splits is 1); ``tiled_b_add`` adds the slices.
     ``a_columns``: A is given as its transpose [in_dim, rank] (B's layout: the
@@ -419,7 +423,10 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
     if rank % 4 or in_dim % 4 or rank > 4 * threads:
         raise ValueError(f"project_a_tiled: rank ({rank}) and in_dim ({in_dim}) must be "
                          f"multiples of 4, and rank at most 4 x threads ({threads})")
-    quads, tm, chunk = rank // 4, gemm_tile_tokens(rank, threads), gemm_chunk(rank, in_dim, threads)
+    if block not in GEMM_BLOCKS:
+        raise ValueError(f"project_a_tiled: block must be one of {GEMM_BLOCKS}, got {block}")
+    quads, tm = rank // 4, gemm_tile_tokens(rank, threads, block)
+    chunk = gemm_chunk(rank, in_dim, threads, block)
     A, in_n = input_matrix(m, "A", *((in_dim, rank) if a_columns else (rank, in_dim)), dtype)
     x, in_n = input_matrix(m, "x", tokens, in_dim, dtype)
     hp = m.declare_output_buffer("hp", vec4f, None if tokens is None else splits * tokens * quads)
@@ -430,9 +437,10 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
              else _transposed_tile(m, at, A, rank, chunk, in_n, lambda r: r, threads)]
     tid = m.local_index()
     tx, ty = m.let(tid % quads, "tx"), m.let(tid / quads, "ty")
-    spare = tm // 4 * quads < threads  # threads past the last group of 4 tokens: staging only
-    tr = m.let(ty % (tm // 4), "tr") if spare else ty
-    accs = [m.var(vec4f, vec4f(0.0), f"acc{i}") for i in range(4)]
+    groups = tm // block  # of block tokens, one per thread of a rank quad
+    spare = groups * quads < threads  # threads past the last group: staging only
+    tr = m.let(ty % groups, "tr") if spare else ty
+    accs = [m.var(vec4f, vec4f(0.0), f"acc{i}") for i in range(block)]
     s = m.workgroup_id().y
     steps = in_dim // chunk
     first = m.let(s * steps / splits, "first")
@@ -447,13 +455,14 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
             for (load, _), items in zip(tiles, held):
                 load(step + 1, into=items)
         for k in range(chunk):
-            xv = m.let(xs[k * (tm // 4) + tr], "xv")
+            xvs = [m.let(xs[k * (tm // 4) + tr * (block // 4) + b], "xv")
+                   for b in range(block // 4)]
             av = m.let(at[k * quads + tx], "av")
-            for i in range(4):
-                accs[i] += getattr(xv, "xyzw"[i]) * av
-    for i in range(4):
-        t = m.let(t0 + ty * 4 + i, f"t{i}")
-        with m.if_((t < n) & (ty < tm // 4) if spare else t < n):
+            for i in range(block):
+                accs[i] += getattr(xvs[i // 4], "xyzw"[i % 4]) * av
+    for i in range(block):
+        t = m.let(t0 + ty * block + i, f"t{i}")
+        with m.if_((t < n) & (ty < groups) if spare else t < n):
             hp[(s * n + t) * quads + tx] = accs[i] if scale == 1.0 else scale * accs[i]
 
 

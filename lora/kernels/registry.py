@@ -91,9 +91,11 @@ KERNELS = {spec.name: spec for spec in (
                lambda p: (ceil_div(p["tokens"], p["tile_tokens"]), 1, 1),
                "output += scale * B @ (A @ x), one dispatch, a tile of tokens per workgroup"),
     KernelSpec("project_a_tiled", project_a_tiled, lambda p: p["threads"],
-               lambda p: (ceil_div(p["tokens"], gemm_tile_tokens(p["rank"], p["threads"])),
+               lambda p: (ceil_div(p["tokens"], gemm_tile_tokens(p["rank"], p["threads"],
+                                                                  p["block"])),
                           p["splits"], 1),
-               "h = A @ x as a matrix product: 4 x 4 per thread, in slices of in_dim"),
+               "h = A @ x as a matrix product: 4 or 8 tokens x 4 ranks per thread, in slices "
+               "of in_dim"),
     KernelSpec("tiled_b_add", tiled_b_add, lambda p: B_ADD_THREADS,
                lambda p: (ceil_div(p["tokens"], p["tile_tokens"]),
                           ceil_div(p["out_dim"], 4 * B_ADD_THREADS), 1),
