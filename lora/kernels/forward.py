@@ -18,8 +18,7 @@ from shaderdsl import f32, vec4f
 from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, hold, input_matrix, load_h,
                      output_buffer, partial_dots, past_the_end, reduce_sum, row_dot,
                      split_index, stage, storage_scalar, store_output, token_count, token_rows,
-                     tree_sum,
-                     unrolled_or_loop, widen, width)
+                     tree_sum, unrolled_or_loop, widen, width)
 
 # ------------------------------------------------------------------ A @ x
 
@@ -414,8 +413,9 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
     Each step stages ``chunk`` columns of x and A in workgroup memory,
     transposed so that a vec4 holds 4 tokens (x) or 4 ranks (A); each thread
     then does 4 ``block`` multiply-adds per block / 4 + 1 vec4 loads (``block``
-    tokens per thread: 4 or 8), and no thread reduces with another. The next step's loads are issued before this step's arithmetic,
-    so their latency overlaps it. hp[s, t] holds slice s's sums for token t
+    tokens per thread: 4 or 8), and no thread reduces with another. The next
+    step's loads are issued before this step's arithmetic, so their latency
+    overlaps it. hp[s, t] holds slice s's sums for token t
     (hp is h when splits is 1); ``tiled_b_add`` adds the slices.
     ``a_columns``: A is given as its transpose [in_dim, rank] (B's layout: the
     backward's dh = s g B is this kernel with x = g and A = B), staged as is.

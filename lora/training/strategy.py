@@ -232,6 +232,8 @@ class Gemm(Backward):
 
     @staticmethod
     def fits(rank: int, in_dim: int, out_dim: int) -> bool:
+        """Dims and rank multiples of 4; rank at most 256 (dh's tiles, rank rows
+        of B among them, in 16 KiB of workgroup memory)."""
         return outer_tiled_fits(in_dim, rank) and outer_tiled_fits(out_dim, rank) and rank <= 256
 
     def dh_splits(self, tokens: int, rank: int, out_dim: int) -> int:
