@@ -415,11 +415,10 @@ def project_a_tiled(m, rank, in_dim, tokens, threads=256, splits=1, dtype="f32",
     then does 4 ``block`` multiply-adds per block / 4 + 1 vec4 loads (``block``
     tokens per thread: 4 or 8), and no thread reduces with another. The next
     step's loads are issued before this step's arithmetic, so their latency
-    overlaps it. hp[s, t] holds slice s's sums for token t
-    (hp is h when splits is 1); ``tiled_b_add`` adds the slices.
-    ``a_columns``: A is given as its transpose [in_dim, rank] (B's layout: the
-    backward's dh = s g B is this kernel with x = g and A = B), staged as is.
-    """
+    overlaps it. hp[s, t] holds slice s's sums for token t (hp is h when splits
+    is 1); ``tiled_b_add`` adds the slices. ``a_columns``: A is given as its
+    transpose [in_dim, rank] (B's layout: the backward's dh = s g B is this
+    kernel with x = g and A = B), staged as is."""
     if rank % 4 or in_dim % 4 or rank > 4 * threads:
         raise ValueError(f"project_a_tiled: rank ({rank}) and in_dim ({in_dim}) must be "
                          f"multiples of 4, and rank at most 4 x threads ({threads})")
