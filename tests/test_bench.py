@@ -207,3 +207,13 @@ def test_training_rows_for_several_backwards(tmp_path, device):
     assert [r["tokens"] for r in rows] == [1, 1, 16, 16]
     assert [r["backward"] == "split:64:sg" for r in rows] == [False, True, False, True]
     assert all(r["rel_err"] < 1e-5 and positive(r["gpu_us"]) for r in rows)
+
+
+def test_training_rows_take_the_given_subset(tmp_path, device):
+    """--tokens, --ranks and --dims choose the training rows too (they were
+    always the training matrix's own, whatever was asked)."""
+    assert bench.main(["--quick", "--train", "only", "--tokens", "3", "--ranks", "4",
+                       "--dims", "16x24", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
+    assert [(r["tokens"], r["rank"], r["in_dim"], r["out_dim"]) for r in rows] == [(3, 4, 16, 24)]
+    assert rows[0]["rel_err"] < 1e-5

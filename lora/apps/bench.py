@@ -261,11 +261,11 @@ def bench_case(device, dtype, tokens, rank, in_dim, out_dim, copy_gbps, quick, l
 
 
 def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str = "also",
-        backwards: tuple = (None,)) -> dict:
+        backwards: tuple = (None,), train_grid: dict | None = None) -> dict:
     """Measure every case of ``grid`` (and, unless ``train`` is "no", the training
-    steps of lora.apps.bench_train, once per backward strategy of ``backwards``,
-    None for the default; "only": those alone); ``save(result)`` is called
-    after each case."""
+    steps of lora.apps.bench_train over ``train_grid``, once per backward
+    strategy of ``backwards``, None for the default; "only": those alone);
+    ``save(result)`` is called after each case."""
     device = get_device()
     grid = grid or (QUICK if quick else FULL)
     log(f"adapter: {device.name} ({device.backend}), wgpu build {WGPU_BUILD} ({COMPILER})")
@@ -285,7 +285,7 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str 
     cases = [] if train == "only" else \
         [(d, t, r, i, o) for d in dtypes for (i, o) in grid["dims"] for r in grid["ranks"]
          for t in grid["tokens"]]
-    tgrid = bench_train.QUICK if quick else bench_train.FULL
+    tgrid = train_grid or (bench_train.QUICK if quick else bench_train.FULL)
     train_cases = [] if train == "no" else \
         [(t, r, i, o, bw) for (i, o) in tgrid["dims"] for r in tgrid["ranks"]
          for t in tgrid["tokens"] for bw in backwards]
@@ -365,7 +365,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--tokens", type=lambda v: tuple(int(t) for t in v.split(",")),
-                   help="comma-separated token counts (default: the full matrix's)")
+                   help="comma-separated token counts, of the forward and training rows "
+                        "(default: the full matrix's)")
     p.add_argument("--ranks", type=lambda v: tuple(int(t) for t in v.split(",")),
                    help="comma-separated ranks")
     p.add_argument("--dims", type=lambda v: tuple(tuple(int(d) for d in p.split("x"))
@@ -421,9 +422,12 @@ def main(argv=None) -> int:
         return gemm_main(args.out, args.gemm, log)
 
     grid = dict(QUICK if args.quick else FULL)
+    train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)
     for key in GRID_KEYS:
         if getattr(args, key):
             grid[key] = getattr(args, key)
+            if key in train_grid:  # the training rows take the same subset (not dtypes: f32)
+                train_grid[key] = getattr(args, key)
     name = os.path.join(args.out, f"bench-{COMPILER}.json")
 
     def save(result):
@@ -431,7 +435,7 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
         os.replace(name + ".tmp", name)
 
-    results = [run(args.quick, log, grid, save, args.train, args.backward)]
+    results = [run(args.quick, log, grid, save, args.train, args.backward, train_grid)]
     save(results[0])
     log(f"wrote {name}")
     if args.both_builds and WGPU_BUILD != "dawn":
