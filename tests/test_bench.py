@@ -201,11 +201,11 @@ def test_gemm_refused_without_matrix_units(tmp_path, capsys, device):
 def test_training_rows_for_several_backwards(tmp_path, device):
     """--backward times each training step with each strategy (default: the
     trainer's), every row checked against float64 first."""
-    assert bench.main(["--quick", "--train", "only", "--backward", "default,split:64:sg",
+    assert bench.main(["--quick", "--train", "only", "--backward", "default,gemm:64",
                        "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
     assert [r["tokens"] for r in rows] == [1, 1, 16, 16]
-    assert [r["backward"] == "split:64:sg" for r in rows] == [False, True, False, True]
+    assert [r["backward"] == "gemm:64" for r in rows] == [False, True, False, True]
     assert all(r["rel_err"] < 1e-5 and positive(r["gpu_us"]) for r in rows)
 
 
