@@ -136,9 +136,11 @@ def _lora_case(device, rank, in_dim, out_dim, tokens, text, seed, save_h=False):
     plan = lora.forward_plan(device, w, 0.5, tokens, text, save_h=save_h)
     plan(device.buffer(x), out)
     got = device.read(out).astype(np.float64)
-    # h is rounded to f16 as it is staged (as PyTorch's fp16 h is): one more 2**-11
-    tol = R.f16_tolerance(x, a, b, 0.5, base) + R.F16_ROUNDING * R.tolerance(
-        x, a, b, 0.5, rtol=1.0, atol=0.0)
+    # h is rounded to f16 as it is staged (as PyTorch's fp16 h is): one more 2**-11;
+    # direct sums into f16 fragments: one more rounding per 16 ranks
+    roundings = 1 + (rank // 16 if text.endswith(":direct") else 0)
+    tol = R.f16_tolerance(x, a, b, 0.5, base) + roundings * R.F16_ROUNDING * R.tolerance(
+        x, a, b, 0.5, base, rtol=1.0, atol=0.0)
     assert R.within(got, R.forward(x, a, b, 0.5, base), tol), text
     if save_h:
         h = device.read(plan.scratch["h"]).reshape(tokens, rank)
@@ -156,6 +158,19 @@ def test_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
     _lora_case(interp_device(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
+@settings(max_examples=4, deadline=None)
+@given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 12), st.integers(1, 6)),
+       tokens=st.integers(1, 70), form=st.sampled_from(["matrix:1:1:2:2:direct",
+                                                        "matrix:2:1:1:1:direct",
+                                                        "matrix:4:1:4:2:direct"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
+    """The output's f16 fragments as accumulators: whole fragments of tokens
+    on matrix units, a last partial one lane by lane, columns in blocks of 32."""
+    in_dim, out_dim = 16 * dims[0], 32 * dims[1]
+    _lora_case(interp_device(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+
+
 @pytest.mark.slow
 def test_matrix_strategy_at_rank_64_in_the_interpreter():
     _lora_case(interp_device(), 64, 128, 136, 70, "matrix:2:2:2:4", 1, save_h=True)
@@ -165,8 +180,12 @@ def test_matrix_strategy_at_rank_64_in_the_interpreter():
 @pytest.mark.parametrize("rank, tokens", [(8, 300), (64, 77)])
 def test_matrix_strategy_on_the_gpu(device, rank, tokens):
     _has_fragment(device)
-    for text in ("matrix", "matrix:4:1:1:4"):
-        _lora_case(device, rank, 512, 264, tokens, text, 2, save_h=True)
+    from lora.kernels.matrix import DIRECT
+    direct = rank % 16 == 0 and DIRECT in device.subgroup_matrix_configs
+    for text in ("matrix", "matrix:4:1:1:4") + (("matrix:1:1:2:2:direct", "matrix:4:1:4:2:direct")
+                                                 if direct else ()):
+        _lora_case(device, rank, 512, 256 if text.endswith("direct") else 264, tokens, text, 2,
+                   save_h=True)
 
 
 def test_matrix_is_offered_only_with_f16_fragments():
@@ -192,3 +211,54 @@ def test_matrix_on_an_f32_weight_is_refused():
     w = lora.Weight.from_numpy(dev, np.ones((8, 64)), np.ones((64, 8)))
     with pytest.raises(ValueError, match="multiplies f16 on matrix units; the weight is f32"):
         lora.forward_plan(dev, w, 1.0, 16, "matrix")
+
+
+# ------------------------------------------------------------------ the "matrix" backward
+
+def _backward_case(device, rank, in_dim, out_dim, tokens, text, seed):
+    """dA and dB of the matrix backward (h and dh rounded to f16 as they are
+    staged, f32 sums) within two f16 roundings of the magnitudes of float64."""
+    from lora.training.backward import backward_plan
+    rng = np.random.default_rng(seed)
+    f16 = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+    a, b, x, g = f16(rank, in_dim), f16(out_dim, rank), f16(tokens, in_dim), f16(tokens, out_dim)
+    w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
+    h = R.project_a(a, x).astype(np.float32)
+    bufs = [device.buffer(v) for v in (g, x, h)] + [device.empty(a.shape, np.float32),
+                                                    device.empty(b.shape, np.float32)]
+    plan = backward_plan(device, w, 0.5, tokens, text, with_dx=False)
+    assert "grad_outer_matrix" in {s.kernel.name for s in plan.steps}
+    plan(*bufs)
+    want = R.backward(x, a, b, g, 0.5)
+    ab, bb, xb, gb = (np.abs(v.astype(np.float64)) for v in (a, b, x, g))
+    mag_b = 0.5 * gb.T @ (xb @ ab.T)
+    mag_a = (0.5 * gb @ bb).T @ xb
+    for got, key, mag in ((bufs[3], "grad_a", mag_a), (bufs[4], "grad_b", mag_b)):
+        tol = 2 * R.F16_ROUNDING * mag + 1e-6 * mag.max()
+        assert R.within(device.read(got), want[key], tol), (text, key)
+
+
+@pytest.mark.slow
+def test_matrix_backward_in_the_interpreter():
+    """Two chunks of tokens (the second partial), dh in two slices of out_dim."""
+    _backward_case(interp_device(), 16, 32, 64, 40, "matrix:32", 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rank, tokens", [(16, 77), (64, 600)])
+def test_matrix_backward_on_the_gpu(device, rank, tokens):
+    _has_fragment(device)
+    for text in ("matrix", "matrix:128"):
+        _backward_case(device, rank, 512, 264, tokens, text, 5)
+
+
+def test_matrix_backward_is_the_f16_default_with_fragments():
+    from lora.training.backward import backward_of
+    w = lora.Weight.from_numpy(interp_device(), np.ones((64, 256)), np.ones((256, 64)),
+                               dtype=np.float16)
+    assert str(backward_of(None, 512, w, interp_device())) == "matrix"
+    none = interp.Device(subgroup_size=32, subgroup_matrix_configs=())
+    assert str(backward_of(None, 512, w, none)) == "gemm:256"
+    with pytest.raises(ValueError, match="the matrix backward multiplies f16 on matrix units"):
+        lora.backward_plan(interp_device(), lora.Weight.from_numpy(
+            interp_device(), np.ones((64, 256)), np.ones((256, 64))), 1.0, 16, "matrix")

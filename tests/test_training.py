@@ -208,8 +208,11 @@ def test_backward_refuses_bad_buffers_before_dispatch(device):
         Backward.parse("split:x")
     if device.has_feature("shader-f16"):
         w16 = lora.Weight.from_numpy(device, np.ones((3, 16)), np.ones((8, 3)), dtype=np.float16)
-        with pytest.raises(BindingError, match="LayerTrainer: training needs a float32 weight"):
-            LayerTrainer(device, w16, 1.0, 2, AdamW())
+        trainer = LayerTrainer(device, w16, 1.0, 2, AdamW())
+        with NoDispatch(device, BindingError, r"input buffer must be float16 \(2, 16\) \(the "
+                                              r"weight's dtype\), got float32"):
+            trainer.record(bufs["x"], device.empty((2, 8), np.float16),
+                           device.empty((2, 8), np.float16), device.empty((2, 8), np.float16))
 
 
 # ---------------------------------------------------------------- optimizers
@@ -318,6 +321,41 @@ def test_layer_trainer_matches_float64(device, loss):
         ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1], step, 1e-2)
         br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3], step, 1e-2)
         assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
+
+
+@pytest.mark.parametrize("forward", [None, "tiled:64:8"])
+def test_f16_layer_trainer_is_mixed_precision(device, forward):
+    """An f16 weight trains as torch.autocast does: f16 x, outputs, target and
+    g, f32 masters updated by the optimizer, the weight their f16 rounding
+    after each step. Against float64 of the same rounding of the stored
+    values, 8 SGD steps."""
+    if not device.has_feature("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16")
+    rng = np.random.default_rng(21)
+    T, I, O, r, s, lr = 24, 64, 40, 8, 2.0, 0.5
+    a, b = R.init_lora(I, O, r, seed=3)
+    b = (normal(rng, b.shape) * np.float32(0.1)).astype(np.float16)
+    a = a.astype(np.float16)
+    x, base, target = (normal(rng, shape).astype(np.float16) for shape in ((T, I), (T, O), (T, O)))
+    w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
+    trainer = LayerTrainer(device, w, s, T, SGD(lr=lr), loss="mse", forward=forward)
+    xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    first = None
+    for _ in range(8):
+        trainer.record(xb, ob, tb, bb)
+        out = R.forward(x, ar.astype(np.float16), br.astype(np.float16), s, base)
+        loss, g = R.mse(out.astype(np.float16), target)
+        d = R.backward(x, ar.astype(np.float16), br.astype(np.float16), g.astype(np.float16), s)
+        ar, br = ar - lr * d["grad_a"], br - lr * d["grad_b"]
+        first = first or loss
+        assert abs(trainer.loss() - loss) <= 2e-3 * loss, (trainer.loss(), loss)
+    got_a, got_b = (device.read(m) for m in trainer.masters)
+    for got, want, start in ((got_a, ar, a), (got_b, br, b)):
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want - start).max()
+    assert np.array_equal(device.read(w.a), got_a.astype(np.float16))
+    assert np.array_equal(device.read(w.b), got_b.astype(np.float16))
+    assert trainer.loss() < 0.9 * first
 
 
 def test_init_is_peft_like_and_seeded():

@@ -7,7 +7,9 @@ squared error against a target, its gradient, dA and dB (no dx: x needs no
 gradient), and one AdamW step of A and B. Ours copies the base output into
 the output buffer first (our forward adds in place), a copy kernel in the
 same submit.
-The minimal bytes of a step are x, base and target read once (float32).
+The minimal bytes of a step are x, base and target read once.
+An f16 row trains an f16 weight in mixed precision (LayerTrainer: f16
+storage, f32 masters and sums) beside PyTorch's fp16 autocast step alone.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from ..training.trainer import LayerTrainer
 from ..core.tuning import MIN_BATCH_NS
 from ..core.weight import Weight
 
-FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),)}
-QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),)}
+FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),),
+        "dtypes": ("f32", "f16")}
+QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",)}
 SCALE, LR = 2.0, 1e-4  # the benches' LoRA scale (bench, bench_sweep use it too)
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16}
 
@@ -37,15 +40,18 @@ def _problem(tokens, rank, in_dim, out_dim):
     return a, b, x, base, target
 
 
-def _check_one_step(device, trainer, weight, a, b, x, base, target, bufs) -> float:
-    """Relative error of A and B after one step, against float64."""
+def _check_one_step(device, trainer, a, b, x, base, target, bufs) -> float:
+    """Relative error of A and B (the masters) after one step, against float64
+    of the values as stored (f16 rows: the output and g rounded to f16)."""
     trainer.record(bufs["x"], bufs["out"], bufs["target"], bufs["base"])
-    loss, g = reference.mse(reference.forward(x, a, b, SCALE, base), target)
-    d = reference.backward(x, a, b, g, SCALE)
+    dt = bufs["x"].dtype
+    x, base, target, a16, b16 = (v.astype(dt) for v in (x, base, target, a, b))
+    loss, g = reference.mse(reference.forward(x, a16, b16, SCALE, base).astype(dt), target)
+    d = reference.backward(x, a16, b16, g.astype(dt), SCALE)
     zero = np.zeros_like
     want_a = reference.adamw_step(a, d["grad_a"], zero(a), zero(a), 1, LR)[0]
     want_b = reference.adamw_step(b, d["grad_b"], zero(b), zero(b), 1, LR)[0]
-    got_a, got_b = weight.numpy()
+    got_a, got_b = (device.read(m) for m in trainer.masters)
     return float(max(np.abs(got_a - want_a).max() / np.abs(want_a).max(),
                      np.abs(got_b - want_b).max() / np.abs(want_b).max()))
 
@@ -78,11 +84,11 @@ def profile_step(device, trainer, bufs, repeats: int) -> dict:
 
     given = {**bufs, "g": trainer.g, "dA": trainer.grad_a, "dB": trainer.grad_b,
              "want": bufs["target"], "output": bufs["out"], "h": trainer.forward.h}
-    parts = [(f"{what} {s.kernel.name}", [s], {**given, **plan.bound, **plan.scratch})
-             for what, plans in (("forward", [trainer.forward]), ("loss", [trainer.loss_plan]),
-                                 ("backward", [trainer.backward]),
-                                 ("optimizer", trainer.optimizer._plans))
-             for plan in plans for s in plan.steps]
+    what = {id(trainer.forward): "forward", id(trainer.loss_plan): "loss",
+            id(trainer.backward): "backward"}
+    parts = [(f"{what.get(id(plan), 'optimizer')} {s.kernel.name}", [s],
+              {**given, **plan.bound, **plan.scratch})
+             for plan in trainer.plans() for s in plan.steps]
     out = {}
     for name, steps, bs in parts:
         with device.batch(timestamps=True) as b:
@@ -146,39 +152,48 @@ def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> d
 
 
 def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
-               backward=None) -> dict:
-    """One training step's row (``backward``: a strategy text, None for the default)."""
+               backward=None, dtype="f32") -> dict:
+    """One training step's row (``backward``: a strategy text, None for the
+    default; ``dtype``: "f16" trains in mixed precision)."""
     a, b, x, base, target = _problem(tokens, rank, in_dim, out_dim)
-    weight = Weight.from_numpy(device, a, b)
+    npdt = NUMPY_DTYPES[dtype]
+    weight = Weight.from_numpy(device, a, b, dtype=npdt)
     trainer = LayerTrainer(device, weight, SCALE, tokens, AdamW(lr=LR), loss="mse",
                            backward=backward)
-    bufs = {"x": device.buffer(x), "base": device.buffer(base), "target": device.buffer(target),
-            "out": device.empty(base.shape, np.float32)}
-    row = {"kind": "train", "tokens": tokens, "rank": rank, "in_dim": in_dim, "out_dim": out_dim,
-           "forward": str(trainer.forward.strategy), "backward": str(trainer.backward.strategy),
-           "min_bytes": 4 * tokens * (in_dim + 2 * out_dim),
-           "dispatches": len(trainer.forward.steps) + len(trainer.loss_plan.steps)
-           + len(trainer.backward.steps) + sum(len(p.steps) for p in trainer.optimizer._plans)}
-    row["rel_err"] = _check_one_step(device, trainer, weight, a, b, x, base, target, bufs)
+    bufs = {"x": device.buffer(x.astype(npdt)), "base": device.buffer(base.astype(npdt)),
+            "target": device.buffer(target.astype(npdt)), "out": device.empty(base.shape, npdt)}
+    row = {"kind": "train", "dtype": dtype, "tokens": tokens, "rank": rank, "in_dim": in_dim,
+           "out_dim": out_dim, "forward": str(trainer.forward.strategy),
+           "backward": str(trainer.backward.strategy),
+           "min_bytes": np.dtype(npdt).itemsize * tokens * (in_dim + 2 * out_dim),
+           "dispatches": sum(len(p.steps) for p in trainer.plans())}
+    row["rel_err"] = _check_one_step(device, trainer, a, b, x, base, target, bufs)
     steps = 5 if quick else max(10, min(500, 20_000_000 // (tokens * (in_dim + out_dim))))
     row["gpu_us"] = _time_steps(device, trainer, bufs, steps, 3 if quick else 5)
     row["profile_us"] = profile_step(device, trainer, bufs, 3 if quick else max(20, steps))
     row["gbps"] = row["min_bytes"] / (row["gpu_us"] * 1e3)
     row["min_bytes_us"] = row["min_bytes"] / (copy_gbps * 1e3) if copy_gbps else None
-    row.update(torch_step_times(a, b, x, base, target, steps))
-    if "torch_graph_us" in row:
-        row.update(torch_step_times(a, b, x, base, target, steps, half=True))
-    if "torch_graph_us" in row:
-        row["vs_torch_graph"] = row["torch_graph_us"] / row["gpu_us"]
-        row["vs_torch_eager"] = row["torch_eager_us"] / row["gpu_us"]
+    for half in ((True,) if dtype == "f16" else (False, True)):
+        row.update(torch_step_times(a, b, x, base, target, steps, half=half))
+        if "torch" in row and not row["torch"][:1].isdigit():
+            break  # not installed, or no CUDA
+    key = "torch_fp16_" if dtype == "f16" else "torch_"
+    if f"{key}graph_us" in row:
+        row["vs_torch_graph"] = row[f"{key}graph_us"] / row["gpu_us"]
+        row["vs_torch_eager"] = row[f"{key}eager_us"] / row["gpu_us"]
     for buf in bufs.values():
         device.release(buf)
-    torch_text = f"torch graph {row['torch_graph_us']:.1f} us, eager {row['torch_eager_us']:.1f} " \
-        f"us (fp16 autocast: graph {row['torch_fp16_graph_us']:.1f}, eager " \
-        f"{row['torch_fp16_eager_us']:.1f})" if "torch_graph_us" in row else f"PyTorch: {row['torch']}"
-    log(f"train T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['forward']} + "
+    log(f"train {dtype} T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['forward']} + "
         f"{row['backward']} {row['gpu_us']:8.2f} us ({row['dispatches']} dispatches, "
-        f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), {torch_text}, "
-        f"err {row['rel_err']:.1e}")
+        f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), "
+        f"{_torch_text(row)}, err {row['rel_err']:.1e}")
     log("      per dispatch (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["profile_us"].items()))
     return row
+
+
+def _torch_text(row) -> str:
+    """PyTorch's times of a training row, as measured."""
+    parts = [f"{what} graph {row[k + 'graph_us']:.1f} us, eager {row[k + 'eager_us']:.1f}"
+             for what, k in (("torch", "torch_"), ("torch fp16 autocast", "torch_fp16_"))
+             if k + "graph_us" in row]
+    return "; ".join(parts) or f"PyTorch: {row['torch']}"

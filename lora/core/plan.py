@@ -165,14 +165,16 @@ class Plan:
     [, binding renames]) of each dispatch; ``roles``: role -> :class:`Role`,
     in the order positional buffers are given; ``bound``: role -> buffer;
     ``scratch``: role -> its f32 shape for a token count (owned, grown on
-    demand by a run-time plan). ``label`` names the plan in messages;
+    demand by a run-time plan); ``scratch_dtypes``: role -> another dtype
+    for some of them. ``label`` names the plan in messages;
     ``strategy`` and ``weight`` are kept for readers (the weight weakly: a
     plan cached on a weight goes with it). ``max_workgroups`` replaces the
     device's max-compute-workgroups-per-dimension (the tests split sooner)."""
 
     def __init__(self, device, label: str, kernels: list, roles: dict, *, bound=None,
                  scratch=None, tokens: int | None = 1, max_tokens: int | None = None,
-                 max_workgroups: int | None = None, strategy=None, weight=None):
+                 max_workgroups: int | None = None, strategy=None, weight=None,
+                 scratch_dtypes=None):
         if (tokens is None) == (max_tokens is None):
             raise ValueError(f"Plan: give tokens (baked) or tokens=None with max_tokens "
                              f"(run time), got tokens={tokens!r}, max_tokens={max_tokens!r}")
@@ -181,6 +183,7 @@ class Plan:
         self.device, self.label, self.tokens = device, label, tokens
         self.roles, self.args = dict(roles), tuple(roles)
         self.bound, self._shapes = dict(bound or {}), dict(scratch or {})
+        self._dtypes = {r: np.dtype((scratch_dtypes or {}).get(r, np.float32)) for r in self._shapes}
         self.strategy = strategy
         self._weight = weakref.ref(weight) if weight is not None else lambda: None
         self._cap = max_workgroups or device.limits["max-compute-workgroups-per-dimension"]
@@ -197,7 +200,7 @@ class Plan:
         """Bytes of the buffer in each role for ``tokens`` tokens."""
         return {**{r: spec.nbytes(tokens) for r, spec in self.roles.items()},
                 **{r: b.bound_bytes for r, b in self.bound.items()},
-                **{r: 4 * int(np.prod(shape(tokens), dtype=np.int64))
+                **{r: self._dtypes[r].itemsize * int(np.prod(shape(tokens), dtype=np.int64))
                    for r, shape in self._shapes.items()}}
 
     def _grow(self, tokens: int) -> None:
@@ -206,7 +209,8 @@ class Plan:
         rows = tokens if self.tokens else min(self.max_tokens, 1 << (tokens - 1).bit_length())
         for role, shape in self._shapes.items():
             old = self.scratch.get(role)
-            self.scratch[role] = self.device.empty(shape(rows), np.float32, name=f"lora_{role}")
+            self.scratch[role] = self.device.empty(shape(rows), self._dtypes[role],
+                                                   name=f"lora_{role}")
             if old is not None:
                 self.device.release(old)
         self._rows = rows

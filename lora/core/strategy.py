@@ -19,8 +19,9 @@ text                          dispatches   kernels
 ``gemm:T:TT:S[:BL]``          2            project_a_tiled (BL = 4 or 8 tokens x 4 ranks per
                                            thread, S slices of in_dim), tiled_b_add (TT
                                            tokens x 256 columns per workgroup)
-``matrix:S:F:R:C:D``          2            f16 on matrix units: project_a_matrix (S slices),
-                                           b_add_matrix (R x C fragments per subgroup)
+``matrix:S:F:R:C:D[:direct]`` 2            f16 on matrix units: project_a_matrix (S slices),
+                                           b_add_matrix (R x C fragments per subgroup), or
+                                           b_add_direct (f16 output fragments as accumulators)
 ============================  ===========  =================================================
 
 ``T`` is the workgroup size, ``sg`` reduces with subgroup operations,
@@ -419,16 +420,21 @@ class Matrix(Strategy):
     """f16 on matrix units, two dispatches: project_a_matrix (h in ``splits``
     slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup,
     ``depth`` columns of x per staged slice), then b_add_matrix (2 x 2
-    subgroups of ``rows`` x ``cols`` fragments)."""
+    subgroups of ``rows`` x ``cols`` fragments) or, with ``direct``,
+    b_add_direct (``rows`` fragments of tokens per workgroup, ``cols``
+    fragments of columns per subgroup, the output's f16 fragments as the
+    accumulators)."""
 
     name: ClassVar[str] = "matrix"
     numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth")
     shown: ClassVar[int] = 1
+    flags: ClassVar[tuple] = (("direct", "direct", True),)
     splits: int = 1
     fragments: int = 2
     rows: int = 2
     cols: int = 4
     depth: int = 32
+    direct: bool = False
 
     def validate(self) -> None:
         for f in self.numbers:
@@ -443,12 +449,13 @@ class Matrix(Strategy):
             raise ValueError(f"the matrix strategy multiplies f16 on matrix units; the "
                              f"weight is {dtype} (use an f16 weight, or another strategy)")
         hp = {"hp": "h" if self.splits == 1 else "hp"}
+        b_add = "b_add_direct" if self.direct else "b_add_matrix"
         return [("project_a_matrix", dict(rank=rank, in_dim=in_dim, tokens=tokens,
                                           splits=self.splits, fragments=self.fragments,
                                           depth=self.depth), hp),
-                ("b_add_matrix", dict(out_dim=out_dim, rank=rank, scale=float(scale),
-                                      tokens=tokens, splits=self.splits, rows=self.rows,
-                                      cols=self.cols, save_h=save_h and self.splits > 1), hp)]
+                (b_add, dict(out_dim=out_dim, rank=rank, scale=float(scale), tokens=tokens,
+                             splits=self.splits, rows=self.rows, cols=self.cols,
+                             save_h=save_h and self.splits > 1), hp)]
 
     scratch = Gemm.scratch
 
@@ -456,13 +463,17 @@ class Matrix(Strategy):
     def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
         """Where the adapter multiplies f16 16x16x16 into f32, from rank 16 and
         16 tokens (at rank 8 on the H200 they ran 45-200 us against tiled's
-        29 at T = 4096; optimisation note 30)."""
-        from ..kernels.matrix import FRAGMENT
+        29 at T = 4096; optimisation note 30), then the direct forms where it
+        also has f16 results (on the H200 their b_add took 83 us against 55
+        at rank 64, 4096 tokens, and 14.4 against 16.3 at 512; note 34)."""
+        from ..kernels.matrix import DIRECT, FRAGMENT
         if FRAGMENT not in matrices or rank < 16 or tokens < 16 or rank % 4 or in_dim % 4 \
                 or out_dim % 4:
             return []
         splits = [s for s in (1, 2, 4, 8, 16) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
-        return [cls(s, 1, r, c) for s in splits for r, c in ((2, 2), (1, 2), (1, 4))]
+        direct = [cls(s, 1, r, c, direct=True) for s in splits for r, c in ((1, 2), (2, 2))
+                  if DIRECT in matrices and rank % 16 == 0 and out_dim % (16 * c) == 0]
+        return [cls(s, 1, r, c) for s in splits for r, c in ((2, 2), (1, 2), (1, 4))] + direct
 
 
 STRATEGIES = tuple(FORWARD)

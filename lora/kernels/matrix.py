@@ -10,16 +10,25 @@ Two dispatches, each a :func:`shaderdsl.matmul.tiled_product`:
 
 Fragments are f16 16x16x16 with f32 results (the H200's; the strategy offers
 itself only where the adapter has them); the subgroup size is theirs (32).
+
+``b_add_direct`` replaces b_add_matrix where the adapter also has f16
+results: the output's own f16 fragments are the accumulators (loaded from
+the output, multiplied into, stored back), so no result passes through
+workgroup memory. The sum over the rank then rounds to f16 once per
+fragment step of 16 ranks, not once in all.
 """
 from __future__ import annotations
 
-from shaderdsl import vec4f, vec4h
+from shaderdsl import builtins as Bi
+from shaderdsl import f16, f32, vec4f, vec4h
 from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
 from shaderdsl.types import MatrixConfig
 
 from .common import token_count, token_rows
 
 FRAGMENT = MatrixConfig("f16", "f32", 16, 16, 16)
+DIRECT = MatrixConfig("f16", "f16", 16, 16, 16)  # the output's own fragments as accumulators
+DIRECT_SUBGROUPS = 4  # per workgroup of b_add_direct: they share the staged h
 
 
 def _check(what: str, **dims) -> None:
@@ -43,8 +52,11 @@ def b_tiling(rank: int, rows: int, cols: int) -> MatrixTiling:
     return MatrixTiling(FRAGMENT, (2, 2), (rows, cols), k_step=min(32, -(-rank // 16) * 16))
 
 
-def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32):
-    """hp[s * tokens + t, r] = sum over slice s of in_dim of x[t, i] A[r, i]."""
+def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32, a_columns=False,
+                     scale=1.0):
+    """hp[s * tokens + t, r] = scale * sum over slice s of in_dim of x[t, i] A[r, i],
+    or, with ``a_columns``, of x[t, i] A[i, r] (A stored [in_dim, rank]: the
+    backward's dh = s g B, with B as A and g as x)."""
     _check("project_a_matrix", rank=rank, in_dim=in_dim, slice=in_dim // splits)
     if in_dim % splits:
         raise ValueError(f"project_a_matrix: splits ({splits}) must divide in_dim ({in_dim})")
@@ -56,30 +68,61 @@ def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32):
     first = m.let(m.workgroup_id().z * part, "first")
 
     def store(t, r, value):
-        hp[((m.workgroup_id().z * n + t) * rank + r) / 4] = value
+        hp[((m.workgroup_id().z * n + t) * rank + r) / 4] = value if scale == 1.0 else scale * value
 
-    tiled_product(m, tiling, Operand(lambda t, i: x[(t * in_dim + first + i) / 4]),
-                  Operand(lambda i, r: A[(r * in_dim + first + i) / 4], axis=0),
+    a = Operand(lambda i, r: A[((first + i) * rank + r) / 4]) if a_columns else \
+        Operand(lambda i, r: A[(r * in_dim + first + i) / 4], axis=0)
+    tiled_product(m, tiling, Operand(lambda t, i: x[(t * in_dim + first + i) / 4]), a,
                   n, rank, part, store)
+
+
+OUTER = MatrixTiling(FRAGMENT, (2, 2), (2, 2), k_step=32)  # grad_outer_matrix: 64 x 64 blocks
+
+
+def outer_matrix_grid(n, rank, tokens, chunk, layout) -> tuple:
+    rows, cols = (n, rank) if layout == "jr" else (rank, n)
+    return OUTER.grid(rows, cols)[:2] + (-(-tokens // chunk),)
+
+
+def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=False):
+    """grad_outer on matrix units: out[j, r] (layout "jr", dB = s g^T h) or
+    out[r, j] ("rj", dA = dh^T x) = scale * sum over tokens of G[t, j] H[t, r],
+    G f16 [tokens, n], H f32 [tokens, rank] rounded to f16 as it is staged
+    (as PyTorch's fp16 h and dh are), f32 sums. Workgroup z sums ``chunk``
+    tokens into its slice of ``partial`` (one chunk: straight into ``out``)."""
+    _check("grad_outer_matrix", n=n, rank=rank)
+    chunks = -(-tokens // chunk)
+    G = m.declare_input_buffer("G", vec4h, tokens * n // 4)
+    H = m.declare_input_buffer("H", vec4f, tokens * rank // 4)
+    out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
+    t0 = m.let(m.workgroup_id().z * chunk, "t0")
+    span = chunk if chunks == 1 else m.let(Bi.min(t0 + chunk, tokens) - t0, "span")
+    g = lambda t: (lambda j: G[((t0 + t) * n + j) / 4])      # noqa: E731
+    h = lambda t: (lambda r: H[((t0 + t) * rank + r) / 4])   # noqa: E731
+    if layout == "jr":
+        a, b, rows, cols = Operand(lambda j, t: g(t)(j), axis=0), Operand(lambda t, r: h(t)(r)), n, rank
+    else:
+        a, b, rows, cols = Operand(lambda r, t: h(t)(r), axis=0), Operand(lambda t, j: g(t)(j)), rank, n
+    base = m.workgroup_id().z * (n * rank) if chunks > 1 else 0
+
+    def store(row, col, value):
+        at = m.let(base + row * cols + col, "at")
+        for e, lane in enumerate("xyzw"):
+            v = scale * getattr(value, lane)
+            out[at + e] = out[at + e] + v if accumulate and chunks == 1 else v
+
+    tiled_product(m, OUTER, a, b, rows, cols, span, store)
 
 
 def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save_h=False):
     """output[t, o] += scale * sum_r h[t, r] B[o, r], h the sum of the slices."""
     _check("b_add_matrix", rank=rank, out_dim=out_dim)
     tiling = b_tiling(rank, rows, cols)
-    hp = m.declare_input_buffer("hp", vec4f, token_rows(tokens, splits * rank // 4))
+    n, h_at = _hp_sum(m, rank, tokens, splits)
     Bm = m.declare_input_buffer("B", vec4h, out_dim * rank // 4)
     out = m.declare_output_buffer("output", vec4h, token_rows(tokens, out_dim // 4))
-    n = token_count(m, tokens)
-
-    def h_at(t, r):
-        total = hp[(t * rank + r) / 4]
-        for s in range(1, splits):
-            total = total + hp[((s * n + t) * rank + r) / 4]
-        return total
-
     if save_h:
-        _save_h(m, tiling, h_at, rank, tokens, n)
+        _save_h(m, h_at, rank, tokens, n, tiling.rows, tiling.threads)
 
     def add(t, o, value):
         at = m.let((t * out_dim + o) / 4, "at")
@@ -89,13 +132,113 @@ def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save
                   n, out_dim, rank, add)
 
 
-def _save_h(m, tiling, h_at, rank, tokens, n) -> None:
-    """h (the slices summed, f32) for this workgroup's tokens, by column block 0."""
+def _save_h(m, h_at, rank, tokens, n, rows, threads) -> None:
+    """h (the slices summed, f32) for this workgroup's ``rows`` tokens, by
+    column block 0."""
     h = m.declare_output_buffer("h", vec4f, token_rows(tokens, rank // 4))
     quads = rank // 4
     with m.if_(m.workgroup_id().x == 0):
-        t0 = m.let(m.workgroup_id().y * tiling.rows, "t0")
-        with m.loop(m.local_index(), tiling.rows * quads, tiling.threads, name="j") as j:
+        t0 = m.let(m.workgroup_id().y * rows, "t0")
+        with m.loop(m.local_index(), rows * quads, threads, name="j") as j:
             t = m.let(t0 + j / quads, "t")
             with m.if_(t < n):
                 h[t * quads + j % quads] = h_at(t, j % quads * 4)
+
+
+def _hp_sum(m, rank, tokens, splits):
+    """hp and h_at(t, r): the vec4 of h at (t, r..r+3), the slices summed."""
+    hp = m.declare_input_buffer("hp", vec4f, token_rows(tokens, splits * rank // 4))
+    n = token_count(m, tokens)
+
+    def h_at(t, r):
+        total = hp[(t * rank + r) / 4]
+        for s in range(1, splits):
+            total = total + hp[((s * n + t) * rank + r) / 4]
+        return total
+    return n, h_at
+
+
+def direct_threads() -> int:
+    return DIRECT_SUBGROUPS * DIRECT.subgroup_sizes[0]
+
+
+def direct_grid(out_dim, tokens, rows, cols) -> tuple:
+    """b_add_direct's workgroups: blocks of DIRECT_SUBGROUPS x cols fragments of
+    columns along x, of ``rows`` fragments of tokens along y."""
+    return (-(-out_dim // (DIRECT_SUBGROUPS * cols * DIRECT.n)), -(-tokens // (rows * DIRECT.m)), 1)
+
+
+def b_add_direct(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=2, save_h=False):
+    """output[t, o] += scale * sum_r h[t, r] B[o, r], accumulated into the
+    output's own f16 fragments. Each workgroup stages scale * h for its
+    16 * ``rows`` tokens in workgroup memory (f16); each of its subgroups
+    owns 16 * ``cols`` columns and, per column fragment, loads the output
+    fragment, adds the products over the rank and stores it. A last partial
+    fragment of tokens is summed by the lanes one element at a time."""
+    if rank % DIRECT.k or out_dim % (DIRECT.n * cols):
+        raise ValueError(f"b_add_direct: rank ({rank}) must be a multiple of {DIRECT.k} and "
+                         f"out_dim ({out_dim}) of 16 x cols ({16 * cols})")
+    n, h_at = _hp_sum(m, rank, tokens, splits)
+    Bm = m.declare_input_buffer("B", f16, out_dim * rank)
+    out = m.declare_output_buffer("output", f16, token_rows(tokens, out_dim))
+    if save_h:
+        _save_h(m, h_at, rank, tokens, n, rows * DIRECT.m, direct_threads())
+    hs, stride = _stage_scaled_h(m, h_at, rank, scale, n, rows)
+    sgs = DIRECT.subgroup_sizes[0]
+    c0 = m.let((m.workgroup_id().x * DIRECT_SUBGROUPS + m.local_index() / sgs) * (cols * DIRECT.n),
+               "c0")
+    left_t, right_t, acc_t = DIRECT.types()
+    t0 = m.workgroup_id().y * (rows * DIRECT.m)
+    with m.if_(c0 < out_dim):
+        for i in range(rows):
+            row = m.let(t0 + i * DIRECT.m, f"row{i}")
+            lefts = [m.let(Bi.subgroup_matrix_load(left_t, hs, (i * DIRECT.m) * stride + k, stride),
+                           f"l{i}_{k // DIRECT.k}") for k in range(0, rank, DIRECT.k)]
+            for j in range(cols):
+                col = m.let(c0 + j * DIRECT.n, "col")
+                with m.if_(row + DIRECT.m <= n):
+                    at = m.let(row * out_dim + col, "at")
+                    acc = m.var(Bi.subgroup_matrix_load(acc_t, out, at, out_dim), name="acc")
+                    for li, k in zip(lefts, range(0, rank, DIRECT.k)):
+                        right = Bi.subgroup_matrix_load_col_major(right_t, Bm, col * rank + k, rank)
+                        m.assign(acc, Bi.subgroup_matrix_multiply_accumulate(li, right, acc))
+                    Bi.subgroup_matrix_store(out, at, acc, out_dim)
+                with m.elif_(row < n):
+                    _add_partial(m, out, Bm, hs, stride, (row, col), (n, out_dim, rank),
+                                 i * DIRECT.m)
+
+
+def _stage_scaled_h(m, h_at, rank, scale, n, rows):
+    """scale * h of this workgroup's tokens in workgroup memory, f16 (zero
+    past the last token); returns (the array, its row stride)."""
+    stride, quads, threads = rank + 8, rank // 4, direct_threads()
+    tile = rows * DIRECT.m
+    hs = m.shared(f16, tile * stride, "hs")
+    t0 = m.let(m.workgroup_id().y * tile, "t0")
+    with m.loop(m.local_index(), tile * quads, threads, name="j") as j:
+        t, r = m.let(j / quads, "t"), m.let(j % quads * 4, "r")
+        value = m.let(Bi.select(vec4f(0.0), scale * h_at(Bi.min(t0 + t, n - 1), r), t0 + t < n),
+                      "hv")
+        for e, lane in enumerate("xyzw"):
+            hs[t * stride + r + e] = f16(getattr(value, lane))
+    m.barrier()
+    return hs, stride
+
+
+def _add_partial(m, out, Bm, hs, stride, origin, extent, local_row) -> None:
+    """A fragment whose rows pass the last token: each lane adds the products
+    of its elements, one at a time, for the rows before it."""
+    (row, col), (n, out_dim, rank) = origin, extent
+    sgs = DIRECT.subgroup_sizes[0]
+    with m.loop(m.local_index() % sgs, DIRECT.m * DIRECT.n, sgs, name="e") as e:
+        t = m.let(row + e / DIRECT.n, "t")
+        with m.if_(t < n):
+            o = m.let(col + e % DIRECT.n, "o")
+            hrow = m.let((local_row + e / DIRECT.n) * stride, "hrow")
+            total = m.var(vec4f(0.0), name="total")
+            for r in range(0, rank, 4):
+                hv = vec4f(vec4h(*(hs[hrow + r + q] for q in range(4))))
+                bv = vec4f(vec4h(*(Bm[o * rank + r + q] for q in range(4))))
+                m.assign(total, total + hv * bv)
+            at = m.let(t * out_dim + o, "at")
+            out[at] = f16(f32(out[at]) + total.x + total.y + total.z + total.w)

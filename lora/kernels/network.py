@@ -6,7 +6,7 @@ weights get no gradient (they are frozen).
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f32, vec4f
+from shaderdsl import f16, f32, vec4f, vec4h
 
 from .common import storage_scalar, store_output, widen
 
@@ -57,11 +57,24 @@ def relu_grad(m, n, dtype="f32"):
         store_output(dz, i, B.select(0.0, widen(dy[i]), widen(z[i]) > 0.0))
 
 
-def copy(m, n4):
+def copy(m, n4, dtype="f32"):
     """dst = src, a vec4 at a time (grid ceil(n4 / threads)): a copy inside a
     compute pass, at the kernels' bandwidth."""
-    src = m.declare_input_buffer("src", vec4f, n4)
-    dst = m.declare_output_buffer("dst", vec4f, n4)
+    elem = vec4h if dtype == "f16" else vec4f
+    src = m.declare_input_buffer("src", elem, n4)
+    dst = m.declare_output_buffer("dst", elem, n4)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < n4):
         dst[i] = src[i]
+
+
+def to_f16(m, sizes):
+    """h{k} = f16(p{k}) for one or two f32 tensors (grid ceil(sum(sizes) /
+    threads)): the f16 copies that kernels read of parameters trained in f32."""
+    k, start = m.let(m.global_id().x, "k"), 0
+    for i, n in enumerate(sizes):
+        p = m.declare_input_buffer(f"p{i}", f32, n)
+        h = m.declare_output_buffer(f"h{i}", f16, n)
+        with m.if_((k >= start) & (k < start + n)):
+            h[k - start] = f16(p[k - start])
+        start += n

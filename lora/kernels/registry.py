@@ -12,7 +12,8 @@ from typing import Callable
 import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
-from .matrix import a_tiling, b_add_matrix, b_tiling, project_a_matrix
+from .matrix import (OUTER, a_tiling, b_add_direct, b_add_matrix, b_tiling, direct_grid,
+                     direct_threads, grad_outer_matrix, outer_matrix_grid, project_a_matrix)
 from .common import ceil_div, width
 from .forward import (B_ADD_THREADS, add_scaled, fused_b_add, fused_forward, gemm_tile_tokens, project_a_seed,
                       project_a_tiled, project_a_workgroup, project_b, tiled_b_add, tiled_forward)
@@ -111,6 +112,13 @@ KERNELS = {spec.name: spec for spec in (
                lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).threads,
                lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).grid(p["tokens"], p["out_dim"]),
                "output += scale * B @ h on matrix units (f16), the slices of h summed"),
+    KernelSpec("b_add_direct", b_add_direct, lambda p: direct_threads(),
+               lambda p: direct_grid(p["out_dim"], p["tokens"], p["rows"], p["cols"]),
+               "output += scale * B @ h on matrix units, the output's f16 fragments as the "
+               "accumulators"),
+    KernelSpec("grad_outer_matrix", grad_outer_matrix, lambda p: OUTER.threads,
+               lambda p: outer_matrix_grid(p["n"], p["rank"], p["tokens"], p["chunk"], p["layout"]),
+               "grad_outer on matrix units (f16 G, f32 H staged as f16), over chunks of tokens"),
 )}
 
 
@@ -186,6 +194,8 @@ TRAINING_KERNELS = (
                "dz = dy where z > 0"),
     KernelSpec("copy", network.copy, _threads, _elements(lambda p: p["n4"]),
                "dst = src, a vec4 at a time"),
+    KernelSpec("to_f16", network.to_f16, _threads, _elements(lambda p: sum(p["sizes"])),
+               "h = f16(p) for one or two tensors: f16 copies of f32 parameters"),
 )
 KERNELS.update({spec.name: spec for spec in TRAINING_KERNELS})
 

@@ -16,6 +16,7 @@ from ..core.plan import Plan, Role
 from ..core import tuning
 from ..core.strategy import Strategy
 from ..core.weight import Weight, check_f16, wgsl_dtype
+from ..kernels.matrix import FRAGMENT
 from .strategy import Backward
 
 # what each result of a one-result backward (Hesper's gradB, gradDh, gradA, inputGrad) reads
@@ -26,8 +27,10 @@ ONE_RESULT = {"dB": ("g", "h", "dB"), "dh": ("g", "dh"), "dA": ("dh", "x", "dA")
 def backward_of(strategy, tokens: int, weight, device) -> Backward:
     """A Backward from itself, its text, or None for the default for the shape."""
     if strategy is None:
+        matrix = weight.dtype == np.float16 and \
+            FRAGMENT in getattr(device, "subgroup_matrix_configs", ())
         return Backward.for_shape(tokens, weight.rank, weight.in_dim, weight.out_dim,
-                                  device.has_feature("subgroup"))
+                                  device.has_feature("subgroup"), matrix)
     return strategy if isinstance(strategy, Backward) else Backward.parse(strategy)
 
 

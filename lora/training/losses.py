@@ -5,33 +5,36 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.plan import Plan, Role
+from ..core.weight import wgsl_dtype
 from ..kernels.common import width
 
 LOSSES = ("mse", "xent")
 MSE_THREADS = 256  # the mse kernel sums a workgroup's squares into one partial
 
 
-def loss_plan(device, kind: str, tokens: int, columns: int) -> Plan:
-    """``kind`` "mse": given the output and a target, both f32 [tokens, columns];
-    "xent": softmax cross-entropy of the output as logits against u32 labels
-    [tokens]. It owns g [tokens, columns] and the partial sums ("partial":
-    one per workgroup for mse; "losses": one per token for xent)."""
+def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32) -> Plan:
+    """``kind`` "mse": given the output and a target, both ``dtype`` (f32 or
+    f16) [tokens, columns]; "xent": softmax cross-entropy of the output as
+    logits against u32 labels [tokens]. It owns g [tokens, columns], stored
+    as ``dtype``, and the f32 partial sums ("partial": one per workgroup for
+    mse; "losses": one per token for xent). Sums are f32 either way."""
     if kind not in LOSSES:
         raise ValueError(f"loss: expected one of {LOSSES}, got {kind!r}")
-    f32, n = np.dtype(np.float32), tokens * columns
+    dt, n = np.dtype(dtype), tokens * columns
+    wgsl = wgsl_dtype(dt)
     if kind == "mse":
-        kernel = ("mse", dict(n=n))
-        roles = {"out": Role("output buffer", f32, (columns,)),
-                 "want": Role("target buffer", f32, (columns,))}
+        kernel = ("mse", dict(n=n, dtype=wgsl))
+        roles = {"out": Role("output buffer", dt, (columns,)),
+                 "want": Role("target buffer", dt, (columns,))}
         sums = {"partial": -(-n // (width(n) * MSE_THREADS))}
     else:
-        kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64))
-        roles = {"logits": Role("output buffer", f32, (columns,)),
+        kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64, dtype=wgsl))
+        roles = {"logits": Role("output buffer", dt, (columns,)),
                  "labels": Role("labels buffer", np.dtype(np.uint32), ())}
         sums = {"losses": tokens}
     scratch = {"g": lambda t: (t, columns), **{k: (lambda t, v=v: (v,)) for k, v in sums.items()}}
-    return Plan(device, f"loss {kind} tokens={tokens} columns={columns}", [kernel], roles,
-                scratch=scratch, tokens=tokens)
+    return Plan(device, f"loss {kind} tokens={tokens} columns={columns} {dt.name}", [kernel],
+                roles, scratch=scratch, tokens=tokens, scratch_dtypes={"g": dt})
 
 
 def loss_value(device, plan: Plan) -> float:

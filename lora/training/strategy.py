@@ -9,7 +9,9 @@ and dA over chunks of C tokens (0: as many as fill the GPU, then summed by a
 second kernel), dx (3 to 6 dispatches; any token count);
 ``gemm:T[:C]``: dh, dB and dA as tiled matrix products (4 x 4 results per
 thread from tiles in workgroup memory; dims and rank multiples of 4), dx as
-split's (3 to 6 dispatches).
+split's (3 to 6 dispatches);
+``matrix[:C]``: the same products on matrix units (f16 weights where the
+adapter has f16 -> f32 16x16x16 subgroup matrices), dx as split's.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import ClassVar
 from ..core.strategy import Entry, registrar
 from ..kernels.backward import outer_chunk, outer_tile, outer_tiled_fits
 from ..kernels.forward import gemm_chunk, gemm_tile_tokens
+from ..kernels.matrix import a_tiling
 
 PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: for a few tokens
 # From this many tokens x ranks, split computes dh with grad_dh_tiled (a vec4 of
@@ -51,16 +54,17 @@ class Backward(Entry):
 
     @classmethod
     def for_shape(cls, tokens: int, rank: int, in_dim: int, out_dim: int,
-                  subgroups: bool = False) -> "Backward":
-        """The default: gemm where the shape fits it from rank GEMM_RANK, or
-        from rank 16 at GEMM_TOKENS tokens; else split, over groups of 8 ranks
-        when tokens are few and the rank high, with subgroup reductions where
-        the adapter has them. (paired reads g once but runs in one workgroup:
-        on the H200 its grad_dh_b took 15 us at one token, split's three
-        kernels 11 us together.)"""
+                  subgroups: bool = False, matrix: bool = False) -> "Backward":
+        """The default: gemm (or, with ``matrix``, an f16 weight on an adapter
+        with its subgroup matrices, matrix) where the shape fits it from rank
+        GEMM_RANK, or from rank 16 at GEMM_TOKENS tokens; else split, over
+        groups of 8 ranks when tokens are few and the rank high, with
+        subgroup reductions where the adapter has them. (paired reads g once
+        but runs in one workgroup: on the H200 its grad_dh_b took 15 us at
+        one token, split's three kernels 11 us together.)"""
         if (rank >= GEMM_RANK or rank >= 16 and tokens >= GEMM_TOKENS) and \
                 Gemm.fits(rank, in_dim, out_dim):
-            return Gemm()
+            return MatrixBackward() if matrix else Gemm()
         group = 8 if rank > 8 and rank % 8 == 0 and tokens <= 64 else 0
         return Split(subgroups=subgroups, rank_group=group)
 
@@ -278,6 +282,69 @@ class Gemm(Backward):
         return [("grad_outer_tiled", dict(n=n, rank=rank, scale=sc, tokens=tokens, chunk=chunk,
                                           layout="jr" if which == "b" else "rj",
                                           accumulate=bool(accumulate), dtype=dtype), names)] + \
+            _reduce(-(-tokens // chunk), n * rank, bool(accumulate), names["partial"],
+                    names["out"])
+
+
+MATRIX_DH_WORKGROUPS = 256  # matrix: dh's slices of out_dim fill about this many workgroups
+
+
+@backward_strategy
+class MatrixBackward(Backward):
+    """f16 on matrix units: dh = s g B by project_a_matrix on B as it is stored
+    (slices of out_dim, summed by grad_outer_reduce when several), dB and dA
+    by grad_outer_matrix over chunks of C tokens (0: as many as fill the
+    GPU), h and dh rounded to f16 as they are staged; dx as split's."""
+
+    name: ClassVar[str] = "matrix"
+    numbers: ClassVar[tuple] = ("chunk",)
+    order: ClassVar[tuple] = ("dh", "dB", "dA")
+    chunk: int = 0
+
+    def validate(self) -> None:
+        if self.chunk < 0:
+            raise ValueError(f"chunk must be >= 0, got {self.chunk}")
+
+    @staticmethod
+    def dh_splits(tokens: int, out_dim: int) -> int:
+        tiles = -(-tokens // a_tiling(16, 2).rows)  # project_a_matrix's default fragments
+        splits = 1
+        while splits < DH_SPLITS and tiles * splits * 2 <= MATRIX_DH_WORKGROUPS and \
+                out_dim % (8 * splits) == 0:
+            splits *= 2
+        return splits
+
+    def scratch(self, tokens, rank, in_dim, out_dim) -> dict:
+        out = {"dh": (tokens, rank)}
+        splits = self.dh_splits(tokens, out_dim)
+        if splits > 1:
+            out["dh_slices"] = (splits, tokens * rank)
+        for role, n in (("partial_b", out_dim), ("partial_a", in_dim)):
+            chunks = -(-tokens // chunk_for(self.chunk, tokens, n, rank, 64))
+            if chunks > 1:
+                out[role] = (chunks, n * rank)
+        return out
+
+    def kernels_of(self, grad, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False):
+        if dtype != "f16" or not Gemm.fits(rank, in_dim, out_dim):
+            raise ValueError(f"the matrix backward multiplies f16 on matrix units, with rank, "
+                             f"in_dim and out_dim multiples of 4 (rank at most 256); got {dtype}, "
+                             f"rank {rank}, in_dim {in_dim}, out_dim {out_dim}: use gemm or split")
+        if grad == "dx":
+            return Split().kernels_of(grad, rank, in_dim, out_dim, scale, tokens, dtype, accumulate)
+        if grad == "dh":
+            splits = self.dh_splits(tokens, out_dim)
+            into = "dh_slices" if splits > 1 else "dh"
+            return [("project_a_matrix", dict(rank=rank, in_dim=out_dim, tokens=tokens,
+                                              splits=splits, a_columns=True, scale=float(scale)),
+                     {"A": "B", "x": "g", "hp": into})] + \
+                _reduce(splits, tokens * rank, False, "dh_slices", "dh")
+        which, n, sc = ("b", out_dim, float(scale)) if grad == "dB" else ("a", in_dim, 1.0)
+        names = dict(_outer_names(which), partial=f"partial_{which}")
+        chunk = chunk_for(self.chunk, tokens, n, rank, 64)
+        return [("grad_outer_matrix", dict(n=n, rank=rank, scale=sc, tokens=tokens, chunk=chunk,
+                                           layout="jr" if which == "b" else "rj",
+                                           accumulate=bool(accumulate)), names)] + \
             _reduce(-(-tokens // chunk), n * rank, bool(accumulate), names["partial"],
                     names["out"])
 

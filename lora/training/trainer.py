@@ -7,6 +7,7 @@ import numpy as np
 from shaderdsl.errors import BindingError
 
 from ..core.plan import Plan, Role
+from ..core.weight import check_f16, wgsl_dtype
 from .backward import backward_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value
 
@@ -21,25 +22,41 @@ class LayerTrainer:
     [tokens]. ``optimizer``: a lora.AdamW or lora.SGD, attached here to the
     weight's A and B. The output buffer holds the frozen base layer's output
     when a step starts and the adapted output afterwards.
+
+    An f16 weight trains in mixed precision, as torch.autocast does: x, the
+    outputs, the target and g are f16 and the products read f16 A and B,
+    while the optimizer updates f32 copies (``masters``, made from the
+    weight's values) and each step ends by writing their f16 rounding into
+    the weight. Gradients, h and every sum are f32.
     """
 
     def __init__(self, device, weight, scale: float, tokens: int, optimizer, *, loss="mse",
                  forward=None, backward=None):
         if loss not in LOSSES:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
-        if weight.dtype != np.float32:
-            raise BindingError("LayerTrainer: training needs a float32 weight (the optimizer "
-                               "updates A and B in place)")
+        check_f16(device, weight.dtype, "LayerTrainer")
         self.device, self.tokens, self.kind = device, tokens, loss
         self.forward = train_forward_plan(device, weight, scale, tokens, forward, given=())
         self.backward = backward_plan(device, weight, scale, tokens, backward, with_dx=False)
-        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim)
+        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype)
         self.grad_a = device.empty(weight.a.shape, np.float32, name="lora.dA")
         self.grad_b = device.empty(weight.b.shape, np.float32, name="lora.dB")
+        self.masters, self._to_f16 = (weight.a, weight.b), None
+        if weight.dtype != np.float32:
+            self.masters = tuple(device.buffer(v.astype(np.float32), name=f"lora.{n}32")
+                                 for v, n in zip(weight.numpy(), "AB"))
+            self._to_f16 = Plan(device, "f16 copies of A and B", [("to_f16", dict(
+                sizes=(weight.a.size, weight.b.size)))], {}, bound={
+                "p0": self.masters[0], "p1": self.masters[1], "h0": weight.a, "h1": weight.b})
         self.optimizer = optimizer
-        optimizer.attach(device, [(weight.a, self.grad_a), (weight.b, self.grad_b)])
+        optimizer.attach(device, [(self.masters[0], self.grad_a), (self.masters[1], self.grad_b)])
         self._copy = None  # (plan or None, bytes) of the base copy
         self._steps = 0    # steps recorded
+
+    def plans(self) -> list:
+        """The plans of a step, in order (the base copy aside)."""
+        return [self.forward, self.loss_plan, self.backward, *self.optimizer._plans,
+                *([self._to_f16] if self._to_f16 else [])]
 
     @property
     def g(self):
@@ -49,7 +66,8 @@ class LayerTrainer:
     def record(self, x_buf, out_buf, target_buf, base_buf=None) -> None:
         """One training step on a batch: x [tokens, in], out [tokens, out] (the
         adapted output afterwards), target [tokens, out] (mse) or labels u32
-        [tokens] (xent), base [tokens, out]: the frozen base layer's output,
+        [tokens] (xent), base [tokens, out]: the frozen base layer's output
+        (x, out, target and base stored like the weight),
         copied into out first, in the same submit. ``base_buf`` is required:
         out holds the last prediction after a step, and training on it as if
         it were the base output diverges silently. ``base_buf=out_buf`` says
@@ -68,6 +86,8 @@ class LayerTrainer:
             self.loss_plan.record(out_buf, target_buf)
             self.backward.record(self.g, x_buf, self.forward.h, self.grad_a, self.grad_b)
             self.optimizer.record()
+            if self._to_f16:
+                self._to_f16.record()
         self._steps += 1
 
     def _check_batch(self, x_buf, out_buf) -> None:
@@ -89,7 +109,8 @@ class LayerTrainer:
         if self._copy is None or self._copy[1] != base_buf.nbytes:
             if self._copy and self._copy[0]:
                 self._copy[0].release()
-            plan = None if base_buf.nbytes % 16 else copy_plan(self.device, base_buf.nbytes)
+            plan = None if base_buf.size % 4 else copy_plan(self.device, base_buf.size,
+                                                             base_buf.dtype)
             self._copy = (plan, base_buf.nbytes)
         plan, _ = self._copy
         if plan is None:
@@ -104,9 +125,9 @@ class LayerTrainer:
         return loss_value(self.device, self.loss_plan)
 
 
-def copy_plan(device, nbytes: int) -> Plan:
-    """dst = src for ``nbytes`` (a multiple of 16: a vec4 per thread)."""
-    f32, n = np.dtype(np.float32), nbytes // 4
-    return Plan(device, f"copy {nbytes} bytes", [("copy", dict(n4=nbytes // 16))],
-                {"src": Role("src", f32, (n,), per_token=False),
-                 "dst": Role("dst", f32, (n,), per_token=False, writes=True)})
+def copy_plan(device, n: int, dtype=np.float32) -> Plan:
+    """dst = src for ``n`` values of ``dtype`` (a multiple of 4: a vec4 per thread)."""
+    dt = np.dtype(dtype)
+    return Plan(device, f"copy {n} {dt.name}", [("copy", dict(n4=n // 4, dtype=wgsl_dtype(dt)))],
+                {"src": Role("src", dt, (n,), per_token=False),
+                 "dst": Role("dst", dt, (n,), per_token=False, writes=True)})
