@@ -214,6 +214,7 @@ def _training_entries(add) -> None:
     for sizes in ((40,), (24, 320)):
         add("adamw_update", sizes=sizes)
         add("sgd_update", sizes=sizes)
+        add("to_f16", sizes=sizes)
     for n, (classes, dt) in enumerate(itertools.product((10, 1000), ("f32", "f16"))):
         add("mse", n=classes * 3, threads=64, dtype=dt)
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt)
@@ -221,7 +222,7 @@ def _training_entries(add) -> None:
         add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
             dtype=dt)
         add("relu", n=classes, dtype=dt)
-        add("copy", n4=classes)
+        add("copy", n4=classes, dtype=dt)
         add("relu_grad", n=classes, dtype=dt)
 
 
