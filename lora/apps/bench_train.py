@@ -175,7 +175,7 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
     row["min_bytes_us"] = row["min_bytes"] / (copy_gbps * 1e3) if copy_gbps else None
     for half in ((True,) if dtype == "f16" else (False, True)):
         row.update(torch_step_times(a, b, x, base, target, steps, half=half))
-        if "torch" in row and not row["torch"][:1].isdigit():
+        if f"{'torch_fp16_' if half else 'torch_'}graph_us" not in row:
             break  # not installed, or no CUDA
     key = "torch_fp16_" if dtype == "f16" else "torch_"
     if f"{key}graph_us" in row:

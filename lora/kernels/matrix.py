@@ -97,12 +97,12 @@ def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=
     out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
     t0 = m.let(m.workgroup_id().z * chunk, "t0")
     span = chunk if chunks == 1 else m.let(Bi.min(t0 + chunk, tokens) - t0, "span")
-    g = lambda t: (lambda j: G[((t0 + t) * n + j) / 4])      # noqa: E731
-    h = lambda t: (lambda r: H[((t0 + t) * rank + r) / 4])   # noqa: E731
-    if layout == "jr":
-        a, b, rows, cols = Operand(lambda j, t: g(t)(j), axis=0), Operand(lambda t, r: h(t)(r)), n, rank
-    else:
-        a, b, rows, cols = Operand(lambda r, t: h(t)(r), axis=0), Operand(lambda t, j: g(t)(j)), rank, n
+    g = lambda t, j: G[((t0 + t) * n + j) / 4]      # noqa: E731
+    h = lambda t, r: H[((t0 + t) * rank + r) / 4]   # noqa: E731
+    if layout == "jr":  # dB[j, r]: G^T (n x tokens) times H (tokens x rank)
+        a, b, rows, cols = Operand(lambda j, t: g(t, j), axis=0), Operand(h), n, rank
+    else:               # dA[r, j]: H^T (rank x tokens) times G (tokens x n)
+        a, b, rows, cols = Operand(lambda r, t: h(t, r), axis=0), Operand(g), rank, n
     base = m.workgroup_id().z * (n * rank) if chunks > 1 else 0
 
     def store(row, col, value):
