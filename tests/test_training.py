@@ -446,6 +446,59 @@ def test_a_step_needs_the_base_output(device):
     assert abs(trainer.loss() - want) <= 1e-5 * want
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_one_token_steps_fold_dispatches(device, clip):
+    """At one token (rank 8: single forward, split backward) a step is 5
+    dispatches: the forward adds to the base buffer itself (no copy), the
+    loss's dispatch advances the optimizer's step (without clipping, which
+    needs the gradients), dB and dA share one. 12 AdamW steps against
+    float64, with base_buf given and with out holding the base."""
+    rng = np.random.default_rng(8)
+    I, O, r, s = 40, 24, 8, 2.0
+    a, b = R.init_lora(I, O, r, seed=2)
+    b = normal(rng, b.shape) * np.float32(0.1)
+    w = lora.Weight.from_numpy(device, a, b)
+    trainer = LayerTrainer(device, w, s, 1, AdamW(lr=1e-2, max_grad_norm=clip), forward="single:64:1")
+    names = [st.kernel.name for plan in trainer.plans() for st in plan.steps]
+    folded = ["fused_forward", "mse", "grad_dh", "grad_outer_pair", "adamw_update"]
+    assert names == (folded if clip is None else folded[:4] + ["optim_begin", "adamw_update"])
+    x, base, target = normal(rng, (1, I)), normal(rng, (1, O)), normal(rng, (1, O))
+    xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
+    for step in range(1, 13):
+        before = device.stats["dispatches"]
+        if step % 2:
+            trainer.record(xb, ob, tb, bb)
+        else:
+            device.write(ob, base)
+            trainer.record(xb, ob, tb, base_buf=ob)
+        assert device.stats["dispatches"] - before == len(names)
+        out = R.forward(x, ar, br, s, base)
+        want, g = R.mse(out, target)
+        d = R.backward(x, ar, br, g, s)
+        ga, gb = d["grad_a"], d["grad_b"]
+        if clip is not None:
+            norm = np.sqrt((ga ** 2).sum() + (gb ** 2).sum())
+            ga, gb = ga * min(1.0, clip / (norm + 1e-6)), gb * min(1.0, clip / (norm + 1e-6))
+        ar, moments[0], moments[1] = R.adamw_step(ar, ga, moments[0], moments[1], step, 1e-2)
+        br, moments[2], moments[3] = R.adamw_step(br, gb, moments[2], moments[3], step, 1e-2)
+        assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
+    assert np.array_equal(device.read(bb), base), "the base buffer is only read"
+    assert trainer.optimizer.step_count == 12
+
+
+def test_clipping_cannot_be_turned_on_after_attach(device):
+    """The begin kernel was built without the gradients' norm: clipping turned
+    on later would be silently ignored, so set() refuses it."""
+    opt = AdamW(lr=1e-3)
+    opt.step([np.ones(4, np.float32)], [np.ones(4, np.float32)])
+    with pytest.raises(ValueError, match=r"AdamW.set: max_norm: clipping was off when the "
+                                         r"optimizer was attached"):
+        opt.set(max_norm=1.0)
+    opt.set(lr=1e-2)  # other settings change freely
+
+
 def test_a_label_outside_the_classes_is_reported(device):
     trainer, rng, _ = _trainer(device, "xent", tokens=4, classes=3)
     x, base = device.buffer(normal(rng, (4, 8))), device.buffer(normal(rng, (4, 3)))

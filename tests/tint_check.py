@@ -204,6 +204,8 @@ def _training_entries(add) -> None:
                 add("grad_outer_tiled", n=dim, rank=rank, scale=s["scale"], tokens=t,
                     chunk=2 * (n % 2), layout=layout, accumulate=bool(n % 2), dtype=dt)
         add("grad_outer_reduce", size=i * rank, chunks=3, accumulate=bool(n % 2))
+        add("grad_outer_pair", in_dim=i, out_dim=o, rank=rank, scale=s["scale"], tokens=t,
+            accumulate=bool(n % 2), dtype=dt, threads=64)
         add("grad_input_seed", in_dim=i, rank=rank, tokens=t, accumulate=bool(n % 2), dtype=dt)
         add("grad_input", in_dim=i, rank=rank, tokens=t, threads=64, dtype=dt)
         add("grad_a_input", in_dim=i, rank=rank, tokens=min(t, 2), threads=64,

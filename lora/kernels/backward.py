@@ -188,28 +188,61 @@ def grad_outer(m, n, rank, scale, tokens, threads=256, chunk=0, layout="jr", acc
     chunk. One chunk (chunk = 0 or >= tokens) writes the result; several write
     partial results, ``partial[c]`` laid out like the result, for grad_outer_reduce."""
     chunk = tokens if chunk <= 0 or chunk >= tokens else chunk
-    G = m.declare_input_buffer("G", storage_scalar(dtype), tokens * n)
-    w = width(rank)  # H's rows as vec4 when the rank allows: a quarter of the loads
-    H = m.declare_input_buffer("H", vec4f if w == 4 else f32, tokens * rank // w)
+    G, H = _outer_inputs(m, "G", "H", n, rank, tokens, dtype)
     chunks = -(-tokens // chunk)
     out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
     j = m.let(m.global_id().x, "j")
     c = m.workgroup_id().y
-    accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
     t0 = m.let(c * chunk, "t0")
     with m.if_(j < n):
         last = tokens if chunks == 1 else m.let(B.min(t0 + chunk, tokens), "t1")
-        with m.loop(t0, last, name="t") as t:
-            gv = m.let(widen(G[t * n + j]), "gv")
-            hs = [m.let(H[t * (rank // 4) + q], f"h{q}") for q in range(rank // 4)] if w == 4 \
-                else None
-            for r in range(rank):
-                accs[r] += gv * (_component(hs, r) if w == 4 else H[t * rank + r])
+        accs = _outer_sums(m, G, H, j, n, rank, t0, last)
         base = c * (n * rank) if chunks > 1 else 0
         for r in range(rank):
             k = _outer_index(j, r, n, rank, layout)
             _write(out, base + k if chunks > 1 else k, scale * accs[r],
                    accumulate and chunks == 1)
+
+
+def _outer_inputs(m, g_name, h_name, n, rank, tokens, dtype):
+    """G [tokens, n] stored as ``dtype``, H [tokens, rank] f32 (vec4 rows when
+    the rank allows: a quarter of the loads)."""
+    w = width(rank)
+    return (m.declare_input_buffer(g_name, storage_scalar(dtype), tokens * n),
+            m.declare_input_buffer(h_name, vec4f if w == 4 else f32, tokens * rank // w))
+
+
+def _outer_sums(m, G, H, j, n, rank, t_from, t_to) -> list:
+    """sum over t in [t_from, t_to) of G[t, j] H[t, r], for every r (H as
+    _outer_inputs declares it)."""
+    accs = [m.var(f32, 0.0, f"acc{r}") for r in range(rank)]
+    vec = width(rank) == 4
+    with m.loop(t_from, t_to, name="t") as t:
+        gv = m.let(widen(G[t * n + j]), "gv")
+        hs = [m.let(H[t * (rank // 4) + q], f"h{q}") for q in range(rank // 4)] if vec else None
+        for r in range(rank):
+            accs[r] += gv * (_component(hs, r) if vec else H[t * rank + r])
+    return accs
+
+
+def grad_outer_pair(m, in_dim, out_dim, rank, scale, tokens, accumulate=False, dtype="f32"):
+    """dB = s g^T h and dA = dh^T x in one dispatch, one thread per column of
+    either (grid ceil((out_dim + in_dim) / threads)), every token each: for a
+    few tokens, where two grad_outer dispatches cost more than their work."""
+    g, h = _outer_inputs(m, "g", "h", out_dim, rank, tokens, dtype)
+    x, dh = _outer_inputs(m, "x", "dh", in_dim, rank, tokens, dtype)
+    dB = m.declare_output_buffer("dB", f32, out_dim * rank)
+    dA = m.declare_output_buffer("dA", f32, rank * in_dim)
+    j = m.let(m.global_id().x, "j")
+    with m.if_(j < out_dim):
+        accs = _outer_sums(m, g, h, j, out_dim, rank, 0, tokens)
+        for r in range(rank):
+            _write(dB, j * rank + r, scale * accs[r], accumulate)
+    with m.elif_(j < out_dim + in_dim):
+        i = m.let(j - out_dim, "i")
+        accs = _outer_sums(m, x, dh, i, in_dim, rank, 0, tokens)
+        for r in range(rank):
+            _write(dA, r * in_dim + i, accs[r], accumulate)
 
 
 OUTER_THREADS = 256  # grad_outer_tiled's workgroup, at most

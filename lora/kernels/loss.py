@@ -15,13 +15,24 @@ from shaderdsl import f32, u32, vec4f
 
 from .common import (check_threads, input_matrix, output_buffer, reduce_sum, storage_scalar,
                      store_output, widen, width)
+from .optimizer import advance, state_buffers
 
 
-def mse(m, n, threads=256, dtype="f32"):
+def _begin(m, schedule) -> None:
+    """With ``schedule`` (not None): the optimizer's begin (optimizer.advance,
+    no clipping) by the dispatch's first thread, one dispatch fewer a step."""
+    if schedule is not None:
+        state, hyper = state_buffers(m)
+        with m.if_(m.global_id().x == 0):
+            advance(m, state, hyper, schedule)
+
+
+def mse(m, n, threads=256, dtype="f32", begin=None):
     """g = 2 (out - want) / n, a vec4 per thread where n is a multiple of 4,
     else one element (grid ceil(n / (w threads))); each workgroup writes the
-    sum of its squared errors to ``partial``."""
+    sum of its squared errors to ``partial``. ``begin``: see _begin."""
     check_threads(threads)
+    _begin(m, begin)
     w = width(n)
     out, _ = input_matrix(m, "out", 1, n, dtype)
     want, _ = input_matrix(m, "want", 1, n, dtype)
@@ -55,11 +66,13 @@ def _workgroup_fold(m, value, threads, combine, name):
     return result
 
 
-def softmax_xent(m, classes, tokens, threads=64, dtype="f32"):
+def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None):
     """Softmax cross-entropy, one workgroup per token (grid tokens): the row's
     max and sum of exponentials by workgroup reductions, then every thread
-    writes its columns of g; thread 0 writes the token's loss to ``losses``."""
+    writes its columns of g; thread 0 writes the token's loss to ``losses``.
+    ``begin``: see _begin."""
     check_threads(threads)
+    _begin(m, begin)
     logits = m.declare_input_buffer("logits", storage_scalar(dtype), tokens * classes)
     labels = m.declare_input_buffer("labels", u32, tokens)
     g = m.declare_output_buffer("g", storage_scalar(dtype), tokens * classes)

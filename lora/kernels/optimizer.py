@@ -76,8 +76,7 @@ def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
     if len(grad_sizes) > MAX_NORM_TENSORS:
         raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin, got {len(grad_sizes)}")
     grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
-    state = m.declare_output_buffer("state", f32, STATE_SIZE)
-    hyper = m.declare_input_buffer("hyper", f32, HYPER_SIZE)
+    state, hyper = state_buffers(m)
     tid = m.local_index()
     sums = []
     if grads:
@@ -87,22 +86,38 @@ def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
                 acc += g[i] * g[i]
         sums = reduce_sum(m, [acc], threads, False)
     with m.if_(tid == 0):
-        hp = {k: m.let(hyper[v], k) for k, v in HYPER.items()}
-        step = m.let(state[STATE["step"]] + 1.0, "step")
-        state[STATE["step"]] = step
-        state[STATE["lr"]] = _schedule_lr(m, hp, step, schedule)
-        bias1 = m.let(hp["beta1"] * state[STATE["bias1"]] + (1.0 - hp["beta1"]), "bias1")
-        bias2 = m.let(hp["beta2"] * state[STATE["bias2"]] + (1.0 - hp["beta2"]), "bias2")
-        state[STATE["bias1"]] = bias1
-        state[STATE["bias2"]] = bias2
-        state[STATE["bias2_sqrt"]] = B.sqrt(bias2)
-        clip = m.var(f32, 1.0, "clip")
-        if sums:
-            norm = m.let(B.sqrt(sums[0]), "norm")
-            state[STATE["norm"]] = norm
-            with m.if_(hp["max_norm"] > 0.0):
-                m.assign(clip, B.min(1.0, hp["max_norm"] / (norm + 1e-6)))
-        state[STATE["clip"]] = clip
+        advance(m, state, hyper, schedule, sums[0] if sums else None)
+
+
+def advance(m, state, hyper, schedule, norm_squared=None) -> None:
+    """One thread's work of a step's begin: the step count, this step's lr, the
+    bias corrections and the clip factor (1 without ``norm_squared``, the
+    gradients' squared global norm). Without clipping it needs no gradient,
+    so another kernel of the step may run it (LayerTrainer's loss does)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    hp = {k: m.let(hyper[v], k) for k, v in HYPER.items()}
+    step = m.let(state[STATE["step"]] + 1.0, "step")
+    state[STATE["step"]] = step
+    state[STATE["lr"]] = _schedule_lr(m, hp, step, schedule)
+    bias1 = m.let(hp["beta1"] * state[STATE["bias1"]] + (1.0 - hp["beta1"]), "bias1")
+    bias2 = m.let(hp["beta2"] * state[STATE["bias2"]] + (1.0 - hp["beta2"]), "bias2")
+    state[STATE["bias1"]] = bias1
+    state[STATE["bias2"]] = bias2
+    state[STATE["bias2_sqrt"]] = B.sqrt(bias2)
+    clip = m.var(f32, 1.0, "clip")
+    if norm_squared is not None:
+        norm = m.let(B.sqrt(norm_squared), "norm")
+        state[STATE["norm"]] = norm
+        with m.if_(hp["max_norm"] > 0.0):
+            m.assign(clip, B.min(1.0, hp["max_norm"] / (norm + 1e-6)))
+    state[STATE["clip"]] = clip
+
+
+def state_buffers(m):
+    """The optimizer's ``state`` (written) and ``hyper`` (read) buffers."""
+    return (m.declare_output_buffer("state", f32, STATE_SIZE),
+            m.declare_input_buffer("hyper", f32, HYPER_SIZE))
 
 
 def _tensors(m, sizes):

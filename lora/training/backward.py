@@ -71,16 +71,17 @@ def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
 
 
 def train_forward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
-                       given=("h",)) -> Plan:
+                       given=("h",), from_base: bool = False) -> Plan:
     """The forward of a training step: ``output += scale * B @ (A @ x)`` that
     also leaves h = A @ x for the backward, in the ``h`` buffer it is given
     (x, output, h) or, with ``given=()``, its own (``plan.h``). ``strategy``:
     a forward strategy or its text; None or "auto": as the forward chooses
     (``lora.core.tuning.choose``: the tuned choice if cached, else the
-    model's; "auto" tunes)."""
+    model's; "auto" tunes). ``from_base``: see forward_plan."""
     if strategy is None or strategy == "auto":
         strategy = tuning.choose(device, weight, scale, tokens, strategy, save_h=True)
-    return forward_plan(device, weight, scale, tokens, strategy, given=given, save_h=True)
+    return forward_plan(device, weight, scale, tokens, strategy, given=given, save_h=True,
+                        from_base=from_base)
 
 
 def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | None = None,

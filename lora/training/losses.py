@@ -12,12 +12,15 @@ LOSSES = ("mse", "xent")
 MSE_THREADS = 256  # the mse kernel sums a workgroup's squares into one partial
 
 
-def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32) -> Plan:
+def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
+              begin=None) -> Plan:
     """``kind`` "mse": given the output and a target, both ``dtype`` (f32 or
     f16) [tokens, columns]; "xent": softmax cross-entropy of the output as
     logits against u32 labels [tokens]. It owns g [tokens, columns], stored
     as ``dtype``, and the f32 partial sums ("partial": one per workgroup for
-    mse; "losses": one per token for xent). Sums are f32 either way."""
+    mse; "losses": one per token for xent). Sums are f32 either way.
+    ``begin``: an optimizer's (schedule, state, hyper) (``folded_begin()``):
+    the loss's dispatch then also advances its step."""
     if kind not in LOSSES:
         raise ValueError(f"loss: expected one of {LOSSES}, got {kind!r}")
     dt, n = np.dtype(dtype), tokens * columns
@@ -32,9 +35,13 @@ def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32) ->
         roles = {"logits": Role("output buffer", dt, (columns,)),
                  "labels": Role("labels buffer", np.dtype(np.uint32), ())}
         sums = {"losses": tokens}
+    bound = {}
+    if begin is not None:
+        schedule, bound["state"], bound["hyper"] = begin
+        kernel[1]["begin"] = schedule
     scratch = {"g": lambda t: (t, columns), **{k: (lambda t, v=v: (v,)) for k, v in sums.items()}}
     return Plan(device, f"loss {kind} tokens={tokens} columns={columns} {dt.name}", [kernel],
-                roles, scratch=scratch, tokens=tokens, scratch_dtypes={"g": dt})
+                roles, bound=bound, scratch=scratch, tokens=tokens, scratch_dtypes={"g": dt})
 
 
 def loss_value(device, plan: Plan) -> float:

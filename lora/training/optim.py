@@ -116,13 +116,23 @@ class _Optimizer:
                 sizes=tuple(p.size for p, _ in chunk)))], {}, bound=bound))
         return plans
 
-    def record(self) -> None:
-        """Record one optimizer step (joins the open batch, or one submit)."""
+    def record(self, begin: bool = True) -> None:
+        """Record one optimizer step (joins the open batch, or one submit).
+        ``begin=False``: without the step's begin, which an earlier dispatch
+        of the same step ran (``folded_begin``)."""
         if self.groups is None:
             raise RuntimeError(f"{type(self).__name__}.record: attach(device, params) first")
         with self.device.batch():
-            for plan in self._plans:
+            for plan in self._plans[0 if begin else 1:]:
                 plan.record()
+
+    def folded_begin(self):
+        """(schedule, state, hyper) for another kernel of the step to run the
+        begin in (lora.kernels.optimizer.advance), or None where the begin
+        needs the gradients (clipping) or nothing is attached."""
+        if self.groups is None or self.settings["max_norm"]:
+            return None
+        return self.schedule, self.state, self.hyper
 
     def set(self, **settings) -> None:
         """Change settings (lr=..., weight_decay=..., ...) from the next step on."""
@@ -130,6 +140,13 @@ class _Optimizer:
             if key not in self.settings:
                 raise ValueError(f"{type(self).__name__}.set: unknown setting {key!r}; it has "
                                  f"{sorted(self.settings)}")
+            if key == "max_norm" and self.groups is not None and \
+                    bool(value) != bool(self.settings["max_norm"]):
+                raise ValueError(f"{type(self).__name__}.set: max_norm: clipping was "
+                                 f"{'on' if self.settings['max_norm'] else 'off'} when the "
+                                 f"optimizer was attached, and its kernels were built so; "
+                                 f"make a new optimizer with max_grad_norm=... to turn it "
+                                 f"{'off' if self.settings['max_norm'] else 'on'}")
             self.settings[key] = _setting(key, value, f"{type(self).__name__}.set: {key}")
         if self.groups is not None:
             self.device.write(self.hyper, self._hyper())

@@ -36,26 +36,29 @@ class LayerTrainer:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
         check_f16(device, weight.dtype, "LayerTrainer")
         self.device, self.tokens, self.kind = device, tokens, loss
-        self.forward = train_forward_plan(device, weight, scale, tokens, forward, given=())
+        self.h = device.empty((tokens, weight.rank), np.float32, name="lora.h")
+        self.forward = train_forward_plan(device, weight, scale, tokens, forward)
+        try:  # the base copy folded into the forward (one dispatch fewer), where it can be
+            self._forward_base = train_forward_plan(device, weight, scale, tokens,
+                                                    self.forward.strategy, from_base=True)
+        except ValueError:
+            self._forward_base = None
         self.backward = backward_plan(device, weight, scale, tokens, backward, with_dx=False)
-        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype)
         self.grad_a = device.empty(weight.a.shape, np.float32, name="lora.dA")
         self.grad_b = device.empty(weight.b.shape, np.float32, name="lora.dB")
-        self.masters, self._to_f16 = (weight.a, weight.b), None
-        if weight.dtype != np.float32:
-            self.masters = tuple(device.buffer(v.astype(np.float32), name=f"lora.{n}32")
-                                 for v, n in zip(weight.numpy(), "AB"))
-            self._to_f16 = Plan(device, "f16 copies of A and B", [("to_f16", dict(
-                sizes=(weight.a.size, weight.b.size)))], {}, bound={
-                "p0": self.masters[0], "p1": self.masters[1], "h0": weight.a, "h1": weight.b})
+        self.masters, self._to_f16 = _masters(device, weight)
         self.optimizer = optimizer
         optimizer.attach(device, [(self.masters[0], self.grad_a), (self.masters[1], self.grad_b)])
+        self._begin = optimizer.folded_begin()  # the optimizer's begin, in the loss's dispatch
+        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype, self._begin)
         self._copy = None  # (plan or None, bytes) of the base copy
         self._steps = 0    # steps recorded
 
     def plans(self) -> list:
-        """The plans of a step, in order (the base copy aside)."""
-        return [self.forward, self.loss_plan, self.backward, *self.optimizer._plans,
+        """The plans of a step given a base buffer, in order (the base copy, where
+        there is one, aside)."""
+        optimizer = self.optimizer._plans[0 if self._begin is None else 1:]
+        return [self._forward_base or self.forward, self.loss_plan, self.backward, *optimizer,
                 *([self._to_f16] if self._to_f16 else [])]
 
     @property
@@ -79,13 +82,19 @@ class LayerTrainer:
                 "step, so it cannot carry the base output to the next one; pass "
                 "base_buf=out_buf only if you wrote this batch's base output into out_buf")
         self._check_batch(x_buf, out_buf)
+        from_base = base_buf is not out_buf and self._forward_base is not None
+        if from_base:
+            self._forward_base.check(x_buf, out_buf, base_buf, self.h)
         with self.device.batch():
-            if base_buf is not out_buf:
-                self._copy_base(base_buf, out_buf)
-            self.forward.record(x_buf, out_buf)
+            if from_base:
+                self._forward_base.record(x_buf, out_buf, base_buf, self.h)
+            else:
+                if base_buf is not out_buf:
+                    self._copy_base(base_buf, out_buf)
+                self.forward.record(x_buf, out_buf, self.h)
             self.loss_plan.record(out_buf, target_buf)
-            self.backward.record(self.g, x_buf, self.forward.h, self.grad_a, self.grad_b)
-            self.optimizer.record()
+            self.backward.record(self.g, x_buf, self.h, self.grad_a, self.grad_b)
+            self.optimizer.record(begin=self._begin is None)
             if self._to_f16:
                 self._to_f16.record()
         self._steps += 1
@@ -98,7 +107,7 @@ class LayerTrainer:
             raise BindingError(f"LayerTrainer.record: this trainer takes batches of {self.tokens} "
                                f"token(s), x_buf has {rows[0]} ({x_buf!r}); make a trainer for "
                                f"{rows[0]} tokens for a smaller last batch, or drop it")
-        self.forward.check(x_buf, out_buf)
+        self.forward.check(x_buf, out_buf, self.h)
 
     def _copy_base(self, base_buf, out_buf) -> None:
         """base -> out with a copy kernel (on the H200 copy_buffer_to_buffer moved
@@ -123,6 +132,18 @@ class LayerTrainer:
         if not self._steps:
             raise RuntimeError("LayerTrainer.loss: no step recorded yet; call record(...) first")
         return loss_value(self.device, self.loss_plan)
+
+
+def _masters(device, weight) -> tuple:
+    """(the f32 buffers the optimizer updates, the plan that writes their f16
+    rounding into an f16 weight, or None): A and B themselves for f32."""
+    if weight.dtype == np.float32:
+        return (weight.a, weight.b), None
+    masters = tuple(device.buffer(v.astype(np.float32), name=f"lora.{n}32")
+                    for v, n in zip(weight.numpy(), "AB"))
+    return masters, Plan(device, "f16 copies of A and B", [("to_f16", dict(
+        sizes=(weight.a.size, weight.b.size)))], {}, bound={
+        "p0": masters[0], "p1": masters[1], "h0": weight.a, "h1": weight.b})
 
 
 def copy_plan(device, n: int, dtype=np.float32) -> Plan:
