@@ -448,20 +448,22 @@ def test_a_step_needs_the_base_output(device):
 
 @pytest.mark.parametrize("clip", [None, 1.0])
 def test_one_token_steps_fold_dispatches(device, clip):
-    """At one token (rank 8: single forward, split backward) a step is 5
+    """At one token (rank 8: single forward, split backward) a step is 4
     dispatches: the forward adds to the base buffer itself (no copy), the
-    loss's dispatch advances the optimizer's step (without clipping, which
-    needs the gradients), dB and dA share one. 12 AdamW steps against
-    float64, with base_buf given and with out holding the base."""
+    loss's dispatch also advances the optimizer's step (without clipping,
+    which needs the gradients) and writes dh in parts, dB and dA share one.
+    12 AdamW steps against float64, with base_buf given and with out
+    holding the base; out_dim 2100 makes three parts of dh."""
     rng = np.random.default_rng(8)
-    I, O, r, s = 40, 24, 8, 2.0
+    I, O, r, s = 40, 2100, 8, 2.0
     a, b = R.init_lora(I, O, r, seed=2)
     b = normal(rng, b.shape) * np.float32(0.1)
     w = lora.Weight.from_numpy(device, a, b)
     trainer = LayerTrainer(device, w, s, 1, AdamW(lr=1e-2, max_grad_norm=clip), forward="single:64:1")
     names = [st.kernel.name for plan in trainer.plans() for st in plan.steps]
-    folded = ["fused_forward", "mse", "grad_dh", "grad_outer_pair", "adamw_update"]
-    assert names == (folded if clip is None else folded[:4] + ["optim_begin", "adamw_update"])
+    folded = ["fused_forward", "mse", "grad_outer_pair", "adamw_update"]
+    assert names == (folded if clip is None else folded[:3] + ["optim_begin", "adamw_update"])
+    assert trainer.backward.scratch["dh"].shape == (3, r)
     x, base, target = normal(rng, (1, I)), normal(rng, (1, O)), normal(rng, (1, O))
     xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
     ar, br = a.astype(np.float64), b.astype(np.float64)
@@ -486,6 +488,20 @@ def test_one_token_steps_fold_dispatches(device, clip):
         assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
     assert np.array_equal(device.read(bb), base), "the base buffer is only read"
     assert trainer.optimizer.step_count == 12
+
+
+def test_dh_in_parts_is_refused_where_it_cannot_be(device):
+    from lora.training.losses import loss_plan
+    w = lora.Weight.from_numpy(device, np.ones((8, 64), np.float32), np.ones((64, 8), np.float32))
+    with pytest.raises(ValueError, match="the gemm backward computes dh itself: only split at "
+                                         "one token, without dx, takes dh in parts"):
+        backward_plan(device, w, 1.0, 1, "gemm", with_dx=False, dh_parts=1)
+    with pytest.raises(ValueError, match="the split backward computes dh itself"):
+        backward_plan(device, w, 1.0, 1, "split", dh_parts=1)  # with dx
+    dh = device.empty((1, 8), np.float32)
+    with pytest.raises(ValueError, match="loss_plan: dh in parts needs mse at one token, got "
+                                         "xent at 1"):
+        loss_plan(device, "xent", 1, 64, dh=(w.b, 1.0, dh))
 
 
 def test_clipping_cannot_be_turned_on_after_attach(device):

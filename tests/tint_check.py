@@ -184,7 +184,8 @@ def _training_entries(add) -> None:
     for n, rank in enumerate(RANKS):
         s, dt = _spread(n), ("f32", "f16")[n % 2]
         t, i, o = s["tokens"], s["in_dim"], s["out_dim"]
-        add("fused_forward", rank=rank, **s, threads=128, save_h=True, dtype=dt)
+        add("fused_forward", rank=rank, **s, threads=128, save_h=True, dtype=dt,
+            from_base=bool(n % 2))
         add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, save_h=True,
             token_block=1 + n % 2, dtype=dt)
         add("grad_dh_seed", out_dim=o, rank=rank, scale=s["scale"], tokens=t, dtype=dt)
@@ -206,6 +207,8 @@ def _training_entries(add) -> None:
         add("grad_outer_reduce", size=i * rank, chunks=3, accumulate=bool(n % 2))
         add("grad_outer_pair", in_dim=i, out_dim=o, rank=rank, scale=s["scale"], tokens=t,
             accumulate=bool(n % 2), dtype=dt, threads=64)
+        add("grad_outer_pair", in_dim=i, out_dim=o, rank=rank, scale=s["scale"], tokens=1,
+            dtype=dt, dh_parts=1 + n % 3)  # dh in the mse kernel's parts
         add("grad_input_seed", in_dim=i, rank=rank, tokens=t, accumulate=bool(n % 2), dtype=dt)
         add("grad_input", in_dim=i, rank=rank, tokens=t, threads=64, dtype=dt)
         add("grad_a_input", in_dim=i, rank=rank, tokens=min(t, 2), threads=64,
@@ -219,7 +222,10 @@ def _training_entries(add) -> None:
         add("to_f16", sizes=sizes)
     for n, (classes, dt) in enumerate(itertools.product((10, 1000), ("f32", "f16"))):
         add("mse", n=classes * 3, threads=64, dtype=dt)
+        add("mse", n=classes + n % 2, threads=64, dtype=dt, begin=("constant", "cosine")[n % 2],
+            dh_rank=(4, 3)[n % 2], dh_scale=0.5)  # a training step's folded dispatches
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt)
+        add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt, begin="linear")
         add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt)
         add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
             dtype=dt)

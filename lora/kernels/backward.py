@@ -225,12 +225,19 @@ def _outer_sums(m, G, H, j, n, rank, t_from, t_to) -> list:
     return accs
 
 
-def grad_outer_pair(m, in_dim, out_dim, rank, scale, tokens, accumulate=False, dtype="f32"):
+def grad_outer_pair(m, in_dim, out_dim, rank, scale, tokens, accumulate=False, dtype="f32",
+                    dh_parts=0):
     """dB = s g^T h and dA = dh^T x in one dispatch, one thread per column of
     either (grid ceil((out_dim + in_dim) / threads)), every token each: for a
-    few tokens, where two grad_outer dispatches cost more than their work."""
+    few tokens, where two grad_outer dispatches cost more than their work.
+    ``dh_parts`` (one token; 0: none): dh comes in that many parts [parts,
+    rank] (the mse kernel's), summed here."""
     g, h = _outer_inputs(m, "g", "h", out_dim, rank, tokens, dtype)
-    x, dh = _outer_inputs(m, "x", "dh", in_dim, rank, tokens, dtype)
+    if dh_parts:
+        x = m.declare_input_buffer("x", storage_scalar(dtype), in_dim)
+        dh = m.declare_input_buffer("dh", f32, dh_parts * rank)
+    else:
+        x, dh = _outer_inputs(m, "x", "dh", in_dim, rank, tokens, dtype)
     dB = m.declare_output_buffer("dB", f32, out_dim * rank)
     dA = m.declare_output_buffer("dA", f32, rank * in_dim)
     j = m.let(m.global_id().x, "j")
@@ -240,9 +247,21 @@ def grad_outer_pair(m, in_dim, out_dim, rank, scale, tokens, accumulate=False, d
             _write(dB, j * rank + r, scale * accs[r], accumulate)
     with m.elif_(j < out_dim + in_dim):
         i = m.let(j - out_dim, "i")
-        accs = _outer_sums(m, x, dh, i, in_dim, rank, 0, tokens)
+        if dh_parts:
+            xv = m.let(widen(x[i]), "xv")
+            accs = [xv * sum_parts(dh, dh_parts, rank, r) for r in range(rank)]
+        else:
+            accs = _outer_sums(m, x, dh, i, in_dim, rank, 0, tokens)
         for r in range(rank):
             _write(dA, r * in_dim + i, accs[r], accumulate)
+
+
+def sum_parts(parts, count: int, size: int, k):
+    """parts[k] + parts[size + k] + ...: element k of ``count`` parts of ``size``."""
+    total = parts[k]
+    for p in range(1, count):
+        total = total + parts[p * size + k]
+    return total
 
 
 OUTER_THREADS = 256  # grad_outer_tiled's workgroup, at most

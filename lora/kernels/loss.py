@@ -11,10 +11,10 @@ only when the value is asked for.
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f32, u32, vec4f
+from shaderdsl import f16, f32, u32, vec4f, vec4h
 
-from .common import (check_threads, input_matrix, output_buffer, reduce_sum, storage_scalar,
-                     store_output, widen, width)
+from .common import (b_row, check_threads, input_matrix, output_buffer, reduce_sum,
+                     storage_scalar, store_output, widen, width)
 from .optimizer import advance, state_buffers
 
 
@@ -27,10 +27,13 @@ def _begin(m, schedule) -> None:
             advance(m, state, hyper, schedule)
 
 
-def mse(m, n, threads=256, dtype="f32", begin=None):
+def mse(m, n, threads=256, dtype="f32", begin=None, dh_rank=0, dh_scale=1.0):
     """g = 2 (out - want) / n, a vec4 per thread where n is a multiple of 4,
     else one element (grid ceil(n / (w threads))); each workgroup writes the
-    sum of its squared errors to ``partial``. ``begin``: see _begin."""
+    sum of its squared errors to ``partial``. ``begin``: see _begin. With
+    ``dh_rank`` (one token: n is out_dim), each workgroup also writes its
+    part of the backward's dh = dh_scale g B (B [n, dh_rank], g as stored)
+    to ``dh`` [workgroups, dh_rank]: one dispatch fewer a step."""
     check_threads(threads)
     _begin(m, begin)
     w = width(n)
@@ -43,9 +46,32 @@ def mse(m, n, threads=256, dtype="f32", begin=None):
     with m.if_(i < n // w):
         m.assign(d, widen(out[i]) - widen(want[i]))
         store_output(g, i, (2.0 / n) * d)
-    (total,) = reduce_sum(m, [B.dot(d, d) if w == 4 else d * d], threads, False)
+    sums = [B.dot(d, d) if w == 4 else d * d]
+    if dh_rank:
+        sums += _dh_terms(m, n, w, dh_rank, dtype, (2.0 / n) * d)
+        dh = m.declare_output_buffer("dh", f32, -(-n // (w * threads)) * dh_rank)
+    total, *dh_sums = reduce_sum(m, sums, threads, False)
     with m.if_(m.local_index() == 0):
         partial[m.workgroup_id().x] = total
+        for r, value in enumerate(dh_sums):
+            dh[m.workgroup_id().x * dh_rank + r] = dh_scale * value
+
+
+def _dh_terms(m, n, w, rank, dtype, grad) -> list:
+    """This thread's terms of sum_o g[o] B[o, r] for every r: its ``w`` values
+    of g (``grad``, rounded as g is stored; zero past the end) times their
+    rows of B."""
+    Bm, _ = input_matrix(m, "B", n, rank, dtype)
+    stored = widen((vec4h if w == 4 else f16)(grad)) if dtype == "f16" else grad
+    i = m.global_id().x
+    terms = [0.0] * rank
+    for q in range(w):
+        gq = m.let(getattr(stored, "xyzw"[q]) if w == 4 else stored, f"g{q}")
+        row = b_row(m, Bm, B.min(i * w + q, n - 1), rank)
+        for r in range(rank):
+            terms[r] = terms[r] + gq * (getattr(row[r // 4], "xyzw"[r % 4]) if len(row) < rank
+                                        else row[r])
+    return terms
 
 
 def _workgroup_fold(m, value, threads, combine, name):

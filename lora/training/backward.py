@@ -49,22 +49,27 @@ def _roles(weight, only: str | None, with_dx: bool) -> dict:
 
 
 def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
-                  accumulate: bool = False, with_dx: bool = True, only: str | None = None) -> Plan:
+                  accumulate: bool = False, with_dx: bool = True, only: str | None = None,
+                  dh_parts: int = 0) -> Plan:
     """The Plan of one backward for ``tokens`` tokens: given g, x, h, dA, dB
     (and dx unless ``with_dx=False``: a first layer), in that order; it owns
     dh and the partial sums of dA and dB. ``only``: one result ("dh", "dB",
     "dA" or "dx") from the buffers ``ONE_RESULT`` names. ``strategy``: a
-    Backward, its text, or None (the default for the shape)."""
+    Backward, its text, or None (the default for the shape). ``dh_parts``
+    (0: none): its dh [dh_parts, rank] is written by another plan (the mse
+    loss's, at one token) before it runs; split only (ValueError otherwise)."""
     check_f16(device, weight.dtype, "backward plan")
     strategy = backward_of(strategy, tokens, weight, device)
     r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, wgsl_dtype(weight.dtype)
     if only is None:
-        kernels = strategy.kernels(r, i, o, float(scale), tokens, dt, accumulate, with_dx)
+        kernels = strategy.kernels(r, i, o, float(scale), tokens, dt, accumulate, with_dx,
+                                   dh_parts)
     else:
         kernels = strategy.kernels_of(only, r, i, o, float(scale), tokens, dt, accumulate)
     roles = _roles(weight, only, with_dx)
-    scratch = {k: (lambda t, s=shape: s) for k, shape in strategy.scratch(tokens, r, i, o).items()
-               if k not in roles}
+    shapes = dict(strategy.scratch(tokens, r, i, o), **({"dh": (dh_parts, r)} if dh_parts
+                                                       else {}))
+    scratch = {k: (lambda t, s=shape: s) for k, shape in shapes.items() if k not in roles}
     label = f"backward {strategy} rank={r} in={i} out={o} scale={float(scale)} {weight.dtype.name}"
     return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b},
                 scratch=scratch, tokens=tokens, strategy=strategy, weight=weight)

@@ -12,15 +12,22 @@ LOSSES = ("mse", "xent")
 MSE_THREADS = 256  # the mse kernel sums a workgroup's squares into one partial
 
 
+def mse_parts(n: int) -> int:
+    """The mse kernel's workgroups for n values: its partial sums (and dh parts)."""
+    return -(-n // (width(n) * MSE_THREADS))
+
+
 def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
-              begin=None) -> Plan:
+              begin=None, dh=None) -> Plan:
     """``kind`` "mse": given the output and a target, both ``dtype`` (f32 or
     f16) [tokens, columns]; "xent": softmax cross-entropy of the output as
     logits against u32 labels [tokens]. It owns g [tokens, columns], stored
     as ``dtype``, and the f32 partial sums ("partial": one per workgroup for
     mse; "losses": one per token for xent). Sums are f32 either way.
     ``begin``: an optimizer's (schedule, state, hyper) (``folded_begin()``):
-    the loss's dispatch then also advances its step."""
+    the loss's dispatch then also advances its step. ``dh``: (B, scale,
+    the dh buffer [mse_parts(columns), rank]) at one token with mse: the
+    dispatch also writes the backward's dh = scale g B in parts."""
     if kind not in LOSSES:
         raise ValueError(f"loss: expected one of {LOSSES}, got {kind!r}")
     dt, n = np.dtype(dtype), tokens * columns
@@ -29,13 +36,19 @@ def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
         kernel = ("mse", dict(n=n, dtype=wgsl))
         roles = {"out": Role("output buffer", dt, (columns,)),
                  "want": Role("target buffer", dt, (columns,))}
-        sums = {"partial": -(-n // (width(n) * MSE_THREADS))}
+        sums = {"partial": mse_parts(n)}
     else:
         kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64, dtype=wgsl))
         roles = {"logits": Role("output buffer", dt, (columns,)),
                  "labels": Role("labels buffer", np.dtype(np.uint32), ())}
         sums = {"losses": tokens}
     bound = {}
+    if dh is not None:
+        if kind != "mse" or tokens != 1:
+            raise ValueError(f"loss_plan: dh in parts needs mse at one token, got {kind} at "
+                             f"{tokens}")
+        bound["B"], scale, bound["dh"] = dh
+        kernel[1].update(dh_rank=bound["B"].shape[1], dh_scale=float(scale))
     if begin is not None:
         schedule, bound["state"], bound["hyper"] = begin
         kernel[1]["begin"] = schedule

@@ -73,11 +73,19 @@ class Backward(Entry):
         return {"dh": (tokens, rank)}
 
     def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False,
-                with_dx=True) -> list[tuple]:
-        """(kernel name, parameters[, binding renames]) of each dispatch, in order."""
+                with_dx=True, dh_parts=0) -> list[tuple]:
+        """(kernel name, parameters[, binding renames]) of each dispatch, in order.
+        ``dh_parts`` (0: none): dh is given in that many parts (the mse
+        kernel's, one token), which only split takes."""
+        self._refuse_dh_parts(dh_parts)
         return [k for grad in self.order + (("dx",) if with_dx else ())
                 for k in self.kernels_of(grad, rank, in_dim, out_dim, scale, tokens, dtype,
                                          accumulate)]
+
+    def _refuse_dh_parts(self, dh_parts: int) -> None:
+        if dh_parts:
+            raise ValueError(f"the {self.name} backward computes dh itself: only split at one "
+                             f"token, without dx, takes dh in parts")
 
     def kernels_of(self, grad, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False):
         """The dispatches of one result ("dh", "dB", "dA" or "dx"): Hesper's
@@ -123,7 +131,8 @@ class Paired(Backward):
     threads: int = 256
 
     def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False,
-                with_dx=True) -> list[tuple]:
+                with_dx=True, dh_parts=0) -> list[tuple]:
+        self._refuse_dh_parts(dh_parts)
         if tokens > PAIRED_TOKENS:
             raise ValueError(f"the paired backward takes at most {PAIRED_TOKENS} tokens, got "
                              f"{tokens}; use split")
@@ -159,17 +168,24 @@ class Split(Backward):
         return chunk_for(self.chunk, tokens, columns, rank, self.threads)
 
     def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, accumulate=False,
-                with_dx=True) -> list[tuple]:
+                with_dx=True, dh_parts=0) -> list[tuple]:
         """dB and dA in one dispatch (grad_outer_pair) where each would be one
         chunk of tokens (a dispatch fewer: on the H200 each costs ~2 us at one
-        token); otherwise one result after another."""
-        if any(self.chunk_for(tokens, n, rank) < tokens for n in (in_dim, out_dim)):
+        token); otherwise one result after another. With ``dh_parts`` (one
+        token, no dx) dh is given in parts, and the pair is all."""
+        pairs = all(self.chunk_for(tokens, n, rank) >= tokens for n in (in_dim, out_dim))
+        if dh_parts and not (pairs and tokens == 1 and not with_dx):
+            return super().kernels(rank, in_dim, out_dim, scale, tokens, dtype, accumulate,
+                                   with_dx, dh_parts)  # refused there
+        if not pairs:
             return super().kernels(rank, in_dim, out_dim, scale, tokens, dtype, accumulate,
                                    with_dx)
         pair = ("grad_outer_pair", dict(in_dim=in_dim, rank=rank, out_dim=out_dim,
-                                        scale=float(scale), tokens=tokens,
+                                        scale=float(scale), tokens=tokens, dh_parts=dh_parts,
                                         accumulate=bool(accumulate), dtype=dtype,
                                         threads=self.threads))
+        if dh_parts:
+            return [pair]
         return [self._dh(rank, out_dim, float(scale), tokens, dtype), pair] + \
             (self.kernels_of("dx", rank, in_dim, out_dim, scale, tokens, dtype, accumulate)
              if with_dx else [])

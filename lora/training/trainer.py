@@ -9,7 +9,7 @@ from shaderdsl.errors import BindingError
 from ..core.plan import Plan, Role
 from ..core.weight import check_f16, wgsl_dtype
 from .backward import backward_plan, train_forward_plan
-from .losses import LOSSES, loss_plan, loss_value
+from .losses import LOSSES, loss_plan, loss_value, mse_parts
 
 
 class LayerTrainer:
@@ -43,14 +43,15 @@ class LayerTrainer:
                                                     self.forward.strategy, from_base=True)
         except ValueError:
             self._forward_base = None
-        self.backward = backward_plan(device, weight, scale, tokens, backward, with_dx=False)
+        self.backward, dh = _backward(device, weight, scale, tokens, backward, loss)
         self.grad_a = device.empty(weight.a.shape, np.float32, name="lora.dA")
         self.grad_b = device.empty(weight.b.shape, np.float32, name="lora.dB")
         self.masters, self._to_f16 = _masters(device, weight)
         self.optimizer = optimizer
         optimizer.attach(device, [(self.masters[0], self.grad_a), (self.masters[1], self.grad_b)])
         self._begin = optimizer.folded_begin()  # the optimizer's begin, in the loss's dispatch
-        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype, self._begin)
+        self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype, self._begin,
+                                   dh)
         self._copy = None  # (plan or None, bytes) of the base copy
         self._steps = 0    # steps recorded
 
@@ -132,6 +133,19 @@ class LayerTrainer:
         if not self._steps:
             raise RuntimeError("LayerTrainer.loss: no step recorded yet; call record(...) first")
         return loss_value(self.device, self.loss_plan)
+
+
+def _backward(device, weight, scale, tokens, strategy, loss) -> tuple:
+    """(the backward plan, what the loss plan gets to write its dh: None, or
+    (B, scale, dh) at one token with mse and split, one dispatch fewer)."""
+    if loss == "mse" and tokens == 1:
+        try:
+            plan = backward_plan(device, weight, scale, tokens, strategy, with_dx=False,
+                                 dh_parts=mse_parts(weight.out_dim))
+            return plan, (weight.b, scale, plan.scratch["dh"])
+        except ValueError:  # a backward that computes dh itself
+            pass
+    return backward_plan(device, weight, scale, tokens, strategy, with_dx=False), None
 
 
 def _masters(device, weight) -> tuple:
