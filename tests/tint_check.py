@@ -223,7 +223,7 @@ def _training_entries(add) -> None:
     for n, (classes, dt) in enumerate(itertools.product((10, 1000), ("f32", "f16"))):
         add("mse", n=classes * 3, threads=64, dtype=dt)
         add("mse", n=classes + n % 2, threads=64, dtype=dt, begin=("constant", "cosine")[n % 2],
-            dh_rank=(4, 3)[n % 2], dh_scale=0.5)  # a training step's folded dispatches
+            dh_rank=(4, 3)[n % 2], dh_scale=0.5, subgroups=bool(n % 2))  # folded dispatches
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt)
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt, begin="linear")
         add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt)

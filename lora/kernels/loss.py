@@ -27,13 +27,14 @@ def _begin(m, schedule) -> None:
             advance(m, state, hyper, schedule)
 
 
-def mse(m, n, threads=256, dtype="f32", begin=None, dh_rank=0, dh_scale=1.0):
+def mse(m, n, threads=256, dtype="f32", begin=None, dh_rank=0, dh_scale=1.0, subgroups=False):
     """g = 2 (out - want) / n, a vec4 per thread where n is a multiple of 4,
     else one element (grid ceil(n / (w threads))); each workgroup writes the
     sum of its squared errors to ``partial``. ``begin``: see _begin. With
     ``dh_rank`` (one token: n is out_dim), each workgroup also writes its
     part of the backward's dh = dh_scale g B (B [n, dh_rank], g as stored)
-    to ``dh`` [workgroups, dh_rank]: one dispatch fewer a step."""
+    to ``dh`` [workgroups, dh_rank]: one dispatch fewer a step. ``subgroups``:
+    the workgroup sums by subgroup operations (one barrier, not a tree)."""
     check_threads(threads)
     _begin(m, begin)
     w = width(n)
@@ -50,7 +51,7 @@ def mse(m, n, threads=256, dtype="f32", begin=None, dh_rank=0, dh_scale=1.0):
     if dh_rank:
         sums += _dh_terms(m, n, w, dh_rank, dtype, (2.0 / n) * d)
         dh = m.declare_output_buffer("dh", f32, -(-n // (w * threads)) * dh_rank)
-    total, *dh_sums = reduce_sum(m, sums, threads, False)
+    total, *dh_sums = reduce_sum(m, sums, threads, subgroups)
     with m.if_(m.local_index() == 0):
         partial[m.workgroup_id().x] = total
         for r, value in enumerate(dh_sums):

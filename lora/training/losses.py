@@ -33,7 +33,7 @@ def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
     dt, n = np.dtype(dtype), tokens * columns
     wgsl = wgsl_dtype(dt)
     if kind == "mse":
-        kernel = ("mse", dict(n=n, dtype=wgsl))
+        kernel = ("mse", dict(n=n, dtype=wgsl, subgroups=device.has_feature("subgroup")))
         roles = {"out": Role("output buffer", dt, (columns,)),
                  "want": Role("target buffer", dt, (columns,))}
         sums = {"partial": mse_parts(n)}
