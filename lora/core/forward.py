@@ -52,6 +52,6 @@ def forward_plan(device, weight, scale: float, tokens: int | None, strategy, *, 
     scratch = {role: (lambda t, k=k, c=columns[role]: (k * t, c))
                for role, k in rows.items() if role not in given}
     label = (f"{strategy} rank={r} in={i} out={o} scale={float(scale)} {dt.name}")
-    return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b}, scratch=scratch, tokens=tokens,
-                max_tokens=max_tokens, max_workgroups=max_workgroups, strategy=strategy,
-                weight=weight)
+    return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b},
+                scratch=scratch, tokens=tokens, max_tokens=max_tokens,
+                max_workgroups=max_workgroups, strategy=strategy, weight=weight)

@@ -23,13 +23,8 @@ from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
 from .common import (b_row, check_threads, hold, input_matrix, load_h, output_buffer,
-                     reduce_sum, stage, storage_scalar, store_output, unrolled_or_loop, widen,
-                     width)
-
-
-def _component(row, r: int):
-    """Element r of a row from b_row (vec4 pieces or scalars)."""
-    return row[r] if row[0].type == f32 else getattr(row[r // 4], "xyzw"[r % 4])
+                     reduce_sum, row_element, stage, storage_scalar, store_output,
+                     unrolled_or_loop, widen, width)
 
 
 def _write(buf, i, value, accumulate: bool) -> None:
@@ -70,7 +65,7 @@ def _dh_partials(m, Bm, g, out_dim, rank, ts, lane, lanes, unroll=True, on_colum
                for j, t in enumerate(ts)]
         for j, gv in enumerate(gvs):
             for r in range(rank):
-                accs[j][r] += gv * _component(row, r)
+                accs[j][r] += gv * row_element(row, r)
         if on_column is not None:
             on_column(o, row, gvs)
 
@@ -221,7 +216,7 @@ def _outer_sums(m, G, H, j, n, rank, t_from, t_to) -> list:
         gv = m.let(widen(G[t * n + j]), "gv")
         hs = [m.let(H[t * (rank // 4) + q], f"h{q}") for q in range(rank // 4)] if vec else None
         for r in range(rank):
-            accs[r] += gv * (_component(hs, r) if vec else H[t * rank + r])
+            accs[r] += gv * (row_element(hs, r) if vec else H[t * rank + r])
     return accs
 
 
@@ -249,14 +244,14 @@ def grad_outer_pair(m, in_dim, out_dim, rank, scale, tokens, accumulate=False, d
         i = m.let(j - out_dim, "i")
         if dh_parts:
             xv = m.let(widen(x[i]), "xv")
-            accs = [xv * sum_parts(dh, dh_parts, rank, r) for r in range(rank)]
+            accs = [xv * _sum_parts(dh, dh_parts, rank, r) for r in range(rank)]
         else:
             accs = _outer_sums(m, x, dh, i, in_dim, rank, 0, tokens)
         for r in range(rank):
             _write(dA, r * in_dim + i, accs[r], accumulate)
 
 
-def sum_parts(parts, count: int, size: int, k):
+def _sum_parts(parts, count: int, size: int, k):
     """parts[k] + parts[size + k] + ...: element k of ``count`` parts of ``size``."""
     total = parts[k]
     for p in range(1, count):

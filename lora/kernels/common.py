@@ -216,6 +216,11 @@ def b_row(m, Bm, i, rank):
     return [m.let(widen(Bm[i * rank + r]), f"b{r}") for r in range(rank)]
 
 
+def row_element(row, r: int):
+    """Element r of a row from b_row (vec4 pieces or scalars)."""
+    return row[r] if row[0].type == f32 else getattr(row[r // 4], "xyzw"[r % 4])
+
+
 def row_dot(row, hs):
     """sum_r row[r] * h[r] for a row from b_row (vec4 pieces or scalars)."""
     if row[0].type == vec4f:

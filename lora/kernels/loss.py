@@ -14,7 +14,7 @@ from shaderdsl import builtins as B
 from shaderdsl import f16, f32, u32, vec4f, vec4h
 
 from .common import (b_row, check_threads, input_matrix, output_buffer, reduce_sum,
-                     storage_scalar, store_output, widen, width)
+                     row_element, storage_scalar, store_output, widen, width)
 from .optimizer import advance, state_buffers
 
 
@@ -70,8 +70,7 @@ def _dh_terms(m, n, w, rank, dtype, grad) -> list:
         gq = m.let(getattr(stored, "xyzw"[q]) if w == 4 else stored, f"g{q}")
         row = b_row(m, Bm, B.min(i * w + q, n - 1), rank)
         for r in range(rank):
-            terms[r] = terms[r] + gq * (getattr(row[r // 4], "xyzw"[r % 4]) if len(row) < rank
-                                        else row[r])
+            terms[r] = terms[r] + gq * row_element(row, r)
     return terms
 
 

@@ -71,8 +71,6 @@ def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
     factor to ``state`` (one workgroup). With ``grad_sizes`` (the gradients'
     lengths, bound as g0, g1, ...) it also computes their global norm."""
     check_threads(threads)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if len(grad_sizes) > MAX_NORM_TENSORS:
         raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin, got {len(grad_sizes)}")
     grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
