@@ -174,9 +174,8 @@ class Split(Backward):
         token); otherwise one result after another. With ``dh_parts`` (one
         token, no dx) dh is given in parts, and the pair is all."""
         pairs = all(self.chunk_for(tokens, n, rank) >= tokens for n in (in_dim, out_dim))
-        if dh_parts and not (pairs and tokens == 1 and not with_dx):
-            return super().kernels(rank, in_dim, out_dim, scale, tokens, dtype, accumulate,
-                                   with_dx, dh_parts)  # refused there
+        if not (pairs and tokens == 1 and not with_dx):
+            self._refuse_dh_parts(dh_parts)
         if not pairs:
             return super().kernels(rank, in_dim, out_dim, scale, tokens, dtype, accumulate,
                                    with_dx)
