@@ -356,6 +356,15 @@ def test_f16_layer_trainer_is_mixed_precision(device, forward):
     assert np.array_equal(device.read(w.a), got_a.astype(np.float16))
     assert np.array_equal(device.read(w.b), got_b.astype(np.float16))
     assert trainer.loss() < 0.9 * first
+    # a weight written after the trainer was made: the masters follow (the next step
+    # would otherwise write the old values back into it)
+    old_a, new_a = got_a, normal(rng, a.shape) * np.float32(0.01)
+    w.write(a=new_a)
+    assert np.array_equal(device.read(trainer.masters[0]), new_a)
+    trainer.record(xb, ob, tb, bb)
+    stepped = device.read(trainer.masters[0])
+    assert np.abs(stepped - new_a).max() < np.abs(stepped - old_a).max()
+    assert np.array_equal(device.read(w.a), stepped.astype(np.float16))
 
 
 def test_init_is_peft_like_and_seeded():

@@ -79,7 +79,8 @@ class Weight:
     :mod:`lora.hesper` take a Weight and the activation buffers.
     """
 
-    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "plans", "__weakref__")
+    __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "plans", "masters",
+                 "__weakref__")
 
     def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
         """Wrap existing buffers (both float32 or both float16, shaped
@@ -96,6 +97,7 @@ class Weight:
                                    f"float16{list(shape)} (a and b alike), got "
                                    f"{buf.dtype.name}{list(buf.shape)}")
         self.device, self.a, self.b = device, a, b
+        self.masters = None  # f32 copies an f16 weight trains from (set by LayerTrainer)
         # The plans of this weight (lora.core.cache): they
         # hold its buffers, not the Weight, so they go when the weight goes.
         self.plans: dict = {}
@@ -149,7 +151,9 @@ class Weight:
 
     def write(self, a=None, b=None) -> None:
         """Overwrite A and/or B in place (same shapes; any real float dtype,
-        cast to the weight's)."""
+        cast to the weight's), and the f32 masters a trainer keeps of an f16
+        weight (else its next step would write the old values back)."""
+        given = (a, b)
         if a is not None:
             a = host_matrix(a, "a", "[rank, in_dim]", self.dtype)
             if a.shape != self.a.shape:
@@ -162,6 +166,9 @@ class Weight:
             self.device.write(self.a, a)
         if b is not None:
             self.device.write(self.b, b)
+        for value, master in zip(given, self.masters or ()):
+            if value is not None:
+                self.device.write(master, np.asarray(value, np.float32))
 
     def __repr__(self) -> str:
         return (f"<Weight rank={self.rank} in_dim={self.in_dim} out_dim={self.out_dim} "

@@ -155,6 +155,7 @@ def _masters(device, weight) -> tuple:
         return (weight.a, weight.b), None
     masters = tuple(device.buffer(v.astype(np.float32), name=f"lora.{n}32")
                     for v, n in zip(weight.numpy(), "AB"))
+    weight.masters = masters  # Weight.write keeps them in step
     return masters, Plan(device, "f16 copies of A and B", [("to_f16", dict(
         sizes=(weight.a.size, weight.b.size)))], {}, bound={
         "p0": masters[0], "p1": masters[1], "h0": weight.a, "h1": weight.b})
