@@ -29,16 +29,23 @@ import importlib
 
 from . import kernels
 from .core import reference
+from .core.auto import auto_plan, forward
 from .core.cache import clear_plan_cache
 from .core.config import Config
-from .core.auto import auto_plan, forward
 from .core.forward import forward_plan
 from .core.plan import Plan, PlanAt, Role
 from .core.strategy import FORWARD, STRATEGIES, Strategy
 from .core.weight import Weight
-from .training.adapter_io import (AdapterExtrasWarning, AdapterFileError, LoraLayer,
-                                  adapter_extras, load_adapter, load_hesper, save_adapter,
-                                  save_hesper)
+from .training.adapter_io import (
+    AdapterExtrasWarning,
+    AdapterFileError,
+    LoraLayer,
+    adapter_extras,
+    load_adapter,
+    load_hesper,
+    save_adapter,
+    save_hesper,
+)
 from .training.backward import backward, backward_plan, train_forward_plan
 from .training.losses import LOSSES, loss_plan
 from .training.optim import SGD, AdamW

@@ -32,8 +32,8 @@ from shaderdsl import checks as host
 from shaderdsl.errors import BindingError
 
 from .core import checks as C
-from .core.cache import get_or_build, ids
 from .core.auto import auto_plan
+from .core.cache import get_or_build, ids
 from .core.forward import forward_plan
 from .core.plan import Plan, Role
 from .core.strategy import Split, Strategy, Three

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine:
-# a virtual environment in .venv with the package and its extras (test, bench, train), and,
+# a virtual environment in .venv with the package and its extras (test, lint, bench, train), and,
 # when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe); and, when
 # no Chromium is there, Debian's chromium (the browser tests' WebGPU).
 # Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
@@ -15,9 +15,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-    echo "[setup] installing shaderdsl with its test extras into .venv"
+    echo "[setup] installing shaderdsl with its test and lint extras into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,bench,train]"
+    .venv/bin/python -m pip install -q -e ".[test,lint,bench,train]"
     touch "$stamp"
 fi
 

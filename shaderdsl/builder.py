@@ -18,8 +18,22 @@ from . import nodes as S
 from . import types as T
 from .context import type_error
 from .errors import ShaderNameError, ShaderScopeError
-from .expr import (Call, Expr, Lit, Member, Ref, as_expr, index, is_assignable, literal, next_seq,
-                   operands, reads, root, shaped_length)
+from .expr import (
+    Call,
+    Expr,
+    Lit,
+    Member,
+    Ref,
+    as_expr,
+    index,
+    is_assignable,
+    literal,
+    next_seq,
+    operands,
+    reads,
+    root,
+    shaped_length,
+)
 from .location import caller_location
 from .names import PREDECLARED, RESERVED, check_user_name
 from .nodes import BUILTIN_VALUES

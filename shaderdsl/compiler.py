@@ -11,9 +11,8 @@ import traceback
 
 import numpy as np
 
-from . import context
+from . import context, uniformity
 from . import types as T
-from . import uniformity
 from .builder import ShaderM
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError

@@ -15,8 +15,8 @@ import numpy as np
 from . import expr as E
 from . import nodes as N
 from . import types as T
-from .location import shown
 from .errors import ShaderTypeError
+from .location import shown
 
 INDENT = "    "
 

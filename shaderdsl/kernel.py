@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import WType, numpy_dtype, stride, components
+from .types import WType, components, numpy_dtype, stride
 
 
 @dataclass(frozen=True)

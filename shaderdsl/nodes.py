@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from . import types as T
 from .expr import Call, Expr, Ref
 
-
 # ---------------------------------------------------------------- statements
 
 @dataclass

@@ -30,7 +30,6 @@ from .expr import AddressOf, Expr, Ref, as_expr, is_assignable
 from .literals import default_scalar
 from .operators import INFIX, Op, plain
 
-
 # ================================================================ builtin functions
 
 BUILTINS: dict[str, Op] = {}

@@ -34,16 +34,16 @@ import shaderdsl as sd
 from shaderdsl import f32, vec4f
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from . import bench_train
 from ..core import reference
-from .bench_gemm import gemm_main
-from .bench_profile import profile_main
-from .bench_sweep import sweep_main
-from .bench_train import NUMPY_DTYPES, SCALE
 from ..core.forward import forward_plan
 from ..core.strategy import Strategy
 from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
 from ..core.weight import Weight
+from . import bench_train
+from .bench_gemm import gemm_main
+from .bench_profile import profile_main
+from .bench_sweep import sweep_main
+from .bench_train import NUMPY_DTYPES, SCALE
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
         "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}

@@ -21,11 +21,11 @@ import numpy as np
 
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from .bench_train import NUMPY_DTYPES, SCALE
 from ..core.forward import forward_plan
 from ..core.plan import build_steps, record_steps
 from ..core.tuning import time_plan
 from ..core.weight import Weight, wgsl_dtype
+from .bench_train import NUMPY_DTYPES, SCALE
 
 DIM = 2560
 CASES = (  # (rank, tokens, dtype, strategies)

@@ -18,12 +18,11 @@ import numpy as np
 
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
-from ..core import reference
-from ..core import tuning
-from .bench_train import NUMPY_DTYPES, SCALE
-from ..hesper import execute_lora_forward_auto
+from ..core import reference, tuning
 from ..core.forward import forward_plan
 from ..core.weight import Weight
+from ..hesper import execute_lora_forward_auto
+from .bench_train import NUMPY_DTYPES, SCALE
 
 SWEEP = {"ranks": (8,), "dims": ((2560, 2560),), "dtypes": ("f32",), "forwards": 1000}
 SWEEP_QUICK = {"ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",), "forwards": 100}

@@ -19,10 +19,10 @@ import time
 import numpy as np
 
 from ..core import reference
-from ..training.optim import AdamW
-from ..training.trainer import LayerTrainer
 from ..core.tuning import MIN_BATCH_NS
 from ..core.weight import Weight
+from ..training.optim import AdamW
+from ..training.trainer import LayerTrainer
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),),
         "dtypes": ("f32", "f16")}

@@ -446,7 +446,6 @@ class _SelfCheck:
 
     def numpy_forward(self):
         from ..core import reference as R
-
         from ..core.auto import forward
 
         got = forward(self.x, self.a, self.b, self.base, scale=self.scale, device=self.dev)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import digits as D
 from ..core.plan import Plan
 from ..core.weight import Weight
 from ..training.backward import backward_plan, train_forward_plan
 from ..training.losses import mean_xent
 from ..training.optim import AdamW
+from . import digits as D
 
 CLASSES = 10  # the digits
 

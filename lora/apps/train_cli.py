@@ -74,9 +74,9 @@ def _optimizer_settings(args) -> dict:
 
 def _train(args, data, base, device) -> dict:
     """Train on the GPU (and in float64 with --check); the losses and adapters."""
+    from ..training.optim import AdamW
     from . import digits as D
     from .finetune import DigitsTrainer
-    from ..training.optim import AdamW
 
     settings = _optimizer_settings(args)
     scale = args.alpha / args.rank
@@ -126,8 +126,8 @@ def main(argv=None) -> int:
         from shaderdsl.runtime import get_device
         device = get_device()
     with _phase("loading scikit-learn's digits"):
-        from . import digits as D
         from ..training.adapter_io import save_adapter
+        from . import digits as D
         data = D.load(args.seed)
     with _phase(f"training the frozen base network in numpy ({D.BASE_STEPS} steps)"):
         base = D.train_base(data, args.seed)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shaderdsl.export import RUNTIME_JS, RUNTIME_DTS, js_object, kernel_info
+from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS, js_object, kernel_info
 
-from ..kernels import KERNELS
 from ..core.strategy import Strategy
+from ..kernels import KERNELS
 
 # Binding names of the forward kernels -> loraForward's buffers (h and y: its own scratch).
 ROLES = {"A": "a", "B": "b", "x": "x", "output": "output", "h": "h", "y": "y"}

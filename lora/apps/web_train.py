@@ -27,6 +27,7 @@ from ..core.weight import Weight
 from ..training.optim import SGD, AdamW
 from ..training.trainer import LayerTrainer
 
+
 @dataclass(frozen=True)
 class TrainShape:
     """One exported training step: a layer's shape, its loss and optimizer."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
+
 from .forward import forward_plan
 from .plan import Plan
 from .strategy import FORWARD, Strategy

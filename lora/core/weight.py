@@ -9,6 +9,7 @@ import numpy as np
 
 from shaderdsl.errors import BindingError, FeatureError
 
+
 def _dim(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"Weight: {what} must be an int >= 1, got {value!r}")

@@ -22,9 +22,22 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
-from .common import (b_row, check_threads, hold, input_matrix, load_h, output_buffer,
-                     reduce_sum, row_element, stage, storage_scalar, store_output,
-                     unrolled_or_loop, widen, width)
+from .common import (
+    b_row,
+    check_threads,
+    hold,
+    input_matrix,
+    load_h,
+    output_buffer,
+    reduce_sum,
+    row_element,
+    stage,
+    storage_scalar,
+    store_output,
+    unrolled_or_loop,
+    widen,
+    width,
+)
 
 
 def _write(buf, i, value, accumulate: bool) -> None:

@@ -10,8 +10,7 @@ length is a multiple of 4.
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import collectives
-from shaderdsl import f16, f32, u32, vec4f, vec4h
+from shaderdsl import collectives, f16, f32, u32, vec4f, vec4h
 
 SHARED_FLOATS = 4096  # 16 KiB: the WebGPU default maxComputeWorkgroupStorageSize
 

@@ -15,10 +15,30 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f32, vec4f
 
-from .common import (SHARED_FLOATS, b_row, b_row_dot, check_threads, hold, input_matrix, load_h,
-                     output_buffer, partial_dots, past_the_end, reduce_sum, row_dot,
-                     split_index, stage, storage_scalar, store_output, token_count, token_rows,
-                     tree_sum, unrolled_or_loop, widen, width)
+from .common import (
+    SHARED_FLOATS,
+    b_row,
+    b_row_dot,
+    check_threads,
+    hold,
+    input_matrix,
+    load_h,
+    output_buffer,
+    partial_dots,
+    past_the_end,
+    reduce_sum,
+    row_dot,
+    split_index,
+    stage,
+    storage_scalar,
+    store_output,
+    token_count,
+    token_rows,
+    tree_sum,
+    unrolled_or_loop,
+    widen,
+    width,
+)
 
 # ------------------------------------------------------------------ A @ x
 

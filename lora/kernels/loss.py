@@ -13,8 +13,18 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f16, f32, u32, vec4f, vec4h
 
-from .common import (b_row, check_threads, input_matrix, output_buffer, reduce_sum,
-                     row_element, storage_scalar, store_output, widen, width)
+from .common import (
+    b_row,
+    check_threads,
+    input_matrix,
+    output_buffer,
+    reduce_sum,
+    row_element,
+    storage_scalar,
+    store_output,
+    widen,
+    width,
+)
 from .optimizer import advance, state_buffers
 
 

@@ -12,11 +12,32 @@ from typing import Callable
 import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
-from .matrix import (OUTER, a_tiling, b_add_direct, b_add_matrix, b_tiling, direct_grid,
-                     direct_threads, grad_outer_matrix, outer_matrix_grid, project_a_matrix)
 from .common import ceil_div, width
-from .forward import (B_ADD_THREADS, add_scaled, fused_b_add, fused_forward, gemm_tile_tokens, project_a_seed,
-                      project_a_tiled, project_a_workgroup, project_b, tiled_b_add, tiled_forward)
+from .forward import (
+    B_ADD_THREADS,
+    add_scaled,
+    fused_b_add,
+    fused_forward,
+    gemm_tile_tokens,
+    project_a_seed,
+    project_a_tiled,
+    project_a_workgroup,
+    project_b,
+    tiled_b_add,
+    tiled_forward,
+)
+from .matrix import (
+    OUTER,
+    a_tiling,
+    b_add_direct,
+    b_add_matrix,
+    b_tiling,
+    direct_grid,
+    direct_threads,
+    grad_outer_matrix,
+    outer_matrix_grid,
+    project_a_matrix,
+)
 
 
 @dataclass(frozen=True)

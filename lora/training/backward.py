@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import checks as C
+from ..core import tuning
 from ..core.forward import LIKE_WEIGHT, forward_plan
 from ..core.plan import Plan, Role
-from ..core import tuning
 from ..core.strategy import Strategy
 from ..core.weight import Weight, check_f16, wgsl_dtype
 from ..kernels.matrix import FRAGMENT

@@ -24,10 +24,16 @@ import numpy as np
 
 from shaderdsl.errors import BindingError
 
-from ..kernels.optimizer import (HYPER, HYPER_SIZE, MAX_NORM_TENSORS, MAX_UPDATE_TENSORS,
-                                SCHEDULES, STATE, STATE_SIZE)
 from ..core.plan import Plan
-
+from ..kernels.optimizer import (
+    HYPER,
+    HYPER_SIZE,
+    MAX_NORM_TENSORS,
+    MAX_UPDATE_TENSORS,
+    SCHEDULES,
+    STATE,
+    STATE_SIZE,
+)
 
 # (low, high, high excluded) of the settings not in [0, inf): AdamW's betas below
 # 1 as torch requires (beta2 = 1 made the first step NaN)

@@ -19,8 +19,17 @@ from ..devicebuffer import DeviceBuffer
 from ..errors import BindingError, NoAdapterError
 from ..hostdevice import HostDevice
 from ..types import SUBGROUP_MATRIX_FEATURE
-from .adapters import (DAWN_NAMES, MAX_LIMITS, WANTED_FEATURES, Limits, adapters_with,
-                       all_adapters, matrix_configs, norm_backend, pick)
+from .adapters import (
+    DAWN_NAMES,
+    MAX_LIMITS,
+    WANTED_FEATURES,
+    Limits,
+    adapters_with,
+    all_adapters,
+    matrix_configs,
+    norm_backend,
+    pick,
+)
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
 from .pipelines import PipelineCache

@@ -13,9 +13,8 @@ import re
 
 import wgpu
 
-from .wgpu_build import COMPILER
-
 from ..errors import WGSLCompileError
+from .wgpu_build import COMPILER
 
 _ACCESS_TO_TYPE = {
     "read": wgpu.BufferBindingType.read_only_storage,
