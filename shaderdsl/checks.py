@@ -95,6 +95,14 @@ def uniform_value(kernel, binding, value) -> np.ndarray:
     return arr
 
 
+def uniform_values(kernel, buffers: list) -> dict:
+    """position -> ``uniform_value``'s array for each plain value given to a
+    uniform binding (``buffers`` in binding order), in binding-number order."""
+    order = sorted(range(len(buffers)), key=lambda i: kernel.bindings[i].index)
+    return {i: uniform_value(kernel, kernel.bindings[i], buffers[i]) for i in order
+            if kernel.bindings[i].access == "uniform" and not isinstance(buffers[i], DeviceBuffer)}
+
+
 def _refuse_storage_values(kernel, buffers) -> None:
     """A plain value for a storage binding: say that only uniforms take one."""
     for binding, obj in zip(kernel.bindings, buffers):

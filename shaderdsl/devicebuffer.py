@@ -11,6 +11,11 @@ def describe(dtype: np.dtype, shape: tuple) -> str:
     return f"{np.dtype(dtype).name}{list(shape)}"
 
 
+def padded_size(nbytes: int, multiple: int = 4) -> int:
+    """WebGPU's buffer and copy sizes: multiples of 4 (16 for uniforms), never 0."""
+    return max(multiple, -(-nbytes // multiple) * multiple)
+
+
 class DeviceBuffer:
     """What the checks know of a buffer on some device: the numpy shape and
     dtype it was made for, its kind ("storage" or "uniform") and whether it

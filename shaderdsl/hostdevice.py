@@ -1,39 +1,107 @@
 """What the GPU, interpreter and browser devices share: the host API written
 once (``HostDevice``) and a batch's bookkeeping (``HostBatch``), on top of the
-host checks (``shaderdsl.checks``). Each device adds its own buffers,
-dispatch and submission; nothing here touches a device.
+host checks (``shaderdsl.checks``). Each public method of ``HostDevice``
+makes the checks, then calls the device's own part (a hook such as
+``_alloc`` or ``_dispatch``); nothing here touches a device.
 """
 from __future__ import annotations
 
 import operator
+import weakref
 
-from .checks import copy_size, live_buffer
-from .devicebuffer import DeviceBuffer
-from .errors import DispatchError
+import numpy as np
+
+from . import checks
+from .devicebuffer import DeviceBuffer, padded_size
+from .errors import BindingError, DispatchError
+
+# The counters every device keeps in ``stats``; a device may add its own.
+STATS = ("modules", "pipelines", "bind_groups", "dispatches", "copies", "submits")
+
+
+def _buffer_what(name: str | None) -> str:
+    return f"buffer {name!r}" if name else "buffer"
 
 
 class HostDevice:
-    """What the GPU, interpreter and browser devices share of the host API and
-    its checks; each has ``features``, ``stats``, ``_depth`` (open batches),
-    ``empty``, ``dispatch``, and ``_copy`` and ``_release`` for the device's own
-    part of copy() and release()."""
+    """The host API of every device: ``buffer``, ``empty``, ``zeros``,
+    ``uniform``, ``write``, ``read``, ``copy``, ``release``, ``dispatch``,
+    ``dispatch_1d``, ``prepare``, each checked here once. A device sets
+    ``name``, ``backend``, ``features`` and ``limits``, and writes its part:
+    ``_alloc`` (a Buffer), ``_write``, ``_read``, ``_copy``, ``_release``,
+    ``_new_entry`` (its state for a kernel first seen), ``_prepare``,
+    ``_dispatch``, and ``batch`` and ``sync``."""
 
+    name: str
+    backend: str
+    features: frozenset
+    limits: dict
     subgroup_matrix_configs: tuple = ()  # MatrixConfig shapes; none without the feature
+
+    def __init__(self, *extra_stats: str):
+        self.stats: dict = dict.fromkeys(STATS + extra_stats, 0)
+        self._depth = 0               # open batches
+        self._kernels: dict = {}      # id(kernel) -> the device's entry (_new_entry)
+        self._pinned: list = []       # kernels that cannot be weakly referenced
 
     def has_feature(self, name: str) -> bool:
         return name in self.features
 
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    # -- buffers ---------------------------------------------------------
+
+    def buffer(self, array, *, name: str | None = None):
+        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
+        arr = checks.host_array(array, _buffer_what(name))
+        return self._new(arr.shape, arr.dtype, "storage", name, arr)
+
+    def empty(self, shape, dtype, *, name: str | None = None):
+        """A storage buffer of ``shape``/``dtype``, zero-filled (as WebGPU's are)."""
+        dt = checks.check_dtype(dtype, _buffer_what(name))
+        return self._new(checks.buffer_shape(shape), dt, "storage", name, None)
+
     def zeros(self, shape, dtype, *, name: str | None = None):
         return self.empty(shape, dtype, name=name)
 
+    def uniform(self, value, *, name: str | None = None):
+        """A uniform buffer from an array or scalar, padded to 16 bytes
+        (Python float -> float32, int -> uint32; numpy keeps its dtype)."""
+        arr = checks.uniform_array(value)
+        return self._new(arr.shape, arr.dtype, "uniform", name, arr)
+
+    def _new(self, shape: tuple, dtype: np.dtype, kind: str, name, data):
+        """A Buffer of WebGPU's size for it (a multiple of 4, of 16 for a
+        uniform), within max-buffer-size; ``data``: its contents (None: zeros)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = padded_size(nbytes, 16 if kind == "uniform" else 4)
+        cap = self.limits.get("max-buffer-size")
+        if cap is not None and size > cap:
+            raise BindingError(f"buffer of {size} bytes is over max-buffer-size = {cap} "
+                               f"on {self.name!r}")
+        return self._alloc(shape, dtype, kind, name, data, size)
+
     def _own(self, buf, what: str) -> None:
-        live_buffer(buf, self, what, kind=None)
+        checks.live_buffer(buf, self, what, kind=None)
+
+    def write(self, buf, array) -> None:
+        """Overwrite ``buf``; dtype and shape must match it exactly. Lands after
+        the work recorded before it."""
+        self._own(buf, "write")
+        self._write(buf, checks.write_array(buf, array))
+
+    def read(self, buf) -> np.ndarray:
+        """A new array with ``buf``'s contents, after the work recorded so far."""
+        self._own(buf, "read")
+        return self._read(buf)
 
     def copy(self, src, dst, nbytes: int | None = None) -> None:
         """Copy the first ``nbytes`` (default all of src) of src into dst."""
         self._own(src, "copy source")
         self._own(dst, "copy destination")
-        nbytes = copy_size(src, dst, nbytes)
+        nbytes = checks.copy_size(src, dst, nbytes)
         if nbytes:
             self.stats["copies"] += 1
             self._copy(src, dst, nbytes)
@@ -46,6 +114,25 @@ class HostDevice:
         self._own(buf, "release")
         self._release(buf)
 
+    # -- kernels ---------------------------------------------------------
+
+    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
+        """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
+
+        ``bindings``: dict name -> Buffer, or a sequence in binding order; a
+        uniform binding may take a plain value instead (a number, numpy scalar
+        or small vector, as for ``uniform``), for this dispatch only.
+        Everything is checked before anything is recorded: the kernel
+        (features, limits), the grid, the overrides, then the bindings.
+        """
+        entry = self._entry(kernel)
+        grid = checks.workgroups(kernel, workgroups, self.limits[checks.MAX_WORKGROUPS])
+        okey = checks.overrides_key(kernel, overrides)
+        buffers = checks.order_buffers(kernel, bindings)
+        values = checks.uniform_values(kernel, buffers)
+        checks.check_bound(kernel, buffers, self, values)
+        self._dispatch(kernel, entry, buffers, values, grid, okey)
+
     def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
         """Dispatch enough workgroups along x to cover ``n`` invocations."""
         try:
@@ -56,9 +143,65 @@ class HostDevice:
             raise DispatchError(f"kernel {kernel.name!r}: dispatch_1d needs n >= 1, got {n}")
         self.dispatch(kernel, bindings, -(-n // kernel.workgroup_size[0]), **kw)
 
-    @property
-    def in_batch(self) -> bool:
-        return self._depth > 0
+    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
+        """Check ``kernel`` and its overrides and build now what its first
+        dispatch would (a GPU's module and pipeline: WGSLCompileError here);
+        ``uniform_values``: what dispatches giving uniforms plain values use."""
+        entry = self._entry(kernel)
+        self._prepare(kernel, entry, checks.overrides_key(kernel, overrides), uniform_values)
+
+    def _entry(self, kernel):
+        """The device's state for ``kernel`` (``_new_entry``), made at first sight
+        after its features and limits are checked, and forgotten with the
+        kernel, so a reused id() cannot hit it."""
+        key = id(kernel)
+        entry = self._kernels.get(key)
+        if entry is None:
+            checks.check_kernel(kernel, self)
+            entry = self._new_entry(kernel)
+            try:
+                weakref.finalize(kernel, self._kernels.pop, key, None)
+            except TypeError:  # not weak-referenceable: keep it alive so its id stays its own
+                self._pinned.append(kernel)
+            self._kernels[key] = entry
+        return entry
+
+    # -- each device's own part --------------------------------------------
+
+    def _alloc(self, shape: tuple, dtype: np.dtype, kind: str, name, data, size: int):
+        """A Buffer of ``size`` bytes holding ``data`` (None: zeros)."""
+        raise NotImplementedError
+
+    def _write(self, buf, array: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _read(self, buf) -> np.ndarray:
+        raise NotImplementedError
+
+    def _copy(self, src, dst, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _release(self, buf) -> None:
+        raise NotImplementedError
+
+    def _new_entry(self, kernel):
+        raise NotImplementedError
+
+    def _prepare(self, kernel, entry, okey: tuple, uniform_values: bool) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self, kernel, entry, buffers: list, values: dict, grid: tuple,
+                  okey: tuple) -> None:
+        """Record the checked dispatch: ``buffers`` in binding order, ``values``
+        position -> array of the uniforms given plain values, ``grid`` (x, y, z),
+        ``okey`` the checked overrides; counts it in ``stats["dispatches"]``."""
+        raise NotImplementedError
+
+    def batch(self, timestamps: bool = False):
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
 
 
 class HostBatch:

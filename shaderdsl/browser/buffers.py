@@ -17,11 +17,6 @@ from ..devicebuffer import DeviceBuffer
 _ids = itertools.count(1)
 
 
-def padded_size(nbytes: int, multiple: int = 4) -> int:
-    """WebGPU wants buffer and copy sizes in multiples of 4 (16 for uniforms)."""
-    return max(multiple, -(-nbytes // multiple) * multiple)
-
-
 CHUNK = 8 << 20  # bytes per call: the DevTools pipe slows down on messages much bigger
 
 

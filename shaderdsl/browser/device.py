@@ -19,13 +19,11 @@ import weakref
 
 import numpy as np
 
-from .. import checks
-from ..checks import check_dtype, host_array, uniform_array
-from ..errors import BindingError, BrowserError, BrowserTimeoutError
+from ..errors import BrowserError, BrowserTimeoutError
 from ..hostdevice import HostDevice
 from .batch import Batch
-from .buffers import CHUNK, Buffer, decode, encode, padded_size
-from .kernels import compile_error, constants, page_key, uniform_values
+from .buffers import CHUNK, Buffer, decode, encode
+from .kernels import compile_error, constants, page_key, page_value
 from .page import Host, PageError
 
 ENV_TIMEOUT = "SHADERDSL_BROWSER_TIMEOUT"
@@ -48,17 +46,12 @@ class Device(HostDevice):
     """
 
     def __init__(self, binary: str | None = None, *, timeout: float | None = None):
+        super().__init__("calls", "bytes_up", "bytes_down", "restarts")
         self.timeout = float(timeout or os.environ.get(ENV_TIMEOUT) or 60.0)
-        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
-                      "copies": 0, "submits": 0, "calls": 0, "bytes_up": 0, "bytes_down": 0,
-                      "restarts": 0}
         self._ops: list = []           # recorded, not yet sent to the page
         self._pending: list = []       # kernels sent since the last completed wait
         self._garbage: list = []       # ids of Buffers collected by Python: freed at next send
-        self._depth = 0
-        self._kernels: dict = {}       # id(kernel) -> (generation, set of pipeline keys)
         self._modules: set = set()     # page keys whose module and layout the page has
-        self._pinned: list = []
         self.host = Host(binary, timeout=max(self.timeout, 30.0))
         self._adopt()
 
@@ -76,7 +69,6 @@ class Device(HostDevice):
         self.features: frozenset = frozenset(FEATURE_NAMES.get(f, f) for f in info["features"])
         self.limits: dict = {kebab(k): v for k, v in info["limits"].items()}
         self.launch_seconds: float = self.host.launch_seconds
-        self._max_wg = self.limits[checks.MAX_WORKGROUPS]
 
     @property
     def generation(self) -> int:
@@ -147,15 +139,9 @@ class Device(HostDevice):
         """Shut the browser down (the device cannot be used afterwards)."""
         self.host.close()
 
-    # -- buffers ---------------------------------------------------------
+    # -- the device's part of the host API (HostDevice checks first) -------
 
-    def _new(self, shape, dtype, kind: str, name, data: np.ndarray | None) -> Buffer:
-        size = padded_size(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
-                           16 if kind == "uniform" else 4)
-        cap = self.limits.get("max-buffer-size")
-        if cap is not None and size > cap:
-            raise BindingError(f"buffer of {size} bytes is over max-buffer-size = {cap} "
-                               f"on {self.name!r}")
+    def _alloc(self, shape, dtype, kind: str, name, data, size: int) -> Buffer:
         buf = Buffer(self, shape, dtype, kind, size, name)
         pieces = [] if data is None else encode(data, size)
         first = pieces[0][1] if len(pieces) == 1 else None
@@ -176,33 +162,11 @@ class Device(HostDevice):
         if generation == self.generation:
             self._garbage.append(buffer_id)
 
-    def buffer(self, array, *, name: str | None = None) -> Buffer:
-        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
-        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
-        return self._new(arr.shape, arr.dtype, "storage", name, arr)
-
-    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it)."""
-        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        shape = checks.buffer_shape(shape)
-        return self._new(shape, dt, "storage", name, None)
-
-    def uniform(self, value, *, name: str | None = None) -> Buffer:
-        """A uniform buffer from an array or scalar, padded to 16 bytes
-        (Python float -> float32, int -> uint32; numpy keeps its dtype)."""
-        arr = uniform_array(value)
-        return self._new(arr.shape, arr.dtype, "uniform", name, arr)
-
-    def write(self, buf: Buffer, array) -> None:
-        """Overwrite ``buf``; dtype and shape must match it exactly. Lands after
-        the work recorded before it (what is recorded is sent first)."""
-        self._own(buf, "write")
-        array = checks.write_array(buf, array)
+    def _write(self, buf: Buffer, array) -> None:
+        """What is recorded is sent first: the write lands after it."""
         self._upload(buf, encode(array, buf.padded))
 
-    def read(self, buf: Buffer) -> np.ndarray:
-        """A new array with ``buf``'s contents, after everything recorded so far."""
-        self._own(buf, "read")
+    def _read(self, buf: Buffer) -> np.ndarray:
         self._ops.append({"op": "read", "id": buf.id, "size": buf.padded})
         first = self._send()[str(buf.id)]
         pieces = [first] if isinstance(first, str) else [
@@ -221,40 +185,26 @@ class Device(HostDevice):
         if not self._depth:
             self._send()
 
-    # -- dispatch --------------------------------------------------------
-
-    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
-        """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
-
-        ``bindings``: dict name -> Buffer, or a sequence in binding order; a
-        uniform binding may take a plain value (a number, numpy scalar or
-        small vector, as for ``uniform``) for this dispatch only. Checked in
-        the GPU device's order before anything is recorded.
-        """
-        self._entry(kernel)
-        x, y, z = checks.workgroups(kernel, workgroups, self._max_wg)
-        okey = checks.overrides_key(kernel, overrides)
-        binds = self._binds(kernel, checks.order_buffers(kernel, bindings))
-        pkey = self._pipeline(kernel, okey)
+    def _dispatch(self, kernel, entry, buffers, values, grid, okey) -> None:
+        """Record the dispatch: [binding, buffer id] per binding ([binding,
+        None, base64] for a plain uniform value)."""
+        pkey = self._pipeline(kernel, entry, okey)
+        binds = [[b.index, None, page_value(values[i])] if i in values else
+                 [b.index, buffers[i].id] for i, b in enumerate(kernel.bindings)]
         self.stats["dispatches"] += 1
         self._ops.append({"op": "dispatch", "key": page_key(kernel), "okey": pkey,
-                          "binds": binds, "grid": [x, y, z]})
+                          "binds": binds, "grid": list(grid)})
         self._pending.append(kernel.name)
         if not self._depth:
             self._send()
 
-    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
-        """Compile ``kernel``'s module and pipeline in the page now (raises
-        WGSLCompileError); ``uniform_values`` is accepted for the GPU device's sake."""
-        self._entry(kernel)
-        self._pipeline(kernel, checks.overrides_key(kernel, overrides))
+    def _prepare(self, kernel, entry, okey: tuple, uniform_values: bool) -> None:
+        """The pipeline in the page (``uniform_values`` changes nothing here)."""
+        self._pipeline(kernel, entry, okey)
 
-    def _entry(self, kernel) -> set:
-        """First sight of a Kernel (in this browser): check it, compile its module."""
-        hit = self._kernels.get(id(kernel))
-        if hit is not None and hit[0] == self.generation:
-            return hit[1]
-        checks.check_kernel(kernel, self)
+    def _new_entry(self, kernel) -> set:
+        """First sight of a Kernel (in this browser): compile its module; the
+        entry is the set of its pipelines' keys the page has."""
         key = page_key(kernel)
         if key not in self._modules:
             spec = {"key": key, "name": kernel.name, "entry": kernel.entry_point,
@@ -266,17 +216,10 @@ class Device(HostDevice):
                 raise compile_error(kernel, e) from None
             self._modules.add(key)
             self.stats["modules"] += 1
-        pipelines: set = set()
-        try:  # forget the entry with the kernel, so a reused id() cannot hit it
-            weakref.finalize(kernel, self._kernels.pop, id(kernel), None)
-        except TypeError:
-            self._pinned.append(kernel)
-        self._kernels[id(kernel)] = (self.generation, pipelines)
-        return pipelines
+        return set()
 
-    def _pipeline(self, kernel, okey: tuple) -> str:
+    def _pipeline(self, kernel, pipelines: set, okey: tuple) -> str:
         """The page's pipeline for (kernel, overrides), made on first use."""
-        pipelines = self._entry(kernel)
         pkey = repr(okey)
         if pkey not in pipelines:
             try:
@@ -286,14 +229,6 @@ class Device(HostDevice):
             pipelines.add(pkey)
             self.stats["pipelines"] += 1
         return pkey
-
-    def _binds(self, kernel, buffers: list) -> list:
-        """[binding, buffer id] per binding ([binding, None, base64] for a plain
-        uniform value), after the GPU device's checks."""
-        values = uniform_values(kernel, buffers)
-        checks.check_bound(kernel, buffers, self, values)
-        return [[b.index, None, values[i]] if i in values else [b.index, buffers[i].id]
-                for i, b in enumerate(kernel.bindings)]
 
     # -- batching and waiting --------------------------------------------
 

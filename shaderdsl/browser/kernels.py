@@ -1,12 +1,12 @@
 """What the browser device needs from a Kernel beyond the shared checks: its
 compile errors as WGSLCompileError, its override constants in the form the
-page takes, and plain uniform values packed as the GPU device packs them."""
+page takes, and a plain uniform value packed as the GPU device packs it."""
 from __future__ import annotations
 
 import base64
 
-from .. import checks
-from ..devicebuffer import DeviceBuffer
+import numpy as np
+
 from ..errors import WGSLCompileError
 
 
@@ -39,12 +39,7 @@ def constants(okey: tuple) -> dict:
     return {name: float(value) if isinstance(value, bool) else value for name, value in okey}
 
 
-def uniform_values(kernel, buffers: list) -> dict:
-    """position -> base64 of the 16 bytes of each plain value given to a
-    uniform binding: the rules and messages every device shares (``checks``)."""
-    values = {}
-    for i, b in enumerate(kernel.bindings):
-        if b.access == "uniform" and not isinstance(buffers[i], DeviceBuffer):
-            data = checks.uniform_value(kernel, b, buffers[i]).tobytes()
-            values[i] = base64.b64encode(data.ljust(16, b"\0")).decode("ascii")
-    return values
+def page_value(value: np.ndarray) -> str:
+    """A plain uniform value (checked: ``checks.uniform_value``) as the page
+    takes it: base64 of its 16 bytes, as the GPU device packs it."""
+    return base64.b64encode(value.tobytes().ljust(16, b"\0")).decode("ascii")

@@ -1,9 +1,10 @@
 """Buffers of the interpreter's Device: numpy memory on the host.
 
 A Buffer keeps the bytes a GPU buffer of the same shape would have, padded
-the same way (to 4 bytes, uniforms to 16), so ``arrayLength``, copies and
-size checks see what they see on a GPU. The checks themselves are the GPU
-runtime's (``shaderdsl.checks``), through the DeviceBuffer interface.
+the same way (to 4 bytes, uniforms to 16: ``HostDevice`` sizes it), so
+``arrayLength``, copies and size checks see what they see on a GPU. The
+checks themselves are the GPU runtime's (``shaderdsl.checks``), through the
+DeviceBuffer interface.
 """
 from __future__ import annotations
 
@@ -16,27 +17,27 @@ from ..devicebuffer import DeviceBuffer
 _ids = itertools.count(1)
 
 
-def padded_size(nbytes: int, multiple: int = 4) -> int:
-    """WebGPU's buffer sizes: multiples of 4 (16 for uniforms), at least one."""
-    return max(multiple, -(-nbytes // multiple) * multiple)
-
-
 class Buffer(DeviceBuffer):
     """Host memory with the numpy shape/dtype it was made for; ``array`` is a
     live view of the contents."""
 
     __slots__ = ("device", "memory", "shape", "dtype", "nbytes", "size", "id", "usage_kind",
-                 "name", "__weakref__")
+                 "name", "freed", "__weakref__")
 
-    def __init__(self, device, array: np.ndarray, usage_kind: str, name: str | None = None):
-        self._describe(device, array.shape, array.dtype, usage_kind, name, _ids)
-        self.memory = np.zeros(padded_size(self.nbytes, 16 if usage_kind == "uniform" else 4),
-                               np.uint8)
-        self.memory[:self.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    def __init__(self, device, shape: tuple, dtype: np.dtype, usage_kind: str, padded: int,
+                 name: str | None = None):
+        self._describe(device, shape, dtype, usage_kind, name, _ids)
+        self.memory = np.zeros(padded, np.uint8)
+        self.freed = False
+
+    def free(self) -> None:
+        """Drop the memory (``device.release``)."""
+        self.memory = np.zeros(0, np.uint8)
+        self.freed = True
 
     @property
     def released(self) -> bool:
-        return self.memory is None
+        return self.freed
 
     @property
     def bound_bytes(self) -> int:

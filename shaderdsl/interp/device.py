@@ -10,14 +10,10 @@ when the batch ends or something reads, as a GPU submit does.
 """
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
-from .. import checks
 from .. import types as T
-from ..checks import MAX_WORKGROUPS, check_dtype, host_array, uniform_array
-from ..devicebuffer import DeviceBuffer
+from ..checks import MAX_WORKGROUPS
 from ..errors import InterpreterError
 from ..hostdevice import HostBatch, HostDevice
 from .buffers import Buffer
@@ -74,6 +70,7 @@ class Device(HostDevice):
                  robust_access: bool = False,
                  max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
                  subgroup_matrix_configs=None):
+        super().__init__()
         feats = SUPPORTED_FEATURES if features is None else frozenset(features)
         if feats - SUPPORTED_FEATURES:
             raise ValueError(f"the interpreter supports features {sorted(SUPPORTED_FEATURES)}, "
@@ -93,12 +90,7 @@ class Device(HostDevice):
                              check_uninitialized=check_uninitialized,
                              robust_access=robust_access,
                              max_loop_iterations=max_loop_iterations)
-        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
-                      "copies": 0, "submits": 0}
-        self._depth = 0
         self._recorded: list = []        # work recorded in a batch, run in order
-        self._interpreters: dict = {}    # id(kernel) -> Interpreter
-        self._pinned: list = []
 
     def __repr__(self) -> str:
         return f"<interp.Device subgroup_size={self.subgroup_size} {sorted(self.features)}>"
@@ -110,103 +102,53 @@ class Device(HostDevice):
             return [f"interp.Device(features=[..., {feature!r}])"]
         return []
 
-    # -- buffers ---------------------------------------------------------
+    # -- the device's part of the host API (HostDevice checks first) -------
 
-    def buffer(self, array, *, name: str | None = None) -> Buffer:
-        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
-        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
-        return Buffer(self, arr, "storage", name)
+    def _alloc(self, shape, dtype, kind: str, name, data, size: int) -> Buffer:
+        buf = Buffer(self, shape, dtype, kind, size, name)
+        if data is not None:
+            buf.array[...] = data
+        return buf
 
-    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        """A zero-filled storage buffer of ``shape``/``dtype`` (as WebGPU's are)."""
-        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        shape = checks.buffer_shape(shape)
-        return Buffer(self, np.zeros(shape, dt), "storage", name)
-
-    def uniform(self, value, *, name: str | None = None) -> Buffer:
-        """A uniform buffer: Python float -> float32, int -> uint32, numpy keeps its dtype."""
-        return Buffer(self, uniform_array(value), "uniform", name)
-
-    def write(self, buf: Buffer, array) -> None:
-        """Overwrite ``buf``; dtype and shape must match it exactly."""
-        self._own(buf, "write")
-        array = checks.write_array(buf, array)
+    def _write(self, buf: Buffer, array) -> None:
         self._flush()  # as on a GPU, a write lands after the work recorded before it
         buf.array[...] = array
 
-    def read(self, buf: Buffer) -> np.ndarray:
-        """A new array with ``buf``'s contents, after the work recorded so far."""
-        self._own(buf, "read")
+    def _read(self, buf: Buffer) -> np.ndarray:
         self._flush()
         return buf.array.copy()
 
     def _release(self, buf: Buffer) -> None:
         self._flush()
-        buf.memory = None
+        buf.free()
 
     def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         def run():
             dst.memory[:nbytes] = src.memory[:nbytes]
         self._record(run)
 
-    # -- dispatch --------------------------------------------------------
-
-    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
-        """Interpret ``kernel`` over ``workgroups`` (int or up to 3 ints).
-
-        ``bindings``: dict name -> Buffer, or a sequence in binding order; a
-        uniform binding may take a plain value instead (a number, numpy scalar
-        or small vector, as for ``uniform``), for this dispatch only.
-        Everything is checked before anything runs, in the GPU device's order.
-        """
-        interp = self._interpreter(kernel)
-        grid = checks.workgroups(kernel, workgroups, self.limits[MAX_WORKGROUPS])
-        okey = checks.overrides_key(kernel, overrides)
-        buffers = self._bind(kernel, checks.order_buffers(kernel, bindings))
-        given = dict(okey)
-        self.stats["dispatches"] += 1
-        self._record(lambda: _run(*interp, kernel, buffers, grid, given))
-
-    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
-        """Check features, limits and overrides and build the interpreter now
-        (``uniform_values`` is accepted for the GPU device's sake; nothing differs)."""
-        self._interpreter(kernel)
-        checks.overrides_key(kernel, overrides)
-
-    def _interpreter(self, kernel) -> tuple:
-        """First sight of a Kernel object: check features/limits, build its
-        Interpreter and, for the subgroup sweep where it applies, one per size:
-        (interpreter, ((size, interpreter), ...))."""
-        interp = self._interpreters.get(id(kernel))
-        if interp is not None:
-            return interp
-        checks.check_kernel(kernel, self)
+    def _new_entry(self, kernel) -> tuple:
+        """A kernel's Interpreter and, for the subgroup sweep where it applies,
+        one per size: (interpreter, ((size, interpreter), ...))."""
         sizes = self.subgroup_sweep if _sweeps(kernel) else ()
-        interp = (Interpreter(kernel, **self._options),
-                  tuple((n, Interpreter(kernel, **dict(self._options, subgroup_size=n)))
-                        for n in sizes))
         self.stats["modules"] += 1
         self.stats["pipelines"] += 1
-        key = id(kernel)
-        try:  # forget it with the kernel, so a reused id() cannot hit it
-            weakref.finalize(kernel, self._interpreters.pop, key, None)
-        except TypeError:
-            self._pinned.append(kernel)
-        self._interpreters[key] = interp
-        return interp
+        return (Interpreter(kernel, **self._options),
+                tuple((n, Interpreter(kernel, **dict(self._options, subgroup_size=n)))
+                      for n in sizes))
 
-    def _bind(self, kernel, buffers: list) -> list:
-        """The buffers checked as the GPU device checks them, plain uniform values
-        made Buffers of their own."""
-        uniforms = sorted((i for i, b in enumerate(kernel.bindings) if b.access == "uniform"),
-                          key=lambda i: kernel.bindings[i].index)
-        values = {i: checks.uniform_value(kernel, kernel.bindings[i], buffers[i]) for i in uniforms
-                  if not isinstance(buffers[i], DeviceBuffer)}
-        checks.check_bound(kernel, buffers, self, values)
-        if not values:
-            return buffers
-        return [Buffer(self, values[i], "uniform", b.name) if i in values else buffers[i]
-                for i, b in enumerate(kernel.bindings)]
+    def _prepare(self, kernel, entry, okey: tuple, uniform_values: bool) -> None:
+        """Nothing beyond the Interpreters (``uniform_values`` changes nothing here)."""
+
+    def _dispatch(self, kernel, entry, buffers, values, grid, okey) -> None:
+        """Record the dispatch; each plain uniform value becomes a Buffer of its own."""
+        if values:
+            buffers = [self._new(values[i].shape, values[i].dtype, "uniform", b.name, values[i])
+                       if i in values else buffers[i] for i, b in enumerate(kernel.bindings)]
+        given = dict(okey)
+        self.stats["dispatches"] += 1
+        interp, trials = entry
+        self._record(lambda: _run(interp, trials, kernel, buffers, grid, given))
 
     # -- batching and waiting --------------------------------------------
 

@@ -26,11 +26,6 @@ def next_id() -> int:
     return next(_ids)
 
 
-def padded_size(nbytes: int, multiple: int = 4) -> int:
-    """WebGPU wants buffer and copy sizes in multiples of 4 (16 for uniforms)."""
-    return max(multiple, -(-nbytes // multiple) * multiple)
-
-
 def padded_bytes(arr: np.ndarray, size: int) -> memoryview:
     """The array's bytes, zero-padded to ``size`` when shorter."""
     data = memoryview(arr).cast("B")

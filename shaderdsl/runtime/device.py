@@ -14,9 +14,7 @@ import numpy as np
 import wgpu
 
 from .. import checks
-from ..checks import check_dtype, host_array, uniform_array
-from ..devicebuffer import DeviceBuffer
-from ..errors import BindingError, NoAdapterError
+from ..errors import NoAdapterError
 from ..hostdevice import HostDevice
 from ..types import SUBGROUP_MATRIX_FEATURE
 from .adapters import (
@@ -31,7 +29,7 @@ from .adapters import (
     pick,
 )
 from .batch import Batch, Recorder
-from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes, padded_size
+from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes
 from .pipelines import PipelineCache
 from .readback import map_read
 from .ring import BINDING_BYTES, UniformRing
@@ -92,13 +90,14 @@ class _Valued:
     def __init__(self, pipeline):
         self.pipeline = pipeline
         self.group = None
-        self.chunk_id = None
+        self.chunk_id: int | None = None
 
 
 class Device(HostDevice):
     """One wgpu device with its caches, the open batch and counters in ``stats``."""
 
     def __init__(self, adapter, extra_features=frozenset()):
+        super().__init__("ring_buffers", "ring_writes")
         self.wgpu_adapter = adapter
         info = adapter.info
         self.name: str = info["device"]
@@ -124,19 +123,14 @@ class Device(HostDevice):
             if SUBGROUP_MATRIX_FEATURE in self.features else ()
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
-        self.stats = {"modules": 0, "pipelines": 0, "bind_groups": 0, "dispatches": 0,
-                      "copies": 0, "submits": 0, "ring_buffers": 0, "ring_writes": 0}
         self._cache = PipelineCache(self.wgpu_device, self.stats)
         self.uniform_ring = UniformRing(
             self.wgpu_device, self.stats, self.limits["min-uniform-buffer-offset-alignment"],
             self._cache.forget_buffer, self.limits["max-buffer-size"])
         self._recorder = Recorder(self.wgpu_device, self.stats, self.uniform_ring)
-        self._depth = 0
-        self._kernels: dict[int, _KernelEntry] = {}
         self._max_wg = self.limits["max-compute-workgroups-per-dimension"]
         self._sync_buffer = None
         self._staging = None  # MAP_READ buffer reused by read()
-        self._pinned: list = []
 
     def __repr__(self) -> str:
         return f"<Device {self.name!r} {self.backend} {self.adapter_type}>"
@@ -146,63 +140,29 @@ class Device(HostDevice):
         """Adapters on this machine that have ``feature`` (named in FeatureError)."""
         return adapters_with(feature)
 
-    # -- buffers ---------------------------------------------------------
+    # -- the device's part of the host API (HostDevice checks first) -------
 
-    def _new_buffer(self, size: int, usage, data=None, label: str = ""):
-        cap = self.limits.get("max-buffer-size")
-        if cap is not None and size > cap:
-            raise BindingError(f"buffer of {size} bytes is over max-buffer-size = {cap} "
-                               f"on {self.name!r}")
+    def _alloc(self, shape, dtype, kind: str, name, data, size: int) -> Buffer:
+        usage = UNIFORM_USAGE if kind == "uniform" else STORAGE_USAGE
         if data is None:
-            return self.wgpu_device.create_buffer(label=label, size=size, usage=usage)
-        return self.wgpu_device.create_buffer_with_data(label=label, data=data, usage=usage)
-
-    def _wrap(self, wbuf, shape, dtype, kind, name) -> Buffer:
+            wbuf = self.wgpu_device.create_buffer(label=name or "", size=size, usage=usage)
+        else:
+            wbuf = self.wgpu_device.create_buffer_with_data(
+                label=name or "", data=padded_bytes(data, size), usage=usage)
         buf = Buffer(self, wbuf, shape, dtype, kind, name)
         weakref.finalize(buf, self._cache.forget_buffer, buf.id)
         return buf
 
-    def buffer(self, array, *, name: str | None = None) -> Buffer:
-        """A storage buffer holding a copy of ``array`` (float32/float16/int32/uint32)."""
-        arr = host_array(array, f"buffer {name!r}" if name else "buffer")
-        size = padded_size(arr.nbytes)
-        wbuf = self._new_buffer(size, STORAGE_USAGE, padded_bytes(arr, size), name or "")
-        return self._wrap(wbuf, arr.shape, arr.dtype, "storage", name)
-
-    def empty(self, shape, dtype, *, name: str | None = None) -> Buffer:
-        """A storage buffer of ``shape``/``dtype`` (WebGPU zero-fills it anyway)."""
-        dt = check_dtype(dtype, f"buffer {name!r}" if name else "buffer")
-        shape = checks.buffer_shape(shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        wbuf = self._new_buffer(padded_size(nbytes), STORAGE_USAGE, label=name or "")
-        return self._wrap(wbuf, shape, dt, "storage", name)
-
-    def uniform(self, value, *, name: str | None = None) -> Buffer:
-        """A uniform buffer from an array or scalar, padded to 16 bytes.
-
-        Python float -> float32, Python int -> uint32; pass numpy scalars for others.
-        """
-        arr = uniform_array(value)
-        size = padded_size(arr.nbytes, 16)
-        wbuf = self._new_buffer(size, UNIFORM_USAGE, padded_bytes(arr, size), name or "")
-        return self._wrap(wbuf, arr.shape, arr.dtype, "uniform", name)
-
-    def write(self, buf: Buffer, array) -> None:
-        """Overwrite ``buf``; dtype and shape must match it exactly."""
-        self._own(buf, "write")
-        array = checks.write_array(buf, array)
+    def _write(self, buf: Buffer, array) -> None:
         arr = np.ascontiguousarray(array)
         self._recorder.flush()  # queue writes jump ahead of unsubmitted commands
         self.queue.write_buffer(buf.wgpu_buffer, 0, padded_bytes(arr, buf.wgpu_buffer.size))
 
-    def read(self, buf: Buffer) -> np.ndarray:
-        """A new array with ``buf``'s contents; submits recorded work and waits.
-
-        The copy into a reused staging buffer joins the commands recorded so
-        far, so ``record; read`` inside a batch costs one submit and one wait
-        (``readback.map_read``: no extra submit, no polling thread).
-        """
-        self._own(buf, "read")
+    def _read(self, buf: Buffer) -> np.ndarray:
+        """Submits recorded work and waits. The copy into a reused staging
+        buffer joins the commands recorded so far, so ``record; read`` inside
+        a batch costs one submit and one wait (``readback.map_read``: no extra
+        submit, no polling thread)."""
         size = buf.wgpu_buffer.size
         self._recorder.copy(buf.wgpu_buffer, self._staging_for(size), size)
         self._recorder.flush()
@@ -218,11 +178,12 @@ class Device(HostDevice):
 
     def _map_staging(self, size: int) -> memoryview:
         """A copy of the staging buffer's first ``size`` bytes (its copy submitted)."""
-        map_read(self.wgpu_device, self._staging, size)
+        staging = self._staging_for(size)
+        map_read(self.wgpu_device, staging, size)
         try:
-            return self._staging.read_mapped(0, size)
+            return staging.read_mapped(0, size)
         finally:
-            self._staging.unmap()
+            staging.unmap()
 
     def _release(self, buf: Buffer) -> None:
         """Destroy ``buf`` and drop every cached bind group that holds it."""
@@ -239,30 +200,19 @@ class Device(HostDevice):
     # -- dispatch --------------------------------------------------------
 
     def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
-        """Run ``kernel`` over ``workgroups`` (int or up to 3 ints).
+        """Run ``kernel`` over ``workgroups`` (``HostDevice.dispatch``); a plain
+        value given to a uniform binding goes into the uniform ring, so every
+        dispatch of a batch sees its own value with one pipeline.
 
-        ``bindings``: dict name -> Buffer, or a sequence in binding order. A
-        uniform binding may take a plain value instead (a number, numpy scalar
-        or small vector, as for ``uniform``): it goes into the uniform ring, so
-        every dispatch of a batch sees its own value with one pipeline.
-        Everything is validated before any command is recorded; the result of
-        validating a (kernel, buffers, overrides) combination is cached with
-        its bind group, so a repeat costs a few dict lookups.
+        A (kernel, buffers, overrides) combination dispatched before was
+        checked then: it is looked up with its bind group (a few dict
+        lookups); anything else goes through HostDevice.dispatch's checks.
         """
         entry = self._kernels.get(id(kernel))
-        if entry is None:
-            entry = self._entry(kernel)
-        if type(workgroups) is int and 0 < workgroups <= self._max_wg:
-            x = workgroups
-            y = z = 1
-        elif type(workgroups) is tuple and len(workgroups) == 3 and \
-                0 < workgroups[0] <= self._max_wg and 0 < workgroups[1] <= self._max_wg and \
-                0 < workgroups[2] <= self._max_wg and type(workgroups[0]) is type(workgroups[1]) \
-                is type(workgroups[2]) is int:
-            x, y, z = workgroups
-        else:
-            x, y, z = checks.workgroups(kernel, workgroups, self._max_wg)
-        okey = self._okey(entry, kernel, overrides) if overrides else ()
+        grid = _plain_grid(workgroups, self._max_wg)
+        if entry is None or grid is None:
+            return super().dispatch(kernel, bindings, workgroups, overrides=overrides)
+        okey = self._okey(entry, kernel, overrides)
         try:
             if type(bindings) is dict:
                 if len(bindings) != entry.count:
@@ -272,40 +222,78 @@ class Device(HostDevice):
                 ids = tuple([b.id for b in bindings])
             pipeline, group = entry.bound[ids, okey]
         except (KeyError, AttributeError, TypeError):
-            return self._dispatch_slow(entry, kernel, bindings, okey, x, y, z)
+            if not (entry.valued and self._dispatch_valued(entry, kernel, bindings, grid, okey)):
+                super().dispatch(kernel, bindings, workgroups, overrides=overrides)
+            return
         self.stats["dispatches"] += 1
-        self._recorder.dispatch(pipeline, group, x, y, z)
+        self._recorder.dispatch(pipeline, group, *grid)
         if not self._depth:
             self._recorder.flush()
 
-    def prepare(self, kernel, *, overrides=None, uniform_values: bool = False) -> None:
-        """Compile ``kernel``'s module and pipeline now (raises WGSLCompileError),
-        so the first dispatch costs no compile; also a plain validity check.
-        ``uniform_values``: the pipeline for dispatches that give uniforms values."""
-        entry = self._kernels.get(id(kernel)) or self._entry(kernel)
-        okey = self._okey(entry, kernel, overrides) if overrides else \
-            checks.overrides_key(kernel, None)
+    def _dispatch_valued(self, entry, kernel, bindings, grid, okey) -> bool:
+        """A dispatch with uniform values whose Buffers were checked before:
+        record it (True); False if they were not."""
+        buffers = checks.order_buffers(kernel, bindings)
+        values = checks.uniform_values(kernel, buffers)
+        try:
+            ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
+            hit = entry.valued[ids, okey]
+        except (KeyError, AttributeError):
+            return False
+        self._record_valued(hit, kernel, entry, buffers, values, grid)
+        return True
+
+    def _dispatch(self, kernel, entry, buffers, values, grid, okey) -> None:
+        """A checked combination not seen yet: make its pipeline and bind group,
+        remember them, record the dispatch."""
+        if values:
+            hit = _Valued(self._dynamic_pipeline(entry, kernel, okey))
+            ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
+            kept = [b for i, b in enumerate(buffers) if i not in values]
+            self._cache.remember(entry.valued, (ids, okey), hit, kept)
+            self._record_valued(hit, kernel, entry, buffers, values, grid)
+            return
+        pipeline = self._pipeline(entry, kernel, okey)
+        group = self._cache.bind_group(kernel, buffers)
+        key = (tuple(b.id for b in buffers), okey)
+        self._cache.remember(entry.bound, key, (pipeline, group), buffers)
+        self.stats["dispatches"] += 1
+        self._recorder.dispatch(pipeline, group, *grid)
+        if not self._depth:
+            self._recorder.flush()
+
+    def _record_valued(self, hit, kernel, entry, buffers, values, grid) -> None:
+        """Pack the uniform values into the ring, bind it (a new bind group when
+        the ring grew) and record the dispatch at the values' offsets."""
+        ring = self.uniform_ring
+        placed = iter(ring.place([v.tobytes() for v in values.values()]))
+        chunk = ring.chunk
+        if hit.chunk_id != chunk.id:
+            resources = [(chunk, BINDING_BYTES) if i in values else (b, b.wgpu_buffer.size)
+                         for i, b in enumerate(buffers)]
+            hit.group = self._cache.dynamic_group(kernel, resources)
+            hit.chunk_id = chunk.id
+        offsets = [next(placed) if i in values else 0 for i in entry.uniforms]
+        self.stats["dispatches"] += 1
+        self._recorder.dispatch_at(hit.pipeline, hit.group, offsets, *grid)
+        if not self._depth:
+            self._recorder.flush()
+
+    def _new_entry(self, kernel) -> _KernelEntry:
+        """First sight of a Kernel object: compile its module."""
+        self._cache.module(kernel)
+        return _KernelEntry(kernel)
+
+    def _prepare(self, kernel, entry, okey: tuple, uniform_values: bool) -> None:
         if uniform_values:
             self._dynamic_pipeline(entry, kernel, okey)
-        elif okey not in entry.pipelines:
-            entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
-
-    def _entry(self, kernel) -> _KernelEntry:
-        """First sight of a Kernel object: check features/limits, compile the module."""
-        checks.check_kernel(kernel, self)
-        self._cache.module(kernel)
-        entry = _KernelEntry(kernel)
-        key = id(kernel)
-        try:  # forget the entry with the kernel, so a reused id() cannot hit it
-            weakref.finalize(kernel, self._kernels.pop, key, None)
-        except TypeError:  # not weak-referenceable: keep it alive so its id stays its own
-            self._pinned.append(kernel)
-        self._kernels[key] = entry
-        return entry
+        else:
+            self._pipeline(entry, kernel, okey)
 
     def _okey(self, entry, kernel, overrides) -> tuple:
+        """``checks.overrides_key``, remembered per overrides given."""
         try:
-            raw = tuple(overrides.items())
+            raw = tuple(overrides.items()) if overrides else ()
             okey = entry.okeys.get(raw)
         except (AttributeError, TypeError):
             raw = okey = None
@@ -315,67 +303,14 @@ class Device(HostDevice):
                 entry.okeys[raw] = okey
         return okey
 
-    def _dispatch_slow(self, entry, kernel, bindings, okey, x, y, z) -> None:
-        """A combination not seen yet, or uniform values: check, then record."""
-        if not okey:
-            checks.overrides_key(kernel, None)  # one without a default needs a value
-        buffers = checks.order_buffers(kernel, bindings)
-        if any(not isinstance(buffers[i], DeviceBuffer) for i in entry.uniforms):
-            pipeline, group, offsets = self._bind_values(entry, kernel, buffers, okey)
-            self.stats["dispatches"] += 1
-            self._recorder.dispatch_at(pipeline, group, offsets, x, y, z)
-        else:
-            pipeline, group = self._bind(entry, kernel, buffers, okey)
-            self.stats["dispatches"] += 1
-            self._recorder.dispatch(pipeline, group, x, y, z)
-        if not self._depth:
-            self._recorder.flush()
-
-    def _bind(self, entry, kernel, buffers, okey):
-        """Slow path: validate the buffers, then get pipeline and bind group."""
-        checks.check_bound(kernel, buffers, self)
+    def _pipeline(self, entry, kernel, okey):
         pipeline = entry.pipelines.get(okey)
         if pipeline is None:
             pipeline = entry.pipelines[okey] = self._cache.pipeline(kernel, okey)
-        group = self._cache.bind_group(kernel, buffers)
-        key = (tuple(b.id for b in buffers), okey)
-        self._cache.remember(entry.bound, key, (pipeline, group), buffers)
-        return pipeline, group
-
-    def _bind_values(self, entry, kernel, buffers, okey):
-        """Pack the uniform values into the ring (every check first), then the
-        pipeline and bind group of the dynamic-offset layout, and the offsets."""
-        values = {}
-        for i in entry.uniforms:
-            obj = buffers[i]
-            if not isinstance(obj, DeviceBuffer):
-                values[i] = checks.uniform_value(kernel, kernel.bindings[i], obj).tobytes()
-        try:
-            ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
-            hit = entry.valued[ids, okey]
-        except (KeyError, AttributeError):
-            hit = self._check_valued(entry, kernel, buffers, okey, values)
-        ring = self.uniform_ring
-        placed = iter(ring.place(list(values.values())))
-        chunk = ring.chunk
-        if hit.chunk_id != chunk.id:
-            resources = [(chunk, BINDING_BYTES) if i in values else (b, b.wgpu_buffer.size)
-                         for i, b in enumerate(buffers)]
-            hit.group = self._cache.dynamic_group(kernel, resources)
-            hit.chunk_id = chunk.id
-        offsets = [next(placed) if i in values else 0 for i in entry.uniforms]
-        return hit.pipeline, hit.group, offsets
-
-    def _check_valued(self, entry, kernel, buffers, okey, values) -> _Valued:
-        """Check the Buffers of a dispatch with uniform values; cache the result."""
-        checks.check_bound(kernel, buffers, self, values)
-        kept = [i for i in range(len(buffers)) if i not in values]
-        hit = _Valued(self._dynamic_pipeline(entry, kernel, okey))
-        ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
-        self._cache.remember(entry.valued, (ids, okey), hit, [buffers[i] for i in kept])
-        return hit
+        return pipeline
 
     def _dynamic_pipeline(self, entry, kernel, okey):
+        """The pipeline of the dynamic-offset layout (uniforms given values)."""
         pipeline = entry.dynamic.get(okey)
         if pipeline is None:
             pipeline = entry.dynamic[okey] = self._cache.pipeline(kernel, okey, dynamic=True)
@@ -402,6 +337,19 @@ class Device(HostDevice):
         encoder.copy_buffer_to_buffer(self._sync_buffer, 0, self._staging_for(4), 0, 4)
         self.queue.submit([encoder.finish()])
         self._map_staging(4)
+
+
+def _plain_grid(workgroups, max_wg: int) -> tuple | None:
+    """(x, y, z) of an int or a 3-tuple of ints, each in 1..max_wg; None for
+    anything else (``checks.workgroups`` then normalises it or says why not)."""
+    if type(workgroups) is int:
+        return (workgroups, 1, 1) if 0 < workgroups <= max_wg else None
+    if type(workgroups) is tuple and len(workgroups) == 3:
+        x, y, z = workgroups
+        if type(x) is type(y) is type(z) is int and 0 < x <= max_wg and 0 < y <= max_wg and \
+                0 < z <= max_wg:
+            return workgroups
+    return None
 
 
 def _timestamp_period(queue) -> float:
