@@ -22,7 +22,8 @@ def _value(text: str):
 def _load(target: str):
     module_name, _, fn_name = target.partition(":")
     if not module_name or not fn_name:
-        raise SystemExit(f"error: expected MODULE:FUNCTION (e.g. examples.saxpy:saxpy), got {target!r}")
+        raise SystemExit(f"error: expected MODULE:FUNCTION (e.g. examples.saxpy:saxpy), "
+                         f"got {target!r}")
     sys.path.insert(0, ".")
     try:
         module = importlib.import_module(module_name)
@@ -51,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("adapters", help="list WebGPU adapters with backend and features")
     w = sub.add_parser("wgsl", help="print the WGSL of a kernel function")
     _kernel_arguments(w)
-    w.add_argument("--info", action="store_true", help="also print bindings, features and cache key")
+    w.add_argument("--info", action="store_true",
+                   help="also print bindings, features and cache key")
     e = sub.add_parser("export", help="write NAME.js (an ES module: WGSL, bindings, dispatch "
                                       "helper) and NAME.d.ts for a web page")
     _kernel_arguments(e)

@@ -254,7 +254,8 @@ def check_kernel(kernel, device) -> None:
     wg = kernel.workgroup_size
     for axis, (n, key) in enumerate(zip(wg, MAX_WG_SIZE)):
         if not isinstance(n, int) or n < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: workgroup_size {wg} must be positive ints")
+            raise DispatchError(f"kernel {kernel.name!r}: workgroup_size {wg} must be "
+                                f"positive ints")
         if key in limits and n > limits[key]:
             raise DispatchError(f"kernel {kernel.name!r}: workgroup_size[{axis}] = {n} exceeds "
                                 f"{key} = {limits[key]} on {device.name!r}")
@@ -286,8 +287,9 @@ def workgroups(kernel, value, max_per_dim: int) -> tuple[int, int, int]:
                             f"got {value!r}") from None
     for axis, c in enumerate(counts):
         if c < 1:
-            raise DispatchError(f"kernel {kernel.name!r}: workgroup count {c} on axis {'xyz'[axis]} "
-                                f"must be >= 1 (a dispatch of nothing is almost always a bug)")
+            raise DispatchError(f"kernel {kernel.name!r}: workgroup count {c} on axis "
+                                f"{'xyz'[axis]} must be >= 1 (a dispatch of nothing is almost "
+                                f"always a bug)")
         if c > max_per_dim:
             raise DispatchError(
                 f"kernel {kernel.name!r}: workgroup count {c} on axis {'xyz'[axis]} exceeds "
@@ -312,31 +314,38 @@ def overrides_key(kernel, overrides) -> tuple:
                             f"{sorted(known)}")
     items = []
     for name in sorted(overrides):
-        value = overrides[name]
         ty = known[name].type
         tname = ty.name if isinstance(ty, Scalar) else str(ty)
-        if isinstance(value, (bool, np.bool_)) and tname != "bool":
-            raise DispatchError(f"override {name!r}: bool given for {tname}")
-        if tname in ("u32", "i32"):
-            try:
-                value = operator.index(value)
-            except TypeError:
-                raise DispatchError(f"override {name!r}: {tname} needs an int, got {value!r}") from None
-            lo, hi = (0, 2**32) if tname == "u32" else (-2**31, 2**31)
-            if not lo <= value < hi:
-                raise DispatchError(f"override {name!r}: {value} is out of range for {tname}")
-        elif tname in ("f32", "f16"):
-            if not isinstance(value, (int, float, np.integer, np.floating)):
-                raise DispatchError(f"override {name!r}: {tname} needs a number, got {value!r}")
-            value = float(value)
-            limit = 65504.0 if tname == "f16" else 3.4028234663852886e38
-            if not abs(value) <= limit:  # also refuses NaN
-                raise DispatchError(f"override {name!r}: {value!r} is not a finite {tname}")
-        elif tname == "bool":
-            value = bool(value)
-        items.append((name, value))
+        items.append((name, _override_value(name, tname, overrides[name])))
     _all_valued(kernel, overrides)
     return tuple(items)
+
+
+def _override_value(name: str, tname: str, given):
+    """An override's value as its WGSL type ``tname`` takes it, or DispatchError."""
+    if isinstance(given, (bool, np.bool_)):
+        if tname != "bool":
+            raise DispatchError(f"override {name!r}: bool given for {tname}")
+        return bool(given)
+    if tname in ("u32", "i32"):
+        try:
+            value = operator.index(given)
+        except TypeError:
+            raise DispatchError(f"override {name!r}: {tname} needs an int, "
+                                f"got {given!r}") from None
+        lo, hi = (0, 2**32) if tname == "u32" else (-2**31, 2**31)
+        if not lo <= value < hi:
+            raise DispatchError(f"override {name!r}: {value} is out of range for {tname}")
+        return value
+    if tname in ("f32", "f16"):
+        if not isinstance(given, (int, float, np.integer, np.floating)):
+            raise DispatchError(f"override {name!r}: {tname} needs a number, got {given!r}")
+        value = float(given)
+        limit = 65504.0 if tname == "f16" else 3.4028234663852886e38
+        if not abs(value) <= limit:  # also refuses NaN
+            raise DispatchError(f"override {name!r}: {value!r} is not a finite {tname}")
+        return value
+    return bool(given) if tname == "bool" else given
 
 
 def _all_valued(kernel, given) -> None:
@@ -385,7 +394,8 @@ def check_buffers(kernel, buffers: list, device) -> None:
         if buf.nbytes < need:
             length = f"{binding.length} x " if binding.length else ""
             raise BindingError(f"{where}: buffer has {buf.nbytes} bytes, needs at least {need} "
-                               f"({length}{binding.elem}, stride {binding.elem_stride}); got {buf!r}")
+                               f"({length}{binding.elem}, stride {binding.elem_stride}); "
+                               f"got {buf!r}")
         binding_size(where, buf.bound_bytes, device, kind)
         seen.setdefault(buf.id, []).append(binding)
     for uses in seen.values():

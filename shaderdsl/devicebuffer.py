@@ -4,6 +4,8 @@ some device. Nothing here touches a device.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 
@@ -16,13 +18,23 @@ def padded_size(nbytes: int, multiple: int = 4) -> int:
     return max(multiple, -(-nbytes // multiple) * multiple)
 
 
+class BufferDevice(Protocol):
+    """What a buffer asks of the device it lives on (every device's HostDevice has it)."""
+
+    def read(self, buf) -> np.ndarray: ...
+
+    def write(self, buf, array) -> None: ...
+
+    def release(self, buf) -> None: ...
+
+
 class DeviceBuffer:
     """What the checks know of a buffer on some device: the numpy shape and
     dtype it was made for, its kind ("storage" or "uniform") and whether it
     has been released. Each device subclasses it."""
 
     __slots__ = ()
-    device: object
+    device: BufferDevice
     shape: tuple
     dtype: np.dtype
     size: int

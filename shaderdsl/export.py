@@ -92,7 +92,8 @@ def constants_type(kernel: Kernel) -> str:
 def module_js(kernel: Kernel, command: str = "") -> str:
     """The ES module of one kernel: ``kernel``, its fields, ``dispatch``, ``prepare``."""
     head = _header(f"{kernel.name}.js", command)
-    return (f"{head}\n/** The kernel: WGSL (Tint's spelling), bindings, workgroup size, features. */\n"
+    return (f"{head}\n/** The kernel: WGSL (Tint's spelling), bindings, workgroup size, "
+            f"features. */\n"
             f"export const kernel = {js_object(kernel_info(kernel))};\n"
             f"export const {{name, entryPoint, workgroupSize, features, overrides, bindings, "
             f"wgsl}} = kernel;\n\n{RUNTIME_JS}\n{SINGLE_JS}")
@@ -135,8 +136,10 @@ def write_module(kernel: Kernel, out_dir, command: str = "", name: str | None = 
     return [js, dts]
 
 
-RUNTIME_JS = r"""// ---- runtime: pipelines and bind groups made once per GPUDevice, checks before recording
-const perDevice = new WeakMap();  // GPUDevice -> Map(kernel -> {module, layouts, pipelines, groups})
+RUNTIME_JS = r"""// ---- runtime: pipelines and bind groups made once per GPUDevice,
+// checks before recording
+// GPUDevice -> Map(kernel -> {module, layouts, pipelines, groups})
+const perDevice = new WeakMap();
 
 function stateOf(device, kernel) {
   let kernels = perDevice.get(device);
@@ -145,7 +148,8 @@ function stateOf(device, kernel) {
   if (!s) {
     const missing = kernel.features.filter(f => !device.features.has(f));
     if (missing.length) throw new Error(`kernel ${kernel.name} needs the WebGPU feature(s) ` +
-      `${missing.join(", ")}; request them: adapter.requestDevice({requiredFeatures: [...]})`);
+      `${missing.join(", ")}; request them: ` +
+      `adapter.requestDevice({requiredFeatures: [...]})`);
     const bindGroupLayout = device.createBindGroupLayout({entries: kernel.bindings.map(b =>
       ({binding: b.binding, visibility: GPUShaderStage.COMPUTE, buffer: {type: b.type}}))});
     s = {module: device.createShaderModule({label: kernel.name, code: kernel.wgsl}),
@@ -170,18 +174,21 @@ export async function prepareKernel(device, kernel, constants = {}) {
     errors.map(m => `line ${m.lineNum}:${m.linePos}: ${m.message}`).join("; "));
   const key = JSON.stringify(Object.entries(constants).sort());
   if (!s.pipelines.has(key))
-    s.pipelines.set(key, await device.createComputePipelineAsync(pipelineDescriptor(kernel, s, constants)));
+    s.pipelines.set(key, await device.createComputePipelineAsync(
+      pipelineDescriptor(kernel, s, constants)));
   return s.pipelines.get(key);
 }
 
 function pipelineOf(device, kernel, s, constants) {
   const key = JSON.stringify(Object.entries(constants).sort());
   let p = s.pipelines.get(key);
-  if (!p) s.pipelines.set(key, p = device.createComputePipeline(pipelineDescriptor(kernel, s, constants)));
+  if (!p) s.pipelines.set(key, p = device.createComputePipeline(
+    pipelineDescriptor(kernel, s, constants)));
   return p;
 }
 
-const UNIFORM_RANGES = {Uint32Array: [0, 2 ** 32 - 1, true], Int32Array: [-(2 ** 31), 2 ** 31 - 1, true],
+const UNIFORM_RANGES = {Uint32Array: [0, 2 ** 32 - 1, true],
+                        Int32Array: [-(2 ** 31), 2 ** 31 - 1, true],
                         Float32Array: [-3.4028234663852886e38, 3.4028234663852886e38, false]};
 
 /** A uniform's plain value(s), checked as the Python devices check them: numbers
@@ -195,16 +202,19 @@ function uniformValues(kernel, b, value) {
   const [low, high, integer] = UNIFORM_RANGES[b.array];
   for (const v of values)
     if (!Number.isFinite(v) || v < low || v > high || (integer && !Number.isInteger(v)))
-      throw new Error(`${where}: ${v} is not ${integer ? `an integer in ${low}..${high}` : "a finite f32"}`);
+      throw new Error(`${where}: ${v} is not ` +
+                      `${integer ? `an integer in ${low}..${high}` : "a finite f32"}`);
   return values;
 }
 
 function uniformBuffer(device, kernel, b, value) {
   const Array_ = {Float32Array, Uint32Array, Int32Array}[b.array];
-  if (!Array_) throw new Error(`kernel ${kernel.name} binding '${b.name}': pass a GPUBuffer for ${b.elem}`);
+  if (!Array_)
+    throw new Error(`kernel ${kernel.name} binding '${b.name}': pass a GPUBuffer for ${b.elem}`);
   const data = new Array_(4);
   data.set(uniformValues(kernel, b, value));
-  const buf = device.createBuffer({size: 16, usage: GPUBufferUsage.UNIFORM, mappedAtCreation: true});
+  const buf = device.createBuffer({size: 16, usage: GPUBufferUsage.UNIFORM,
+                                   mappedAtCreation: true});
   new Array_(buf.getMappedRange()).set(data);
   buf.unmap();
   return buf;
@@ -213,7 +223,8 @@ function uniformBuffer(device, kernel, b, value) {
 function resourcesOf(device, kernel, buffers) {
   const names = kernel.bindings.map(b => b.name);
   const unknown = Object.keys(buffers).filter(n => !names.includes(n));
-  if (unknown.length) throw new Error(`kernel ${kernel.name} has no binding(s) ${unknown}; it takes ${names}`);
+  if (unknown.length)
+    throw new Error(`kernel ${kernel.name} has no binding(s) ${unknown}; it takes ${names}`);
   return kernel.bindings.map(b => {
     let buf = buffers[b.name];
     const where = `kernel ${kernel.name} binding '${b.name}' (@binding(${b.binding}))`;
@@ -223,8 +234,11 @@ function resourcesOf(device, kernel, buffers) {
       buf = uniformBuffer(device, kernel, b, buf);
     }
     const need = b.access === "uniform" ? GPUBufferUsage.UNIFORM : GPUBufferUsage.STORAGE;
-    if (!(buf.usage & need)) throw new Error(`${where}: the buffer lacks GPUBufferUsage.${b.access === "uniform" ? "UNIFORM" : "STORAGE"}`);
-    if (buf.size < b.minBytes) throw new Error(`${where}: buffer has ${buf.size} bytes, needs at least ${b.minBytes} (${b.length ?? 1} x ${b.elem})`);
+    const usage = b.access === "uniform" ? "UNIFORM" : "STORAGE";
+    if (!(buf.usage & need)) throw new Error(`${where}: the buffer lacks GPUBufferUsage.${usage}`);
+    if (buf.size < b.minBytes)
+      throw new Error(`${where}: buffer has ${buf.size} bytes, needs at least ${b.minBytes} ` +
+                      `(${b.length ?? 1} x ${b.elem})`);
     return buf;
   });
 }
@@ -259,7 +273,8 @@ export function encodeKernel(pass, device, kernel, buffers, grid, constants = {}
 }
 
 /** One dispatch in its own pass; submitted at once unless an ``encoder`` is given. */
-export function dispatchKernel(device, kernel, buffers, grid, {constants = {}, encoder = null} = {}) {
+export function dispatchKernel(device, kernel, buffers, grid,
+                               {constants = {}, encoder = null} = {}) {
   const enc = encoder || device.createCommandEncoder({label: kernel.name});
   const pass = enc.beginComputePass({label: kernel.name});
   encodeKernel(pass, device, kernel, buffers, grid, constants);
@@ -273,8 +288,8 @@ export function workgroupsFor(kernel, n) {
 }
 """
 
-SINGLE_JS = """/** Run the kernel: ``buffers`` by binding name (GPUBuffers; uniforms may take numbers),
- *  ``grid`` workgroups (a number or [x, y, z]). Submits unless given an ``encoder``. */
+SINGLE_JS = """/** Run the kernel: ``buffers`` by binding name (GPUBuffers; uniforms may take
+ *  numbers), ``grid`` workgroups (a number or [x, y, z]). Submits unless given an ``encoder``. */
 export function dispatch(device, buffers, grid, options = {}) {
   dispatchKernel(device, kernel, buffers, grid, options);
 }
@@ -308,8 +323,11 @@ export declare function dispatchKernel(device: GPUDevice, kernel: KernelInfo,
 export declare function workgroupsFor(kernel: KernelInfo, n: number): number;
 """
 
-SINGLE_DTS = """export interface DispatchOptions { constants?: Constants; encoder?: GPUCommandEncoder; }
+SINGLE_DTS = """export interface DispatchOptions {
+  constants?: Constants; encoder?: GPUCommandEncoder;
+}
 export declare function dispatch(device: GPUDevice, buffers: Buffers, grid: Grid,
   options?: DispatchOptions): void;
-export declare function prepare(device: GPUDevice, constants?: Constants): Promise<GPUComputePipeline>;
+export declare function prepare(device: GPUDevice,
+  constants?: Constants): Promise<GPUComputePipeline>;
 """

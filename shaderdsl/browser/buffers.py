@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 
 from ..devicebuffer import DeviceBuffer
+from .page import Host
 
 _ids = itertools.count(1)
 
@@ -24,11 +25,7 @@ def encode(arr: np.ndarray, size: int) -> list[tuple[int, str]]:
     """(offset, base64) pieces of the array's raw bytes, zero-padded to
     ``size``, at most CHUNK bytes each: exact for every bit pattern (NaN
     payloads, infinities, -0.0)."""
-    data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-    if len(data) != size:
-        padded = bytearray(size)
-        padded[:len(data)] = data
-        data = memoryview(padded)
+    data = memoryview(arr.tobytes().ljust(size, b"\0"))
     return [(off, base64.b64encode(data[off:off + CHUNK]).decode("ascii"))
             for off in range(0, size, CHUNK)]
 
@@ -43,19 +40,20 @@ class Buffer(DeviceBuffer):
     """A GPUBuffer in the browser page with the numpy shape/dtype it was made for."""
 
     __slots__ = ("device", "shape", "dtype", "nbytes", "size", "id", "usage_kind", "name",
-                 "padded", "generation", "freed", "__weakref__")
+                 "padded", "host", "generation", "freed", "__weakref__")
 
     def __init__(self, device, shape: tuple, dtype: np.dtype, usage_kind: str, padded: int,
                  name: str | None = None):
         self._describe(device, shape, dtype, usage_kind, name, _ids)
         self.padded = padded
-        self.generation = device.generation
+        self.host: Host = device.host
+        self.generation = self.host.generation
         self.freed = False
 
     @property
     def lost(self) -> bool:
         """The browser was restarted since this buffer was made: its contents are gone."""
-        return self.generation != self.device.generation
+        return self.generation != self.host.generation
 
     @property
     def released(self) -> bool:

@@ -105,6 +105,12 @@ class Chromium:
     def alive(self) -> bool:
         return self._to_browser is not None
 
+    def _pipes(self) -> tuple[int, int]:
+        """The command pipe and the reply pipe; BrowserError once the browser is gone."""
+        if self._to_browser is None or self._from_browser is None:
+            raise BrowserError("the browser was shut down")
+        return self._to_browser, self._from_browser
+
     def log_tail(self, lines: int = 8) -> str:
         """The end of the browser's log, without the D-Bus complaints of a headless machine."""
         try:
@@ -132,10 +138,10 @@ class Chromium:
         return reply.get("result", {})
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
+        view, to_browser = memoryview(data), self._pipes()[0]
         try:
             while view:
-                view = view[os.write(self._to_browser, view):]
+                view = view[os.write(to_browser, view):]
         except OSError as e:
             tail = self.log_tail()
             self.kill()
@@ -143,6 +149,7 @@ class Chromium:
 
     def _wait(self, wanted: int, method: str, deadline: float, timeout: float) -> dict:
         """Read messages until the reply ``wanted``; keep the events seen meanwhile."""
+        from_browser = self._pipes()[1]
         while True:
             for raw in self._messages():
                 msg = json.loads(raw)
@@ -152,10 +159,10 @@ class Chromium:
                     self.events.append(msg)
                     del self.events[:-200]
             left = deadline - time.monotonic()
-            ready = select.select([self._from_browser], [], [], max(left, 0))[0] if left > 0 else []
+            ready = select.select([from_browser], [], [], max(left, 0))[0] if left > 0 else []
             if not ready:
                 raise BrowserTimeoutError(f"{method}: no answer from the browser in {timeout:g} s")
-            chunk = os.read(self._from_browser, 1 << 20)
+            chunk = os.read(from_browser, 1 << 20)
             if not chunk:
                 tail = self.log_tail()
                 self.kill()
@@ -185,9 +192,9 @@ class Chromium:
 
     def kill(self) -> None:
         """End the browser's process group now and forget the connection."""
-        if self._to_browser is not None:
+        if self.alive:
             _kill_group(self.pid)
-            for fd in (self._to_browser, self._from_browser):
+            for fd in self._pipes():
                 try:
                     os.close(fd)
                 except OSError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
+from typing import NoReturn
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class Device(HostDevice):
         """Name, features and limits from the page's adapter and device."""
         info = self.host.info
         a = info["info"]
-        product = self.host.browser.version
+        product = self.host.chromium.version
         self.name: str = (a.get("description") or " ".join(
             v for v in (a.get("vendor"), a.get("architecture")) if v) or "WebGPU") + f" ({product})"
         self.backend: str = "browser"
@@ -106,7 +107,7 @@ class Device(HostDevice):
                 raise
             self._restart(f"{e}".rstrip(), BrowserError)
 
-    def _restart(self, why: str, error=BrowserTimeoutError):
+    def _restart(self, why: str, error: type[BrowserError] = BrowserTimeoutError) -> NoReturn:
         """Start a fresh browser and raise ``error`` naming what was running."""
         running = sorted(set(self._pending))
         self._ops, self._pending, self._garbage = [], [], []

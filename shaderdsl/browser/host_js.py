@@ -15,7 +15,8 @@ HOST_HTML = "<!doctype html><meta charset=utf-8><title>shaderdsl browser device<
 HOST_JS = r"""
 (() => {
 const S = {device: null, buffers: new Map(), kernels: new Map(), groups: new Map(),
-           holders: new Map(), values: new Map(), held: new Map(), lost: null, timer: null, made: 0};
+           holders: new Map(), values: new Map(), held: new Map(), lost: null, timer: null,
+           made: 0};
 const CHUNK = 8 << 20;
 const ACCESS = {read: "read-only-storage", read_write: "storage", uniform: "uniform"};
 const U = GPUBufferUsage;
@@ -38,12 +39,15 @@ function encode(bytes) {
 
 async function init(wanted) {
   if (!navigator.gpu) return {error: {kind: "webgpu", message:
-    "navigator.gpu is missing: this browser has WebGPU off (launch it with --enable-unsafe-webgpu)"}};
+    "navigator.gpu is missing: this browser has WebGPU off " +
+    "(launch it with --enable-unsafe-webgpu)"}};
   const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) return {error: {kind: "webgpu", message: "navigator.gpu.requestAdapter() gave no adapter"}};
+  if (!adapter)
+    return {error: {kind: "webgpu", message: "navigator.gpu.requestAdapter() gave no adapter"}};
   const requiredFeatures = wanted.filter(f => adapter.features.has(f));
   const requiredLimits = {};
-  for (const k in adapter.limits) if (typeof adapter.limits[k] === "number") requiredLimits[k] = adapter.limits[k];
+  for (const k in adapter.limits)
+    if (typeof adapter.limits[k] === "number") requiredLimits[k] = adapter.limits[k];
   const device = await adapter.requestDevice({requiredFeatures, requiredLimits});
   device.lost.then(info => { S.lost = `device lost (${info.reason}): ${info.message}`; });
   device.onuncapturederror = e => { S.uncaptured = e.error.message; };
@@ -149,7 +153,11 @@ class Recorder {
   endPass() { if (this.pass) { this.pass.end(); this.pass = null; } }
   submit() {
     this.endPass();
-    if (this.encoder) { S.device.queue.submit([this.encoder.finish()]); this.encoder = null; this.submits++; }
+    if (this.encoder) {
+      S.device.queue.submit([this.encoder.finish()]);
+      this.encoder = null;
+      this.submits++;
+    }
   }
 }
 
@@ -241,7 +249,9 @@ window.sd = {
   async call(name, args) {
     if (S.lost) return {error: {kind: "lost", message: S.lost}};
     try { return await API[name](...args); }
-    catch (e) { return {error: {kind: S.lost ? "lost" : "js", message: String(e && e.stack || e)}}; }
+    catch (e) {
+      return {error: {kind: S.lost ? "lost" : "js", message: String(e && e.stack || e)}};
+    }
   },
   state: S,
 };

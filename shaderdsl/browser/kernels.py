@@ -20,7 +20,7 @@ def compile_error(kernel, err) -> WGSLCompileError:
     """WGSLCompileError from the page's report (Tint's messages, by WGSL line)."""
     from ..runtime.pipelines import excerpt  # only on this error path: it imports wgpu
 
-    errors = err.detail.get("errors") or [{"message": str(err).split(": ", 1)[-1]}]
+    errors: list[dict] = err.detail.get("errors") or [{"message": str(err).split(": ", 1)[-1]}]
     first = errors[0]
     line, column = first.get("line") or None, first.get("column") or None
     # Dawn adds " - While validating ..." lines: keep them, on one line, as the GPU device does.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 from ..errors import BrowserError, BrowserTimeoutError
 from .chromium import Chromium
@@ -57,18 +58,25 @@ class Host:
         self.generation += 1
         self.launch_seconds = time.perf_counter() - started
 
+    @property
+    def chromium(self) -> Chromium:
+        """The running browser; BrowserError once the device was closed."""
+        if self.browser is None:
+            raise BrowserError("the browser device was closed")
+        return self.browser
+
     def _harness_url(self) -> str:
-        path = os.path.join(self.browser.profile, "shaderdsl-host.html")
+        path = os.path.join(self.chromium.profile, "shaderdsl-host.html")
         with open(path, "w") as f:
             f.write(HOST_HTML)
         return "file://" + path
 
     def open(self, url: str, timeout: float) -> str:
         """A new tab at ``url``, loaded; its CDP session id."""
-        target = self.browser.call("Target.createTarget", {"url": url}, timeout=timeout)
-        session = self.browser.call("Target.attachToTarget", {"targetId": target["targetId"],
-                                                              "flatten": True},
-                                    timeout=timeout)["sessionId"]
+        target = self.chromium.call("Target.createTarget", {"url": url}, timeout=timeout)
+        session = self.chromium.call("Target.attachToTarget", {"targetId": target["targetId"],
+                                                               "flatten": True},
+                                     timeout=timeout)["sessionId"]
         self._targets[session] = target["targetId"]
         deadline = time.monotonic() + timeout
         check = "location.href !== 'about:blank' && document.readyState === 'complete'"
@@ -89,19 +97,17 @@ class Host:
         import base64
 
         height = self.evaluate("document.documentElement.scrollHeight", timeout, session)
-        self.browser.call("Emulation.setDeviceMetricsOverride", {
+        self.chromium.call("Emulation.setDeviceMetricsOverride", {
             "width": width, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
             session=session, timeout=timeout)
-        shot = self.browser.call("Page.captureScreenshot", {"format": "png"},
-                                 session=session, timeout=timeout)
+        shot = self.chromium.call("Page.captureScreenshot", {"format": "png"},
+                                  session=session, timeout=timeout)
         with open(path, "wb") as f:
             f.write(base64.b64decode(shot["data"]))
 
-    def evaluate(self, expression: str, timeout: float, session: str | None = None):
+    def evaluate(self, expression: str, timeout: float, session: str | None = None) -> Any:
         """The value of a JavaScript expression (promises awaited), returned by value."""
-        if self.browser is None:
-            raise BrowserError("the browser device was closed")
-        result = self.browser.call("Runtime.evaluate", {
+        result = self.chromium.call("Runtime.evaluate", {
             "expression": expression, "awaitPromise": True, "returnByValue": True},
             session=session or self.session, timeout=timeout)
         if "exceptionDetails" in result:
@@ -110,7 +116,7 @@ class Host:
             raise BrowserError(f"JavaScript error in the page: {text}")
         return result["result"].get("value")
 
-    def call(self, name: str, *args, timeout: float = 30.0):
+    def call(self, name: str, *args, timeout: float = 30.0) -> Any:
         """``sd.call(name, args)`` in the harness page; PageError for a reported error."""
         out = self.evaluate(f"sd.call({json.dumps(name)}, {json.dumps(args)})", timeout)
         if isinstance(out, dict) and "error" in out:

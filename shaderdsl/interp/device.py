@@ -86,7 +86,7 @@ class Device(HostDevice):
         self.subgroup_matrix_configs = () if T.SUBGROUP_MATRIX_FEATURE not in feats else \
             H200_MATRIX_CONFIGS if subgroup_matrix_configs is None else \
             tuple(subgroup_matrix_configs)
-        self._options = dict(subgroup_size=subgroup_size, check_races=check_races,
+        self._options: dict = dict(subgroup_size=subgroup_size, check_races=check_races,
                              check_uninitialized=check_uninitialized,
                              robust_access=robust_access,
                              max_loop_iterations=max_loop_iterations)
@@ -134,7 +134,7 @@ class Device(HostDevice):
         self.stats["modules"] += 1
         self.stats["pipelines"] += 1
         return (Interpreter(kernel, **self._options),
-                tuple((n, Interpreter(kernel, **dict(self._options, subgroup_size=n)))
+                tuple((n, Interpreter(kernel, **{**self._options, "subgroup_size": n}))
                       for n in sizes))
 
     def _prepare(self, kernel, entry, okey: tuple, uniform_values: bool) -> None:

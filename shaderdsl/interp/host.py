@@ -66,7 +66,9 @@ def _uniform(r, value):
     if isinstance(value, (bool, np.bool_)):
         raise BindingError(f"uniform {r.name!r}: bool is not host-shareable")
     if isinstance(value, (int, float)):
-        arr = np.asarray(literal(value, T.scalar_of(r.type)).value, dt)
+        scalar = T.scalar_of(r.type)
+        assert scalar is not None, "declare_uniform takes scalars and vectors only"
+        arr = np.asarray(literal(value, scalar).value, dt)
     else:
         arr = np.asarray(value)
         if arr.dtype != dt:

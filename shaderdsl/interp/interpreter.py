@@ -107,7 +107,7 @@ class Interpreter:
                                    tuple(int(v) for v in inv.workgroup_id), int(inv.local_index),
                                    inv, st))
 
-    def dispatch(self, buffers: dict, workgroups=1, overrides: dict | None = None, *,
+    def dispatch(self, buffers: dict, workgroups: int | tuple = 1, overrides: dict | None = None, *,
                  trace: Callable | None = None, reverse: bool = False,
                  lanes_read_own: bool = False) -> dict:
         """Run the kernel over ``workgroups`` (int or up to 3 ints).

@@ -13,4 +13,5 @@ from .buffers import Buffer
 from .device import Device, get_device
 from .wgpu_build import COMPILER, WGPU_BUILD  # first: it may install Dawn as wgpu
 
-__all__ = ["COMPILER", "WGPU_BUILD", "Batch", "Buffer", "Device", "adapters_report", "get_device", "list_adapters"]
+__all__ = ["COMPILER", "WGPU_BUILD", "Batch", "Buffer", "Device", "adapters_report", "get_device",
+           "list_adapters"]

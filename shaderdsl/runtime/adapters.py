@@ -107,7 +107,9 @@ def hide_triton_beside_mesa_llvm() -> bool:
     if "triton" in sys.modules or not _mesa_llvm_loaded() or \
             importlib.util.find_spec("triton") is None:
         return False
-    sys.modules["triton"] = None  # import triton -> ModuleNotFoundError, as if not installed
+    # import triton -> ModuleNotFoundError, as if not installed (a None entry blocks an
+    # import, as the import system documents; typeshed types the values as modules only)
+    sys.modules["triton"] = None  # pyright: ignore[reportArgumentType]
     warnings.warn(TRITON_HIDDEN, RuntimeWarning, stacklevel=3)
     return True
 
@@ -209,6 +211,7 @@ def pick(adapters, backend: str | None, name: str | None, features):
 def adapters_with(feature: str) -> list[str]:
     """'name (backend)' of every adapter that has ``feature`` (for error messages)."""
     try:
-        return [f"{a['name']} ({a['backend']})" for a in list_adapters() if feature in a["features"]]
+        return [f"{a['name']} ({a['backend']})" for a in list_adapters()
+                if feature in a["features"]]
     except Exception:  # listing is only for a message
         return []

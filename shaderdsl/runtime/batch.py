@@ -36,17 +36,22 @@ class Recorder:
         self.query_set = None     # set while a timed batch is open
         self.started = False      # has the start timestamp been recorded?
 
+    def command_encoder(self):
+        """The open command encoder, beginning one if needed."""
+        if self.encoder is None:
+            self.encoder = self.wgpu_device.create_command_encoder()
+        return self.encoder
+
     def compute_pass(self):
         """The open compute pass, beginning one (and an encoder) if needed."""
         if self.cpass is None:
-            if self.encoder is None:
-                self.encoder = self.wgpu_device.create_command_encoder()
+            encoder = self.command_encoder()
             if self.query_set is None:
-                self.cpass = self.encoder.begin_compute_pass()
+                self.cpass = encoder.begin_compute_pass()
             else:
                 writes = dict(_TS_END if self.started else _TS_START, query_set=self.query_set)
                 self.started = True
-                self.cpass = self.encoder.begin_compute_pass(timestamp_writes=writes)
+                self.cpass = encoder.begin_compute_pass(timestamp_writes=writes)
                 self.recorded = True  # its timestamps must be submitted, even if empty
             self.pipeline = None
         return self.cpass
@@ -72,9 +77,7 @@ class Recorder:
 
     def copy(self, src, dst, nbytes: int) -> None:
         self.end_pass()
-        if self.encoder is None:
-            self.encoder = self.wgpu_device.create_command_encoder()
-        self.encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        self.command_encoder().copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
         self.recorded = True
 
     def end_pass(self) -> None:
@@ -100,7 +103,7 @@ class Recorder:
         if self.cpass is None:  # last command was a copy (or nothing): an empty timed pass
             self.compute_pass()
         self.end_pass()
-        self.encoder.resolve_query_set(self.query_set, 0, 2, resolve_buffer, 0)
+        self.command_encoder().resolve_query_set(self.query_set, 0, 2, resolve_buffer, 0)
         self.recorded = True
         self.query_set = None
         self.started = False

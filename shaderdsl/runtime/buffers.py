@@ -28,7 +28,7 @@ def next_id() -> int:
 
 def padded_bytes(arr: np.ndarray, size: int) -> memoryview:
     """The array's bytes, zero-padded to ``size`` when shorter."""
-    data = memoryview(arr).cast("B")
+    data = arr.data.cast("B")  # (arr is C-contiguous: the host checks make it so)
     if len(data) == size:
         return data
     out = bytearray(size)

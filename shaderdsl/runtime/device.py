@@ -105,7 +105,8 @@ class Device(HostDevice):
         self.adapter_type: str = info["adapter_type"]
         # Dawn spells the subgroup feature "subgroups"; kernels say "subgroup".
         native = {DAWN_NAMES.get(f, f): f for f in adapter.features}
-        wanted = sorted({native[f] for f in set(WANTED_FEATURES) | set(extra_features) if f in native})
+        wanted = sorted({native[f] for f in set(WANTED_FEATURES) | set(extra_features)
+                         if f in native})
         alimits = adapter.limits
         limits = {k: alimits[k] for k in MAX_LIMITS if k in alimits}
         try:
@@ -117,7 +118,8 @@ class Device(HostDevice):
                                  f"SHADERDSL_ADAPTER (python -m shaderdsl adapters lists them)") \
                 from e
         self.queue = self.wgpu_device.queue
-        self.features: frozenset = frozenset(DAWN_NAMES.get(f, f) for f in self.wgpu_device.features)
+        self.features: frozenset = frozenset(DAWN_NAMES.get(f, f)
+                                             for f in self.wgpu_device.features)
         # the shapes of subgroup matrices kernels may use (none without the feature)
         self.subgroup_matrix_configs = matrix_configs(adapter) \
             if SUBGROUP_MATRIX_FEATURE in self.features else ()
@@ -361,7 +363,8 @@ def _timestamp_period(queue) -> float:
     try:
         from wgpu.backends.wgpu_native._ffi import lib
 
-        period = float(lib.wgpuQueueGetTimestampPeriod(queue._internal))
+        # cffi's functions of wgpu-native's header: not in wgpu-py's stubs
+        period = float(getattr(lib, "wgpuQueueGetTimestampPeriod")(queue._internal))
     except Exception:
         return 1.0
     return period if period > 0 else 1.0

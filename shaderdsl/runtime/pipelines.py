@@ -77,7 +77,8 @@ def compile_error(kernel, err: Exception) -> WGSLCompileError:
     python_line = kernel.python_line(line, COMPILER) if line is not None else None
     return WGSLCompileError(summarize(message), kernel_name=kernel.name, wgsl_line=line,
                             python_line=python_line,
-                            excerpt=excerpt(kernel.wgsl_for(COMPILER), line, column) if line else "")
+                            excerpt=excerpt(kernel.wgsl_for(COMPILER), line, column)
+                            if line else "")
 
 
 class PipelineCache:
@@ -98,7 +99,8 @@ class PipelineCache:
         mod = self.modules.get(key)
         if mod is None:
             try:
-                mod = self.wgpu_device.create_shader_module(label=kernel.name, code=kernel.wgsl_for(COMPILER))
+                mod = self.wgpu_device.create_shader_module(label=kernel.name,
+                                                            code=kernel.wgsl_for(COMPILER))
             except wgpu.GPUError as err:
                 raise compile_error(kernel, err) from None
             self.modules[key] = mod
