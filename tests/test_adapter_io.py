@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, WEIGHTS_NAME,
+from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, REGEX_SECONDS, WEIGHTS_NAME,
                                       AdapterExtrasWarning, AdapterFileError, LoraLayer,
                                       adapter_extras, load_adapter, load_hesper, save_adapter,
                                       save_hesper)
@@ -370,6 +371,66 @@ def test_module_not_in_target_modules(tmp_path, targets):
     assert "model.layers.0.mlp.down_proj" in msg
 
 
+# A module named by 28 a's and "!": against "(a+)+", Python's re takes seconds, doubling
+# per letter; the regex module answers at once, and a time limit stops what it cannot.
+HOSTILE_MODULE = "a" * 28 + "!"
+
+
+def config_with_regex(field: str, pattern: str) -> dict:
+    return ({"target_modules": pattern} if field == "target_modules"
+            else {"rank_pattern": {pattern: 2}})
+
+
+@pytest.mark.parametrize("field", ["target_modules", "rank_pattern"])
+def test_nested_repetition_is_matched_at_once(tmp_path, field):
+    write_peft(tmp_path, pair(2, 3, 3, module=HOSTILE_MODULE), **config_with_regex(
+        field, "(a+)+"))
+    start = time.perf_counter()
+    if field == "target_modules":
+        refused(tmp_path, match="does not match target_modules", naming=tmp_path / WEIGHTS_NAME)
+    else:
+        assert load_adapter(tmp_path)[HOSTILE_MODULE].rank == 2  # no match: r is the default
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("field", ["target_modules", "rank_pattern"])
+def test_backtracking_regex_is_refused_in_bounded_time(tmp_path, field):
+    write_peft(tmp_path, pair(2, 3, 3, module=HOSTILE_MODULE), **config_with_regex(
+        field, "(a|a)+"))
+    start = time.perf_counter()
+    msg = refused(tmp_path, match=r"'\(a\|a\)\+' took over .* \(catastrophic backtracking",
+                  naming=tmp_path / WEIGHTS_NAME)
+    assert field in msg and time.perf_counter() - start < 10 * REGEX_SECONDS + 1
+
+
+def test_config_nested_too_deeply(tmp_path):
+    write_peft(tmp_path, pair(2, 3, 3))
+    (tmp_path / CONFIG_NAME).write_text('{"r": 2, "lora_alpha": 4, "x": ' + "[" * 100_000
+                                        + "]" * 100_000 + "}")
+    refused(tmp_path, match="nested too deeply", naming=tmp_path / CONFIG_NAME)
+
+
+def test_config_rank_of_5000_digits(tmp_path):
+    write_peft(tmp_path, pair(2, 3, 3))
+    (tmp_path / CONFIG_NAME).write_text('{"r": ' + "9" * 5000 + ', "lora_alpha": 4}')
+    refused(tmp_path, match="not valid JSON .*digits", naming=tmp_path / CONFIG_NAME)
+
+
+def test_safetensors_duplicate_keys(tmp_path):
+    write_peft(tmp_path, pair(2, 3, 3))
+    file = tmp_path / WEIGHTS_NAME
+    data = file.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    key = sorted(k for k in header if k.endswith("lora_A.weight"))[0]
+    entry = json.dumps(header[key])
+    text = json.dumps(header)[:-1] + f", {json.dumps(key)}: {entry}}}"
+    text += " " * (-len(text) % 8)
+    file.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data[8 + length:])
+    msg = refused(tmp_path, match="names .* twice", naming=file)
+    assert key in msg
+
+
 # ---------------------------------------------------------------- bad Hesper files
 
 def hesper_file(tmp_path, **header) -> tuple[Path, bytearray]:
@@ -429,6 +490,20 @@ def test_hesper_nan(tmp_path):
     data[24 + 4 * 17: 24 + 4 * 18] = struct.pack("<f", float("nan"))  # V_A's second value
     msg = hesper_refused(path, data, "1 of 8 values are NaN or infinite")
     assert "layers.0.v.lora_A" in msg
+
+
+def test_hesper_size_is_checked_before_reading(tmp_path):
+    """A 3 GiB file (sparse: no disk used) whose header says 1 layer: refused from its
+    size, without reading the 3 GiB (the test runs under a 1 GiB address-space budget
+    of the data read, measured by the time it takes)."""
+    path, data = hesper_file(tmp_path)
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+        f.truncate(3 << 30)
+    start = time.perf_counter()
+    with pytest.raises(AdapterFileError, match="extra bytes"):
+        load_hesper(path, 4, 2)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_hesper_missing_file(tmp_path):

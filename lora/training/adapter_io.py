@@ -4,7 +4,7 @@ peft (the reference implementation most trained adapters come from) saves a
 directory holding ``adapter_config.json`` and ``adapter_model.safetensors``;
 Hesper (``Hesper/LoRA/IO.lean`` in Verilean/hesper) saves one binary file of
 Q and V adapters per transformer layer. Both load into ``{module name:
-LoraLayer}``. The module is numpy, safetensors and json only, so adapters can
+LoraLayer}``. The module is numpy, safetensors, json and regex only, so adapters can
 be inspected and converted on a machine without wgpu.
 
     from lora.training.adapter_io import load_adapter, save_adapter
@@ -26,10 +26,12 @@ import re
 import struct
 import uuid
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import regex
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -44,6 +46,9 @@ HESPER_HEADER = struct.Struct("<IIIfII")  # magic, version, rank, alpha, numLaye
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
 _KEY = re.compile(r"(?P<module>.+?)\.lora_(?P<part>[AB])(?:\.(?P<adapter>[^.]+))?\.weight")
 _HESPER_PARTS = ("q", "v")
+# A name regex of a config runs on short module names; one that takes longer backtracks
+# catastrophically (``(a+)+`` doubles its work per letter): refuse it instead of hanging.
+REGEX_SECONDS = 0.25
 
 
 class AdapterFileError(ValueError):
@@ -167,29 +172,41 @@ def _commit(writes: dict) -> None:
 
 # ---------------------------------------------------------------- peft: config
 
-def _pattern_value(pattern: dict, module: str, default):
+def _regex_match(file, what: str, pattern: str, module: str, whole: str) -> bool:
+    """peft's match of a config regex (``re`` semantics, through the ``regex`` module
+    for its time limit): ``whole`` the pattern wrapped as peft wraps it."""
+    try:
+        return regex.fullmatch(whole, module, timeout=REGEX_SECONDS) is not None
+    except TimeoutError as e:
+        raise AdapterFileError(f"{file}: {what} {pattern!r} took over {REGEX_SECONDS} s "
+                               f"on module {module!r} (catastrophic backtracking: a repeated "
+                               f"group whose choices match the same text)") from e
+
+
+def _pattern_value(pattern: dict, module: str, default, file, name: str):
     """peft's rank_pattern/alpha_pattern lookup: the first key (a regex) that
     matches a dotted suffix of the module name, else the default."""
     for key, value in pattern.items():
-        if re.match(rf"(.*\.)?({key})$", module):
+        if _regex_match(file, f"{name} key", key, module, rf"(.*\.)?({key})"):
             return value
     return default
 
 
-def _targets_module(target_modules, module: str) -> bool:
+def _targets_module(target_modules, module: str, file) -> bool:
     """peft's check: a regex string must fullmatch the module name; a list entry
     must be the whole name or a dotted suffix of it (``q_proj``, ``self_attn.q_proj``)."""
     if target_modules is None or target_modules == "all-linear":
         return True  # peft expands "all-linear" when it builds the model: no list to check
     if isinstance(target_modules, str):
-        return re.fullmatch(target_modules, module) is not None
+        return _regex_match(file, "target_modules", target_modules, module, target_modules)
     return module in target_modules or any(module.endswith(f".{t}") for t in target_modules)
 
 
 def _check_regex(pattern: str, where: str, what: str) -> None:
     try:
         re.compile(pattern)
-    except re.error as e:
+        regex.compile(pattern)
+    except (re.error, regex.error) as e:
         raise AdapterFileError(f"{where}: {what} {pattern!r} is not a valid regex ({e})") from e
 
 
@@ -223,8 +240,10 @@ def _read_config(file: Path) -> dict:
                                f"{CONFIG_NAME} and {WEIGHTS_NAME}")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, an int of 4300+ digits
         raise AdapterFileError(f"{file}: not valid JSON ({e})") from e
+    except RecursionError as e:
+        raise AdapterFileError(f"{file}: not valid JSON (nested too deeply to read)") from e
     if not isinstance(config, dict):
         raise AdapterFileError(f"{file}: expected a JSON object, got {type(config).__name__}")
     if config.get("peft_type", "LORA") != "LORA":
@@ -243,12 +262,36 @@ def _read_config(file: Path) -> dict:
 
 # ---------------------------------------------------------------- peft: tensors
 
+def _refuse_duplicate_keys(file: Path) -> None:
+    """The safetensors format forbids a key twice in the header, but the reader keeps
+    the last silently: read the header's JSON here and refuse one. A header that is
+    not readable at all is left to safetensors' own message."""
+    twice: list[str] = []
+
+    def pairs_to_dict(pairs: list) -> dict:
+        twice.extend(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        return dict(pairs)
+
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > file.stat().st_size - 8:
+            return
+        try:
+            json.loads(f.read(length), object_pairs_hook=pairs_to_dict)
+        except (ValueError, RecursionError):
+            return
+    if twice:
+        raise AdapterFileError(f"{file}: the header names {min(twice)!r} twice (duplicate keys "
+                               f"are not allowed in safetensors)")
+
+
 def _read_tensors(file: Path) -> dict[str, np.ndarray]:
     """Every tensor of the safetensors file, after checking each dtype from the
     header (numpy cannot even hold bfloat16, so check before reading)."""
     if not file.is_file():
         raise AdapterFileError(f"{file}: missing; a peft adapter directory holds "
                                f"{CONFIG_NAME} and {WEIGHTS_NAME}")
+    _refuse_duplicate_keys(file)
     try:
         with safe_open(str(file), framework="np") as f:
             for key in f.keys():
@@ -326,11 +369,12 @@ def _check_peft_shapes(file: Path, keys: dict, a: np.ndarray, b: np.ndarray, ran
 def _peft_layer(file: Path, module: str, keys: dict, tensors: dict, config: dict) -> LoraLayer:
     """One module's LoraLayer, with the config's rank and alpha (or their pattern
     overrides) checked against the stored shapes and values."""
-    if not _targets_module(config.get("target_modules"), module):
+    if not _targets_module(config.get("target_modules"), module, file):
         raise AdapterFileError(f"{file}: module {module} does not match target_modules "
                                f"{config['target_modules']!r} in {CONFIG_NAME}")
-    rank = _pattern_value(config["rank_pattern"], module, config["r"])
-    alpha = _pattern_value(config["alpha_pattern"], module, config["lora_alpha"])
+    rank = _pattern_value(config["rank_pattern"], module, config["r"], file, "rank_pattern")
+    alpha = _pattern_value(config["alpha_pattern"], module, config["lora_alpha"], file,
+                           "alpha_pattern")
     a, b = tensors[keys["A"]], tensors[keys["B"]]
     _check_peft_shapes(file, keys, a, b, rank)
     for part, array in (("A", a), ("B", b)):
@@ -426,7 +470,7 @@ def _target_list(path: Path, layers: dict, target_modules):
     if not isinstance(target_modules, str):
         target_modules = sorted(set(target_modules))
     for module in layers:
-        if not _targets_module(target_modules, module):
+        if not _targets_module(target_modules, module, path):
             raise AdapterFileError(f"{path}: module {module} does not match target_modules "
                                    f"{target_modules!r}")
     return target_modules
@@ -544,13 +588,14 @@ def load_hesper(path, dim, kv_dim) -> dict[str, LoraLayer]:
     kv_dim = _positive_int(kv_dim, str(path), "kv_dim")
     if not path.is_file():
         raise AdapterFileError(f"{path}: no such Hesper LoRA file")
-    data = path.read_bytes()
-    rank, alpha, count = _hesper_header(path, data)
-    shapes = _hesper_shapes(rank, dim, kv_dim)
-    per_layer = sum(math.prod(s) for part in shapes.values() for s in part)
-    _hesper_size_check(path, len(data), HESPER_HEADER.size + 4 * per_layer * count, count,
-                       f"rank {rank}, dim {dim}, kv_dim {kv_dim}")
-    values = np.frombuffer(data, "<f4", offset=HESPER_HEADER.size).astype(np.float32)
+    with open(path, "rb") as f:  # the size is checked against the header before reading on
+        rank, alpha, count = _hesper_header(path, f.read(HESPER_HEADER.size))
+        shapes = _hesper_shapes(rank, dim, kv_dim)
+        per_layer = sum(math.prod(s) for part in shapes.values() for s in part)
+        _hesper_size_check(path, path.stat().st_size, HESPER_HEADER.size + 4 * per_layer * count,
+                           count, f"rank {rank}, dim {dim}, kv_dim {kv_dim}")
+        data = f.read()
+    values = np.frombuffer(data, "<f4").astype(np.float32)
     out, at = {}, 0
     for name in _hesper_names(count):
         pair = []
