@@ -38,7 +38,7 @@ from .core.forward import forward_plan
 from .core.plan import Plan, Role
 from .core.strategy import Split, Strategy, Three
 from .core.tuning import runtime_bucket
-from .core.weight import Weight, wgsl_dtype
+from .core.weight import Weight, weight_on, wgsl_dtype
 from .training.backward import ONE_RESULT, backward_plan, train_forward_plan
 
 ACTIVATION = "; activations are stored like the weight"
@@ -54,7 +54,7 @@ def _tokens(device, weight, buf, what: str, dim: str = "in_dim"):
     """The checked weight, and the token count of ``buf`` (rows of ``dim``;
     stored like the weight, or float32 for rows of rank)."""
     C.device_of(device)
-    w = C.weight_on(device, weight)
+    w = weight_on(device, weight)
     like = dim != "rank"
     buf = C.storage(device, buf, what, w.dtype if like else C.F32, ACTIVATION if like else "")
     return w, C.tokens_of(buf, getattr(w, dim), what, dim)

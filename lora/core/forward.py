@@ -8,9 +8,10 @@ import numpy as np
 
 from shaderdsl.errors import FeatureError
 
+from .checks import check_f16
 from .plan import Plan, Role
 from .strategy import Strategy
-from .weight import check_f16, wgsl_dtype
+from .weight import wgsl_dtype
 
 LIKE_WEIGHT = " (the weight's dtype)"
 FROM_BASE_KERNELS = ("fused_forward",)  # the kernels that can add to a base buffer

@@ -36,6 +36,7 @@ from shaderdsl.errors import BindingError, DispatchError
 from shaderdsl.kernel import Kernel
 
 from ..kernels import KERNELS
+from .checks import count
 
 
 @dataclass(frozen=True)
@@ -153,12 +154,6 @@ class Role:
 BOUND_NAMES = {"A": "weight A", "B": "weight B"}  # how messages name bound buffers
 
 
-def _count(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
 class Plan:
     """Steps, buffers and roles of one piece of work for fixed shapes (see the
     module docstring). ``kernels``: (name in lora.kernels.KERNELS, parameters
@@ -178,7 +173,7 @@ class Plan:
         if (tokens is None) == (max_tokens is None):
             raise ValueError(f"Plan: give tokens (baked) or tokens=None with max_tokens "
                              f"(run time), got tokens={tokens!r}, max_tokens={max_tokens!r}")
-        self.max_tokens = _count(tokens if tokens is not None else max_tokens,
+        self.max_tokens = count(tokens if tokens is not None else max_tokens,
                                  "Plan: the token count")
         self.device, self.label, self.tokens = device, label, tokens
         self.roles, self.args = dict(roles), tuple(roles)

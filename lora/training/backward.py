@@ -12,10 +12,11 @@ import numpy as np
 
 from ..core import checks as C
 from ..core import tuning
+from ..core.checks import check_f16
 from ..core.forward import LIKE_WEIGHT, forward_plan
 from ..core.plan import Plan, Role
 from ..core.strategy import Strategy
-from ..core.weight import Weight, check_f16, wgsl_dtype
+from ..core.weight import Weight, wgsl_dtype
 from ..kernels.matrix import FRAGMENT
 from .strategy import Backward
 

@@ -6,8 +6,9 @@ import numpy as np
 
 from shaderdsl.errors import BindingError
 
+from ..core.checks import check_f16
 from ..core.plan import Plan, Role
-from ..core.weight import check_f16, wgsl_dtype
+from ..core.weight import wgsl_dtype
 from .backward import backward_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, mse_parts
 
