@@ -16,7 +16,7 @@ command line, benchmarks, the web export, the digits example).
     from shaderdsl.runtime import get_device
     dev = get_device()
     w = lora.Weight.from_numpy(dev, a, b)                    # A [rank, in], B [out, rank]
-    plan = lora.forward_plan(dev, w, lora.Config(8, 16).scale, 4, "tiled:256:8")
+    plan = lora.forward_plan(dev, w, lora.Config(8, 16).scale, 4, "tiled(tile_tokens=8)")
     plan(x_buf, out_buf)                                     # checks, then dispatches
 
     grad_x, grad_a, grad_b = lora.backward(x, a, b, grad_out, alpha=16.0)   # training
@@ -34,7 +34,8 @@ from .core.cache import clear_plan_cache
 from .core.config import Config
 from .core.forward import forward_plan
 from .core.plan import Plan, PlanAt, Role
-from .core.strategy import FORWARD, STRATEGIES, Strategy
+from .core.shape import LayerShape
+from .core.strategy import FORWARD, Strategy
 from .core.weight import Weight
 from .training.adapter_io import (
     AdapterExtrasWarning,
@@ -49,7 +50,7 @@ from .training.adapter_io import (
 from .training.backward import backward, backward_plan, train_forward_plan
 from .training.losses import LOSSES, loss_plan
 from .training.optim import SGD, AdamW
-from .training.strategy import BACKWARD, BACKWARDS, Backward
+from .training.strategy import BACKWARD, Backward
 from .training.trainer import LayerTrainer
 
 # Hesper's execute functions (lora.hesper), by their names.
@@ -67,8 +68,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'lora' has no attribute {name!r}")
 
 
-__all__ = ["Config", "Weight", "Plan", "PlanAt", "Role", "Strategy", "Backward", "STRATEGIES",
-           "BACKWARDS", "FORWARD", "BACKWARD", "forward", "forward_plan", "auto_plan",
+__all__ = ["Config", "Weight", "LayerShape", "Plan", "PlanAt", "Role", "Strategy", "Backward",
+           "FORWARD", "BACKWARD", "forward", "forward_plan", "auto_plan",
            "backward", "backward_plan", "train_forward_plan", "loss_plan", "LOSSES",
            "LayerTrainer", "AdamW", "SGD", "clear_plan_cache", "kernels", "reference",
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",

@@ -9,6 +9,7 @@ import numpy as np
 from shaderdsl.errors import BindingError
 
 from .checks import check_f16, count, host_matrix
+from .shape import LayerShape
 
 STORAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -104,6 +105,12 @@ class Weight:
     def dtype(self) -> np.dtype:
         """The storage dtype of A and B (and of the activations a forward takes)."""
         return self.a.dtype
+
+    def layer_shape(self, tokens: int | None = None, scale: float = 1.0) -> LayerShape:
+        """This weight's layer for ``tokens`` tokens (None: the run-time forms)
+        and ``scale``: what strategies are given."""
+        return LayerShape(self.rank, self.in_dim, self.out_dim, tokens, wgsl_dtype(self.dtype),
+                          scale)
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) read back from the GPU."""
