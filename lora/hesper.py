@@ -307,8 +307,9 @@ def _one(device, weight, scale, grad: str, buffers: dict, accumulate, strategy) 
     chunked dA or dB, their sum)."""
     def build():
         first = ONE_RESULT[grad][0]  # g or dh
-        w, tokens = _tokens(device, weight, buffers[first], f"{'grad_out' if first == 'g' else 'dh'}"
-                            f"_buf", "out_dim" if first == "g" else "rank")
+        what = "grad_out_buf" if first == "g" else "dh_buf"
+        w, tokens = _tokens(device, weight, buffers[first], what,
+                            "out_dim" if first == "g" else "rank")
         plan = backward_plan(device, w, C.scale_value(scale), tokens, strategy,
                              accumulate=accumulate, only=grad)
         plan.check(**buffers)

@@ -13,6 +13,7 @@ import numbers
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from shaderdsl import checks
 from shaderdsl.errors import BindingError, DispatchError, FeatureError
@@ -91,7 +92,7 @@ def check_f16(device, dtype: np.dtype, what: str) -> None:
                            f"{device.name!r} ({device.backend}) lacks; use float32")
 
 
-def host_matrix(array, what: str, layout: str, dtype=np.float32) -> np.ndarray:
+def host_matrix(array, what: str, layout: str, dtype: DTypeLike = np.float32) -> np.ndarray:
     """``array`` as a C-contiguous matrix of ``dtype`` (float32 or float16), or
     a clear BindingError.
 

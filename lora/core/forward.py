@@ -55,7 +55,7 @@ def forward_plan(device, weight, scale: float, tokens: int | None, strategy, *, 
         if role not in sizes or sizes[role][0] != 1:
             raise ValueError(f"forward_plan: {strategy} has no scratch buffer {role!r} to give "
                              f"(it has {sorted(sizes)})")
-        roles[role] = Role(f"{role}_buf", np.float32, (sizes[role][1],), writes=True)
+        roles[role] = Role(f"{role}_buf", np.dtype(np.float32), (sizes[role][1],), writes=True)
     scratch = {role: functools.partial(_rows_of, rows, columns)
                for role, (rows, columns) in sizes.items() if role not in given}
     label = (f"{strategy} rank={shape.rank} in={shape.in_dim} out={shape.out_dim} "

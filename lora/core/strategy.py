@@ -49,7 +49,7 @@ from __future__ import annotations
 import ast
 import numbers
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, Self, dataclass_transform
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from .shape import LayerShape
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
 
 
+@dataclass_transform(frozen_default=True)  # each entry class is made a frozen dataclass
 @dataclass(frozen=True)
 class Entry:
     """What every strategy entry (forward or backward) shares: fields checked
@@ -101,7 +102,7 @@ class Entry:
         return f"{self.name}({', '.join(changed)})" if changed else self.name
 
     @classmethod
-    def parse(cls, text: str) -> "Entry":
+    def parse(cls, text: str) -> Self:
         """Inverse of str(): e.g. 'seed', 'split(rank_group=8, subgroups=True)',
         'tiled(threads=512, tile_tokens=16, unroll=False)'; the positional
         form ('split:256:8:sg', 'tiled:512:16:loop') is read too."""
@@ -117,7 +118,7 @@ class Entry:
         return entry._parse_positional(text)
 
     @classmethod
-    def _parse_keyed(cls, text: str) -> "Entry":
+    def _parse_keyed(cls, text: str) -> Self:
         """``name(field=value, ...)``: values are Python literals (ints,
         True/False, quoted words), each field at most once."""
         rest = text.strip()[len(cls.name):].strip() or "()"
@@ -147,14 +148,14 @@ class Entry:
         return cls._made(text, values)
 
     @classmethod
-    def _made(cls, text: str, values: dict) -> "Entry":
+    def _made(cls, text: str, values: dict) -> Self:
         try:
             return cls(**values)
         except TypeError as e:  # a value of the wrong type: a bad text, said as one
             raise ValueError(f"cannot parse {cls.kind} {text!r}: {e}") from None
 
     @classmethod
-    def _parse_positional(cls, text: str) -> "Entry":
+    def _parse_positional(cls, text: str) -> Self:
         """The older form: the name, ints in ``numbers`` order, then words."""
         _, *parts = text.split(":")
         nums = []
@@ -184,7 +185,7 @@ class Entry:
         return f"{cls.kind} must be one of {tuple(cls.family)}, got {name!r} in {text!r}"
 
     @classmethod
-    def example(cls) -> "Entry":
+    def example(cls) -> Self:
         """The entry with its defaults (for messages)."""
         return cls()
 
@@ -285,16 +286,14 @@ def _fused_b(shape: LayerShape, threads: int) -> tuple:
                                 tokens=shape.tokens, threads=threads, dtype=shape.dtype))
 
 
-class _Projected:
+def _check_projection(name: str, projection: str, subgroups: bool) -> None:
     """three and split: project_a by a workgroup per token, or Hesper's seed."""
-
-    def validate(self) -> None:
-        if self.projection not in ("workgroup", "seed"):
-            raise ValueError(f"projection: expected one of ('workgroup', 'seed'), got "
-                             f"{self.projection!r}")
-        if self.subgroups and self.projection == "seed":
-            raise ValueError(f"the {self.name} strategy with Hesper's seed projection has no "
-                             f"subgroup form")
+    if projection not in ("workgroup", "seed"):
+        raise ValueError(f"projection: expected one of ('workgroup', 'seed'), got "
+                         f"{projection!r}")
+    if subgroups and projection == "seed":
+        raise ValueError(f"the {name} strategy with Hesper's seed projection has no "
+                         f"subgroup form")
 
 
 @forward_strategy
@@ -315,7 +314,7 @@ class Seed(Strategy):
 
 
 @forward_strategy
-class Three(_Projected, Strategy):
+class Three(Strategy):
     """Hesper's three dispatches: project_a, project_b into y, add_scaled."""
 
     name: ClassVar[str] = "three"
@@ -324,6 +323,9 @@ class Three(_Projected, Strategy):
     threads: int = 256
     projection: str = "workgroup"
     subgroups: bool = False
+
+    def validate(self) -> None:
+        _check_projection(self.name, self.projection, self.subgroups)
 
     def kernels(self, shape, save_h=False):
         t, tokens, out_dim = self.threads, shape.tokens, shape.out_dim
@@ -339,7 +341,7 @@ class Three(_Projected, Strategy):
 
 
 @forward_strategy
-class Split(_Projected, Strategy):
+class Split(Strategy):
     """project_a (a workgroup per token, or per token and group of ranks), then fused_b_add."""
 
     name: ClassVar[str] = "split"
@@ -351,7 +353,7 @@ class Split(_Projected, Strategy):
     subgroups: bool = False
 
     def validate(self) -> None:
-        super().validate()
+        _check_projection(self.name, self.projection, self.subgroups)
         if self.rank_group < 0:
             raise ValueError(f"rank_group must be >= 0, got {self.rank_group}")
         if self.rank_group and self.projection == "seed":
@@ -369,7 +371,7 @@ class Split(_Projected, Strategy):
     @classmethod
     def candidates(cls, shape, subgroups, matrices=()):
         out = []
-        if shape.rank > 8 and shape.token_count <= 64:  # share A's rows among workgroups: per rank group
+        if shape.rank > 8 and shape.token_count <= 64:  # A's rows shared: per rank group
             out += [cls(256, group, subgroups=sg) for group in (4, 8) for sg in _sgs(subgroups)]
         return out + [cls(256, subgroups=sg) for sg in _sgs(subgroups)]
 

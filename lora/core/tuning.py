@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,8 @@ def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
     """``tokens``: a count (plans with it baked in) or "lo-hi" (a bucket)."""
     from shaderdsl.runtime import WGPU_BUILD  # (the kernels and plans print without wgpu)
 
-    key = f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+    key = (f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}"
+           f"|out{out_dim}|t{tokens}")
     return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
 
@@ -143,7 +145,7 @@ def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) 
     return timings
 
 
-def _said_after_a_second(weight, tokens) -> callable:
+def _said_after_a_second(weight, tokens) -> Callable[[str], None]:
     """Progress for a tuning that is not silent: each candidate's time on
     stderr once a second has passed (a first call that tunes says why it waits)."""
     t0 = time.perf_counter()
@@ -156,7 +158,7 @@ def _said_after_a_second(weight, tokens) -> callable:
 
 
 def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
-    best = min(timings, key=timings.get)
+    best = min(timings, key=timings.__getitem__)
     if use_cache:
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)

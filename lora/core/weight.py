@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from shaderdsl.errors import BindingError
 
@@ -20,7 +21,7 @@ def storage_dtype(dtype) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError:
         dt = None
-    if dt not in STORAGE_DTYPES:
+    if dt is None or dt not in STORAGE_DTYPES:
         raise ValueError(f"dtype: expected float32 or float16, got {dtype!r}")
     return dt
 
@@ -64,7 +65,8 @@ class Weight:
         self.plans: dict = {}
 
     @classmethod
-    def from_numpy(cls, device, a, b, *, dtype=np.float32, name: str = "lora") -> "Weight":
+    def from_numpy(cls, device, a, b, *, dtype: DTypeLike = np.float32,
+                   name: str = "lora") -> "Weight":
         """Upload A ``[rank, in_dim]`` and B ``[out_dim, rank]`` (any real float
         dtype), stored as ``dtype`` (float32, or float16 where the adapter has
         shader-f16). Shapes, dtypes, finiteness and the feature are checked
@@ -74,8 +76,8 @@ class Weight:
         a = host_matrix(a, "a", "[rank, in_dim]", dtype)
         b = host_matrix(b, "b", "[out_dim, rank]", dtype)
         if b.shape[1] != a.shape[0]:
-            raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, so b "
-                               f"must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
+            raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, "
+                               f"so b must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
         rank, in_dim = a.shape
         out_dim = b.shape[0]
         return cls(device, device.buffer(a, name=f"{name}.A"), device.buffer(b, name=f"{name}.B"),
@@ -124,11 +126,13 @@ class Weight:
         if a is not None:
             a = host_matrix(a, "a", "[rank, in_dim]", self.dtype)
             if a.shape != self.a.shape:
-                raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got {list(a.shape)}")
+                raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got "
+                                   f"{list(a.shape)}")
         if b is not None:
             b = host_matrix(b, "b", "[out_dim, rank]", self.dtype)
             if b.shape != self.b.shape:
-                raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got {list(b.shape)}")
+                raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got "
+                                   f"{list(b.shape)}")
         if a is not None:
             self.device.write(self.a, a)
         if b is not None:

@@ -101,7 +101,8 @@ def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | No
     """(grad_x, grad_a, grad_b) of ``out = base + scale * B @ (A @ x)`` for the
     upstream gradient ``grad_out``, on the GPU in float32; numpy in and out.
     Shapes as lora.forward: x ``(in_dim,)``, ``(tokens, in_dim)`` or with more
-    leading dimensions, grad_out like the output. ``scale`` if given, else ``alpha / rank``, else 1."""
+    leading dimensions, grad_out like the output. ``scale`` if given, else
+    ``alpha / rank``, else 1."""
     from shaderdsl.runtime import get_device
 
     p = C.host_problem(x, a, b, grad_out, np.float32, "grad_out")
