@@ -16,7 +16,7 @@ command line, benchmarks, the web export, the digits example).
     from shaderdsl.runtime import get_device
     dev = get_device()
     w = lora.Weight.from_numpy(dev, a, b)                    # A [rank, in], B [out, rank]
-    plan = lora.forward_plan(dev, w, lora.Config(8, 16).scale, 4, "tiled:256:8")
+    plan = lora.forward_plan(dev, w, lora.Config(8, 16).scale, 4, "tiled(tile_tokens=8)")
     plan(x_buf, out_buf)                                     # checks, then dispatches
 
     grad_x, grad_a, grad_b = lora.backward(x, a, b, grad_out, alpha=16.0)   # training
@@ -26,6 +26,7 @@ command line, benchmarks, the web export, the digits example).
 fine-tunes on real data; ``--help`` for more.
 """
 import importlib
+from typing import TYPE_CHECKING
 
 from . import kernels
 from .core import reference
@@ -34,7 +35,8 @@ from .core.cache import clear_plan_cache
 from .core.config import Config
 from .core.forward import forward_plan
 from .core.plan import Plan, PlanAt, Role
-from .core.strategy import FORWARD, STRATEGIES, Strategy
+from .core.shape import LayerShape
+from .core.strategy import FORWARD, Strategy
 from .core.weight import Weight
 from .training.adapter_io import (
     AdapterExtrasWarning,
@@ -49,27 +51,46 @@ from .training.adapter_io import (
 from .training.backward import backward, backward_plan, train_forward_plan
 from .training.losses import LOSSES, loss_plan
 from .training.optim import SGD, AdamW
-from .training.strategy import BACKWARD, BACKWARDS, Backward
+from .training.strategy import BACKWARD, Backward
 from .training.trainer import LayerTrainer
 
-# Hesper's execute functions (lora.hesper), by their names.
-_HESPER = ("execute_add_scaled", "execute_fused_b_add", "execute_lora_forward",
-           "execute_lora_forward_auto", "execute_lora_forward_fused", "execute_lora_forward_single",
-           "execute_project_a", "execute_project_b", "save_activation",
-           "execute_lora_forward_train", "execute_lora_backward", "execute_grad_a",
-           "execute_grad_b", "execute_grad_dh", "execute_grad_input")
+if TYPE_CHECKING:  # for editors and the checker; at run time __getattr__ imports them
+    from .hesper import (
+        execute_add_scaled,
+        execute_fused_b_add,
+        execute_grad_a,
+        execute_grad_b,
+        execute_grad_dh,
+        execute_grad_input,
+        execute_lora_backward,
+        execute_lora_forward,
+        execute_lora_forward_auto,
+        execute_lora_forward_fused,
+        execute_lora_forward_single,
+        execute_lora_forward_train,
+        execute_project_a,
+        execute_project_b,
+        save_activation,
+    )
 
-
-def __getattr__(name):
-    if name in _HESPER or name == "hesper":
-        hesper = importlib.import_module("lora.hesper")
-        return hesper if name == "hesper" else getattr(hesper, name)
-    raise AttributeError(f"module 'lora' has no attribute {name!r}")
-
-
-__all__ = ["Config", "Weight", "Plan", "PlanAt", "Role", "Strategy", "Backward", "STRATEGIES",
-           "BACKWARDS", "FORWARD", "BACKWARD", "forward", "forward_plan", "auto_plan",
+__all__ = ["Config", "Weight", "LayerShape", "Plan", "PlanAt", "Role", "Strategy", "Backward",
+           "FORWARD", "BACKWARD", "forward", "forward_plan", "auto_plan",
            "backward", "backward_plan", "train_forward_plan", "loss_plan", "LOSSES",
            "LayerTrainer", "AdamW", "SGD", "clear_plan_cache", "kernels", "reference",
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",
-           "AdapterFileError", "AdapterExtrasWarning", "adapter_extras", *_HESPER]
+           "AdapterFileError", "AdapterExtrasWarning", "adapter_extras",
+           # Hesper's execute functions (lora.hesper), imported on first use
+           "execute_add_scaled", "execute_fused_b_add", "execute_lora_forward",
+           "execute_lora_forward_auto", "execute_lora_forward_fused",
+           "execute_lora_forward_single", "execute_project_a", "execute_project_b",
+           "save_activation", "execute_lora_forward_train", "execute_lora_backward",
+           "execute_grad_a", "execute_grad_b", "execute_grad_dh", "execute_grad_input"]
+
+
+def __getattr__(name):
+    """The public names not imported above (Hesper's execute functions), and
+    ``lora.hesper``, from lora.hesper on first use."""
+    if name in __all__ or name == "hesper":
+        hesper = importlib.import_module("lora.hesper")
+        return hesper if name == "hesper" else getattr(hesper, name)
+    raise AttributeError(f"module 'lora' has no attribute {name!r}")

@@ -36,9 +36,9 @@ from .core.auto import auto_plan
 from .core.cache import get_or_build, ids
 from .core.forward import forward_plan
 from .core.plan import Plan, Role
-from .core.strategy import Split, Strategy, Three
+from .core.strategy import Single, Split, Three
 from .core.tuning import runtime_bucket
-from .core.weight import Weight, wgsl_dtype
+from .core.weight import Weight, weight_on, wgsl_dtype
 from .training.backward import ONE_RESULT, backward_plan, train_forward_plan
 
 ACTIVATION = "; activations are stored like the weight"
@@ -54,7 +54,7 @@ def _tokens(device, weight, buf, what: str, dim: str = "in_dim"):
     """The checked weight, and the token count of ``buf`` (rows of ``dim``;
     stored like the weight, or float32 for rows of rank)."""
     C.device_of(device)
-    w = C.weight_on(device, weight)
+    w = weight_on(device, weight)
     like = dim != "rank"
     buf = C.storage(device, buf, what, w.dtype if like else C.F32, ACTIVATION if like else "")
     return w, C.tokens_of(buf, getattr(w, dim), what, dim)
@@ -79,8 +79,7 @@ def execute_project_a(device, weight, x_buf, h_buf, *, projection: str = "workgr
         th = C.threads_value(device, threads, sg) if p == "workgroup" else 64
         C.shaped(C.storage(device, h_buf, "h_buf"), tokens, w.rank, "h_buf", "rank")
         host.distinct(("x_buf", x_buf, False), ("h_buf", h_buf, True), ("weight.a", w.a, False))
-        kernel = Three(th, p, sg).kernels(w.rank, w.in_dim, w.out_dim, 1.0, tokens,
-                                          wgsl_dtype(w.dtype))[0]
+        kernel = Three(th, p, sg).kernels(w.layer_shape(tokens))[0]
         return Plan(device, kernel[0], [kernel], _roles(w, "x", "h"), bound={"A": w.a},
                     tokens=tokens)
 
@@ -142,8 +141,7 @@ def execute_fused_b_add(device, weight, scale, h_buf, output_buf, *, threads: in
         out = C.storage(device, output_buf, "output_buf", w.dtype, ACTIVATION)
         C.shaped(out, tokens, w.out_dim, "output_buf", "out_dim")
         host.distinct(("h_buf", h_buf, False), ("output_buf", out, True), ("weight.b", w.b, False))
-        kernel = Split(th).kernels(w.rank, w.in_dim, w.out_dim, s, tokens,
-                                   wgsl_dtype(w.dtype))[1]
+        kernel = Split(th).kernels(w.layer_shape(tokens, s))[1]
         return Plan(device, kernel[0], [kernel], _roles(w, "h", "output"), bound={"B": w.b},
                     tokens=tokens)
 
@@ -215,8 +213,7 @@ def execute_lora_forward_single(device, weight, scale, input_buf, output_buf, *,
     def make():
         sg = C.subgroups_value(device, subgroups)
         th = C.threads_value(device, threads, sg)
-        return Strategy.parse(f"single:{th}:{C.count(outputs_per_thread, 'outputs_per_thread')}"
-                              + (":sg" if sg else ""))
+        return Single(th, C.count(outputs_per_thread, "outputs_per_thread"), subgroups=sg)
     _forward(device, weight, scale, input_buf, output_buf, {},
              ("1", scale, threads, outputs_per_thread, subgroups), make)
 
@@ -225,7 +222,7 @@ def execute_lora_forward_auto(device, weight, scale, input_buf, output_buf, *,
                               strategy=None) -> None:
     """``output += scale * B @ (A @ input)`` with the fastest strategy for this
     shape on this device (lora.core.tuning; measured once, cached on disk), or
-    the one forced by ``strategy`` (e.g. ``"tiled:256:8"``) or
+    the one forced by ``strategy`` (e.g. ``"tiled(tile_tokens=8)"``) or
     ``$LORA_STRATEGY``: the plan of :func:`lora.core.auto.auto_plan`, which
     checks the buffers on every call (the arguments once per token count)."""
     def build():
@@ -310,8 +307,9 @@ def _one(device, weight, scale, grad: str, buffers: dict, accumulate, strategy) 
     chunked dA or dB, their sum)."""
     def build():
         first = ONE_RESULT[grad][0]  # g or dh
-        w, tokens = _tokens(device, weight, buffers[first], f"{'grad_out' if first == 'g' else 'dh'}"
-                            f"_buf", "out_dim" if first == "g" else "rank")
+        what = "grad_out_buf" if first == "g" else "dh_buf"
+        w, tokens = _tokens(device, weight, buffers[first], what,
+                            "out_dim" if first == "g" else "rank")
         plan = backward_plan(device, w, C.scale_value(scale), tokens, strategy,
                              accumulate=accumulate, only=grad)
         plan.check(**buffers)

@@ -205,7 +205,7 @@ def test_training_rows_for_several_backwards(tmp_path, device):
                        "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
     assert [r["tokens"] for r in rows] == [1, 1, 16, 16]
-    assert [r["backward"] == "gemm:64" for r in rows] == [False, True, False, True]
+    assert [r["backward"] == "gemm(threads=64)" for r in rows] == [False, True, False, True]
     assert all(r["rel_err"] < 1e-5 and positive(r["gpu_us"]) for r in rows)
 
 

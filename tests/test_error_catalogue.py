@@ -755,7 +755,7 @@ def test_lora_subgroup_strategy_on_the_opengl_adapter():
         pytest.skip("this OpenGL adapter has subgroups")
     w = Weight.from_numpy(gl, np.ones((2, 4)), np.ones((4, 2)))
     out = gl.buffer(np.arange(4, dtype=np.float32))
-    with refused(gl, FeatureError, r"strategy single:64:1:sg needs the 'subgroup' feature, which "
+    with refused(gl, FeatureError, r"strategy single\(threads=64, subgroups=True\) needs the 'subgroup' feature, which "
                                    r".* \(OpenGL\) lacks", [out]):
         execute_lora_forward_auto(gl, w, 1.0, gl.buffer(np.ones(4, np.float32)), out,
                                   strategy="single:64:1:sg")

@@ -129,7 +129,7 @@ def test_add_scaled_too_small(device, setup):
         execute_add_scaled(device, small, bufs["out"], OUT, 1.0)
     with NoDispatch(device, BindingError, r"output_buf: num_elements = 25 but .* only 24"):
         execute_add_scaled(device, device.buffer(np.ones(25, np.float32)), bufs["out"], 25, 1.0)
-    with NoDispatch(device, ValueError, r"num_elements: expected an int >= 1, got 0"):
+    with NoDispatch(device, ValueError, r"num_elements must be an int >= 1, got 0"):
         execute_add_scaled(device, bufs["y"], bufs["out"], 0, 1.0)
     unchanged(device, bufs, host)
 
@@ -212,14 +212,14 @@ def test_bad_arguments(device, setup):
         run(projection="fast")
     with NoDispatch(device, ValueError, r"threads: expected a power of two .* got 96"):
         run(threads=96)
-    with NoDispatch(device, ValueError, r"threads: expected an int >= 1, got 0"):
+    with NoDispatch(device, ValueError, r"threads must be an int >= 1, got 0"):
         run(threads=0)
     with NoDispatch(device, DispatchError, r"threads: 2048 is over max-compute-invocations"):
         run(threads=2048)
     with NoDispatch(device, ValueError, r"subgroups=True applies to projection='workgroup' "
                                         r"only, got projection='seed'"):
         run(projection="seed", subgroups=True)
-    with NoDispatch(device, ValueError, r"outputs_per_thread: expected an int >= 1, got 0"):
+    with NoDispatch(device, ValueError, r"outputs_per_thread must be an int >= 1, got 0"):
         execute_lora_forward_single(device, w, 1.0, b["x"], b["out"], outputs_per_thread=0)
     with NoDispatch(device, BindingError, r"weight: expected a lora.Weight .* got tuple"):
         execute_lora_forward_fused(device, (w.a, w.b), 1.0, b["x"], b["out"], b["h"])

@@ -21,20 +21,18 @@ def toy():
     @S.forward_strategy
     class Toy(S.Strategy):
         name: ClassVar[str] = "toy"
-        numbers: ClassVar[tuple] = ("threads",)
-        shown: ClassVar[int] = 1
+        numbers: ClassVar[tuple] = ("threads",)  # its positional text: toy:T
         threads: int = 64
 
-        def kernels(self, rank, in_dim, out_dim, scale, tokens, dtype, save_h=False):
-            seed, = S.Seed().kernels(rank, in_dim, out_dim, scale, tokens, dtype)[:1]
-            return [seed] + S.Three(self.threads).kernels(rank, in_dim, out_dim, scale, tokens,
-                                                          dtype)[1:]
+        def kernels(self, shape, save_h=False):
+            seed, = S.Seed().kernels(shape)[:1]
+            return [seed] + S.Three(self.threads).kernels(shape)[1:]
 
-        def scratch(self, save_h=False):
-            return {"h": 1, "y": 1}
+        def scratch(self, shape, save_h=False):
+            return {"h": (1, shape.rank), "y": (1, shape.out_dim)}
 
         @classmethod
-        def candidates(cls, rank, in_dim, out_dim, tokens, subgroups, matrices=()):
+        def candidates(cls, shape, subgroups, matrices=()):
             return [cls(64)]
 
     yield Toy
@@ -42,10 +40,14 @@ def toy():
 
 
 def test_a_new_entry_parses_plans_and_is_tuned(device, toy, cache_dir):
-    s = lora.Strategy.parse("toy:128")
-    assert isinstance(s, toy) and s.threads == 128 and str(s) == "toy:128"
+    s = lora.Strategy.parse("toy(threads=128)")
+    assert isinstance(s, toy) and s.threads == 128 and str(s) == "toy(threads=128)"
+    assert lora.Strategy.parse("toy:128") == s and str(toy()) == "toy"
     with pytest.raises(ValueError, match=r"'toy' takes up to 1 number"):
         lora.Strategy.parse("toy:64:2")
+    with pytest.raises(ValueError, match=r"toy has no field 'tile_tokens'; its fields "
+                                         r"\(defaults\): toy\(threads=64\)"):
+        lora.Strategy.parse("toy(tile_tokens=2)")
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((5, 40)), rng.standard_normal((24, 5))
     x, base = rng.standard_normal((3, 40)), rng.standard_normal((3, 24))
@@ -60,4 +62,4 @@ def test_a_new_entry_parses_plans_and_is_tuned(device, toy, cache_dir):
     assert lora.Strategy.parse("toy:64") in tuning.candidates(device, 5, 40, 24, 3)
     timings = tuning._timings(device, w, 3, [lora.Strategy.parse("toy:64")],
                               lambda c: lora.forward_plan(device, w, 0.5, 3, c), 4, None)
-    assert set(timings) == {"toy:64"} and timings["toy:64"] > 0
+    assert set(timings) == {"toy"} and timings["toy"] > 0

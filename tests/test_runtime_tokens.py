@@ -28,7 +28,7 @@ from lora.hesper import (execute_lora_forward, execute_lora_forward_auto,
                           execute_lora_forward_fused, execute_lora_forward_single)
 from lora import PlanAt, forward_plan
 from lora.core.plan import split_grid
-from lora import Strategy
+from lora import LayerShape, Strategy
 
 from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom, normal
 
@@ -450,7 +450,7 @@ def test_autotune_bucket_never_returns_what_cannot_run(device, cache_dir, monkey
 
     def memory(s):
         return max(K.KERNELS[name].kernel(**params).workgroup_bytes
-                   for name, params, *_ in s.kernels(rank, in_dim, out_dim, 1.0, None, "f32"))
+                   for name, params, *_ in s.kernels(LayerShape(rank, in_dim, out_dim)))
 
     biggest = max(cands, key=memory)
     assert any(memory(s) < memory(biggest) for s in cands)

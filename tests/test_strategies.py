@@ -41,7 +41,7 @@ from lora import Weight, reference as R
 from lora.core import tuning
 from lora import forward
 from lora.hesper import execute_lora_forward_auto
-from lora import STRATEGIES, Strategy, forward_plan
+from lora import BACKWARD, FORWARD, Backward, Strategy, forward_plan
 from lora.core.strategy import Seed, Single, Split, Tiled
 
 SETTINGS = settings(max_examples=40, deadline=None,
@@ -297,11 +297,10 @@ def test_strategy_text_round_trip(device):
     from shaderdsl import interp  # (matrix: f16 on the H200's matrix shapes, which it offers)
     texts = candidate_texts(device) + sorted({str(s) for s in tuning.candidates(
         interp.Device(), 16, 256, 256, 64, np.float16)})
-    assert {t.split(":")[0] for t in texts} == set(STRATEGIES)
+    assert {Strategy.parse(t).name for t in texts} == set(FORWARD)
     for text in texts:
         s = Strategy.parse(text)
-        assert str(s) == text
-        assert Strategy.parse(str(s)) == s
+        assert Strategy.parse(str(s)) == s and str(Strategy.parse(str(s))) == str(s)
     for s in tuning.candidates(device, 8, 256, 300, 1) + tuning.candidates(device, 8, 256, 300, 7) \
             + tuning.candidates(device, 64, 256, 300, 3):
         assert Strategy.parse(str(s)) == s
@@ -317,9 +316,88 @@ def test_strategy_fields():
     assert Strategy.parse("seed") == Seed()
     assert Strategy.parse("split:512:sg") == Split(512, subgroups=True)
     assert Strategy.parse("split:128:8:sg") == Split(128, subgroups=True, rank_group=8)
-    assert str(Single()) == "single:256:1"
-    # words in any order, written back in one
-    assert str(Strategy.parse("single:64:1:sg:loop")) == "single:64:1:loop:sg"
+    assert str(Single()) == "single"
+    assert str(Split(128, rank_group=8, subgroups=True)) == \
+        "split(threads=128, rank_group=8, subgroups=True)"
+    assert str(Strategy.parse("split:128:seed")) == 'split(threads=128, projection="seed")'
+    assert str(Strategy.parse("gemm:256:16:8:8")) == "gemm(threads=256, splits=8, block=8)"
+    # old words in any order; keyed fields in any order, written back in the fields' order
+    assert str(Strategy.parse("single:64:1:sg:loop")) == \
+        "single(threads=64, unroll=False, subgroups=True)"
+    assert Strategy.parse("single( subgroups=True,threads=64 , unroll=False )") == \
+        Strategy.parse("single:64:1:sg:loop")
+
+
+def _variants(entry) -> list:
+    """Entries of one registry class: its defaults, each field alone at a
+    value other than its default, and as many fields changed together as go."""
+    from dataclasses import fields
+    words = {f: v for _, f, v in entry.flags}
+    out, together = [entry()], {}
+    for f in fields(entry):
+        if isinstance(f.default, bool):
+            tries = [not f.default]
+        elif isinstance(f.default, int):
+            tries = [v for v in (f.default * 2, f.default // 2, 4, 8, 2, 1, 32, 64, 128, 512)
+                     if v != f.default]
+        else:
+            tries = [words[f.name]]
+        for value in tries:
+            try:
+                out.append(entry(**{f.name: value}))
+            except ValueError:
+                continue
+            try:
+                entry(**together, **{f.name: value})
+                together[f.name] = value
+            except ValueError:
+                pass
+            break
+    return out + [entry(**together)]
+
+
+def _positional(e) -> str:
+    """The older text of an entry: its name, every number, then its words."""
+    return ":".join([e.name, *(str(getattr(e, n)) for n in e.numbers),
+                     *(word for word, f, v in e.flags if getattr(e, f) == v)])
+
+
+@pytest.mark.parametrize("family, base", [(FORWARD, Strategy), (BACKWARD, Backward)])
+def test_every_entry_round_trips(family, base):
+    """Every registered entry, with its defaults and with other values of each
+    field: parse(str(e)) == e; its keyed text names every changed field and
+    no default; parse(the older positional text) == e."""
+    for entry in family.values():
+        variants = _variants(entry)
+        assert len({str(e) for e in variants}) > 1 or not entry.numbers + entry.flags
+        for e in variants:
+            text = str(e)
+            assert base.parse(text) == e, text
+            assert text == e.name or text.startswith(f"{e.name}(") and text.endswith(")")
+            assert base.parse(_positional(e)) == e, _positional(e)
+        assert str(entry()) == entry.name
+        assert base.parse(entry.full_text()) == entry()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("split(rank_grop=8)", "split has no field 'rank_grop'; its fields (defaults): split(threads=256, "
+                           "rank_group=0, projection=\"workgroup\", subgroups=False)"),
+    ("seed(threads=64)", "seed has no field 'threads'; it has none"),
+    ("split(256)", "expected split(field=value, ...), each field once and by name"),
+    ("split(threads=64, threads=128)", "threads is given twice"),
+    ("split(threads=64", "expected split(field=value, ...)"),
+    ("split(subgroups=1)", "split: subgroups must be True or False, got 1"),
+    ("split(threads='64')", "split: threads must be an int, got '64'"),
+    ("split(projection=True)", "split: projection must be a word (a str), got True"),
+    ("split(projection=\"seeds\")", "projection: expected one of ('workgroup', 'seed'), got 'seeds'"),
+    ("tiled(threads=x)", "threads= takes a number, True or False, or a quoted word"),
+    ("tiled(threads=64, tile_tokens=3)", "tile_tokens must divide threads, got 3 and 64"),
+    ("fused(threads=64)", "strategy 'fused' is now called 'single' (one dispatch); write "
+                          "'single(threads=64)'"),
+])
+def test_strategy_bad_keyed_text(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Strategy.parse(text)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -559,6 +637,16 @@ def test_autotune_survives_a_corrupt_cache(device, cache_dir, monkeypatch):
     assert table[tuning.cache_key(device, 1, 4, 4, 2)]["strategy"] == str(chosen)
 
 
+def test_cache_reads_keyed_and_older_positional_entries(device, cache_dir, monkeypatch):
+    """Entries store the keyed text; one written before (positional) is still read."""
+    w = Weight.from_numpy(device, np.ones((2, 8), np.float32), np.ones((4, 2), np.float32))
+    monkeypatch.setattr(tuning, "autotune", boom)
+    key = tuning.cache_key(device, 2, 8, 4, 3)
+    for text in ("tiled:64:4:loop", "tiled(threads=64, tile_tokens=4, unroll=False)"):
+        (cache_dir / "lora_tuning.json").write_text(json.dumps({key: {"strategy": text}}))
+        assert tuning.choose(device, w, 1.0, 3) == Tiled(64, 4, unroll=False)
+
+
 def test_autotune_without_cache_neither_reads_nor_writes(device, cache_dir, monkeypatch):
     monkeypatch.setattr(tuning, "time_plan",
                         lambda dev, plan, *a, **k: 1.0 if plan.strategy.name == "seed" else 2.0)
@@ -596,14 +684,14 @@ def test_the_model_follows_the_h200_measurements(device):
         a = np.zeros((rank, i), dtype)
         w = Weight.from_numpy(device, a, np.zeros((o, rank), dtype), dtype=dtype)
         return str(tuning.model(device, w, tokens)[0])
-    assert first(8, 2560, 2560, 1) == "single:256:1"
-    assert first(64, 2560, 2560, 1) == "split:256:4"
-    assert first(8, 2560, 2560, 16) == "split:256"
-    assert first(64, 2560, 2560, 256) == "gemm:128:16:16"
-    assert first(64, 2560, 2560, 512) == "gemm:128:16:16:8"
-    assert first(64, 2560, 2560, 4096) == "gemm:256:16:8:8"
-    assert first(64, 128, 64, 512) == "gemm:128:16:4:8"  # fewer splits of a small in_dim
-    assert first(8, 2560, 2560, 512).startswith("tiled:")
+    assert first(8, 2560, 2560, 1) == "single"
+    assert first(64, 2560, 2560, 1) == "split(rank_group=4)"
+    assert first(8, 2560, 2560, 16) == "split"
+    assert first(64, 2560, 2560, 256) == "gemm(splits=16)"
+    assert first(64, 2560, 2560, 512) == "gemm(splits=16, block=8)"
+    assert first(64, 2560, 2560, 4096) == "gemm(threads=256, splits=8, block=8)"
+    assert first(64, 128, 64, 512) == "gemm(splits=4, block=8)"  # fewer splits of a small in_dim
+    assert first(8, 2560, 2560, 512).startswith("tiled(")
     assert str(tuning.model(device, Weight.from_numpy(device, np.zeros((3, 5), np.float32),
                                                       np.zeros((7, 3), np.float32)), 9)[-1]) \
         == "seed"  # runs anything
@@ -768,13 +856,14 @@ def test_released_plan_refuses_to_record(device):
     x_buf, out = device.buffer(x), device.buffer(base)
     plan.release()
     assert plan.h is None
-    with pytest.raises(BindingError, match=r"<Plan split:64 .*> was released; make a new plan"):
+    with pytest.raises(BindingError, match=r"<Plan split\(threads=64\) .*> was released; make a "
+                                           r"new plan"):
         plan(x_buf, out)
     assert np.array_equal(device.read(out), base)
 
 
 def test_seed_projection_takes_no_rank_group():
-    assert str(Strategy.parse("split:128:seed")) == "split:128:seed"
+    assert str(Strategy.parse("split:128:seed")) == 'split(threads=128, projection="seed")'
     with pytest.raises(ValueError, match="rank_group applies to the workgroup projection"):
         Strategy.parse("split:256:4:seed")
 

@@ -139,7 +139,8 @@ def test_lora_kernels_print_without_wgpu():
              "print(k.wgsl.splitlines()[0], lora.Strategy.parse('tiled:64:8'))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["//", "kernel", "tiled_forward", "tiled:64:8"]
+    assert r.stdout.split() == ["//", "kernel", "tiled_forward", "tiled(threads=64,",
+                                "tile_tokens=8)"]
 
 
 def test_builtin_table_in_the_docs_is_the_registry():

@@ -405,7 +405,8 @@ def test_split_backward_of_many_tokens(device, rank, tiled_dh, monkeypatch):
     rng = np.random.default_rng(17 + rank)
     x, g = normal(rng, (197, 36)), normal(rng, (197, 44))
     a, b = normal(rng, (rank, 36)), normal(rng, (44, rank))
-    plan_kernels = [k[0] for k in Backward.parse("split:64").kernels(rank, 36, 44, 1.0, 197, "f32")]
+    plan_kernels = [k[0] for k in Backward.parse("split:64").kernels(
+        lora.LayerShape(rank, 36, 44, tokens=197))]
     assert ("grad_dh_tiled" in plan_kernels) == (tiled_dh and rank % 4 == 0)
     got = run_backward(device, x, a, b, g, -1.25, "split:64")
     want, tol = R.backward(x, a, b, g, -1.25), grad_tolerance(x, a, b, g, -1.25)
@@ -422,7 +423,7 @@ def test_the_training_forward_is_the_forward_models(device, cache_dir):
     a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
     w = lora.Weight.from_numpy(device, a, b)
     plan = lora.train_forward_plan(device, w, 0.5, tokens, given=())
-    assert str(plan.strategy) == "gemm:128:16:4" == str(tuning.model(device, w, tokens)[0])
+    assert str(plan.strategy) == "gemm(splits=4)" == str(tuning.model(device, w, tokens)[0])
     ob = device.buffer(base)
     plan(device.buffer(x), ob)
     assert_within(device.read(plan.h), R.project_a(a, x), R.h_tolerance(x, a), "h")
@@ -562,8 +563,9 @@ def test_gemm_backward_matches_numpy(device, rank, in_dim, out_dim, tokens, chun
     """gemm: dh from B as stored (in slices when tokens are few), dA and dB as
     tiled products over one or several chunks of tokens, overwritten and
     accumulated; dx as split's."""
-    strategy = Backward.parse(f"gemm:64:{chunk}")
-    kernels = [k[0] for k in strategy.kernels(rank, in_dim, out_dim, 1.0, tokens, "f32")]
+    strategy = Backward.parse(f"gemm(threads=64, chunk_tokens={chunk})")
+    assert strategy == Backward.parse(f"gemm:64:{chunk}")
+    kernels = [k[0] for k in strategy.kernels(lora.LayerShape(rank, in_dim, out_dim, tokens))]
     assert kernels.count("grad_outer_tiled") == 2 and "project_a_tiled" in kernels
     rng = np.random.default_rng()
     x, g = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
@@ -581,8 +583,11 @@ def test_gemm_backward_matches_numpy(device, rank, in_dim, out_dim, tokens, chun
 def test_default_backward_by_shape():
     """gemm from rank 32 (and rank 16 from 128 tokens) where dims and rank are
     multiples of 4; split elsewhere (measured faster at rank 8 on the H200)."""
-    pick = lambda *shape: Backward.for_shape(*shape).name  # noqa: E731
+    def pick(tokens, rank, in_dim, out_dim):
+        return Backward.for_shape(lora.LayerShape(rank, in_dim, out_dim, tokens)).name
+
     assert pick(1, 64, 2560, 2560) == pick(4096, 32, 64, 64) == pick(128, 16, 64, 64) == "gemm"
     assert pick(64, 16, 64, 64) == pick(4096, 8, 2560, 2560) == "split"
     assert pick(4096, 64, 2561, 2560) == pick(4096, 66, 64, 64) == "split"  # gemm needs 4 | dims
-    assert Backward.for_shape(16, 64, 63, 64, subgroups=True) == Split(subgroups=True, rank_group=8)
+    assert Backward.for_shape(lora.LayerShape(64, 63, 64, 16), subgroups=True) == \
+        Split(subgroups=True, rank_group=8)

@@ -24,7 +24,7 @@ from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 from ..core.forward import forward_plan
 from ..core.plan import build_steps, record_steps
 from ..core.tuning import time_plan
-from ..core.weight import Weight, wgsl_dtype
+from ..core.weight import Weight
 from .bench_train import NUMPY_DTYPES, SCALE
 
 DIM = 2560
@@ -71,8 +71,7 @@ def _parts(device, plan, x, out, tokens) -> dict:
                 device, _Steps(device, [step], buffers), x, out, 20, repeats=3)
     if plan.strategy.name == "tiled":
         w = plan.weight
-        (name, params), = plan.strategy.kernels(w.rank, w.in_dim, w.out_dim, SCALE, tokens,
-                                                wgsl_dtype(w.dtype))
+        (name, params), = plan.strategy.kernels(w.layer_shape(tokens, SCALE))
         h = device.empty((tokens, w.rank), np.float32)
         sizes = dict(plan._sizes(tokens), h=h.nbytes)  # the phases read or write h
         for phase in ("h", "out"):

@@ -20,6 +20,7 @@ import numpy as np
 
 from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS, js_object, kernel_info
 
+from ..core.shape import LayerShape
 from ..core.strategy import Strategy
 from ..kernels import KERNELS
 
@@ -50,8 +51,9 @@ def forward_steps(shape: Shape, strategy: Strategy) -> tuple[list, list]:
     """(kernels, steps): each distinct Kernel once, and per dispatch its kernel's
     index, its bindings' buffers and its grid."""
     kernels, steps = [], []
-    for name, params, *_ in strategy.kernels(shape.rank, shape.in_dim, shape.out_dim,
-                                             shape.scale, shape.tokens, shape.dtype):
+    layer = LayerShape(shape.rank, shape.in_dim, shape.out_dim, shape.tokens, shape.dtype,
+                       shape.scale)
+    for name, params, *_ in strategy.kernels(layer):
         spec = KERNELS[name]
         kernel = spec.kernel(**params)
         if kernel not in kernels:

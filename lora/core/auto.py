@@ -17,10 +17,11 @@ def auto_plan(device, weight, scale: float, tokens: int, strategy=None) -> Plan:
     """The weight's cached forward plan for ``tokens`` tokens: the strategy
     given (or ``$LORA_STRATEGY``); "auto": the autotuned fastest (measured
     once, cached on disk); None: the tuned one where the cache has it, else
-    the model's (``tuning.model``: nothing timed). From 2 to ``tuning.RUNTIME_TOKENS`` tokens the plan is a
-    run-time one, chosen and kept per bucket of counts (``tuning.BUCKETS``):
-    a new count in a bucket seen before compiles nothing. One token, and
-    counts past the last bucket or the binding-size limit, are baked."""
+    the model's (``tuning.model``: nothing timed). From 2 to
+    ``tuning.RUNTIME_TOKENS`` tokens the plan is a run-time one, chosen and
+    kept per bucket of counts (``tuning.BUCKETS``): a new count in a bucket
+    seen before compiles nothing. One token, and counts past the last
+    bucket or the binding-size limit, are baked."""
     bucket = tuning.runtime_bucket(device, weight, tokens)
 
     def build():

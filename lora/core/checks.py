@@ -1,7 +1,8 @@
 """The LoRA arguments, checked before anything is allocated or recorded.
 
 Built on ``shaderdsl.checks`` (live buffers, aliasing, binding sizes,
-features); what is LoRA's own is here: a Weight, a scale, a power-of-two
+features); what is LoRA's own is here: a weight's matrices and f16
+storage, a scale, a positive int (``count``, the one such check), a power-of-two
 thread count, token counts read off activation shapes, and each message
 naming the argument as the caller spelled it.
 """
@@ -12,11 +13,10 @@ import numbers
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from shaderdsl import checks
 from shaderdsl.errors import BindingError, DispatchError, FeatureError
-
-from .weight import Weight, check_f16, host_matrix  # noqa: F401  (check_f16: one of the checks)
 
 F32 = np.dtype(np.float32)
 PROJECTIONS = ("workgroup", "seed")  # how project_a sums: a workgroup per token, or Hesper's
@@ -27,18 +27,6 @@ def device_of(device):
         raise TypeError(f"device: expected a shaderdsl Device (shaderdsl.runtime.get_device()), "
                         f"got {type(device).__name__}")
     return device
-
-
-def weight_on(device, weight) -> Weight:
-    if not isinstance(weight, Weight):
-        raise BindingError(f"weight: expected a lora.Weight (Weight.from_numpy or Weight.init), "
-                           f"got {type(weight).__name__}")
-    if weight.device is not device:
-        raise BindingError(f"weight: {weight!r} lives on another device than {device!r}")
-    for what, buf in (("weight.a", weight.a), ("weight.b", weight.b)):
-        if buf.released:
-            raise BindingError(f"{what}: {buf!r} was released")
-    return weight
 
 
 def storage(device, buf, what: str, dtype=F32, why: str = ""):
@@ -89,10 +77,47 @@ def scale_value(scale) -> float:
     return s
 
 
-def count(value, what: str, low: int = 1) -> int:
+def count(value, what: str, low: int = 1, error: type[Exception] = ValueError) -> int:
+    """``value`` as an int >= ``low`` (a bool is not one), else ``error``
+    naming ``what``: the one positive-int check of lora."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{what}: expected an int >= {low}, got {value!r}")
+        raise error(f"{what} must be an int >= {low}, got {value!r}")
     return int(value)
+
+
+def check_f16(device, dtype: np.dtype, what: str) -> None:
+    """float16 storage needs the adapter's shader-f16: refuse before allocating."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        raise FeatureError(f"{what}: float16 storage needs the 'shader-f16' feature, which "
+                           f"{device.name!r} ({device.backend}) lacks; use float32")
+
+
+def host_matrix(array, what: str, layout: str, dtype: DTypeLike = np.float32) -> np.ndarray:
+    """``array`` as a C-contiguous matrix of ``dtype`` (float32 or float16), or
+    a clear BindingError.
+
+    Accepts any real floating dtype (float16/32/64; cast to ``dtype``); refuses
+    ints, bools, complex and objects rather than guessing, and values that are
+    NaN or infinite after the cast (a float64 over 3.4e38, or anything over
+    65504 in float16, becomes inf).
+    """
+    arr = np.asarray(array)
+    if arr.dtype.kind != "f":
+        raise BindingError(f"Weight: {what} must have a real floating dtype (float16, float32 or "
+                           f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
+    if arr.ndim != 2:
+        raise BindingError(f"Weight: {what} must be 2-D {layout}, got shape {arr.shape}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise BindingError(f"Weight: {what} {layout} must have no empty dimension, got shape "
+                           f"{arr.shape}")
+    with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
+        out = np.ascontiguousarray(arr, dtype=dtype)
+    bad = np.count_nonzero(~np.isfinite(out))
+    if bad:
+        limit = " (float16 holds at most 65504)" if out.dtype == np.float16 else ""
+        raise BindingError(f"Weight: {what} has {bad} NaN or infinite value(s) as "
+                           f"{out.dtype.name}{limit}")
+    return out
 
 
 def threads_value(device, threads, subgroups: bool = False) -> int:

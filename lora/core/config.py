@@ -39,4 +39,4 @@ class Config:
     @property
     def scale(self) -> float:
         """``alpha / rank``: the factor on ``B @ (A @ x)``."""
-        return self.alpha / self.rank
+        return (self.rank if self.alpha is None else self.alpha) / self.rank

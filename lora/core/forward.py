@@ -4,16 +4,23 @@ x and the output are stored like the weight (float32 or float16); the
 scratch buffers (h, y) are float32; sums are f32 in every case."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from shaderdsl.errors import FeatureError
 
+from .checks import check_f16
 from .plan import Plan, Role
 from .strategy import Strategy
-from .weight import check_f16, wgsl_dtype
 
 LIKE_WEIGHT = " (the weight's dtype)"
 FROM_BASE_KERNELS = ("fused_forward",)  # the kernels that can add to a base buffer
+
+
+def _rows_of(rows: int, columns: int, tokens: int) -> tuple[int, int]:
+    """A scratch buffer's shape for ``tokens`` tokens."""
+    return (rows * tokens, columns)
 
 
 def forward_plan(device, weight, scale: float, tokens: int | None, strategy, *, given=(),
@@ -32,26 +39,27 @@ def forward_plan(device, weight, scale: float, tokens: int | None, strategy, *, 
         raise FeatureError(f"strategy {strategy} needs the 'subgroup' feature, which "
                            f"{device.name!r} ({device.backend}) lacks")
     check_f16(device, weight.dtype, f"Plan {strategy}")
-    dt, r, i, o = weight.dtype, weight.rank, weight.in_dim, weight.out_dim
-    roles = {"x": Role("input buffer", dt, (i,), why=LIKE_WEIGHT),
-             "output": Role("output buffer", dt, (o,), writes=True, why=LIKE_WEIGHT)}
-    kernels = strategy.kernels(r, i, o, scale, tokens, wgsl_dtype(dt), save_h)
+    dt = weight.dtype
+    shape = weight.layer_shape(tokens, scale)
+    roles = {"x": Role("input buffer", dt, (shape.in_dim,), why=LIKE_WEIGHT),
+             "output": Role("output buffer", dt, (shape.out_dim,), writes=True, why=LIKE_WEIGHT)}
+    kernels = strategy.kernels(shape, save_h)
     if from_base:
         if len(kernels) != 1 or kernels[0][0] not in FROM_BASE_KERNELS:
             raise ValueError(f"forward_plan: {strategy} adds to the output in place; from_base "
                              f"needs a one-dispatch strategy of {FROM_BASE_KERNELS}")
         kernels = [(kernels[0][0], dict(kernels[0][1], from_base=True), *kernels[0][2:])]
-        roles["base"] = Role("base buffer", dt, (o,), why=LIKE_WEIGHT)
-    columns = {"h": r, "y": o, "hp": r}
-    rows = strategy.scratch(save_h)
+        roles["base"] = Role("base buffer", dt, (shape.out_dim,), why=LIKE_WEIGHT)
+    sizes = strategy.scratch(shape, save_h)  # role -> (rows per token, columns)
     for role in given:
-        if role not in rows or rows[role] != 1:
+        if role not in sizes or sizes[role][0] != 1:
             raise ValueError(f"forward_plan: {strategy} has no scratch buffer {role!r} to give "
-                             f"(it has {sorted(rows)})")
-        roles[role] = Role(f"{role}_buf", np.float32, (columns[role],), writes=True)
-    scratch = {role: (lambda t, k=k, c=columns[role]: (k * t, c))
-               for role, k in rows.items() if role not in given}
-    label = (f"{strategy} rank={r} in={i} out={o} scale={float(scale)} {dt.name}")
+                             f"(it has {sorted(sizes)})")
+        roles[role] = Role(f"{role}_buf", np.dtype(np.float32), (sizes[role][1],), writes=True)
+    scratch = {role: functools.partial(_rows_of, rows, columns)
+               for role, (rows, columns) in sizes.items() if role not in given}
+    label = (f"{strategy} rank={shape.rank} in={shape.in_dim} out={shape.out_dim} "
+             f"scale={shape.scale} {dt.name}")
     return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b},
                 scratch=scratch, tokens=tokens, max_tokens=max_tokens,
                 max_workgroups=max_workgroups, strategy=strategy, weight=weight)

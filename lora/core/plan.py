@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -36,6 +37,7 @@ from shaderdsl.errors import BindingError, DispatchError
 from shaderdsl.kernel import Kernel
 
 from ..kernels import KERNELS
+from .checks import count
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Step:
     kernel: Kernel
     roles: tuple[str, ...]
     grid: object  # int, or (x, y, z); None for a run-time step
-    rule: object = None
+    rule: Callable[[int], tuple] | None = None
 
 
 def _grid_at(rule, params: dict, tokens: int) -> tuple[int, int, int]:
@@ -106,6 +108,9 @@ def launch(steps: list[Step], tokens: int, cap: int) -> list[Step]:
     """Run-time steps with their grids for ``tokens`` (split past ``cap``)."""
     out = []
     for step in steps:
+        if step.rule is None:
+            raise ValueError(f"kernel {step.kernel.name!r}: its grid is baked in; only run-time "
+                             f"steps launch per token count")
         grid = split_grid(step.kernel, step.rule(tokens), cap)
         out.append(replace(step, grid=grid[0] if grid[1:] == (1, 1) else grid))
     return out
@@ -153,12 +158,6 @@ class Role:
 BOUND_NAMES = {"A": "weight A", "B": "weight B"}  # how messages name bound buffers
 
 
-def _count(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
 class Plan:
     """Steps, buffers and roles of one piece of work for fixed shapes (see the
     module docstring). ``kernels``: (name in lora.kernels.KERNELS, parameters
@@ -178,12 +177,13 @@ class Plan:
         if (tokens is None) == (max_tokens is None):
             raise ValueError(f"Plan: give tokens (baked) or tokens=None with max_tokens "
                              f"(run time), got tokens={tokens!r}, max_tokens={max_tokens!r}")
-        self.max_tokens = _count(tokens if tokens is not None else max_tokens,
+        self.max_tokens = count(tokens if tokens is not None else max_tokens,
                                  "Plan: the token count")
         self.device, self.label, self.tokens = device, label, tokens
         self.roles, self.args = dict(roles), tuple(roles)
         self.bound, self._shapes = dict(bound or {}), dict(scratch or {})
-        self._dtypes = {r: np.dtype((scratch_dtypes or {}).get(r, np.float32)) for r in self._shapes}
+        self._dtypes = {r: np.dtype((scratch_dtypes or {}).get(r, np.float32))
+                        for r in self._shapes}
         self.strategy = strategy
         self._weight = weakref.ref(weight) if weight is not None else lambda: None
         self._cap = max_workgroups or device.limits["max-compute-workgroups-per-dimension"]
@@ -192,7 +192,8 @@ class Plan:
         self.dispatches = len(self.steps)
         self._launches: dict = {}  # run time: T -> steps with their grids, and the uniform value
         self._rows = 0  # tokens the own scratch buffers hold (a run-time plan grows them)
-        self.scratch = {}
+        self.scratch: dict = {}
+        self.released = False
         if tokens is not None:
             self._grow(tokens)
 
@@ -228,7 +229,7 @@ class Plan:
     @property
     def h(self):
         """The plan's own h scratch buffer, or None."""
-        return (self.scratch or {}).get("h")
+        return self.scratch.get("h")
 
     def __repr__(self) -> str:
         tokens = self.tokens if self.tokens else f"1..{self.max_tokens}"
@@ -263,20 +264,21 @@ class Plan:
                 raise BindingError(f"{self!r}: {spec.what} must be a live Buffer on "
                                    f"{self.device!r}, got {got}")
         t = self._check_shapes(given, tokens) if self.tokens is None else \
-            self._check_baked(given)
+            self._check_baked(given, self.tokens)
         checks.distinct(*((spec.what, given[r], spec.writes) for r, spec in self.roles.items()),
                         *((BOUND_NAMES.get(r, r), b, False) for r, b in self.bound.items()))
         return t
 
-    def _check_baked(self, given: dict) -> int:
+    def _check_baked(self, given: dict, tokens: int) -> int:
+        """A baked plan's buffers: exactly its ``tokens`` rows of their dims."""
         for role, spec in self.roles.items():
-            buf, want = given[role], spec.shape(self.tokens)
-            ok = buf.shape == want or (self.tokens == 1 and spec.rows(buf.shape) == 1)
+            buf, want = given[role], spec.shape(tokens)
+            ok = buf.shape == want or (tokens == 1 and spec.rows(buf.shape) == 1)
             if buf.dtype != spec.dtype or not ok:
-                show = spec.dims if self.tokens == 1 and spec.per_token else want
+                show = spec.dims if tokens == 1 and spec.per_token else want
                 raise BindingError(f"{self!r}: {spec.what} must be {np.dtype(spec.dtype).name} "
                                    f"{show}{spec.why}, got {buf.dtype} {buf.shape}")
-        return self.tokens
+        return tokens
 
     def _check_shapes(self, given: dict, tokens) -> int:
         """A run-time plan's buffers: rows of their dims, as many of each (at
@@ -314,7 +316,7 @@ class Plan:
         batch). A run-time plan takes the token count from the first given
         buffer's length, or ``tokens``. Call check() first for buffers not
         used before; the runtime validates bindings it has not seen."""
-        if self.scratch is None:
+        if self.released:
             raise BindingError(f"{self!r} was released; make a new plan")
         buffers = dict(self.bound)
         buffers.update(zip(self.args, args))
@@ -336,9 +338,9 @@ class Plan:
 
     def release(self) -> None:
         """Free the plan's scratch buffers now (it cannot record afterwards)."""
-        for buf in (self.scratch or {}).values():
+        for buf in self.scratch.values():
             self.device.release(buf)
-        self.scratch = None
+        self.scratch, self.released = {}, True
 
 
 class PlanAt:

@@ -65,7 +65,8 @@ def tolerance(x, a, b, scale, base=None, rtol: float = RTOL_OUT, atol: float = A
     the sum of the absolute values of its terms, so the error scales with the
     absolute-value products, not with the (possibly cancelling) result.
     """
-    mag = abs(float(scale)) * project_b(np.abs(_f(b, F64)), project_a(np.abs(_f(a, F64)), np.abs(_f(x, F64))))
+    magnitude_h = project_a(np.abs(_f(a, F64)), np.abs(_f(x, F64)))
+    mag = abs(float(scale)) * project_b(np.abs(_f(b, F64)), magnitude_h)
     if base is not None:
         mag = mag + np.abs(_f(base, F64))
     return rtol * mag + atol

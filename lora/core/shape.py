@@ -37,6 +37,15 @@ class LayerShape:
             raise ValueError(f"LayerShape.dtype: expected one of {DTYPES}, got {self.dtype!r}")
         object.__setattr__(self, "scale", scale_value(self.scale))
 
+    @property
+    def token_count(self) -> int:
+        """``tokens``, for the work that needs a count (tuning, a backward);
+        ValueError for the run-time forms' None."""
+        if self.tokens is None:
+            raise ValueError("this needs a token count, got LayerShape.tokens None (the "
+                             "run-time forms)")
+        return self.tokens
+
     def with_tokens(self, tokens: int | None) -> LayerShape:
         """The same layer for another token count (None: the run-time forms)."""
         return dataclasses.replace(self, tokens=tokens)

@@ -4,7 +4,9 @@ The cache is a JSON file (``$SHADERDSL_CACHE_DIR/lora_tuning.json``, default
 ``~/.cache/shaderdsl``) keyed by adapter, backend, wgpu build, shape and storage dtype,
 and by the token count (``autotune``: plans with the count baked in) or a
 bucket of counts (``autotune_bucket``: run-time plans, ``BUCKETS``).
-``LORA_STRATEGY=single:256:1`` (or the ``strategy`` argument) forces a choice.
+``LORA_STRATEGY=single`` or ``LORA_STRATEGY="split(rank_group=4)"`` (or the
+``strategy`` argument) forces a choice; the tuned choice is stored as that
+keyed text (the older positional texts of earlier entries still parse).
 Nothing is timed unless asked (``strategy="auto"``, ``LORA_STRATEGY=auto``):
 without a tuned entry, :func:`model` gives the strategy, from what ran
 fastest on the H200.
@@ -16,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +27,14 @@ from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 
 from .forward import forward_plan
 from .plan import Plan
-from .strategy import FORWARD, Strategy
+from .shape import LayerShape
+from .strategy import FORWARD, Gemm, Matrix, Seed, Single, Split, Strategy, Tiled
 from .weight import wgsl_dtype
 
-CACHE_VERSION = 2  # strategies renamed (fused -> single): older entries are not read
+# 2: strategies renamed (fused -> single), older entries not read. Entries store
+# the keyed text (tiled(threads=512, tile_tokens=4)) since; those of version 2
+# written before hold the positional one (tiled:512:4), which parse() still reads.
+CACHE_VERSION = 2
 
 
 def cache_path() -> Path:
@@ -40,7 +47,8 @@ def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
     """``tokens``: a count (plans with it baked in) or "lo-hi" (a bucket)."""
     from shaderdsl.runtime import WGPU_BUILD  # (the kernels and plans print without wgpu)
 
-    key = f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}|out{out_dim}|t{tokens}"
+    key = (f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|r{rank}|in{in_dim}"
+           f"|out{out_dim}|t{tokens}")
     return key if np.dtype(dtype) == np.float32 else f"{key}|{np.dtype(dtype).name}"
 
 
@@ -48,11 +56,16 @@ def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int,
                dtype=np.float32) -> list[Strategy]:
     """The strategies worth timing for this shape, storage dtype and device:
     what each registry entry (lora.core.strategy.FORWARD) offers."""
+    shape = LayerShape(rank, in_dim, out_dim, tokens, wgsl_dtype(np.dtype(dtype)))
     sub = device.has_feature("subgroup")
-    matrices = tuple(c for c in getattr(device, "subgroup_matrix_configs", ())
-                     if c.component == wgsl_dtype(np.dtype(dtype)))
     return [s for entry in FORWARD.values()
-            for s in entry.candidates(rank, in_dim, out_dim, tokens, sub, matrices)]
+            for s in entry.candidates(shape, sub, _matrices(device, shape.dtype))]
+
+
+def _matrices(device, dtype: str) -> tuple:
+    """The adapter's subgroup-matrix shapes for a storage dtype ("f32" or "f16")."""
+    return tuple(c for c in getattr(device, "subgroup_matrix_configs", ())
+                 if c.component == dtype)
 
 
 MIN_BATCH_NS = 20e6  # time a batch of at least 20 ms: Dawn rounds timestamps to 65.5 us
@@ -132,7 +145,7 @@ def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) 
     return timings
 
 
-def _said_after_a_second(weight, tokens) -> callable:
+def _said_after_a_second(weight, tokens) -> Callable[[str], None]:
     """Progress for a tuning that is not silent: each candidate's time on
     stderr once a second has passed (a first call that tunes says why it waits)."""
     t0 = time.perf_counter()
@@ -145,7 +158,7 @@ def _said_after_a_second(weight, tokens) -> callable:
 
 
 def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
-    best = min(timings, key=timings.get)
+    best = min(timings, key=timings.__getitem__)
     if use_cache:
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)
@@ -217,29 +230,30 @@ def model(device, weight, tokens: int) -> list[Strategy]:
     token: single (rank 8) or split by rank groups; up to 64 tokens: split;
     beyond, from rank 32: matrix (f16 with the adapter's f16 16x16x16 -> f32)
     then gemm (8 tokens per thread from 512), where the shape allows; else tiled."""
-    r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, weight.dtype
+    shape = weight.layer_shape(tokens)
+    if tokens > 64:
+        return _model_many(device, shape) + [Seed()]
+    if shape.rank > 8:
+        return [Split(rank_group=4), Split(), Seed()]
+    return [Single() if tokens == 1 else Split(), Seed()]
+
+
+def _model_many(device, shape: LayerShape) -> list[Strategy]:
+    """:func:`model` past 64 tokens."""
+    tokens = shape.token_count
     wide = (device.limits.get("max-compute-invocations-per-workgroup") or 256) >= 512
-    if tokens == 1:
-        texts = ["single:256:1"] if r <= 8 else ["split:256:4", "split:256"]
-    elif tokens <= 64:
-        texts = ["split:256"] if r <= 8 else ["split:256:4", "split:256"]
-    else:
-        texts = []
-        if r >= 32:
-            matrices = tuple(c for c in getattr(device, "subgroup_matrix_configs", ())
-                             if c.component == wgsl_dtype(np.dtype(dt)))
-            texts += [str(s) for s in FORWARD["matrix"].candidates(r, i, o, tokens, False,
-                                                                    matrices)][:1]
-            if FORWARD["gemm"].candidates(r, i, o, tokens, False):
-                many = tokens >= 2048  # rank 64, 2560: 153 / 141 us (naga / Tint) at 4096
-                splits = 8 if many else 16  # tokens, 31.5 / 27.9 at 512 (optimisation note 33)
-                while splits > 1 and splits * 32 > i:
-                    splits //= 2
-                texts.append(f"gemm:{256 if many else 128}:16:{splits}:{8 if tokens >= 512 else 4}")
-        threads = 512 if wide else 256  # past 1024 tokens the H200 chose looped output columns
-        texts += [f"tiled:{threads}:4" if tokens <= 1024 else f"tiled:{threads}:16:loop",
-                  "tiled:256:8"]
-    return [Strategy.parse(t) for t in texts + ["seed"]]
+    out = []
+    if shape.rank >= 32:
+        out += Matrix.candidates(shape, False, _matrices(device, shape.dtype))[:1]
+        if Gemm.candidates(shape, False):
+            many = tokens >= 2048  # rank 64, 2560: 153 / 141 us (naga / Tint) at 4096
+            splits = 8 if many else 16  # tokens, 31.5 / 27.9 at 512 (optimisation note 33)
+            while splits > 1 and splits * 32 > shape.in_dim:
+                splits //= 2
+            out.append(Gemm(256 if many else 128, 16, splits, 8 if tokens >= 512 else 4))
+    threads = 512 if wide else 256  # past 1024 tokens the H200 chose looped output columns
+    return out + [Tiled(threads, 4) if tokens <= 1024 else Tiled(threads, 16, unroll=False),
+                  Tiled(256, 8)]
 
 
 def default_strategy(device, weight, scale: float, tokens: int, make_plan) -> Strategy:

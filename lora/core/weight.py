@@ -3,18 +3,14 @@ stored as float32 or (on adapters with shader-f16) float16."""
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
+from numpy.typing import DTypeLike
 
-from shaderdsl.errors import BindingError, FeatureError
+from shaderdsl.errors import BindingError
 
-
-def _dim(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Weight: {what} must be an int >= 1, got {value!r}")
-    return int(value)
-
+from .checks import check_f16, count, host_matrix
+from .shape import LayerShape
 
 STORAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -25,49 +21,14 @@ def storage_dtype(dtype) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError:
         dt = None
-    if dt not in STORAGE_DTYPES:
+    if dt is None or dt not in STORAGE_DTYPES:
         raise ValueError(f"dtype: expected float32 or float16, got {dtype!r}")
     return dt
-
-
-def check_f16(device, dtype: np.dtype, what: str) -> None:
-    """float16 storage needs the adapter's shader-f16: refuse before allocating."""
-    if dtype == np.float16 and not device.has_feature("shader-f16"):
-        raise FeatureError(f"{what}: float16 storage needs the 'shader-f16' feature, which "
-                           f"{device.name!r} ({device.backend}) lacks; use float32")
 
 
 def wgsl_dtype(dtype: np.dtype) -> str:
     """The kernels' name for a storage dtype: "f32" or "f16"."""
     return "f16" if dtype == np.float16 else "f32"
-
-
-def host_matrix(array, what: str, layout: str, dtype=np.float32) -> np.ndarray:
-    """``array`` as a C-contiguous matrix of ``dtype`` (float32 or float16), or
-    a clear BindingError.
-
-    Accepts any real floating dtype (float16/32/64; cast to ``dtype``); refuses
-    ints, bools, complex and objects rather than guessing, and values that are
-    NaN or infinite after the cast (a float64 over 3.4e38, or anything over
-    65504 in float16, becomes inf).
-    """
-    arr = np.asarray(array)
-    if arr.dtype.kind != "f":
-        raise BindingError(f"Weight: {what} must have a real floating dtype (float16, float32 or "
-                           f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
-    if arr.ndim != 2:
-        raise BindingError(f"Weight: {what} must be 2-D {layout}, got shape {arr.shape}")
-    if arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise BindingError(f"Weight: {what} {layout} must have no empty dimension, got shape "
-                           f"{arr.shape}")
-    with np.errstate(over="ignore"):  # overflow shows up as inf, reported below
-        out = np.ascontiguousarray(arr, dtype=dtype)
-    bad = np.count_nonzero(~np.isfinite(out))
-    if bad:
-        limit = " (float16 holds at most 65504)" if out.dtype == np.float16 else ""
-        raise BindingError(f"Weight: {what} has {bad} NaN or infinite value(s) as "
-                           f"{out.dtype.name}{limit}")
-    return out
 
 
 class Weight:
@@ -87,9 +48,9 @@ class Weight:
         """Wrap existing buffers (both float32 or both float16, shaped
         ``(rank, in_dim)`` and ``(out_dim, rank)``); most code wants
         :meth:`from_numpy` instead."""
-        self.in_dim = _dim(in_dim, "in_dim")
-        self.out_dim = _dim(out_dim, "out_dim")
-        self.rank = _dim(rank, "rank")
+        self.in_dim = count(in_dim, "Weight: in_dim")
+        self.out_dim = count(out_dim, "Weight: out_dim")
+        self.rank = count(rank, "Weight: rank")
         for what, buf, shape in (("a", a, (rank, in_dim)), ("b", b, (out_dim, rank))):
             if getattr(buf, "device", None) is not device:
                 raise BindingError(f"Weight: {what} must be a Buffer on {device!r}, got {buf!r}")
@@ -104,7 +65,8 @@ class Weight:
         self.plans: dict = {}
 
     @classmethod
-    def from_numpy(cls, device, a, b, *, dtype=np.float32, name: str = "lora") -> "Weight":
+    def from_numpy(cls, device, a, b, *, dtype: DTypeLike = np.float32,
+                   name: str = "lora") -> "Weight":
         """Upload A ``[rank, in_dim]`` and B ``[out_dim, rank]`` (any real float
         dtype), stored as ``dtype`` (float32, or float16 where the adapter has
         shader-f16). Shapes, dtypes, finiteness and the feature are checked
@@ -114,8 +76,8 @@ class Weight:
         a = host_matrix(a, "a", "[rank, in_dim]", dtype)
         b = host_matrix(b, "b", "[out_dim, rank]", dtype)
         if b.shape[1] != a.shape[0]:
-            raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, so b "
-                               f"must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
+            raise BindingError(f"Weight: rank mismatch: a is [rank, in_dim] = {list(a.shape)}, "
+                               f"so b must be [out_dim, {a.shape[0]}], got {list(b.shape)}")
         rank, in_dim = a.shape
         out_dim = b.shape[0]
         return cls(device, device.buffer(a, name=f"{name}.A"), device.buffer(b, name=f"{name}.B"),
@@ -133,8 +95,8 @@ class Weight:
         sqrt(3) wider. Either way B = 0, so a new adapter adds exactly nothing
         until it is trained. ``seed`` feeds ``numpy.random.default_rng``.
         """
-        in_dim, out_dim = _dim(in_dim, "in_dim"), _dim(out_dim, "out_dim")
-        rank = _dim(rank, "rank")
+        in_dim, out_dim = count(in_dim, "Weight: in_dim"), count(out_dim, "Weight: out_dim")
+        rank = count(rank, "Weight: rank")
         bound = 1.0 / math.sqrt(in_dim)
         rng = np.random.default_rng(seed)
         a = rng.uniform(-bound, bound, (rank, in_dim)).astype(np.float32)
@@ -145,6 +107,12 @@ class Weight:
     def dtype(self) -> np.dtype:
         """The storage dtype of A and B (and of the activations a forward takes)."""
         return self.a.dtype
+
+    def layer_shape(self, tokens: int | None = None, scale: float = 1.0) -> LayerShape:
+        """This weight's layer for ``tokens`` tokens (None: the run-time forms)
+        and ``scale``: what strategies are given."""
+        return LayerShape(self.rank, self.in_dim, self.out_dim, tokens, wgsl_dtype(self.dtype),
+                          scale)
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) read back from the GPU."""
@@ -158,11 +126,13 @@ class Weight:
         if a is not None:
             a = host_matrix(a, "a", "[rank, in_dim]", self.dtype)
             if a.shape != self.a.shape:
-                raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got {list(a.shape)}")
+                raise BindingError(f"Weight.write: a must be {list(self.a.shape)}, got "
+                                   f"{list(a.shape)}")
         if b is not None:
             b = host_matrix(b, "b", "[out_dim, rank]", self.dtype)
             if b.shape != self.b.shape:
-                raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got {list(b.shape)}")
+                raise BindingError(f"Weight.write: b must be {list(self.b.shape)}, got "
+                                   f"{list(b.shape)}")
         if a is not None:
             self.device.write(self.a, a)
         if b is not None:
@@ -174,3 +144,16 @@ class Weight:
     def __repr__(self) -> str:
         return (f"<Weight rank={self.rank} in_dim={self.in_dim} out_dim={self.out_dim} "
                 f"{self.dtype.name} on {self.device.name!r}>")
+
+
+def weight_on(device, weight) -> Weight:
+    """``weight`` as a live Weight on ``device``, else a BindingError naming it."""
+    if not isinstance(weight, Weight):
+        raise BindingError(f"weight: expected a lora.Weight (Weight.from_numpy or Weight.init), "
+                           f"got {type(weight).__name__}")
+    if weight.device is not device:
+        raise BindingError(f"weight: {weight!r} lives on another device than {device!r}")
+    for what, buf in (("weight.a", weight.a), ("weight.b", weight.b)):
+        if buf.released:
+            raise BindingError(f"{what}: {buf!r} was released")
+    return weight

@@ -35,6 +35,8 @@ import regex
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from ..core.checks import count
+
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -115,9 +117,8 @@ def _check_finite(where: str, array: np.ndarray) -> None:
 
 
 def _positive_int(value, where: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise AdapterFileError(f"{where}: {what} must be an int >= 1, got {value!r}")
-    return int(value)
+    """lora's positive-int check (core.checks.count), raising AdapterFileError."""
+    return count(value, f"{where}: {what}", error=AdapterFileError)
 
 
 def _finite_real(value, where: str, what: str) -> float:

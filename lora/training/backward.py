@@ -8,14 +8,17 @@ is overwritten, or accumulated with ``accumulate=True`` (micro-batches).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core import checks as C
 from ..core import tuning
+from ..core.checks import check_f16
 from ..core.forward import LIKE_WEIGHT, forward_plan
 from ..core.plan import Plan, Role
 from ..core.strategy import Strategy
-from ..core.weight import Weight, check_f16, wgsl_dtype
+from ..core.weight import Weight
 from ..kernels.matrix import FRAGMENT
 from .strategy import Backward
 
@@ -29,8 +32,8 @@ def backward_of(strategy, tokens: int, weight, device) -> Backward:
     if strategy is None:
         matrix = weight.dtype == np.float16 and \
             FRAGMENT in getattr(device, "subgroup_matrix_configs", ())
-        return Backward.for_shape(tokens, weight.rank, weight.in_dim, weight.out_dim,
-                                  device.has_feature("subgroup"), matrix)
+        return Backward.for_shape(weight.layer_shape(tokens), device.has_feature("subgroup"),
+                                  matrix)
     return strategy if isinstance(strategy, Backward) else Backward.parse(strategy)
 
 
@@ -48,6 +51,11 @@ def _roles(weight, only: str | None, with_dx: bool) -> dict:
     return {role: every[role] for role in names}
 
 
+def _fixed(size: tuple, tokens: int) -> tuple:
+    """A backward's scratch shape: fixed, as its token count is."""
+    return size
+
+
 def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
                   accumulate: bool = False, with_dx: bool = True, only: str | None = None,
                   dh_parts: int = 0) -> Plan:
@@ -60,17 +68,16 @@ def backward_plan(device, weight, scale: float, tokens: int, strategy=None, *,
     loss's, at one token) before it runs; split only (ValueError otherwise)."""
     check_f16(device, weight.dtype, "backward plan")
     strategy = backward_of(strategy, tokens, weight, device)
-    r, i, o, dt = weight.rank, weight.in_dim, weight.out_dim, wgsl_dtype(weight.dtype)
+    shape = weight.layer_shape(tokens, scale)
     if only is None:
-        kernels = strategy.kernels(r, i, o, float(scale), tokens, dt, accumulate, with_dx,
-                                   dh_parts)
+        kernels = strategy.kernels(shape, accumulate, with_dx, dh_parts)
     else:
-        kernels = strategy.kernels_of(only, r, i, o, float(scale), tokens, dt, accumulate)
+        kernels = strategy.kernels_of(only, shape, accumulate)
     roles = _roles(weight, only, with_dx)
-    shapes = dict(strategy.scratch(tokens, r, i, o), **({"dh": (dh_parts, r)} if dh_parts
-                                                       else {}))
-    scratch = {k: (lambda t, s=shape: s) for k, shape in shapes.items() if k not in roles}
-    label = f"backward {strategy} rank={r} in={i} out={o} scale={float(scale)} {weight.dtype.name}"
+    sizes = dict(strategy.scratch(shape), **({"dh": (dh_parts, shape.rank)} if dh_parts else {}))
+    scratch = {k: functools.partial(_fixed, size) for k, size in sizes.items() if k not in roles}
+    label = (f"backward {strategy} rank={shape.rank} in={shape.in_dim} out={shape.out_dim} "
+             f"scale={shape.scale} {weight.dtype.name}")
     return Plan(device, label, kernels, roles, bound={"A": weight.a, "B": weight.b},
                 scratch=scratch, tokens=tokens, strategy=strategy, weight=weight)
 
@@ -94,7 +101,8 @@ def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | No
     """(grad_x, grad_a, grad_b) of ``out = base + scale * B @ (A @ x)`` for the
     upstream gradient ``grad_out``, on the GPU in float32; numpy in and out.
     Shapes as lora.forward: x ``(in_dim,)``, ``(tokens, in_dim)`` or with more
-    leading dimensions, grad_out like the output. ``scale`` if given, else ``alpha / rank``, else 1."""
+    leading dimensions, grad_out like the output. ``scale`` if given, else
+    ``alpha / rank``, else 1."""
     from shaderdsl.runtime import get_device
 
     p = C.host_problem(x, a, b, grad_out, np.float32, "grad_out")

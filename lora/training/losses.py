@@ -33,12 +33,13 @@ def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
     dt, n = np.dtype(dtype), tokens * columns
     wgsl = wgsl_dtype(dt)
     if kind == "mse":
-        kernel = ("mse", dict(n=n, dtype=wgsl, subgroups=device.has_feature("subgroup")))
+        params: dict[str, object] = dict(n=n, dtype=wgsl,
+                                         subgroups=device.has_feature("subgroup"))
         roles = {"out": Role("output buffer", dt, (columns,)),
                  "want": Role("target buffer", dt, (columns,))}
         sums = {"partial": mse_parts(n)}
     else:
-        kernel = ("softmax_xent", dict(classes=columns, tokens=tokens, threads=64, dtype=wgsl))
+        params = dict(classes=columns, tokens=tokens, threads=64, dtype=wgsl)
         roles = {"logits": Role("output buffer", dt, (columns,)),
                  "labels": Role("labels buffer", np.dtype(np.uint32), ())}
         sums = {"losses": tokens}
@@ -48,11 +49,12 @@ def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
             raise ValueError(f"loss_plan: dh in parts needs mse at one token, got {kind} at "
                              f"{tokens}")
         bound["B"], scale, bound["dh"] = dh
-        kernel[1].update(dh_rank=bound["B"].shape[1], dh_scale=float(scale))
+        params.update(dh_rank=bound["B"].shape[1], dh_scale=float(scale))
     if begin is not None:
         schedule, bound["state"], bound["hyper"] = begin
-        kernel[1]["begin"] = schedule
+        params["begin"] = schedule
     scratch = {"g": lambda t: (t, columns), **{k: (lambda t, v=v: (v,)) for k, v in sums.items()}}
+    kernel = ("mse" if kind == "mse" else "softmax_xent", params)
     return Plan(device, f"loss {kind} tokens={tokens} columns={columns} {dt.name}", [kernel],
                 roles, bound=bound, scratch=scratch, tokens=tokens, scratch_dtypes={"g": dt})
 

@@ -51,18 +51,24 @@ def _real(value, what: str, low: float = 0.0, high: float = math.inf,
           below_high: bool = False) -> float:
     """A finite number in [low, high] (or [low, high) with ``below_high``)."""
     top = ")" if below_high else "]"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not math.isfinite(value) or not low <= value <= high or \
-            (below_high and value == high):
+    real = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    v = float(value) if real else math.nan
+    if not (math.isfinite(v) and low <= v <= high) or (below_high and v == high):
         raise ValueError(f"{what}: expected a finite number in [{low}, {high}{top}, got "
                          f"{value!r}")
-    return float(value)
+    return v
 
 
 class _Optimizer:
     """What AdamW and SGD share: settings, buffers, the recorded step."""
 
     update_kernel = ""
+    extra_role = ""  # the role of the per-tensor state buffer (moments, momentum)
+
+    @staticmethod
+    def _extra_size(n: int) -> int:
+        """f32 values of per-tensor state for ``n`` parameters."""
+        raise NotImplementedError
 
     def __init__(self, lr, *, max_grad_norm=None, schedule="constant", warmup=0, total=0,
                  min_ratio=0.0, device=None):
@@ -102,15 +108,22 @@ class _Optimizer:
                                    name="optim.moments") for chunk in self._chunks()]
         self._plans = self._build()
 
+    def _attached(self, what: str) -> tuple:
+        """(device, [(param, grad), ...]) once attached, else a RuntimeError."""
+        if self.groups is None or self.device is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: attach(device, params) first")
+        return self.device, self.groups
+
     def _chunks(self) -> list:
-        pairs = self.groups
+        _, pairs = self._attached("attach")
         return [pairs[i:i + MAX_UPDATE_TENSORS] for i in range(0, len(pairs), MAX_UPDATE_TENSORS)]
 
     def _build(self) -> list:
         """The plans of one step: optim_begin, then one update per chunk of tensors."""
-        grads = [g for _, g in self.groups] if self.settings["max_norm"] else []
+        device, groups = self._attached("attach")
+        grads = [g for _, g in groups] if self.settings["max_norm"] else []
         name = type(self).__name__
-        plans = [Plan(self.device, f"{name} begin", [("optim_begin", dict(
+        plans = [Plan(device, f"{name} begin", [("optim_begin", dict(
             grad_sizes=tuple(g.size for g in grads), schedule=self.schedule))], {},
             bound={**{f"g{k}": g for k, g in enumerate(grads)}, "state": self.state,
                    "hyper": self.hyper})]
@@ -118,7 +131,7 @@ class _Optimizer:
             bound = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
             for k, (p, g) in enumerate(chunk):
                 bound[f"p{k}"], bound[f"g{k}"] = p, g
-            plans.append(Plan(self.device, f"{name} update", [(self.update_kernel, dict(
+            plans.append(Plan(device, f"{name} update", [(self.update_kernel, dict(
                 sizes=tuple(p.size for p, _ in chunk)))], {}, bound=bound))
         return plans
 
@@ -126,9 +139,8 @@ class _Optimizer:
         """Record one optimizer step (joins the open batch, or one submit).
         ``begin=False``: without the step's begin, which an earlier dispatch
         of the same step ran (``folded_begin``)."""
-        if self.groups is None:
-            raise RuntimeError(f"{type(self).__name__}.record: attach(device, params) first")
-        with self.device.batch():
+        device, _ = self._attached("record")
+        with device.batch():
             for plan in self._plans[0 if begin else 1:]:
                 plan.record()
 
@@ -155,7 +167,8 @@ class _Optimizer:
                                  f"{'off' if self.settings['max_norm'] else 'on'}")
             self.settings[key] = _setting(key, value, f"{type(self).__name__}.set: {key}")
         if self.groups is not None:
-            self.device.write(self.hyper, self._hyper())
+            device, _ = self._attached("set")
+            device.write(self.hyper, self._hyper())
 
     def _hyper(self) -> np.ndarray:
         out = np.zeros(HYPER_SIZE, np.float32)
@@ -167,13 +180,17 @@ class _Optimizer:
     @property
     def step_count(self) -> int:
         """Steps taken (read back from the GPU)."""
-        return 0 if self.groups is None else int(self.device.read(self.state)[STATE["step"]])
+        if self.groups is None:
+            return 0
+        device, _ = self._attached("step_count")
+        return int(device.read(self.state)[STATE["step"]])
 
     def last_norm(self) -> float | None:
         """The gradients' global norm at the last step (with clipping), read back."""
         if self.groups is None or not self.settings["max_norm"]:
             return None
-        return float(self.device.read(self.state)[STATE["norm"]])
+        device, _ = self._attached("last_norm")
+        return float(device.read(self.state)[STATE["norm"]])
 
     # ------------------------------------------------------------ numpy in, numpy out
 
@@ -196,14 +213,15 @@ class _Optimizer:
         if self.groups is None:
             device = self.device or get_device()
             self.attach(device, [(device.buffer(p), device.buffer(g)) for p, g in arrays])
-        elif [p.shape for p, _ in arrays] != [b.shape for b, _ in self.groups]:
+        device, groups = self._attached("step")
+        if [p.shape for p, _ in arrays] != [b.shape for b, _ in groups]:
             raise ValueError(f"step: shapes {[p.shape for p, _ in arrays]} differ from the "
-                             f"first call's {[b.shape for b, _ in self.groups]}")
-        for (pb, gb), (p, g) in zip(self.groups, arrays):
-            self.device.write(pb, p)
-            self.device.write(gb, g)
+                             f"first call's {[b.shape for b, _ in groups]}")
+        for (pb, gb), (p, g) in zip(groups, arrays):
+            device.write(pb, p)
+            device.write(gb, g)
         self.record()
-        new = [self.device.read(pb) for pb, _ in self.groups]
+        new = [device.read(pb) for pb, _ in groups]
         return dict(zip(keys, new)) if keys else new
 
 
@@ -219,7 +237,8 @@ class AdamW(_Optimizer):
         b1, b2 = betas
         self.settings.update(beta1=_setting("beta1", b1, "betas[0]"),
                              beta2=_setting("beta2", b2, "betas[1]"),
-                             eps=_real(eps, "eps"), weight_decay=_real(weight_decay, "weight_decay"))
+                             eps=_real(eps, "eps"),
+                             weight_decay=_real(weight_decay, "weight_decay"))
 
     @staticmethod
     def _extra_size(n: int) -> int:

@@ -6,8 +6,9 @@ import numpy as np
 
 from shaderdsl.errors import BindingError
 
+from ..core.checks import check_f16
 from ..core.plan import Plan, Role
-from ..core.weight import check_f16, wgsl_dtype
+from ..core.weight import wgsl_dtype
 from .backward import backward_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, mse_parts
 
@@ -83,12 +84,12 @@ class LayerTrainer:
                 "step, so it cannot carry the base output to the next one; pass "
                 "base_buf=out_buf only if you wrote this batch's base output into out_buf")
         self._check_batch(x_buf, out_buf)
-        from_base = base_buf is not out_buf and self._forward_base is not None
-        if from_base:
-            self._forward_base.check(x_buf, out_buf, base_buf, self.h)
+        from_base = self._forward_base if base_buf is not out_buf else None
+        if from_base is not None:
+            from_base.check(x_buf, out_buf, base_buf, self.h)
         with self.device.batch():
-            if from_base:
-                self._forward_base.record(x_buf, out_buf, base_buf, self.h)
+            if from_base is not None:
+                from_base.record(x_buf, out_buf, base_buf, self.h)
             else:
                 if base_buf is not out_buf:
                     self._copy_base(base_buf, out_buf)
