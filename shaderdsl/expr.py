@@ -433,6 +433,11 @@ def literal(value, scalar: T.Scalar, where: str | None = None, at: tuple | None 
     return Lit(literal_value(value, scalar, where), scalar, at)
 
 
+# What a builtin or an operator accepts as an operand: an expression or a Python
+# (or numpy) number, which takes the type of the expression beside it.
+ExprLike = Expr | int | float | np.integer | np.floating | np.bool_
+
+
 def as_expr(value, like: T.WType | None = None, at: tuple | None = None) -> Expr:
     """An Expr as is, or a Python literal typed from ``like`` (its scalar type);
     ``at`` as for Expr."""

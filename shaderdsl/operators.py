@@ -47,6 +47,8 @@ class Op:
     group: str = ""                 # infix precedence: mul, add, shift, rel, bit, logic
     doc: str = ""
     uniform_args: tuple = ()        # arguments WGSL requires uniform (a shuffle's delta)
+    params: tuple[str, ...] = ()    # a call's argument names when its rule takes *args
+    void: bool = False              # a call that gives no value (the stores)
 
     @property
     def effect(self) -> bool:

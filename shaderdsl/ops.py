@@ -83,9 +83,9 @@ def _arity(fn: str, args, n: int) -> None:
         raise type_error(f"{fn}() takes {n} argument(s), got {len(args)}")
 
 
-def _elementwise_rule(wgsl: str, kind: str, arity: int):
+def _elementwise_rule(wgsl: str, kind: str, params: tuple[str, ...]):
     def rule(*args):
-        _arity(wgsl, args, arity)
+        _arity(wgsl, args, len(params))
         exprs = unify(wgsl, args)
         t = same_type(wgsl, exprs)
         check_kind(wgsl, t, kind)
@@ -120,33 +120,34 @@ def _smoothstep(dt):
 
 
 _FLOAT_FUNCTIONS = [
-    # dsl name, wgsl, arity, semantics given the dtype's type
-    ("sqrt", "sqrt", 1, lambda dt: np.sqrt),
-    ("inverse_sqrt", "inverseSqrt", 1, lambda dt: lambda x: dt(1) / np.sqrt(x)),
-    ("exp", "exp", 1, lambda dt: np.exp),
-    ("exp2", "exp2", 1, lambda dt: np.exp2),
-    ("log", "log", 1, lambda dt: np.log),
-    ("log2", "log2", 1, lambda dt: np.log2),
-    ("sin", "sin", 1, lambda dt: np.sin),
-    ("cos", "cos", 1, lambda dt: np.cos),
-    ("tan", "tan", 1, lambda dt: np.tan),
-    ("tanh", "tanh", 1, lambda dt: np.tanh),
-    ("floor", "floor", 1, lambda dt: np.floor),
-    ("ceil", "ceil", 1, lambda dt: np.ceil),
-    ("round", "round", 1, lambda dt: np.rint),
-    ("trunc", "trunc", 1, lambda dt: np.trunc),
-    ("fract", "fract", 1, lambda dt: lambda x: x - np.floor(x)),
-    ("saturate", "saturate", 1, lambda dt: lambda x: np.clip(x, dt(0), dt(1))),
-    ("pow", "pow", 2, lambda dt: np.power),
-    ("step", "step", 2, lambda dt: lambda edge, x: V.scalar(
+    # dsl name, wgsl, argument names, semantics given the dtype's type
+    ("sqrt", "sqrt", ("x",), lambda dt: np.sqrt),
+    ("inverse_sqrt", "inverseSqrt", ("x",), lambda dt: lambda x: dt(1) / np.sqrt(x)),
+    ("exp", "exp", ("x",), lambda dt: np.exp),
+    ("exp2", "exp2", ("x",), lambda dt: np.exp2),
+    ("log", "log", ("x",), lambda dt: np.log),
+    ("log2", "log2", ("x",), lambda dt: np.log2),
+    ("sin", "sin", ("x",), lambda dt: np.sin),
+    ("cos", "cos", ("x",), lambda dt: np.cos),
+    ("tan", "tan", ("x",), lambda dt: np.tan),
+    ("tanh", "tanh", ("x",), lambda dt: np.tanh),
+    ("floor", "floor", ("x",), lambda dt: np.floor),
+    ("ceil", "ceil", ("x",), lambda dt: np.ceil),
+    ("round", "round", ("x",), lambda dt: np.rint),
+    ("trunc", "trunc", ("x",), lambda dt: np.trunc),
+    ("fract", "fract", ("x",), lambda dt: lambda x: x - np.floor(x)),
+    ("saturate", "saturate", ("x",), lambda dt: lambda x: np.clip(x, dt(0), dt(1))),
+    ("pow", "pow", ("x", "y"), lambda dt: np.power),
+    ("step", "step", ("edge", "x"), lambda dt: lambda edge, x: V.scalar(
         np.where(x >= edge, dt(1), dt(0)).astype(dt))),
-    ("fma", "fma", 3, lambda dt: lambda a, b, c: V.scalar(
+    ("fma", "fma", ("a", "b", "c"), lambda dt: lambda a, b, c: V.scalar(
         (np.asarray(a, V.F64) * b + np.asarray(c, V.F64)).astype(dt))),
-    ("smoothstep", "smoothstep", 3, _smoothstep),
+    ("smoothstep", "smoothstep", ("low", "high", "x"), _smoothstep),
 ]
-for _name, _wgsl, _n, _sem in _FLOAT_FUNCTIONS:
-    _register(Op(_name, _wgsl, "call", _float(_sem), _elementwise_rule(_wgsl, "float", _n),
-                 doc=f"{_n} argument(s) of one float scalar or vector type"))
+for _name, _wgsl, _params, _sem in _FLOAT_FUNCTIONS:
+    _register(Op(_name, _wgsl, "call", _float(_sem), _elementwise_rule(_wgsl, "float", _params),
+                 doc=f"{len(_params)} argument(s) of one float scalar or vector type",
+                 params=_params))
 
 
 def _numeric(int_fn, float_fn):
@@ -160,17 +161,18 @@ def _numeric(int_fn, float_fn):
 
 _register(Op("abs", "abs", "call",
              _numeric(lambda dt: lambda a: V.wrap(np.abs(np.asarray(a).astype(V.I64)), dt), np.abs),
-             _elementwise_rule("abs", "numeric", 1)))
+             _elementwise_rule("abs", "numeric", ("x",)), params=("x",)))
 _register(Op("sign", "sign", "call", _numeric(lambda dt: np.sign, np.sign),
-             _elementwise_rule("sign", "signed", 1)))
+             _elementwise_rule("sign", "signed", ("x",)), params=("x",)))
 _register(Op("min", "min", "call", _numeric(lambda dt: np.minimum, np.fmin),
-             _elementwise_rule("min", "numeric", 2)))
+             _elementwise_rule("min", "numeric", ("a", "b")), params=("a", "b")))
 _register(Op("max", "max", "call", _numeric(lambda dt: np.maximum, np.fmax),
-             _elementwise_rule("max", "numeric", 2)))
+             _elementwise_rule("max", "numeric", ("a", "b")), params=("a", "b")))
 _register(Op("clamp", "clamp", "call",
              _numeric(lambda dt: lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
                       lambda x, lo, hi: np.fmin(np.fmax(x, lo), hi)),
-             _elementwise_rule("clamp", "numeric", 3)))
+             _elementwise_rule("clamp", "numeric", ("x", "low", "high")),
+             params=("x", "low", "high")))
 
 
 def _first_leading_bit(is_signed: bool):
@@ -196,7 +198,8 @@ for _name, _wgsl, _fn in (
         ("first_leading_bit", "firstLeadingBit", _first_leading_bit),
         ("first_trailing_bit", "firstTrailingBit",
          lambda s: lambda v: -1 if V.bits(v) == 0 else (V.bits(v) & -V.bits(v)).bit_length() - 1)):
-    _register(Op(_name, _wgsl, "call", _bit_function(_fn), _elementwise_rule(_wgsl, "int", 1)))
+    _register(Op(_name, _wgsl, "call", _bit_function(_fn), _elementwise_rule(_wgsl, "int", ("x",)),
+                 params=("x",)))
 
 
 # ---- vectors, selection, bits of other types
@@ -311,7 +314,7 @@ _register(Op("array_length", "arrayLength", "call", plain(lambda buf: np.uint32(
              _array_length_rule))
 
 
-def _bitcast_rule(t, x):
+def _bitcast_rule(t: T.WType, x):
     x = as_expr(x)
     if T.size_and_align(t)[0] != T.size_and_align(x.type)[0]:
         raise type_error(f"bitcast from {x.type} to {t}: sizes differ")
@@ -418,12 +421,13 @@ _PACKING = [
 ]
 for _name, _wgsl, _params, _result, _fn in _PACKING:
     _register(Op(_name, _wgsl, "call", plain(_fn), _fixed_rule(_wgsl, _params, _result),
-                 doc=f"({', '.join(map(str, _params))}) -> {_result}"))
+                 doc=f"({', '.join(map(str, _params))}) -> {_result}",
+                 params=("a", "b") if len(_params) == 2 else ("x",)))
 
 
 # ---- atomics: side effects on an atomic location, emitted as statements
 
-def _atomic_rule(wgsl: str, n_values: int, returns: bool = True):
+def _atomic_rule(wgsl: str, n_values: int):
     def rule(target, *values):
         if len(values) != n_values:
             raise type_error(f"{wgsl}() takes {n_values + 1} argument(s), got {len(values) + 1}")
@@ -437,7 +441,7 @@ def _atomic_rule(wgsl: str, n_values: int, returns: bool = True):
         for v in args[1:]:
             if v.type != s:
                 raise type_error(f"{wgsl}() value must be {s}, got {v.type}")
-        return args, (s if returns else None)
+        return args, s
     return rule
 
 
@@ -461,11 +465,11 @@ for _name, _wgsl, _new in (
         ("atomic_xor", "atomicXor", _infix("^")),
         ("atomic_exchange", "atomicExchange", lambda s: lambda old, v: v)):
     _register(Op(_name, _wgsl, "atomic", _update(_new), _atomic_rule(_wgsl, 1),
-                 doc="(target, value): returns the old value"))
+                 doc="(target, value): returns the old value", params=("target", "value")))
 _register(Op("atomic_load", "atomicLoad", "atomic", lambda types, rt: lambda old: old,
-             _atomic_rule("atomicLoad", 0)))
+             _atomic_rule("atomicLoad", 0), params=("target",)))
 _register(Op("atomic_store", "atomicStore", "atomic", lambda types, rt: lambda old, v: v,
-             _atomic_rule("atomicStore", 1, returns=False)))
+             _atomic_rule("atomicStore", 1), params=("target", "value"), void=True))
 
 
 # ---- subgroups: semantics over the lanes that take part
@@ -645,7 +649,7 @@ def _u32s(wgsl: str, *values) -> tuple:
 
 
 def _load_rule(wgsl: str):
-    def rule(mtype, array, offset, stride):
+    def rule(mtype: T.SubgroupMatrix, array, offset, stride):
         mt = _matrix(wgsl, mtype)
         return (_matrix_array(wgsl, mt, array, False), *_u32s(wgsl, offset, stride)), mt
     return rule
@@ -680,7 +684,7 @@ def _product_type(wgsl: str, left, right, component) -> T.SubgroupMatrix:
     return res
 
 
-def _multiply_rule(component, left, right):
+def _multiply_rule(component: T.Scalar | str, left, right):
     res = _product_type("subgroupMatrixMultiply", left, right, component)
     return (left, right), res
 
@@ -777,7 +781,7 @@ for _suffix, _layout, _cm in (("", "row_major", False), ("_col_major", "col_majo
                  doc=f"(matrix type, array, offset, stride), {_layout.replace('_', '-')}"))
     _register(Op(f"subgroup_matrix_store{_suffix}", f"subgroupMatrixStore<{_layout}>",
                  "subgroup_store", _matrix_store("subgroupMatrixStore", _cm),
-                 _store_rule("subgroupMatrixStore"), feature=SUBGROUP_MATRIX,
+                 _store_rule("subgroupMatrixStore"), feature=SUBGROUP_MATRIX, void=True,
                  doc=f"(array, offset, matrix, stride), {_layout.replace('_', '-')}"))
 _register(Op("subgroup_matrix_multiply", "subgroupMatrixMultiply<{component}>", "subgroup",
              _matrix_product, _multiply_rule, feature=SUBGROUP_MATRIX,
