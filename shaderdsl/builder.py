@@ -24,6 +24,7 @@ from .expr import (
     Lit,
     Member,
     Ref,
+    RefKind,
     as_expr,
     index,
     is_assignable,
@@ -58,7 +59,7 @@ class _Block:
         # the block builds an expression and leaves the var unchanged in the WGSL
         self.frame = sys._getframe(1)
         self.vars = {k: v for k, v in self.frame.f_locals.items()
-                     if isinstance(v, Ref) and v.kind == "var"}
+                     if isinstance(v, Ref) and v.kind == RefKind.VAR}
         return self.value
 
     def __exit__(self, *exc):
@@ -68,7 +69,7 @@ class _Block:
             for name, var in self.vars.items():
                 new = now.get(name, var)
                 if isinstance(new, Expr) and new is not var and not (
-                        isinstance(new, Ref) and new.kind == "var"):
+                        isinstance(new, Ref) and new.kind == RefKind.VAR):
                     self.ctx.__exit__(*exc)
                     raise ShaderScopeError(
                         f"{caller_location()}: `{name}` held the var `{var.name}` when this "
@@ -157,7 +158,7 @@ class ShaderM:
             raise type_error("atomic buffers must be declared with declare_output_buffer")
         name = self._declare_name(name, "buf")
         length, shape = shaped_length(length, name)
-        ref = Ref(name, T.array(elem, length), "buffer", access=access, shape=shape)
+        ref = Ref(name, T.array(elem, length), RefKind.BUFFER, access=access, shape=shape)
         self.bindings.append(ref)
         return ref
 
@@ -177,7 +178,7 @@ class ShaderM:
         if not isinstance(type, (T.Scalar, T.Vector)) or T.scalar_of(type) == T.bool_:
             raise type_error(f"a uniform must be a numeric scalar or vector, got {type}")
         name = self._declare_name(name, "uni")
-        ref = Ref(name, type, "uniform")
+        ref = Ref(name, type, RefKind.UNIFORM)
         self.bindings.append(ref)
         return ref
 
@@ -188,7 +189,7 @@ class ShaderM:
         name = self._declare_name(name, "ovr")
         if default is not None:
             default = literal(default, type)
-        ref = Ref(name, type, "override")
+        ref = Ref(name, type, RefKind.OVERRIDE)
         self.overrides.append((ref, default))
         return ref
 
@@ -202,7 +203,7 @@ class ShaderM:
                                  f"them, got {n!r}")
         n = int(np.prod(shape)) if shape else int(n)
         name = self._declare_name(name, "wg")
-        ref = Ref(name, T.array(elem, n), "workgroup",
+        ref = Ref(name, T.array(elem, n), RefKind.WORKGROUP,
                   shape=tuple(int(d) for d in shape) if shape else None)
         self.workgroup_vars.append(ref)
         return ref
@@ -214,12 +215,12 @@ class ShaderM:
             _, ty, feature = BUILTIN_VALUES[key]
             if feature:
                 self.features.add(feature)
-            return Ref(key, ty, "builtin")
+            return Ref(key, ty, RefKind.BUILTIN)
         if key not in self.builtins:
             _, ty, feature = BUILTIN_VALUES[key]
             if feature:
                 self.features.add(feature)
-            self.builtins[key] = Ref(key, ty, "builtin")
+            self.builtins[key] = Ref(key, ty, RefKind.BUILTIN)
         return self.builtins[key]
 
     def global_id(self) -> Ref: return self._builtin("global_id")
@@ -289,7 +290,7 @@ class ShaderM:
             stack.extend(operands(x))
             if not isinstance(x, Ref):
                 continue
-            if x.kind == "builtin":
+            if x.kind == RefKind.BUILTIN:
                 self._in_function[1].add(x.name)
             local = self._locals.get(x.name)
             if local is not None and local[0] not in open_ids:
@@ -319,7 +320,7 @@ class ShaderM:
 
     def param(self, name: str, type: T.WType, block: S.Block) -> Ref:
         """A function parameter: a let of the function's body block."""
-        ref = Ref(self._local_name(name, "p"), type, "let", block=block.id)
+        ref = Ref(self._local_name(name, "p"), type, RefKind.LET, block=block.id)
         self._locals[ref.name] = (block.id, caller_location())
         return ref
 
@@ -340,7 +341,7 @@ class ShaderM:
             self._builtin(key)  # the caller has it: the entry point declares it, a function takes it
         ref = None
         if fdef.result is not None:
-            ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, "let",
+            ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, RefKind.LET,
                       block=self.block_id)
             self._locals[ref.name] = (self.block_id, caller_location())
         self._emit(S.CallFunction(fdef, args, ref, caller_location()))
@@ -358,7 +359,7 @@ class ShaderM:
         if isinstance(value.type, T.Atomic):
             raise type_error("cannot bind an atomic with let; use atomic_load(...)")
         name = self._local_name(name, "t")
-        ref = Ref(name, value.type, "let", block=self._block.id)
+        ref = Ref(name, value.type, RefKind.LET, block=self._block.id)
         self._locals[name] = (self._block.id, caller_location())
         self._emit(S.Let(ref, value, caller_location()))
         return ref
@@ -379,7 +380,7 @@ class ShaderM:
             raise type_error("atomics live in storage or workgroup memory: use "
                              "declare_output_buffer(..., atomic(u32)) or m.shared(atomic(u32), n)")
         name = self._local_name(name, "v")
-        ref = Ref(name, type, "var", block=self._block.id)
+        ref = Ref(name, type, RefKind.VAR, block=self._block.id)
         self._locals[name] = (self._block.id, caller_location())
         self._emit(S.VarDecl(ref, init, caller_location()))
         return ref
@@ -388,7 +389,7 @@ class ShaderM:
         """``target = value`` (or ``target op= value``); also what ``buf[i] = v`` calls."""
         if not isinstance(target, Expr) or not is_assignable(target):
             r = root(target) if isinstance(target, Expr) else None
-            if isinstance(r, Ref) and r.kind == "buffer":
+            if isinstance(r, Ref) and r.kind == RefKind.BUFFER:
                 raise type_error(f"buffer `{r.name}` is read-only (declared with "
                                  f"declare_input_buffer); declare it with declare_output_buffer to write it")
             what = f"`{r.name}` ({r.kind})" if isinstance(r, Ref) else "this expression"
@@ -419,7 +420,7 @@ class ShaderM:
         ref = None
         if call.type is not None:
             name = self._local_name(None, "t")
-            ref = Ref(name, call.type, "let", block=self._block.id)
+            ref = Ref(name, call.type, RefKind.LET, block=self._block.id)
             self._locals[name] = (self._block.id, caller_location())
         self._emit(S.Effect(call, ref, caller_location()))
         self._bump(target)
@@ -521,7 +522,7 @@ class ShaderM:
                              "(a negative Python int counts down)")
         body = S.Block(next(self._block_ids))
         vname = self._local_name(name or None, "i")
-        ref = Ref(vname, ty, "loop", block=body.id)
+        ref = Ref(vname, ty, RefKind.LOOP, block=body.id)
         self._locals[vname] = (body.id, caller_location())
         self._emit(S.For(ref, start, end, step, descending, body, caller_location()))
         return self._block_of("loop", body, loop=True, value=ref)
@@ -540,26 +541,31 @@ class ShaderM:
         """A loop unrolled in Python: the body is emitted once per item."""
         return iter(iterable)
 
-    def _jump(self, kind: str) -> None:
-        if kind != "return" and self._loop_depth == 0:
+    def _jump(self, kind: S.JumpKind) -> None:
+        if kind != S.JumpKind.RETURN and self._loop_depth == 0:
             raise ShaderScopeError(f"{caller_location()}: `{kind}` outside a loop")
-        if kind == "return" and self._in_function is not None:
+        if kind == S.JumpKind.RETURN and self._in_function is not None:
             raise ShaderScopeError(f"{caller_location()}: m.return_() inside function "
                                    f"{self._in_function[0]!r}: a function returns the value its "
                                    f"Python function returns, at its end")
         self._emit(S.Jump(kind, caller_location()))
 
-    def break_(self) -> None: self._jump("break")
-    def continue_(self) -> None: self._jump("continue")
-    def return_(self) -> None: self._jump("return")
+    def break_(self) -> None:
+        self._jump(S.JumpKind.BREAK)
+
+    def continue_(self) -> None:
+        self._jump(S.JumpKind.CONTINUE)
+
+    def return_(self) -> None:
+        self._jump(S.JumpKind.RETURN)
 
     def barrier(self) -> None:
         """``workgroupBarrier()``: workgroup memory writes before are visible after."""
-        self._emit(S.Barrier("workgroup", caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location()))
 
     def storage_barrier(self) -> None:
         """``storageBarrier()``: storage writes of this workgroup are visible after."""
-        self._emit(S.Barrier("storage", caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location()))
 
     # ------------------------------------------------------------ versions for Expr deps
 

@@ -10,7 +10,7 @@ holding their result.
 
 The functions are made from the registry at import; ``builtins.pyi`` names
 them with their signatures for editors and type checkers. It is generated
-from the registry (tests/test_builtins_stub.py checks it is current):
+from the registry (tests/test_builtins.py checks it is current):
 
     .venv/bin/python -c "import shaderdsl.builtins as B; B.write_stub()"
 """

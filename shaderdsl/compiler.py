@@ -16,6 +16,7 @@ from . import types as T
 from .builder import ShaderM
 from .emit import emit
 from .errors import KernelBuildError, ShaderDSLError
+from .expr import RefKind
 from .kernel import Binding, Kernel, Override
 from .location import is_library_file, shown
 from .types import size_and_align
@@ -136,9 +137,9 @@ def _build(fn, ws, name, params) -> Kernel:
     uniformity.check(m)
     wgsl, source_map, features, first_use = emit(m)
     bindings = tuple(
-        Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
-                r.type if r.kind == "uniform" else r.type.elem,
-                None if r.kind == "uniform" else r.type.length,
+        Binding(k, r.name, "uniform" if r.kind == RefKind.UNIFORM else r.access,
+                r.type if r.kind == RefKind.UNIFORM else r.type.elem,
+                None if r.kind == RefKind.UNIFORM else r.type.length,
                 r.shape and tuple(d if isinstance(d, int) else d.name for d in r.shape))
         for k, r in enumerate(m.bindings))
     overrides = tuple(Override(r.name, r.type, None if d is None else d.value)

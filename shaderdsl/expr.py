@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from enum import StrEnum
 
 import numpy as np
 
@@ -29,7 +30,6 @@ from .context import type_error
 from .literals import default_scalar, literal_value
 from .location import shown, user_line
 from .operators import CONSTRUCT, SHIFT, binary_rule, unary_rule
-from .values import DTYPES
 
 _seq = itertools.count()
 _put = object.__setattr__            # Expr.__setattr__ is the DSL's member store
@@ -37,7 +37,22 @@ _EMPTY: frozenset = frozenset()
 _ALONE: dict[int, frozenset] = {}    # block id -> frozenset({id}), shared by the nodes built there
 
 SWIZZLE = re.compile(r"^([xyzw]{1,4}|[rgba]{1,4})$")
-TRACKED = ("var", "let", "loop", "buffer", "workgroup")
+
+
+class RefKind(StrEnum):
+    """What a name (:class:`Ref`) stands for."""
+    BUFFER = "buffer"
+    UNIFORM = "uniform"
+    WORKGROUP = "workgroup"
+    OVERRIDE = "override"
+    BUILTIN = "builtin"
+    VAR = "var"
+    LET = "let"
+    LOOP = "loop"
+
+
+# Names whose reads the builder versions (a read made stale by a later write is refused)
+TRACKED = (RefKind.VAR, RefKind.LET, RefKind.LOOP, RefKind.BUFFER, RefKind.WORKGROUP)
 
 
 def next_seq() -> int:
@@ -145,8 +160,9 @@ class Expr:
     # compound assignment: a statement on an assignable target
     def _compound(self, op, o):
         if not is_assignable(self):
-            if isinstance(self, Ref) and self.kind == "let":
-                raise type_error(f"`{self.name}` is a let (immutable); declare it with m.var(...) to update it")
+            if isinstance(self, Ref) and self.kind == RefKind.LET:
+                raise type_error(f"`{self.name}` is a let (immutable); declare it with "
+                                 f"m.var(...) to update it")
             return binary(op, self, o)
         context.current().assign(self, o, op=op)
         # A named var stays bound to its name; for `buf[i] += v` Python calls
@@ -227,7 +243,7 @@ class Lit(Expr):
         _put(self, "value", value)
 
     def int_constant(self):
-        return DTYPES[self.type.name].type(self.value) if _is_int(self.type) else None
+        return T.DTYPES[self.type.name].type(self.value) if _is_int(self.type) else None
 
     def _label(self) -> str:
         return repr(self.value)
@@ -242,14 +258,14 @@ class Ref(Expr):
 
     __slots__ = ("name", "kind", "block", "access", "shape")
 
-    def __init__(self, name: str, type: T.WType, kind: str, block=None, access: str = "read",
+    def __init__(self, name: str, type: T.WType, kind: RefKind, block=None, access: str = "read",
                  shape: tuple | None = None):
         _put(self, "type", type)
         _put(self, "_at", user_line())
         _put(self, "deps", _EMPTY)
         _put(self, "blocks", _EMPTY)
         _put(self, "name", name)
-        _put(self, "kind", kind)
+        _put(self, "kind", RefKind(kind))
         _put(self, "block", block)
         _put(self, "access", access)
         _put(self, "shape", shape)
@@ -413,7 +429,8 @@ def operands(e: Expr) -> tuple:
 
 def is_assignable(e: Expr) -> bool:
     if isinstance(e, Ref):
-        return e.kind in ("var", "workgroup") or (e.kind == "buffer" and e.access == "read_write")
+        return e.kind in (RefKind.VAR, RefKind.WORKGROUP) or \
+            (e.kind == RefKind.BUFFER and e.access == "read_write")
     if isinstance(e, (Index, Member)):
         return is_assignable(e.base)
     return False
@@ -489,7 +506,8 @@ def shaped_length(length, name: str):
         raise type_error(f"buffer {name!r}: a shape needs at least one size")
     for d in length:
         sized = isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
-        named = isinstance(d, Ref) and d.kind in ("override", "uniform") and d.type in (T.u32, T.i32)
+        named = isinstance(d, Ref) and d.kind in (RefKind.OVERRIDE, RefKind.UNIFORM) \
+            and d.type in (T.u32, T.i32)
         if not (sized or named):
             raise type_error(f"buffer {name!r}: each size of a shape must be a positive int or "
                              f"a u32/i32 override or uniform, got {d!r} in {tuple(length)!r}")

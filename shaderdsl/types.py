@@ -245,16 +245,21 @@ def uses_f16(t: WType) -> bool:
     return scalar_of(t) == f16
 
 
-# Host layout: what a numpy array must look like to fill a buffer of this type.
-_NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u32": np.uint32}
+# The numpy dtype of each scalar type: a value in the interpreter, an element
+# of a buffer on the host (bool is not host-shareable) ...
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
+          "u32": np.dtype(np.uint32), "bool": np.dtype(np.bool_)}
+# ... and of the components of subgroup matrices (8-bit ones too).
+MATRIX_DTYPES = {**DTYPES, "i8": np.dtype(np.int8), "u8": np.dtype(np.uint8)}
 
 
 def numpy_dtype(t: WType) -> np.dtype:
-    """The numpy dtype of one component of a host-shareable element type."""
+    """The numpy dtype of one component of a host-shareable element type:
+    what a numpy array must look like to fill a buffer of this type."""
     s = scalar_of(t)
-    if s is None or s.name not in _NUMPY:
+    if s is None or s == bool_:
         raise TypeError(f"{t} is not host-shareable (no numpy dtype)")
-    return np.dtype(_NUMPY[s.name])
+    return DTYPES[s.name]
 
 
 def size_and_align(t: WType) -> tuple[int, int]:

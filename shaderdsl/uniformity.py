@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from . import nodes as S
 from .errors import UniformityError
-from .expr import AddressOf, Call, Expr, Lit, Ref, operands
+from .expr import AddressOf, Call, Expr, Lit, Ref, RefKind, operands
 from .location import shown
+from .operators import Form
 from .types import SUBGROUP_MATRIX_FEATURE
 
 VARYING_BUILTINS = ("local_id", "global_id", "local_index", "subgroup_invocation_id")
@@ -91,16 +92,16 @@ class _Walker:
         out = NONE
         for part in operands(e):
             out |= self.value(part)
-        if isinstance(e, Call) and (e.op.form == "atomic" or e.op.collective):
+        if isinstance(e, Call) and (e.op.form == Form.ATOMIC or e.op.collective):
             out |= {("n", f"the result of {e.op.spell(e.type)}()")}
         return out
 
     def _ref(self, r: Ref) -> frozenset:
-        if r.kind == "builtin":
+        if r.kind == RefKind.BUILTIN:
             return frozenset({("n", r.name)}) if r.name in VARYING_BUILTINS else NONE
-        if r.kind == "buffer" and r.access == "read_write":
+        if r.kind == RefKind.BUFFER and r.access == "read_write":
             return frozenset({("n", f"the read_write buffer '{r.name}'")})
-        if r.kind == "workgroup":
+        if r.kind == RefKind.WORKGROUP:
             return frozenset({("n", f"the workgroup array '{r.name}'")})
         return self.locals.get(r.name, NONE)
 
@@ -134,7 +135,7 @@ class _Walker:
         elif isinstance(st, (S.For, S.While)):
             self._loop(st, cf)
         elif isinstance(st, S.Jump):
-            if st.kind == "return":
+            if st.kind == S.JumpKind.RETURN:
                 self.returned |= self._decided(cf, f"the return at {st.where}")
             elif self.jumps:
                 self.jumps[-1] |= self._decided(cf, f"the {st.kind} at {st.where}")
@@ -152,7 +153,7 @@ class _Walker:
             kids = operands(root)
             parts |= NONE if len(kids) < 2 else self.value(kids[1])
             root = kids[0]
-        if root.kind in ("var", "let", "loop"):
+        if root.kind in (RefKind.VAR, RefKind.LET, RefKind.LOOP):
             whole = root is st.target and not st.op
             old = NONE if whole else self.locals.get(root.name, NONE)
             self.locals[root.name] = old | parts | cf | self.value(st.value)
@@ -181,7 +182,7 @@ class _Walker:
         last = body.stmts[-1] if body is not None and body.stmts else None
         if not isinstance(last, S.Jump):
             return self.locals
-        if last.kind != "return" and self.exits:
+        if last.kind != S.JumpKind.RETURN and self.exits:
             self.exits[-1][last.kind].append(self.locals)
         return None
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import nodes as N
 from .. import values as V
 from ..errors import InterpreterError
 from ..ops import INACTIVE_LANE
@@ -140,7 +141,7 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
             runnable = _resolve_subgroups(waiting, events, sends, subgroup_size, lane_reads)
             continue
         _check_same_barrier(name, invs, events, alive, live)
-        if log is not None and events[live[0]][1].kind == "workgroup":
+        if log is not None and events[live[0]][1].kind == N.BarrierKind.WORKGROUP:
             log.barrier()
         runnable = live
 
