@@ -17,7 +17,7 @@ import numpy as np
 from . import nodes as S
 from . import types as T
 from .context import type_error
-from .errors import ShaderNameError, ShaderScopeError
+from .errors import ShaderNameError, ShaderScopeError, is_positive_int
 from .expr import (
     Call,
     Expr,
@@ -198,7 +198,7 @@ class ShaderM:
         ``n`` an int or a shape of ints such as ``(16, 17)`` for ``tile[r, c]``."""
         shape = tuple(n) if isinstance(n, (tuple, list)) else None
         for d in shape or (n,):
-            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
+            if not is_positive_int(d):
                 raise type_error(f"a workgroup array needs a positive int length or a shape of "
                                  f"them, got {n!r}")
         n = int(np.prod(shape)) if shape else int(n)

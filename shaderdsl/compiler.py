@@ -15,7 +15,7 @@ from . import context, uniformity
 from . import types as T
 from .builder import ShaderM
 from .emit import emit
-from .errors import KernelBuildError, ShaderDSLError
+from .errors import KernelBuildError, ShaderDSLError, is_positive_int
 from .expr import RefKind
 from .kernel import Binding, Kernel, Override
 from .location import is_library_file, shown
@@ -41,7 +41,7 @@ def _workgroup_size(ws) -> tuple[int, int, int]:
     if isinstance(ws, int):
         ws = (ws,)
     ws = tuple(_python(v) for v in ws)
-    if not 1 <= len(ws) <= 3 or not all(type(v) is int and v >= 1 for v in ws):
+    if not 1 <= len(ws) <= 3 or not all(is_positive_int(v) for v in ws):
         raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
     return ws + (1,) * (3 - len(ws))
 

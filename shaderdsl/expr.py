@@ -27,6 +27,7 @@ import numpy as np
 from . import context
 from . import types as T
 from .context import type_error
+from .errors import is_positive_int
 from .literals import default_scalar, literal_value
 from .location import shown, user_line
 from .operators import CONSTRUCT, SHIFT, binary_rule, unary_rule
@@ -505,7 +506,7 @@ def shaped_length(length, name: str):
     if not length:
         raise type_error(f"buffer {name!r}: a shape needs at least one size")
     for d in length:
-        sized = isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
+        sized = is_positive_int(d)
         named = isinstance(d, Ref) and d.kind in (RefKind.OVERRIDE, RefKind.UNIFORM) \
             and d.type in (T.u32, T.i32)
         if not (sized or named):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ShaderTypeError
+from .errors import ShaderTypeError, is_positive_int
 
 
 class WType:
@@ -127,7 +127,7 @@ def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
         raise ShaderTypeError(f"subgroup_matrix_{kind} component must be one of {allowed}, "
                               f"got {component!r}")
     for n in (cols, rows):
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        if not is_positive_int(n):
             raise ShaderTypeError(f"subgroup_matrix_{kind} sizes must be positive ints, "
                                   f"got {cols!r}, {rows!r}")
     return SubgroupMatrix(kind, c, int(cols), int(rows))
@@ -210,8 +210,7 @@ def array(elem: WType, length: int | None = None) -> Array:
         raise ShaderTypeError(f"{elem} cannot be an array element, a buffer element or "
                               f"workgroup memory: a subgroup matrix lives in a let or var; "
                               f"load and store it with subgroup_matrix_load/store")
-    if length is not None and (isinstance(length, (bool, np.bool_)) or
-                               not isinstance(length, (int, np.integer)) or length < 1):
+    if length is not None and not is_positive_int(length):
         raise ShaderTypeError(f"array length must be a positive int or None, got {length!r}")
     return Array(elem, None if length is None else int(length))
 

@@ -10,7 +10,7 @@ import numpy as np
 from ..builder import ShaderM
 from ..compiler import compile
 from ..emit import emit
-from ..errors import DispatchError, ShaderDSLError
+from ..errors import DispatchError, ShaderDSLError, is_positive_int
 from ..kernel import Kernel
 from ..nodes import Module
 from .access import CheckedExprCompiler
@@ -43,7 +43,7 @@ def _module(source, workgroup_size, name, params) -> Module:
 
 def _grid(name: str, workgroups) -> tuple[int, int, int]:
     wg = (workgroups,) if isinstance(workgroups, (int, np.integer)) else tuple(workgroups)
-    if not 1 <= len(wg) <= 3 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in wg):
+    if not 1 <= len(wg) <= 3 or not all(is_positive_int(v) for v in wg):
         raise DispatchError(f"kernel {name!r}: workgroups must be 1 to 3 positive ints, "
                             f"got {workgroups!r}")
     return tuple(int(v) for v in wg) + (1,) * (3 - len(wg))
