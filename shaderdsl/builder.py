@@ -64,6 +64,7 @@ class _Block:
 
     def __exit__(self, *exc):
         frame, self.frame = self.frame, None
+        assert frame is not None, "a block is left only after it was entered"
         if exc[0] is None:
             now = frame.f_locals
             for name, var in self.vars.items():
@@ -148,7 +149,8 @@ class ShaderM:
 
     def _buffer(self, name, elem, length, access) -> Ref:
         if not isinstance(elem, T.WType) or isinstance(elem, T.Array):
-            raise type_error(f"buffer element type must be a scalar, vector or atomic type, got {elem!r}")
+            raise type_error(f"buffer element type must be a scalar, vector or atomic type, "
+                             f"got {elem!r}")
         if elem == T.bool_ or T.scalar_of(elem) == T.bool_:
             raise type_error("bool is not host-shareable; store u32 instead")
         if isinstance(elem, T.Vector) and elem.size == 3:
@@ -196,15 +198,14 @@ class ShaderM:
     def shared(self, elem: T.WType, n, name: str | None = None) -> Ref:
         """A workgroup-shared array ``var<workgroup> name: array<elem, n>``;
         ``n`` an int or a shape of ints such as ``(16, 17)`` for ``tile[r, c]``."""
-        shape = tuple(n) if isinstance(n, (tuple, list)) else None
-        for d in shape or (n,):
-            if not is_positive_int(d):
-                raise type_error(f"a workgroup array needs a positive int length or a shape of "
-                                 f"them, got {n!r}")
-        n = int(np.prod(shape)) if shape else int(n)
+        shaped = isinstance(n, (tuple, list))
+        dims = tuple(n) if shaped else (n,)
+        if not all(is_positive_int(d) for d in dims):
+            raise type_error(f"a workgroup array needs a positive int length or a shape of "
+                             f"them, got {n!r}")
         name = self._declare_name(name, "wg")
-        ref = Ref(name, T.array(elem, n), RefKind.WORKGROUP,
-                  shape=tuple(int(d) for d in shape) if shape else None)
+        ref = Ref(name, T.array(elem, int(np.prod(dims))), RefKind.WORKGROUP,
+                  shape=tuple(int(d) for d in dims) if shaped else None)
         self.workgroup_vars.append(ref)
         return ref
 
@@ -258,7 +259,7 @@ class ShaderM:
         """Refuse expressions that read out-of-scope locals or stale variables."""
         open_ids = {b.id for b in self._blocks}
         if self._in_function is not None:
-            self._check_function_use(e, open_ids)
+            self._check_function_use(e, open_ids, self._in_function)
         if not e.blocks <= open_ids:
             raise ShaderScopeError(
                 f"{caller_location()}: the expression built at {e.where} was built inside an "
@@ -282,8 +283,9 @@ class ShaderM:
             self._uses[-1].append((e, deps))
         return e
 
-    def _check_function_use(self, e: Expr, open_ids) -> None:
-        """A function body sees its parameters, its own locals and module-scope names."""
+    def _check_function_use(self, e: Expr, open_ids, function: tuple[str, set]) -> None:
+        """A function body sees its parameters, its own locals and module-scope names
+        (``function``: the name and builtins used of the function being built)."""
         stack = [e]
         while stack:
             x = stack.pop()
@@ -291,11 +293,11 @@ class ShaderM:
             if not isinstance(x, Ref):
                 continue
             if x.kind == RefKind.BUILTIN:
-                self._in_function[1].add(x.name)
+                function[1].add(x.name)
             local = self._locals.get(x.name)
             if local is not None and local[0] not in open_ids:
                 raise ShaderScopeError(
-                    f"{caller_location()}: function {self._in_function[0]!r} uses `{x.name}` "
+                    f"{caller_location()}: function {function[0]!r} uses `{x.name}` "
                     f"of the kernel (declared at {local[1]}); a function sees only its "
                     f"parameters, builtin values and module-scope names: pass it as an argument")
 
@@ -338,7 +340,8 @@ class ShaderM:
         for a in args:
             self.check_use(a)
         for key in fdef.builtins:
-            self._builtin(key)  # the caller has it: the entry point declares it, a function takes it
+            # the caller has it: the entry point declares it, a function takes it
+            self._builtin(key)
         ref = None
         if fdef.result is not None:
             ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, RefKind.LET,
@@ -350,8 +353,9 @@ class ShaderM:
         return ref
 
     def _bump(self, target: Expr) -> None:
-        name = root(target).name
-        self._version[name] = self._version.get(name, 0) + 1
+        named = root(target)
+        assert isinstance(named, Ref), "an assignable target starts from a name"
+        self._version[named.name] = self._version.get(named.name, 0) + 1
 
     def let(self, value, name: str | None = None) -> Ref:
         """``let name = value;``: an immutable snapshot; returns its name."""
@@ -376,7 +380,8 @@ class ShaderM:
                 raise type_error(f"var of type {type} initialised with {init.type}")
         if isinstance(type, T.Array) and type.length is None:
             raise type_error("a function-scope var needs a fixed-size array")
-        if isinstance(type, T.Atomic) or (isinstance(type, T.Array) and isinstance(type.elem, T.Atomic)):
+        elem = type.elem if isinstance(type, T.Array) else type
+        if isinstance(elem, T.Atomic):
             raise type_error("atomics live in storage or workgroup memory: use "
                              "declare_output_buffer(..., atomic(u32)) or m.shared(atomic(u32), n)")
         name = self._local_name(name, "v")
@@ -391,7 +396,8 @@ class ShaderM:
             r = root(target) if isinstance(target, Expr) else None
             if isinstance(r, Ref) and r.kind == RefKind.BUFFER:
                 raise type_error(f"buffer `{r.name}` is read-only (declared with "
-                                 f"declare_input_buffer); declare it with declare_output_buffer to write it")
+                                 f"declare_input_buffer); declare it with declare_output_buffer "
+                                 f"to write it")
             what = f"`{r.name}` ({r.kind})" if isinstance(r, Ref) else "this expression"
             raise type_error(f"cannot assign to {what}")
         if isinstance(target.type, T.Atomic):
@@ -577,6 +583,6 @@ class ShaderM:
     def module(self) -> S.Module:
         """The kernel built so far, as the tree the emitter and interpreter read."""
         self.check_pending()
-        return S.Module(self.name, tuple(self.workgroup_size), tuple(self.bindings),
+        return S.Module(self.name, self.workgroup_size, tuple(self.bindings),
                         tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
                         frozenset(self.features), self.body, tuple(self.functions.values()))

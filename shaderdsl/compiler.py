@@ -37,13 +37,12 @@ def _python(v):
 
 
 def _workgroup_size(ws) -> tuple[int, int, int]:
-    ws = _python(ws)
-    if isinstance(ws, int):
-        ws = (ws,)
-    ws = tuple(_python(v) for v in ws)
-    if not 1 <= len(ws) <= 3 or not all(is_positive_int(v) for v in ws):
-        raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
-    return ws + (1,) * (3 - len(ws))
+    dims = tuple(_python(v) for v in ws) if isinstance(ws, (tuple, list)) else (_python(ws),)
+    sizes = [int(v) for v in dims if is_positive_int(v)]
+    if not 1 <= len(dims) <= 3 or len(sizes) != len(dims):
+        raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {dims!r}")
+    x, y, z = sizes + [1] * (3 - len(sizes))
+    return x, y, z
 
 
 def _bytes(t) -> int:

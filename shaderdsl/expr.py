@@ -66,9 +66,10 @@ class Expr:
 
     __slots__ = ("type", "_at", "deps", "blocks")
 
-    def __init__(self, type: T.WType, children: tuple = (), at: tuple | None = None):
+    def __init__(self, type: T.WType | None, children: tuple = (), at: tuple | None = None):
         """``at``: the user's line (``location.user_line()``) when the caller
-        already has it: a construction that makes several nodes looks it up once."""
+        already has it: a construction that makes several nodes looks it up once.
+        ``type`` is None only for a call that gives no value (a store)."""
         _put(self, "type", type)
         _put(self, "_at", at or user_line())
         builder = context.active()
@@ -411,7 +412,7 @@ class Member(Expr):
         return "." + self.name
 
 
-def operands(e: Expr) -> tuple:
+def operands(e: Expr) -> tuple[Expr, ...]:
     """The subexpressions of ``e``, left to right."""
     if isinstance(e, Unary):
         return (e.a,)
@@ -513,11 +514,11 @@ def shaped_length(length, name: str):
             raise type_error(f"buffer {name!r}: each size of a shape must be a positive int or "
                              f"a u32/i32 override or uniform, got {d!r} in {tuple(length)!r}")
     shape = tuple(d if isinstance(d, Ref) else int(d) for d in length)
-    fixed = all(isinstance(d, int) for d in shape)
-    return (int(np.prod(shape)) if fixed else None), shape
+    sizes = [d for d in shape if isinstance(d, int)]
+    return (int(np.prod(sizes)) if len(sizes) == len(shape) else None), shape
 
 
-def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
+def _shaped_index(base: Ref, idx: tuple, at: tuple | None) -> Index:
     """``x[i, j, ...]`` of a shaped array: the flat index ``i * stride + j``
     with its strides in the WGSL; each axis kept for the interpreter's checks."""
     shape = base.shape
@@ -529,7 +530,8 @@ def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
         i, d = idx[k], shape[k]
         e = as_expr(i, T.u32, at)
         if e.type not in (T.u32, T.i32):
-            raise type_error(f"an index must be u32 or i32, got {e.type} on axis {k} of `{base.name}`")
+            raise type_error(f"an index must be u32 or i32, got {e.type} on axis {k} of "
+                             f"`{base.name}`")
         if isinstance(i, int) and isinstance(d, int) and not 0 <= i < d:
             raise type_error(f"index {i} is out of range for axis {k} of `{base.name}` "
                              f"(size {d})")
@@ -546,7 +548,7 @@ def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
     return Index(base, flat, base.type.elem, tuple(reversed(axes)), at)
 
 
-def _size(d, at: tuple) -> Expr:
+def _size(d, at: tuple | None) -> Expr:
     return as_expr(d, T.u32, at) if isinstance(d, int) else \
         d if d.type == T.u32 else construct(T.u32, d)
 
@@ -561,7 +563,7 @@ def index(base: Expr, i) -> Index:
     shape = getattr(base, "shape", None) if isinstance(base, Ref) else None
     at = user_line()
     if isinstance(i, tuple) or (shape and len(shape) > 1):
-        if not shape:
+        if not (isinstance(base, Ref) and base.shape):
             raise type_error(f"`{getattr(base, 'name', base)}` has no shape: index it with one "
                              f"index (declare it with a shape such as (rows, cols) for x[r, c])")
         return _shaped_index(base, i if isinstance(i, tuple) else (i,), at)

@@ -147,7 +147,7 @@ def _irem(x, y):
 def _by_kind(int_fn, float_fn, bool_fn=None):
     """Semantics choosing by the scalar type of the first operand."""
     def make(types, rt):
-        s = T.scalar_of(types[0])
+        s = T.component(types[0])
         if s == T.bool_:
             return bool_fn
         if s.is_int:
@@ -203,7 +203,7 @@ _PYTHON = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "div", "%": "re
 
 
 def _negate(types, rt):
-    if T.scalar_of(rt).is_int:
+    if T.component(rt).is_int:
         dt = V.dtype_of(rt)
         return lambda a: V.wrap(-np.asarray(a).astype(V.I64), dt)
     return lambda a: -a
@@ -227,14 +227,15 @@ def value_type(e, op: str) -> T.WType:
     """The type of an operand, refusing atomics and arrays."""
     t = e.type
     if isinstance(t, T.Atomic):
-        raise type_error(f"cannot use an atomic<{t.scalar}> directly in `{op}`; use atomic_load(...)")
+        raise type_error(f"cannot use an atomic<{t.scalar}> directly in `{op}`; "
+                         f"use atomic_load(...)")
     if not isinstance(t, (T.Scalar, T.Vector)):
         raise type_error(f"operator `{op}` does not apply to {t}")
     return t
 
 
 def _shift_rule(op, a, b, ta, tb):
-    sa = T.scalar_of(ta)
+    sa = T.component(ta)
     if not sa.is_int:
         raise type_error(f"`{op}` needs an integer left operand, got {ta}")
     want = T.u32 if isinstance(ta, T.Scalar) else T.Vector(ta.size, T.u32)
@@ -249,7 +250,7 @@ def _shift_rule(op, a, b, ta, tb):
 def _compare_rule(op, ta, tb):
     if ta != tb:
         raise type_error(f"`{op}` needs operands of the same type, got {ta} and {tb}")
-    if T.scalar_of(ta) == T.bool_ and op not in ("==", "!="):
+    if T.component(ta) == T.bool_ and op not in ("==", "!="):
         raise type_error(f"`{op}` does not apply to bool")
     return INFIX[_PYTHON[op]], (T.bool_ if isinstance(ta, T.Scalar) else T.Vector(ta.size, T.bool_))
 
@@ -257,7 +258,7 @@ def _compare_rule(op, ta, tb):
 def _bits_rule(op, ta, tb):
     if ta != tb:
         raise type_error(f"`{op}` needs operands of the same type, got {ta} and {tb}")
-    s = T.scalar_of(ta)
+    s = T.component(ta)
     if s == T.bool_:
         if op == "^":
             return INFIX["ne"], ta
@@ -270,7 +271,7 @@ def _bits_rule(op, ta, tb):
 
 
 def _arith_rule(op, a, b, ta, tb):
-    s = T.scalar_of(ta)
+    s = T.component(ta)
     if not s.is_numeric:
         raise type_error(f"`{op}` does not apply to {ta}")
     if op == "//":
@@ -282,7 +283,7 @@ def _arith_rule(op, a, b, ta, tb):
         raise type_error(why)
     if ta == tb or (isinstance(ta, T.Vector) and tb == s):
         return INFIX[_PYTHON[op]], ta
-    if isinstance(tb, T.Vector) and ta == T.scalar_of(tb):
+    if isinstance(tb, T.Vector) and ta == T.component(tb):
         return INFIX[_PYTHON[op]], tb
     raise type_error(f"`{op}` between {ta} and {tb}: vector sizes differ")
 
@@ -295,7 +296,7 @@ def binary_rule(op: str, a, b) -> tuple[Op, T.WType]:
     ta, tb = value_type(a, op), value_type(b, op)
     if group == Group.SHIFT:
         return _shift_rule(op, a, b, ta, tb)
-    sa, sb = T.scalar_of(ta), T.scalar_of(tb)
+    sa, sb = T.component(ta), T.component(tb)
     if sa != sb:
         raise type_error(f"`{op}` between {ta} and {tb}: convert one side explicitly, "
                          f"e.g. {sa}(...) or {sb}(...)")
@@ -309,7 +310,7 @@ def binary_rule(op: str, a, b) -> tuple[Op, T.WType]:
 def unary_rule(op: str, a) -> tuple[Op, T.WType]:
     """The entry and result type of ``-a`` or ``~a``."""
     t = value_type(a, op)
-    s = T.scalar_of(t)
+    s = T.component(t)
     if op == "-":
         if s not in (T.f32, T.f16, T.i32):
             raise type_error(f"unary minus needs a signed type (f32, f16, i32), got {t}")
@@ -327,7 +328,7 @@ def unary_rule(op: str, a) -> tuple[Op, T.WType]:
 
 def _construct(types, rt):
     """T(x) conversion, vecN(x) splat, vecN(v) conversion or vecN(a, b, ...)."""
-    dst = T.scalar_of(rt)
+    dst = T.component(rt)
     if isinstance(rt, T.Scalar):
         return V.convert(types[0], rt)
     dt = V.dtype_of(rt)

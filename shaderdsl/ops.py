@@ -153,7 +153,7 @@ for _name, _wgsl, _params, _sem in _FLOAT_FUNCTIONS:
 def _numeric(int_fn, float_fn):
     """Integer and float semantics of abs/sign/min/max/clamp."""
     def make(types, rt):
-        if T.scalar_of(types[0]).is_int:
+        if T.component(types[0]).is_int:
             return int_fn(V.dtype_of(rt))
         return float_fn
     return make
@@ -198,8 +198,8 @@ for _name, _wgsl, _fn in (
         ("first_leading_bit", "firstLeadingBit", _first_leading_bit),
         ("first_trailing_bit", "firstTrailingBit",
          lambda s: lambda v: -1 if V.bits(v) == 0 else (V.bits(v) & -V.bits(v)).bit_length() - 1)):
-    _register(Op(_name, _wgsl, Form.CALL, _bit_function(_fn), _elementwise_rule(_name, "int", ("x",)),
-                 params=("x",)))
+    _register(Op(_name, _wgsl, Form.CALL, _bit_function(_fn),
+                 _elementwise_rule(_name, "int", ("x",)), params=("x",)))
 
 
 # ---- vectors, selection, bits of other types
@@ -230,7 +230,7 @@ def _dot_rule(a, b):
 
 
 def _dot(types, rt):
-    if T.scalar_of(rt).is_float:
+    if T.component(rt).is_float:
         return _fdot
     dt = V.dtype_of(rt)
     return lambda a, b: V.wrap(np.sum(a.astype(V.I64) * b.astype(V.I64)), dt)
@@ -239,14 +239,14 @@ def _dot(types, rt):
 def _length_rule(v):
     (v,) = unify("length", (v,))
     check_kind("length", v.type, "float")
-    return (v,), T.scalar_of(v.type)
+    return (v,), T.component(v.type)
 
 
 def _distance_rule(a, b):
     a, b = unify("distance", (a, b))
     t = same_type("distance", (a, b))
     check_kind("distance", t, "float")
-    return (a, b), T.scalar_of(t)
+    return (a, b), T.component(t)
 
 
 def _cross_rule(a, b):
@@ -261,7 +261,7 @@ def _select_rule(if_false, if_true, cond):
     f, t = unify("select", (if_false, if_true))
     ty = same_type("select", (f, t))
     c = as_expr(cond, T.bool_)
-    want = T.bool_ if isinstance(ty, T.Scalar) else T.Vector(ty.size, T.bool_)
+    want = T.Vector(ty.size, T.bool_) if isinstance(ty, T.Vector) else T.bool_
     if c.type != want and c.type != T.bool_:
         raise type_error(f"select() condition must be {want}, got {c.type}")
     return (f, t, c), ty
@@ -308,8 +308,10 @@ _register(Op("distance", "distance", Form.CALL, _float(lambda dt: lambda a, b: _
 _register(Op("cross", "cross", Form.CALL,
              lambda types, rt: lambda a, b: np.cross(a, b).astype(V.dtype_of(rt)), _cross_rule))
 _register(Op("select", "select", Form.CALL, _select, _select_rule))
-_register(Op("all_", "all", Form.CALL, plain(lambda v: np.bool_(np.all(v))), _bool_test_rule("all_")))
-_register(Op("any_", "any", Form.CALL, plain(lambda v: np.bool_(np.any(v))), _bool_test_rule("any_")))
+_register(Op("all_", "all", Form.CALL, plain(lambda v: np.bool_(np.all(v))),
+             _bool_test_rule("all_")))
+_register(Op("any_", "any", Form.CALL, plain(lambda v: np.bool_(np.any(v))),
+             _bool_test_rule("any_")))
 _register(Op("array_length", "arrayLength", Form.CALL, plain(lambda buf: np.uint32(len(buf))),
              _array_length_rule))
 
@@ -506,7 +508,7 @@ def _fold(combine, scan=None):
 
 def _extreme(which):
     def combine(rt):
-        if T.scalar_of(rt).is_float:
+        if T.component(rt).is_float:
             return np.fmax if which == "max" else np.fmin
         return np.maximum if which == "max" else np.minimum
     return combine
@@ -541,7 +543,10 @@ def _ballot(types, rt):
 
 
 def _vote(test):
-    return lambda types, rt: lambda lanes, args: [np.bool_(test(bool(a[0]) for a in args))] * len(lanes)
+    """subgroupAll/Any: every lane gets test(the lanes' conditions)."""
+    def make(types, rt):
+        return lambda lanes, args: [np.bool_(test(bool(a[0]) for a in args))] * len(lanes)
+    return make
 
 
 def _subgroup_rule(fn: str, kind: str):

@@ -6,6 +6,7 @@ when the expression is built, not when the WGSL compiler reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -28,6 +29,10 @@ class WType:
 @dataclass(frozen=True)
 class Scalar(WType):
     name: str
+    # f32(x), vec4f(a, b, c, d): scalar and vector types double as conversions.
+    # The expressions they make are shaderdsl.expr's (a layer above), which sets
+    # __call__ when imported (import shaderdsl does).
+    __call__: ClassVar[Callable[..., Any]]
 
     @property
     def is_float(self) -> bool:
@@ -49,6 +54,7 @@ class Scalar(WType):
 class Vector(WType):
     size: int
     scalar: Scalar
+    __call__: ClassVar[Callable[..., Any]]
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -234,6 +240,15 @@ def scalar_of(t: WType) -> Scalar | None:
     if isinstance(t, (Vector, Atomic)):
         return t.scalar
     return None
+
+
+def component(t: WType) -> Scalar:
+    """The scalar component type of a scalar, vector or atomic type (for a type
+    a rule has already checked to be one)."""
+    s = scalar_of(t)
+    if s is None:
+        raise TypeError(f"{t} has no scalar component type")
+    return s
 
 
 def uses_f16(t: WType) -> bool:

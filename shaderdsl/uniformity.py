@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import nodes as S
 from .errors import UniformityError
-from .expr import AddressOf, Call, Expr, Lit, Ref, RefKind, operands
+from .expr import AddressOf, Call, Expr, Index, Lit, Member, Ref, RefKind, operands
 from .location import shown
 from .operators import Form
 from .types import SUBGROUP_MATRIX_FEATURE
@@ -149,11 +149,11 @@ class _Walker:
 
     def _assign(self, st: S.Assign, cf) -> None:
         root, parts = st.target, NONE
-        while not isinstance(root, Ref):  # v[i].x = ...: the var v
-            kids = operands(root)
-            parts |= NONE if len(kids) < 2 else self.value(kids[1])
-            root = kids[0]
-        if root.kind in (RefKind.VAR, RefKind.LET, RefKind.LOOP):
+        while isinstance(root, (Index, Member)):  # v[i].x = ...: the var v
+            if isinstance(root, Index):
+                parts |= self.value(root.index)
+            root = root.base
+        if isinstance(root, Ref) and root.kind in (RefKind.VAR, RefKind.LET, RefKind.LOOP):
             whole = root is st.target and not st.op
             old = NONE if whole else self.locals.get(root.name, NONE)
             self.locals[root.name] = old | parts | cf | self.value(st.value)

@@ -92,6 +92,7 @@ class CheckedExprCompiler(ExprCompiler):
         if isinstance(e, E.Ref):
             name, holder = e.name, {e.name: self.offsets[e.name]}
             return lambda inv: (inv.env, name, holder)
+        assert isinstance(e, (E.Member, E.Index)), f"not a location: {e!r}"
         parent = self._path(e.base)
         if isinstance(e, E.Member):
             ks = e.components

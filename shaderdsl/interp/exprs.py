@@ -143,6 +143,7 @@ class ExprCompiler:
         if isinstance(e, E.Ref):
             name = e.name
             return lambda inv: (inv.env, name)
+        assert isinstance(e, (E.Member, E.Index)), f"not a location: {e!r}"
         parent = self.place(e.base)
         if isinstance(e, E.Member):
             ks = e.components

@@ -170,6 +170,7 @@ class StmtCompiler:
         """A store by the whole subgroup (the collective writes the memory); into a
         workgroup array, the first lane is logged as writing every element."""
         pre, target = self._pre((st.call,), st.where), st.call.args[0].target
+        assert pre is not None, "the store is itself a subgroup call"
         key, name, where = id(st.call), target.name, st.where
 
         def store(inv):
@@ -186,7 +187,8 @@ class StmtCompiler:
         if fn.name not in self.functions:
             self.functions[fn.name] = (self.block(fn.body),
                                        None if fn.result is None else self.cx(fn.result),
-                                       None if fn.result is None else self._pre([fn.result], fn.where))
+                                       None if fn.result is None
+                                       else self._pre([fn.result], fn.where))
             self.locals.update(p.name for p in fn.params)
         body, result, result_pre = self.functions[fn.name]
         args = [(p.name, self.cx(a)) for p, a in zip(fn.params, st.args)]
@@ -252,7 +254,8 @@ class StmtCompiler:
         name = st.var.name
         self.locals.add(name)
         start, end, step = self.cx(st.start), self.cx(st.end), self.cx(st.step)
-        pre_start, pre_iter = self._pre([st.start], st.where), self._pre([st.end, st.step], st.where)
+        pre_start = self._pre([st.start], st.where)
+        pre_iter = self._pre([st.end, st.step], st.where)
         body, guard = self.block(st.body), self._loop_guard(st.where)
         ty = st.var.type
         advance = INFIX["sub" if st.descending else "add"].semantics((ty, ty), ty)  # wraps
