@@ -624,7 +624,7 @@ SUBGROUP_MATRIX = T.SUBGROUP_MATRIX_FEATURE
 _STORED_AS = {"i8": T.i32, "u8": T.u32}  # 8-bit components: four to an array element
 
 
-def _matrix(fn: str, m, kind: str | None = None) -> T.SubgroupMatrix:
+def _matrix(fn: str, m, kind: T.MatrixKind | None = None) -> T.SubgroupMatrix:
     t = m if isinstance(m, T.SubgroupMatrix) else getattr(m, "type", None)
     if not isinstance(t, T.SubgroupMatrix) or (kind and t.kind != kind):
         got = m if isinstance(m, T.WType) else getattr(m, "type", type(m).__name__)
@@ -678,7 +678,7 @@ def _same_kind(a: str, b: str) -> bool:
 
 
 def _product_type(fn: str, left, right, component) -> T.SubgroupMatrix:
-    lt, rt = _matrix(fn, left, "left"), _matrix(fn, right, "right")
+    lt, rt = _matrix(fn, left, T.MatrixKind.LEFT), _matrix(fn, right, T.MatrixKind.RIGHT)
     if lt.component != rt.component or lt.cols != rt.rows:
         raise type_error(f"{fn}(): {lt} times {rt} needs one component type and "
                          f"left's K (columns) = right's K (rows)")
@@ -697,7 +697,7 @@ def _multiply_rule(component: T.Scalar | str, left, right):
 
 def _mma_rule(left, right, acc):
     fn = "subgroup_matrix_multiply_accumulate"
-    at = _matrix(fn, acc, "result")
+    at = _matrix(fn, acc, T.MatrixKind.RESULT)
     res = _product_type(fn, left, right, at.component)
     if res != at:
         raise type_error(f"{fn}(): the product is {res.cols} x {res.rows} (N x M) but the "

@@ -6,6 +6,7 @@ when the expression is built, not when the WGSL compiler reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -97,15 +98,21 @@ class Atomic(WType):
         return self.name
 
 
+class MatrixKind(StrEnum):
+    LEFT = "left"      # K cols, M rows: the A of A @ B
+    RIGHT = "right"    # N cols, K rows: the B
+    RESULT = "result"  # N cols, M rows
+
+
 @dataclass(frozen=True)
 class SubgroupMatrix(WType):
     """``subgroup_matrix_{kind}<component, cols, rows>`` (Dawn's WGSL extension
     chromium_experimental_subgroup_matrix): a matrix held by a whole subgroup,
     each invocation a part of it, changed only by subgroup-wide builtins.
-    ``kind`` is "left" (K cols, M rows), "right" (N, K) or "result" (N, M);
+    ``kind`` is left (K cols, M rows), right (N, K) or result (N, M);
     ``component`` f32, f16, i32, u32, or i8/u8 (left and right only)."""
 
-    kind: str
+    kind: MatrixKind
     component: str
     cols: int
     rows: int
@@ -126,10 +133,10 @@ MATRIX_COMPONENTS = ("f32", "f16", "i32", "u32", "i8", "u8")
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"  # Dawn's feature name
 
 
-def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
+def _subgroup_matrix(kind: MatrixKind, component, cols, rows) -> SubgroupMatrix:
     c = component.name if isinstance(component, Scalar) else component
-    if c not in MATRIX_COMPONENTS or (c in ("i8", "u8") and kind == "result"):
-        allowed = MATRIX_COMPONENTS if kind != "result" else MATRIX_COMPONENTS[:4]
+    if c not in MATRIX_COMPONENTS or (c in ("i8", "u8") and kind == MatrixKind.RESULT):
+        allowed = MATRIX_COMPONENTS if kind != MatrixKind.RESULT else MATRIX_COMPONENTS[:4]
         raise ShaderTypeError(f"subgroup_matrix_{kind} component must be one of {allowed}, "
                               f"got {component!r}")
     for n in (cols, rows):
@@ -141,17 +148,17 @@ def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
 
 def subgroup_matrix_left(component, k: int, m: int) -> SubgroupMatrix:
     """``subgroup_matrix_left<T, K, M>``: M rows, K columns (the A of A @ B)."""
-    return _subgroup_matrix("left", component, k, m)
+    return _subgroup_matrix(MatrixKind.LEFT, component, k, m)
 
 
 def subgroup_matrix_right(component, n: int, k: int) -> SubgroupMatrix:
     """``subgroup_matrix_right<T, N, K>``: K rows, N columns (the B of A @ B)."""
-    return _subgroup_matrix("right", component, n, k)
+    return _subgroup_matrix(MatrixKind.RIGHT, component, n, k)
 
 
 def subgroup_matrix_result(component, n: int, m: int) -> SubgroupMatrix:
     """``subgroup_matrix_result<T, N, M>``: M rows, N columns."""
-    return _subgroup_matrix("result", component, n, m)
+    return _subgroup_matrix(MatrixKind.RESULT, component, n, m)
 
 
 @dataclass(frozen=True)
