@@ -5,7 +5,9 @@ and the typing rules of the operators.
 An entry says everything the library knows about an operation:
 
 - its WGSL spelling (``wgsl``) and, for infix operators, its precedence
-  ``group`` (the emitter parenthesizes from it);
+  ``group`` (the emitter parenthesizes from it), its compound assignment
+  (``compound``) and, for ``&&`` and ``||``, the left value that decides
+  alone (``short_circuit``);
 - its meaning on numpy values (``semantics(arg_types, result_type)`` gives
   a function of the argument values), which the interpreter runs and which
   constant evaluation (``shaderdsl.consts``) uses;
