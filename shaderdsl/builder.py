@@ -17,13 +17,14 @@ import numpy as np
 from . import nodes as S
 from . import types as T
 from .context import type_error
-from .errors import ShaderNameError, ShaderScopeError
+from .errors import ShaderNameError, ShaderScopeError, is_positive_int
 from .expr import (
     Call,
     Expr,
     Lit,
     Member,
     Ref,
+    RefKind,
     as_expr,
     index,
     is_assignable,
@@ -58,17 +59,18 @@ class _Block:
         # the block builds an expression and leaves the var unchanged in the WGSL
         self.frame = sys._getframe(1)
         self.vars = {k: v for k, v in self.frame.f_locals.items()
-                     if isinstance(v, Ref) and v.kind == "var"}
+                     if isinstance(v, Ref) and v.kind == RefKind.VAR}
         return self.value
 
     def __exit__(self, *exc):
         frame, self.frame = self.frame, None
+        assert frame is not None, "a block is left only after it was entered"
         if exc[0] is None:
             now = frame.f_locals
             for name, var in self.vars.items():
                 new = now.get(name, var)
                 if isinstance(new, Expr) and new is not var and not (
-                        isinstance(new, Ref) and new.kind == "var"):
+                        isinstance(new, Ref) and new.kind == RefKind.VAR):
                     self.ctx.__exit__(*exc)
                     raise ShaderScopeError(
                         f"{caller_location()}: `{name}` held the var `{var.name}` when this "
@@ -147,7 +149,8 @@ class ShaderM:
 
     def _buffer(self, name, elem, length, access) -> Ref:
         if not isinstance(elem, T.WType) or isinstance(elem, T.Array):
-            raise type_error(f"buffer element type must be a scalar, vector or atomic type, got {elem!r}")
+            raise type_error(f"buffer element type must be a scalar, vector or atomic type, "
+                             f"got {elem!r}")
         if elem == T.bool_ or T.scalar_of(elem) == T.bool_:
             raise type_error("bool is not host-shareable; store u32 instead")
         if isinstance(elem, T.Vector) and elem.size == 3:
@@ -157,7 +160,7 @@ class ShaderM:
             raise type_error("atomic buffers must be declared with declare_output_buffer")
         name = self._declare_name(name, "buf")
         length, shape = shaped_length(length, name)
-        ref = Ref(name, T.array(elem, length), "buffer", access=access, shape=shape)
+        ref = Ref(name, T.array(elem, length), RefKind.BUFFER, access=access, shape=shape)
         self.bindings.append(ref)
         return ref
 
@@ -177,7 +180,7 @@ class ShaderM:
         if not isinstance(type, (T.Scalar, T.Vector)) or T.scalar_of(type) == T.bool_:
             raise type_error(f"a uniform must be a numeric scalar or vector, got {type}")
         name = self._declare_name(name, "uni")
-        ref = Ref(name, type, "uniform")
+        ref = Ref(name, type, RefKind.UNIFORM)
         self.bindings.append(ref)
         return ref
 
@@ -188,22 +191,21 @@ class ShaderM:
         name = self._declare_name(name, "ovr")
         if default is not None:
             default = literal(default, type)
-        ref = Ref(name, type, "override")
+        ref = Ref(name, type, RefKind.OVERRIDE)
         self.overrides.append((ref, default))
         return ref
 
     def shared(self, elem: T.WType, n, name: str | None = None) -> Ref:
         """A workgroup-shared array ``var<workgroup> name: array<elem, n>``;
         ``n`` an int or a shape of ints such as ``(16, 17)`` for ``tile[r, c]``."""
-        shape = tuple(n) if isinstance(n, (tuple, list)) else None
-        for d in shape or (n,):
-            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
-                raise type_error(f"a workgroup array needs a positive int length or a shape of "
-                                 f"them, got {n!r}")
-        n = int(np.prod(shape)) if shape else int(n)
+        shaped = isinstance(n, (tuple, list))
+        dims = tuple(n) if shaped else (n,)
+        if not all(is_positive_int(d) for d in dims):
+            raise type_error(f"a workgroup array needs a positive int length or a shape of "
+                             f"them, got {n!r}")
         name = self._declare_name(name, "wg")
-        ref = Ref(name, T.array(elem, n), "workgroup",
-                  shape=tuple(int(d) for d in shape) if shape else None)
+        ref = Ref(name, T.array(elem, int(np.prod(dims))), RefKind.WORKGROUP,
+                  shape=tuple(int(d) for d in dims) if shaped else None)
         self.workgroup_vars.append(ref)
         return ref
 
@@ -214,12 +216,12 @@ class ShaderM:
             _, ty, feature = BUILTIN_VALUES[key]
             if feature:
                 self.features.add(feature)
-            return Ref(key, ty, "builtin")
+            return Ref(key, ty, RefKind.BUILTIN)
         if key not in self.builtins:
             _, ty, feature = BUILTIN_VALUES[key]
             if feature:
                 self.features.add(feature)
-            self.builtins[key] = Ref(key, ty, "builtin")
+            self.builtins[key] = Ref(key, ty, RefKind.BUILTIN)
         return self.builtins[key]
 
     def global_id(self) -> Ref: return self._builtin("global_id")
@@ -257,7 +259,7 @@ class ShaderM:
         """Refuse expressions that read out-of-scope locals or stale variables."""
         open_ids = {b.id for b in self._blocks}
         if self._in_function is not None:
-            self._check_function_use(e, open_ids)
+            self._check_function_use(e, open_ids, self._in_function)
         if not e.blocks <= open_ids:
             raise ShaderScopeError(
                 f"{caller_location()}: the expression built at {e.where} was built inside an "
@@ -281,20 +283,21 @@ class ShaderM:
             self._uses[-1].append((e, deps))
         return e
 
-    def _check_function_use(self, e: Expr, open_ids) -> None:
-        """A function body sees its parameters, its own locals and module-scope names."""
+    def _check_function_use(self, e: Expr, open_ids, function: tuple[str, set]) -> None:
+        """A function body sees its parameters, its own locals and module-scope names
+        (``function``: the name and builtins used of the function being built)."""
         stack = [e]
         while stack:
             x = stack.pop()
             stack.extend(operands(x))
             if not isinstance(x, Ref):
                 continue
-            if x.kind == "builtin":
-                self._in_function[1].add(x.name)
+            if x.kind == RefKind.BUILTIN:
+                function[1].add(x.name)
             local = self._locals.get(x.name)
             if local is not None and local[0] not in open_ids:
                 raise ShaderScopeError(
-                    f"{caller_location()}: function {self._in_function[0]!r} uses `{x.name}` "
+                    f"{caller_location()}: function {function[0]!r} uses `{x.name}` "
                     f"of the kernel (declared at {local[1]}); a function sees only its "
                     f"parameters, builtin values and module-scope names: pass it as an argument")
 
@@ -319,7 +322,7 @@ class ShaderM:
 
     def param(self, name: str, type: T.WType, block: S.Block) -> Ref:
         """A function parameter: a let of the function's body block."""
-        ref = Ref(self._local_name(name, "p"), type, "let", block=block.id)
+        ref = Ref(self._local_name(name, "p"), type, RefKind.LET, block=block.id)
         self._locals[ref.name] = (block.id, caller_location())
         return ref
 
@@ -337,10 +340,11 @@ class ShaderM:
         for a in args:
             self.check_use(a)
         for key in fdef.builtins:
-            self._builtin(key)  # the caller has it: the entry point declares it, a function takes it
+            # the caller has it: the entry point declares it, a function takes it
+            self._builtin(key)
         ref = None
         if fdef.result is not None:
-            ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, "let",
+            ref = Ref(self._local_name(fdef.name + "_r", "r"), fdef.result.type, RefKind.LET,
                       block=self.block_id)
             self._locals[ref.name] = (self.block_id, caller_location())
         self._emit(S.CallFunction(fdef, args, ref, caller_location()))
@@ -349,8 +353,9 @@ class ShaderM:
         return ref
 
     def _bump(self, target: Expr) -> None:
-        name = root(target).name
-        self._version[name] = self._version.get(name, 0) + 1
+        named = root(target)
+        assert isinstance(named, Ref), "an assignable target starts from a name"
+        self._version[named.name] = self._version.get(named.name, 0) + 1
 
     def let(self, value, name: str | None = None) -> Ref:
         """``let name = value;``: an immutable snapshot; returns its name."""
@@ -358,7 +363,7 @@ class ShaderM:
         if isinstance(value.type, T.Atomic):
             raise type_error("cannot bind an atomic with let; use atomic_load(...)")
         name = self._local_name(name, "t")
-        ref = Ref(name, value.type, "let", block=self._block.id)
+        ref = Ref(name, value.type, RefKind.LET, block=self._block.id)
         self._locals[name] = (self._block.id, caller_location())
         self._emit(S.Let(ref, value, caller_location()))
         return ref
@@ -375,11 +380,12 @@ class ShaderM:
                 raise type_error(f"var of type {type} initialised with {init.type}")
         if isinstance(type, T.Array) and type.length is None:
             raise type_error("a function-scope var needs a fixed-size array")
-        if isinstance(type, T.Atomic) or (isinstance(type, T.Array) and isinstance(type.elem, T.Atomic)):
+        elem = type.elem if isinstance(type, T.Array) else type
+        if isinstance(elem, T.Atomic):
             raise type_error("atomics live in storage or workgroup memory: use "
                              "declare_output_buffer(..., atomic(u32)) or m.shared(atomic(u32), n)")
         name = self._local_name(name, "v")
-        ref = Ref(name, type, "var", block=self._block.id)
+        ref = Ref(name, type, RefKind.VAR, block=self._block.id)
         self._locals[name] = (self._block.id, caller_location())
         self._emit(S.VarDecl(ref, init, caller_location()))
         return ref
@@ -388,9 +394,10 @@ class ShaderM:
         """``target = value`` (or ``target op= value``); also what ``buf[i] = v`` calls."""
         if not isinstance(target, Expr) or not is_assignable(target):
             r = root(target) if isinstance(target, Expr) else None
-            if isinstance(r, Ref) and r.kind == "buffer":
+            if isinstance(r, Ref) and r.kind == RefKind.BUFFER:
                 raise type_error(f"buffer `{r.name}` is read-only (declared with "
-                                 f"declare_input_buffer); declare it with declare_output_buffer to write it")
+                                 f"declare_input_buffer); declare it with declare_output_buffer "
+                                 f"to write it")
             what = f"`{r.name}` ({r.kind})" if isinstance(r, Ref) else "this expression"
             raise type_error(f"cannot assign to {what}")
         if isinstance(target.type, T.Atomic):
@@ -419,7 +426,7 @@ class ShaderM:
         ref = None
         if call.type is not None:
             name = self._local_name(None, "t")
-            ref = Ref(name, call.type, "let", block=self._block.id)
+            ref = Ref(name, call.type, RefKind.LET, block=self._block.id)
             self._locals[name] = (self._block.id, caller_location())
         self._emit(S.Effect(call, ref, caller_location()))
         self._bump(target)
@@ -521,7 +528,7 @@ class ShaderM:
                              "(a negative Python int counts down)")
         body = S.Block(next(self._block_ids))
         vname = self._local_name(name or None, "i")
-        ref = Ref(vname, ty, "loop", block=body.id)
+        ref = Ref(vname, ty, RefKind.LOOP, block=body.id)
         self._locals[vname] = (body.id, caller_location())
         self._emit(S.For(ref, start, end, step, descending, body, caller_location()))
         return self._block_of("loop", body, loop=True, value=ref)
@@ -540,26 +547,31 @@ class ShaderM:
         """A loop unrolled in Python: the body is emitted once per item."""
         return iter(iterable)
 
-    def _jump(self, kind: str) -> None:
-        if kind != "return" and self._loop_depth == 0:
+    def _jump(self, kind: S.JumpKind) -> None:
+        if kind != S.JumpKind.RETURN and self._loop_depth == 0:
             raise ShaderScopeError(f"{caller_location()}: `{kind}` outside a loop")
-        if kind == "return" and self._in_function is not None:
+        if kind == S.JumpKind.RETURN and self._in_function is not None:
             raise ShaderScopeError(f"{caller_location()}: m.return_() inside function "
                                    f"{self._in_function[0]!r}: a function returns the value its "
                                    f"Python function returns, at its end")
         self._emit(S.Jump(kind, caller_location()))
 
-    def break_(self) -> None: self._jump("break")
-    def continue_(self) -> None: self._jump("continue")
-    def return_(self) -> None: self._jump("return")
+    def break_(self) -> None:
+        self._jump(S.JumpKind.BREAK)
+
+    def continue_(self) -> None:
+        self._jump(S.JumpKind.CONTINUE)
+
+    def return_(self) -> None:
+        self._jump(S.JumpKind.RETURN)
 
     def barrier(self) -> None:
         """``workgroupBarrier()``: workgroup memory writes before are visible after."""
-        self._emit(S.Barrier("workgroup", caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location()))
 
     def storage_barrier(self) -> None:
         """``storageBarrier()``: storage writes of this workgroup are visible after."""
-        self._emit(S.Barrier("storage", caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location()))
 
     # ------------------------------------------------------------ versions for Expr deps
 
@@ -571,6 +583,6 @@ class ShaderM:
     def module(self) -> S.Module:
         """The kernel built so far, as the tree the emitter and interpreter read."""
         self.check_pending()
-        return S.Module(self.name, tuple(self.workgroup_size), tuple(self.bindings),
+        return S.Module(self.name, self.workgroup_size, tuple(self.bindings),
                         tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
                         frozenset(self.features), self.body, tuple(self.functions.values()))

@@ -39,7 +39,7 @@ def _combine(op):
 
 def _identity(op, t: T.WType):
     """The value that leaves ``op`` unchanged, for the types WGSL literals reach."""
-    s = T.scalar_of(t)
+    s = T.component(t)
     big = {"f32": 3.4028234663852886e38, "f16": 65504.0, "i32": 2 ** 31 - 1, "u32": 2 ** 32 - 1}
     least = {"f32": -big["f32"], "f16": -big["f16"], "i32": -2 ** 31, "u32": 0}
     if op == "sum":

@@ -15,7 +15,8 @@ from . import context, uniformity
 from . import types as T
 from .builder import ShaderM
 from .emit import emit
-from .errors import KernelBuildError, ShaderDSLError
+from .errors import KernelBuildError, ShaderDSLError, is_positive_int
+from .expr import RefKind
 from .kernel import Binding, Kernel, Override
 from .location import is_library_file, shown
 from .types import size_and_align
@@ -36,13 +37,12 @@ def _python(v):
 
 
 def _workgroup_size(ws) -> tuple[int, int, int]:
-    ws = _python(ws)
-    if isinstance(ws, int):
-        ws = (ws,)
-    ws = tuple(_python(v) for v in ws)
-    if not 1 <= len(ws) <= 3 or not all(type(v) is int and v >= 1 for v in ws):
-        raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {ws!r}")
-    return ws + (1,) * (3 - len(ws))
+    dims = tuple(_python(v) for v in ws) if isinstance(ws, (tuple, list)) else (_python(ws),)
+    sizes = [int(v) for v in dims if is_positive_int(v)]
+    if not 1 <= len(dims) <= 3 or len(sizes) != len(dims):
+        raise ValueError(f"workgroup_size must be 1 to 3 positive ints, got {dims!r}")
+    x, y, z = sizes + [1] * (3 - len(sizes))
+    return x, y, z
 
 
 def _bytes(t) -> int:
@@ -136,9 +136,9 @@ def _build(fn, ws, name, params) -> Kernel:
     uniformity.check(m)
     wgsl, source_map, features, first_use = emit(m)
     bindings = tuple(
-        Binding(k, r.name, "uniform" if r.kind == "uniform" else r.access,
-                r.type if r.kind == "uniform" else r.type.elem,
-                None if r.kind == "uniform" else r.type.length,
+        Binding(k, r.name, "uniform" if r.kind == RefKind.UNIFORM else r.access,
+                r.type if r.kind == RefKind.UNIFORM else r.type.elem,
+                None if r.kind == RefKind.UNIFORM else r.type.length,
                 r.shape and tuple(d if isinstance(d, int) else d.name for d in r.shape))
         for k, r in enumerate(m.bindings))
     overrides = tuple(Override(r.name, r.type, None if d is None else d.value)

@@ -17,6 +17,7 @@ from . import nodes as N
 from . import types as T
 from .errors import ShaderTypeError
 from .location import shown
+from .operators import INFIX, Group
 
 INDENT = "    "
 
@@ -60,20 +61,19 @@ def _needs_parens(parent, child: E.Expr, left: bool) -> bool:
     if not isinstance(child, E.Binary):
         return False
     p, c = parent.group, child.op.group
-    if p == "mul":
-        return not (c == "mul" and left)
-    if p == "add":
-        return not (c == "mul" or (c == "add" and left))
-    if p == "rel":
+    if p == Group.MUL:
+        return not (c == Group.MUL and left)
+    if p == Group.ADD:
+        return not (c == Group.MUL or (c == Group.ADD and left))
+    if p == Group.REL:
         # `v < x >> y` would read as the template `v<x>`: shifts get parentheses too
-        return c not in ("mul", "add")
-    if p in ("bit", "logic"):
+        return c not in (Group.MUL, Group.ADD)
+    if p in (Group.BIT, Group.LOGIC):
         same = child.op is parent and left
-        return not (same or (p == "logic" and c == "rel"))
+        return not (same or (p == Group.LOGIC and c == Group.REL))
     return True  # shift operands must be unary expressions
 
 
-_TEMPLATE_LIKE = {"<", ">", "<=", ">="}
 # Features that need an `enable` directive in every compiler (the subgroup
 # enable is Tint's alone: Kernel.wgsl_for adds it).
 _ENABLES = (("shader-f16", "f16"),
@@ -83,8 +83,8 @@ _ENABLES = (("shader-f16", "f16"),
 # gives each its own tile): the check is Tint's, the interpreter makes it
 # exactly, at run time.
 _MATRIX_UNIFORMITY = "diagnostic(off, chromium.subgroup_matrix_uniformity);"
-# Compound assignments spell some bool operators differently (`a &= b` on bool).
-_COMPOUND = {"&&": "&", "||": "|"}
+# i32 `%` is printed as a call of a helper (_signed_remainder)
+_REMAINDER = INFIX["rem"]
 
 
 def _signed_remainder(t) -> tuple[str, list[str]]:
@@ -138,7 +138,7 @@ class Emitter:
         return e.name
 
     def _binary(self, e: E.Binary) -> str:
-        if e.op.wgsl == "%" and T.scalar_of(e.type) == T.i32:
+        if e.op is _REMAINDER and T.scalar_of(e.type) == T.i32:
             return self._remainder(e.type, e.a, e.b)
         a, b = self.expr(e.a), self.expr(e.b)
         if _needs_parens(e.op, e.a, True):
@@ -179,7 +179,7 @@ class Emitter:
         """A call argument. A `<` or `>` comparison is parenthesized: unwrapped,
         `f(a < b, c > d)` reads as the template list `a<b, c>` in WGSL."""
         text = self.expr(e)
-        return f"({text})" if isinstance(e, E.Binary) and e.op.wgsl in _TEMPLATE_LIKE else text
+        return f"({text})" if isinstance(e, E.Binary) and e.op.template_like else text
 
     def _primary(self, e: E.Expr) -> str:
         text = self.expr(e)
@@ -190,7 +190,7 @@ class Emitter:
     def _operand(self, e: E.Expr) -> str:
         """A loop bound after `<`: anything but arithmetic gets parentheses."""
         text = self.expr(e)
-        return f"({text})" if isinstance(e, E.Binary) and e.op.group not in ("mul", "add") \
+        return f"({text})" if isinstance(e, E.Binary) and e.op.group not in (Group.MUL, Group.ADD) \
             else text
 
     # ------------------------------------------------------------ statements
@@ -219,12 +219,12 @@ class Emitter:
         target, value = self.expr(st.target), self.expr(st.value)
         if st.op is None:
             text = f"{target} = {value};"
-        elif st.op.wgsl == "%" and T.scalar_of(st.target.type) == T.i32:
+        elif st.op is _REMAINDER and T.scalar_of(st.target.type) == T.i32:
             text = f"{target} = {self._remainder(st.target.type, st.target, st.value)};"
-        elif st.op.group == "rel":  # `^=` on bool: WGSL has no `!=` assignment
+        elif st.op.compound is None:  # `^=` on bool is `!=`: WGSL has no `!=` assignment
             text = f"{target} = {target} {st.op.wgsl} {self._primary(st.value)};"
         else:
-            text = f"{target} {_COMPOUND.get(st.op.wgsl, st.op.wgsl)}= {value};"
+            text = f"{target} {st.op.compound} {value};"
         self._line(out, depth, text, st.where)
 
     def _call_function(self, st: N.CallFunction, depth, out):
@@ -306,7 +306,7 @@ def _declarations(em: Emitter, m: N.Module) -> list[str]:
         decls.append("")
     for k, ref in enumerate(m.bindings):
         em._note_type(ref.type)
-        space = "uniform" if ref.kind == "uniform" else f"storage, {ref.access}"
+        space = "uniform" if ref.kind == E.RefKind.UNIFORM else f"storage, {ref.access}"
         decls.append(f"@group(0) @binding({k}) var<{space}> {ref.name}: {ref.type};")
     if m.bindings:
         decls.append("")

@@ -5,6 +5,17 @@ runtime errors are raised before any GPU buffer is written.
 """
 from __future__ import annotations
 
+from typing import TypeGuard
+
+import numpy as np
+
+
+def is_positive_int(value) -> TypeGuard[int | np.integer]:
+    """An int >= 1 (a numpy integer too, never a bool): the one test behind every
+    "must be a positive int" error (sizes, lengths, counts, grids)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+        and bool(value >= 1)
+
 
 class ShaderDSLError(Exception):
     """Base of every error this library raises on purpose."""

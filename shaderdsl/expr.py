@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import itertools
 import re
+from enum import StrEnum
 
 import numpy as np
 
 from . import context
 from . import types as T
 from .context import type_error
+from .errors import is_positive_int
 from .literals import default_scalar, literal_value
 from .location import shown, user_line
 from .operators import CONSTRUCT, SHIFT, binary_rule, unary_rule
-from .values import DTYPES
 
 _seq = itertools.count()
 _put = object.__setattr__            # Expr.__setattr__ is the DSL's member store
@@ -37,7 +38,22 @@ _EMPTY: frozenset = frozenset()
 _ALONE: dict[int, frozenset] = {}    # block id -> frozenset({id}), shared by the nodes built there
 
 SWIZZLE = re.compile(r"^([xyzw]{1,4}|[rgba]{1,4})$")
-TRACKED = ("var", "let", "loop", "buffer", "workgroup")
+
+
+class RefKind(StrEnum):
+    """What a name (:class:`Ref`) stands for."""
+    BUFFER = "buffer"
+    UNIFORM = "uniform"
+    WORKGROUP = "workgroup"
+    OVERRIDE = "override"
+    BUILTIN = "builtin"
+    VAR = "var"
+    LET = "let"
+    LOOP = "loop"
+
+
+# Names whose reads the builder versions (a read made stale by a later write is refused)
+TRACKED = (RefKind.VAR, RefKind.LET, RefKind.LOOP, RefKind.BUFFER, RefKind.WORKGROUP)
 
 
 def next_seq() -> int:
@@ -50,9 +66,10 @@ class Expr:
 
     __slots__ = ("type", "_at", "deps", "blocks")
 
-    def __init__(self, type: T.WType, children: tuple = (), at: tuple | None = None):
+    def __init__(self, type: T.WType | None, children: tuple = (), at: tuple | None = None):
         """``at``: the user's line (``location.user_line()``) when the caller
-        already has it: a construction that makes several nodes looks it up once."""
+        already has it: a construction that makes several nodes looks it up once.
+        ``type`` is None only for a call that gives no value (a store)."""
         _put(self, "type", type)
         _put(self, "_at", at or user_line())
         builder = context.active()
@@ -145,8 +162,9 @@ class Expr:
     # compound assignment: a statement on an assignable target
     def _compound(self, op, o):
         if not is_assignable(self):
-            if isinstance(self, Ref) and self.kind == "let":
-                raise type_error(f"`{self.name}` is a let (immutable); declare it with m.var(...) to update it")
+            if isinstance(self, Ref) and self.kind == RefKind.LET:
+                raise type_error(f"`{self.name}` is a let (immutable); declare it with "
+                                 f"m.var(...) to update it")
             return binary(op, self, o)
         context.current().assign(self, o, op=op)
         # A named var stays bound to its name; for `buf[i] += v` Python calls
@@ -227,7 +245,7 @@ class Lit(Expr):
         _put(self, "value", value)
 
     def int_constant(self):
-        return DTYPES[self.type.name].type(self.value) if _is_int(self.type) else None
+        return T.DTYPES[self.type.name].type(self.value) if _is_int(self.type) else None
 
     def _label(self) -> str:
         return repr(self.value)
@@ -242,14 +260,14 @@ class Ref(Expr):
 
     __slots__ = ("name", "kind", "block", "access", "shape")
 
-    def __init__(self, name: str, type: T.WType, kind: str, block=None, access: str = "read",
+    def __init__(self, name: str, type: T.WType, kind: RefKind, block=None, access: str = "read",
                  shape: tuple | None = None):
         _put(self, "type", type)
         _put(self, "_at", user_line())
         _put(self, "deps", _EMPTY)
         _put(self, "blocks", _EMPTY)
         _put(self, "name", name)
-        _put(self, "kind", kind)
+        _put(self, "kind", RefKind(kind))
         _put(self, "block", block)
         _put(self, "access", access)
         _put(self, "shape", shape)
@@ -394,7 +412,7 @@ class Member(Expr):
         return "." + self.name
 
 
-def operands(e: Expr) -> tuple:
+def operands(e: Expr) -> tuple[Expr, ...]:
     """The subexpressions of ``e``, left to right."""
     if isinstance(e, Unary):
         return (e.a,)
@@ -413,7 +431,8 @@ def operands(e: Expr) -> tuple:
 
 def is_assignable(e: Expr) -> bool:
     if isinstance(e, Ref):
-        return e.kind in ("var", "workgroup") or (e.kind == "buffer" and e.access == "read_write")
+        return e.kind in (RefKind.VAR, RefKind.WORKGROUP) or \
+            (e.kind == RefKind.BUFFER and e.access == "read_write")
     if isinstance(e, (Index, Member)):
         return is_assignable(e.base)
     return False
@@ -431,6 +450,11 @@ def root(e: Expr) -> Expr:
 def literal(value, scalar: T.Scalar, where: str | None = None, at: tuple | None = None) -> Lit:
     """A Python number as a literal of ``scalar``, range-checked."""
     return Lit(literal_value(value, scalar, where), scalar, at)
+
+
+# What a builtin or an operator accepts as an operand: an expression or a Python
+# (or numpy) number, which takes the type of the expression beside it.
+ExprLike = Expr | int | float | np.integer | np.floating | np.bool_
 
 
 def as_expr(value, like: T.WType | None = None, at: tuple | None = None) -> Expr:
@@ -483,17 +507,18 @@ def shaped_length(length, name: str):
     if not length:
         raise type_error(f"buffer {name!r}: a shape needs at least one size")
     for d in length:
-        sized = isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
-        named = isinstance(d, Ref) and d.kind in ("override", "uniform") and d.type in (T.u32, T.i32)
+        sized = is_positive_int(d)
+        named = isinstance(d, Ref) and d.kind in (RefKind.OVERRIDE, RefKind.UNIFORM) \
+            and d.type in (T.u32, T.i32)
         if not (sized or named):
             raise type_error(f"buffer {name!r}: each size of a shape must be a positive int or "
                              f"a u32/i32 override or uniform, got {d!r} in {tuple(length)!r}")
     shape = tuple(d if isinstance(d, Ref) else int(d) for d in length)
-    fixed = all(isinstance(d, int) for d in shape)
-    return (int(np.prod(shape)) if fixed else None), shape
+    sizes = [d for d in shape if isinstance(d, int)]
+    return (int(np.prod(sizes)) if len(sizes) == len(shape) else None), shape
 
 
-def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
+def _shaped_index(base: Ref, idx: tuple, at: tuple | None) -> Index:
     """``x[i, j, ...]`` of a shaped array: the flat index ``i * stride + j``
     with its strides in the WGSL; each axis kept for the interpreter's checks."""
     shape = base.shape
@@ -505,7 +530,8 @@ def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
         i, d = idx[k], shape[k]
         e = as_expr(i, T.u32, at)
         if e.type not in (T.u32, T.i32):
-            raise type_error(f"an index must be u32 or i32, got {e.type} on axis {k} of `{base.name}`")
+            raise type_error(f"an index must be u32 or i32, got {e.type} on axis {k} of "
+                             f"`{base.name}`")
         if isinstance(i, int) and isinstance(d, int) and not 0 <= i < d:
             raise type_error(f"index {i} is out of range for axis {k} of `{base.name}` "
                              f"(size {d})")
@@ -522,7 +548,7 @@ def _shaped_index(base: Ref, idx: tuple, at: tuple) -> Index:
     return Index(base, flat, base.type.elem, tuple(reversed(axes)), at)
 
 
-def _size(d, at: tuple) -> Expr:
+def _size(d, at: tuple | None) -> Expr:
     return as_expr(d, T.u32, at) if isinstance(d, int) else \
         d if d.type == T.u32 else construct(T.u32, d)
 
@@ -537,7 +563,7 @@ def index(base: Expr, i) -> Index:
     shape = getattr(base, "shape", None) if isinstance(base, Ref) else None
     at = user_line()
     if isinstance(i, tuple) or (shape and len(shape) > 1):
-        if not shape:
+        if not (isinstance(base, Ref) and base.shape):
             raise type_error(f"`{getattr(base, 'name', base)}` has no shape: index it with one "
                              f"index (declare it with a shape such as (rows, cols) for x[r, c])")
         return _shaped_index(base, i if isinstance(i, tuple) else (i,), at)

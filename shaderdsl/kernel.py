@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .nodes import Module
 from .types import WType, components, numpy_dtype, stride
 
 
@@ -81,7 +82,7 @@ class Kernel:
     source_map: tuple[tuple[int, str], ...] = field(default=(), compare=False, repr=False)
     # The tree the WGSL was printed from (shaderdsl.nodes.Module): what the
     # interpreter runs. None for a Kernel made from WGSL text alone.
-    ir: object = field(default=None, compare=False, repr=False)
+    ir: Module | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def cache_key(self) -> str:

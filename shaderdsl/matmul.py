@@ -36,6 +36,7 @@ from typing import Callable
 
 from . import builtins as B
 from . import types as T
+from .errors import is_positive_int
 from .types import vec4f, vec4h
 
 
@@ -75,7 +76,7 @@ class MatrixTiling:
                              f"on subgroups of {low} to {high}")
         for name in ("subgroups", "fragments"):
             v = getattr(self, name)
-            if len(v) != 2 or any(not isinstance(d, int) or d < 1 for d in v):
+            if len(v) != 2 or not all(is_positive_int(d) for d in v):
                 raise ValueError(f"{name}: expected (along rows, along columns) positive "
                                  f"ints, got {v!r}")
         if self.k_step < 1 or self.k_step % self.config.k or self.k_step % 4:

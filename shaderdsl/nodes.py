@@ -7,9 +7,11 @@ the interpreter runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from . import types as T
 from .expr import Call, Expr, Ref
+from .operators import Op
 
 # ---------------------------------------------------------------- statements
 
@@ -38,7 +40,7 @@ class Assign:
     """``target = value`` or, with ``op`` (a registry entry), ``target op= value``."""
     target: Expr
     value: Expr
-    op: object
+    op: Op | None
     where: str
 
 
@@ -77,18 +79,35 @@ class While:
     where: str
 
 
+class JumpKind(StrEnum):
+    BREAK = "break"
+    CONTINUE = "continue"
+    RETURN = "return"
+
+
 @dataclass
 class Jump:
     """``break``, ``continue`` or ``return``."""
-    kind: str
+    kind: JumpKind
     where: str
+
+    def __post_init__(self):
+        self.kind = JumpKind(self.kind)
+
+
+class BarrierKind(StrEnum):
+    WORKGROUP = "workgroup"
+    STORAGE = "storage"
 
 
 @dataclass
 class Barrier:
     """``workgroupBarrier()`` or ``storageBarrier()``."""
-    kind: str
+    kind: BarrierKind
     where: str
+
+    def __post_init__(self):
+        self.kind = BarrierKind(self.kind)
 
 
 @dataclass

@@ -26,9 +26,9 @@ from . import types as T
 from . import values as V
 from .context import type_error
 from .errors import InterpreterError, OutOfBoundsError
-from .expr import AddressOf, Expr, Ref, as_expr, is_assignable
+from .expr import AddressOf, Expr, Ref, RefKind, as_expr, is_assignable
 from .literals import default_scalar
-from .operators import INFIX, Op, plain
+from .operators import INFIX, Access, Form, Op, plain
 
 # ================================================================ builtin functions
 
@@ -83,12 +83,12 @@ def _arity(fn: str, args, n: int) -> None:
         raise type_error(f"{fn}() takes {n} argument(s), got {len(args)}")
 
 
-def _elementwise_rule(wgsl: str, kind: str, arity: int):
+def _elementwise_rule(fn: str, kind: str, params: tuple[str, ...]):
     def rule(*args):
-        _arity(wgsl, args, arity)
-        exprs = unify(wgsl, args)
-        t = same_type(wgsl, exprs)
-        check_kind(wgsl, t, kind)
+        _arity(fn, args, len(params))
+        exprs = unify(fn, args)
+        t = same_type(fn, exprs)
+        check_kind(fn, t, kind)
         return exprs, t
     return rule
 
@@ -120,57 +120,59 @@ def _smoothstep(dt):
 
 
 _FLOAT_FUNCTIONS = [
-    # dsl name, wgsl, arity, semantics given the dtype's type
-    ("sqrt", "sqrt", 1, lambda dt: np.sqrt),
-    ("inverse_sqrt", "inverseSqrt", 1, lambda dt: lambda x: dt(1) / np.sqrt(x)),
-    ("exp", "exp", 1, lambda dt: np.exp),
-    ("exp2", "exp2", 1, lambda dt: np.exp2),
-    ("log", "log", 1, lambda dt: np.log),
-    ("log2", "log2", 1, lambda dt: np.log2),
-    ("sin", "sin", 1, lambda dt: np.sin),
-    ("cos", "cos", 1, lambda dt: np.cos),
-    ("tan", "tan", 1, lambda dt: np.tan),
-    ("tanh", "tanh", 1, lambda dt: np.tanh),
-    ("floor", "floor", 1, lambda dt: np.floor),
-    ("ceil", "ceil", 1, lambda dt: np.ceil),
-    ("round", "round", 1, lambda dt: np.rint),
-    ("trunc", "trunc", 1, lambda dt: np.trunc),
-    ("fract", "fract", 1, lambda dt: lambda x: x - np.floor(x)),
-    ("saturate", "saturate", 1, lambda dt: lambda x: np.clip(x, dt(0), dt(1))),
-    ("pow", "pow", 2, lambda dt: np.power),
-    ("step", "step", 2, lambda dt: lambda edge, x: V.scalar(
+    # dsl name, wgsl, argument names, semantics given the dtype's type
+    ("sqrt", "sqrt", ("x",), lambda dt: np.sqrt),
+    ("inverse_sqrt", "inverseSqrt", ("x",), lambda dt: lambda x: dt(1) / np.sqrt(x)),
+    ("exp", "exp", ("x",), lambda dt: np.exp),
+    ("exp2", "exp2", ("x",), lambda dt: np.exp2),
+    ("log", "log", ("x",), lambda dt: np.log),
+    ("log2", "log2", ("x",), lambda dt: np.log2),
+    ("sin", "sin", ("x",), lambda dt: np.sin),
+    ("cos", "cos", ("x",), lambda dt: np.cos),
+    ("tan", "tan", ("x",), lambda dt: np.tan),
+    ("tanh", "tanh", ("x",), lambda dt: np.tanh),
+    ("floor", "floor", ("x",), lambda dt: np.floor),
+    ("ceil", "ceil", ("x",), lambda dt: np.ceil),
+    ("round", "round", ("x",), lambda dt: np.rint),
+    ("trunc", "trunc", ("x",), lambda dt: np.trunc),
+    ("fract", "fract", ("x",), lambda dt: lambda x: x - np.floor(x)),
+    ("saturate", "saturate", ("x",), lambda dt: lambda x: np.clip(x, dt(0), dt(1))),
+    ("pow", "pow", ("x", "y"), lambda dt: np.power),
+    ("step", "step", ("edge", "x"), lambda dt: lambda edge, x: V.scalar(
         np.where(x >= edge, dt(1), dt(0)).astype(dt))),
-    ("fma", "fma", 3, lambda dt: lambda a, b, c: V.scalar(
+    ("fma", "fma", ("a", "b", "c"), lambda dt: lambda a, b, c: V.scalar(
         (np.asarray(a, V.F64) * b + np.asarray(c, V.F64)).astype(dt))),
-    ("smoothstep", "smoothstep", 3, _smoothstep),
+    ("smoothstep", "smoothstep", ("low", "high", "x"), _smoothstep),
 ]
-for _name, _wgsl, _n, _sem in _FLOAT_FUNCTIONS:
-    _register(Op(_name, _wgsl, "call", _float(_sem), _elementwise_rule(_wgsl, "float", _n),
-                 doc=f"{_n} argument(s) of one float scalar or vector type"))
+for _name, _wgsl, _params, _sem in _FLOAT_FUNCTIONS:
+    _register(Op(_name, _wgsl, Form.CALL, _float(_sem), _elementwise_rule(_name, "float", _params),
+                 doc=f"{len(_params)} argument(s) of one float scalar or vector type",
+                 params=_params))
 
 
 def _numeric(int_fn, float_fn):
     """Integer and float semantics of abs/sign/min/max/clamp."""
     def make(types, rt):
-        if T.scalar_of(types[0]).is_int:
+        if T.component(types[0]).is_int:
             return int_fn(V.dtype_of(rt))
         return float_fn
     return make
 
 
-_register(Op("abs", "abs", "call",
+_register(Op("abs", "abs", Form.CALL,
              _numeric(lambda dt: lambda a: V.wrap(np.abs(np.asarray(a).astype(V.I64)), dt), np.abs),
-             _elementwise_rule("abs", "numeric", 1)))
-_register(Op("sign", "sign", "call", _numeric(lambda dt: np.sign, np.sign),
-             _elementwise_rule("sign", "signed", 1)))
-_register(Op("min", "min", "call", _numeric(lambda dt: np.minimum, np.fmin),
-             _elementwise_rule("min", "numeric", 2)))
-_register(Op("max", "max", "call", _numeric(lambda dt: np.maximum, np.fmax),
-             _elementwise_rule("max", "numeric", 2)))
-_register(Op("clamp", "clamp", "call",
+             _elementwise_rule("abs", "numeric", ("x",)), params=("x",)))
+_register(Op("sign", "sign", Form.CALL, _numeric(lambda dt: np.sign, np.sign),
+             _elementwise_rule("sign", "signed", ("x",)), params=("x",)))
+_register(Op("min", "min", Form.CALL, _numeric(lambda dt: np.minimum, np.fmin),
+             _elementwise_rule("min", "numeric", ("a", "b")), params=("a", "b")))
+_register(Op("max", "max", Form.CALL, _numeric(lambda dt: np.maximum, np.fmax),
+             _elementwise_rule("max", "numeric", ("a", "b")), params=("a", "b")))
+_register(Op("clamp", "clamp", Form.CALL,
              _numeric(lambda dt: lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
                       lambda x, lo, hi: np.fmin(np.fmax(x, lo), hi)),
-             _elementwise_rule("clamp", "numeric", 3)))
+             _elementwise_rule("clamp", "numeric", ("x", "low", "high")),
+             params=("x", "low", "high")))
 
 
 def _first_leading_bit(is_signed: bool):
@@ -196,7 +198,8 @@ for _name, _wgsl, _fn in (
         ("first_leading_bit", "firstLeadingBit", _first_leading_bit),
         ("first_trailing_bit", "firstTrailingBit",
          lambda s: lambda v: -1 if V.bits(v) == 0 else (V.bits(v) & -V.bits(v)).bit_length() - 1)):
-    _register(Op(_name, _wgsl, "call", _bit_function(_fn), _elementwise_rule(_wgsl, "int", 1)))
+    _register(Op(_name, _wgsl, Form.CALL, _bit_function(_fn),
+                 _elementwise_rule(_name, "int", ("x",)), params=("x",)))
 
 
 # ---- vectors, selection, bits of other types
@@ -227,7 +230,7 @@ def _dot_rule(a, b):
 
 
 def _dot(types, rt):
-    if T.scalar_of(rt).is_float:
+    if T.component(rt).is_float:
         return _fdot
     dt = V.dtype_of(rt)
     return lambda a, b: V.wrap(np.sum(a.astype(V.I64) * b.astype(V.I64)), dt)
@@ -236,14 +239,14 @@ def _dot(types, rt):
 def _length_rule(v):
     (v,) = unify("length", (v,))
     check_kind("length", v.type, "float")
-    return (v,), T.scalar_of(v.type)
+    return (v,), T.component(v.type)
 
 
 def _distance_rule(a, b):
     a, b = unify("distance", (a, b))
     t = same_type("distance", (a, b))
     check_kind("distance", t, "float")
-    return (a, b), T.scalar_of(t)
+    return (a, b), T.component(t)
 
 
 def _cross_rule(a, b):
@@ -258,7 +261,7 @@ def _select_rule(if_false, if_true, cond):
     f, t = unify("select", (if_false, if_true))
     ty = same_type("select", (f, t))
     c = as_expr(cond, T.bool_)
-    want = T.bool_ if isinstance(ty, T.Scalar) else T.Vector(ty.size, T.bool_)
+    want = T.Vector(ty.size, T.bool_) if isinstance(ty, T.Vector) else T.bool_
     if c.type != want and c.type != T.bool_:
         raise type_error(f"select() condition must be {want}, got {c.type}")
     return (f, t, c), ty
@@ -281,7 +284,7 @@ def _bool_test_rule(name: str):
 
 
 def _array_length_rule(buffer):
-    if not (isinstance(buffer, Ref) and buffer.kind == "buffer"
+    if not (isinstance(buffer, Ref) and buffer.kind == RefKind.BUFFER
             and isinstance(buffer.type, T.Array) and buffer.type.length is None):
         raise type_error("array_length() needs a runtime-sized storage buffer")
     return (AddressOf(buffer),), T.u32
@@ -294,24 +297,26 @@ def _bitcast(types, rt):
     return lambda a: np.ascontiguousarray(a).reshape(-1).view(dt)[0]
 
 
-_register(Op("normalize", "normalize", "call",
+_register(Op("normalize", "normalize", Form.CALL,
              _float(lambda dt: lambda v: v / _length(v)), _normalize_rule))
-_register(Op("mix", "mix", "call", _float(lambda dt: lambda a, b, t: a * (dt(1) - t) + b * t),
+_register(Op("mix", "mix", Form.CALL, _float(lambda dt: lambda a, b, t: a * (dt(1) - t) + b * t),
              _mix_rule))
-_register(Op("dot", "dot", "call", _dot, _dot_rule))
-_register(Op("length", "length", "call", _float(lambda dt: _length), _length_rule))
-_register(Op("distance", "distance", "call", _float(lambda dt: lambda a, b: _length(a - b)),
+_register(Op("dot", "dot", Form.CALL, _dot, _dot_rule))
+_register(Op("length", "length", Form.CALL, _float(lambda dt: _length), _length_rule))
+_register(Op("distance", "distance", Form.CALL, _float(lambda dt: lambda a, b: _length(a - b)),
              _distance_rule))
-_register(Op("cross", "cross", "call",
+_register(Op("cross", "cross", Form.CALL,
              lambda types, rt: lambda a, b: np.cross(a, b).astype(V.dtype_of(rt)), _cross_rule))
-_register(Op("select", "select", "call", _select, _select_rule))
-_register(Op("all_", "all", "call", plain(lambda v: np.bool_(np.all(v))), _bool_test_rule("all")))
-_register(Op("any_", "any", "call", plain(lambda v: np.bool_(np.any(v))), _bool_test_rule("any")))
-_register(Op("array_length", "arrayLength", "call", plain(lambda buf: np.uint32(len(buf))),
+_register(Op("select", "select", Form.CALL, _select, _select_rule))
+_register(Op("all_", "all", Form.CALL, plain(lambda v: np.bool_(np.all(v))),
+             _bool_test_rule("all_")))
+_register(Op("any_", "any", Form.CALL, plain(lambda v: np.bool_(np.any(v))),
+             _bool_test_rule("any_")))
+_register(Op("array_length", "arrayLength", Form.CALL, plain(lambda buf: np.uint32(len(buf))),
              _array_length_rule))
 
 
-def _bitcast_rule(t, x):
+def _bitcast_rule(t: T.WType, x):
     x = as_expr(x)
     if T.size_and_align(t)[0] != T.size_and_align(x.type)[0]:
         raise type_error(f"bitcast from {x.type} to {t}: sizes differ")
@@ -319,7 +324,7 @@ def _bitcast_rule(t, x):
 
 
 # bitcast<T>(x) and the constructors T(...) are spelled by their result type.
-_register(Op("bitcast", "bitcast<{type}>", "call", _bitcast, _bitcast_rule,
+_register(Op("bitcast", "bitcast<{type}>", Form.CALL, _bitcast, _bitcast_rule,
              doc="(T, x): reinterpret the bits of x as type T (same size)"))
 
 
@@ -327,13 +332,13 @@ _register(Op("bitcast", "bitcast<{type}>", "call", _bitcast, _bitcast_rule,
 # packed_4x8_integer_dot_product), and normalized or half floats in a u32.
 # Field i of a packed u32 is bits width*i .. width*i + width-1.
 
-def _fixed_rule(wgsl: str, params: tuple, result):
+def _fixed_rule(fn: str, params: tuple, result):
     """Arguments of exactly the types ``params``; Python numbers take them."""
     def rule(*args):
-        _arity(wgsl, args, len(params))
+        _arity(fn, args, len(params))
         exprs = tuple(as_expr(a, t) for a, t in zip(args, params))
         if any(e.type != t for e, t in zip(exprs, params)):
-            raise type_error(f"{wgsl}() needs ({', '.join(map(str, params))}), got "
+            raise type_error(f"{fn}() needs ({', '.join(map(str, params))}), got "
                              f"({', '.join(str(e.type) for e in exprs)})")
         return exprs, result
     return rule
@@ -417,27 +422,28 @@ _PACKING = [
     ("unpack2x16float", "unpack2x16float", (T.u32,), T.vec2f, _unpack_half),
 ]
 for _name, _wgsl, _params, _result, _fn in _PACKING:
-    _register(Op(_name, _wgsl, "call", plain(_fn), _fixed_rule(_wgsl, _params, _result),
-                 doc=f"({', '.join(map(str, _params))}) -> {_result}"))
+    _register(Op(_name, _wgsl, Form.CALL, plain(_fn), _fixed_rule(_name, _params, _result),
+                 doc=f"({', '.join(map(str, _params))}) -> {_result}",
+                 params=("a", "b") if len(_params) == 2 else ("x",)))
 
 
 # ---- atomics: side effects on an atomic location, emitted as statements
 
-def _atomic_rule(wgsl: str, n_values: int, returns: bool = True):
+def _atomic_rule(fn: str, n_values: int):
     def rule(target, *values):
         if len(values) != n_values:
-            raise type_error(f"{wgsl}() takes {n_values + 1} argument(s), got {len(values) + 1}")
+            raise type_error(f"{fn}() takes {n_values + 1} argument(s), got {len(values) + 1}")
         if not isinstance(target, Expr) or not isinstance(target.type, T.Atomic):
             got = target.type if isinstance(target, Expr) else type(target).__name__
-            raise type_error(f"{wgsl}() needs an atomic<u32|i32> location such as hist[i], got {got}")
+            raise type_error(f"{fn}() needs an atomic<u32|i32> location such as hist[i], got {got}")
         if not is_assignable(target):
-            raise type_error(f"{wgsl}() target must be in a read_write buffer or workgroup array")
+            raise type_error(f"{fn}() target must be in a read_write buffer or workgroup array")
         s = target.type.scalar
         args = (AddressOf(target),) + tuple(as_expr(v, s) for v in values)
         for v in args[1:]:
             if v.type != s:
-                raise type_error(f"{wgsl}() value must be {s}, got {v.type}")
-        return args, (s if returns else None)
+                raise type_error(f"{fn}() value must be {s}, got {v.type}")
+        return args, s
     return rule
 
 
@@ -446,26 +452,27 @@ def _update(new):
     return lambda types, rt: new(types[0].scalar)
 
 
-def _infix(symbol):
+def _infix(name):
     """The semantics of an infix operator on two values of one type t: t -> f."""
-    return lambda t: INFIX[symbol].semantics((t, t), t)
+    return lambda t: INFIX[name].semantics((t, t), t)
 
 
 for _name, _wgsl, _new in (
-        ("atomic_add", "atomicAdd", _infix("+")),
-        ("atomic_sub", "atomicSub", _infix("-")),
+        ("atomic_add", "atomicAdd", _infix("add")),
+        ("atomic_sub", "atomicSub", _infix("sub")),
         ("atomic_max", "atomicMax", lambda s: np.maximum),
         ("atomic_min", "atomicMin", lambda s: np.minimum),
-        ("atomic_and", "atomicAnd", _infix("&")),
-        ("atomic_or", "atomicOr", _infix("|")),
-        ("atomic_xor", "atomicXor", _infix("^")),
+        ("atomic_and", "atomicAnd", _infix("bit_and")),
+        ("atomic_or", "atomicOr", _infix("bit_or")),
+        ("atomic_xor", "atomicXor", _infix("bit_xor")),
         ("atomic_exchange", "atomicExchange", lambda s: lambda old, v: v)):
-    _register(Op(_name, _wgsl, "atomic", _update(_new), _atomic_rule(_wgsl, 1),
-                 doc="(target, value): returns the old value"))
-_register(Op("atomic_load", "atomicLoad", "atomic", lambda types, rt: lambda old: old,
-             _atomic_rule("atomicLoad", 0)))
-_register(Op("atomic_store", "atomicStore", "atomic", lambda types, rt: lambda old, v: v,
-             _atomic_rule("atomicStore", 1, returns=False)))
+    _register(Op(_name, _wgsl, Form.ATOMIC, _update(_new), _atomic_rule(_name, 1),
+                 doc="(target, value): returns the old value", params=("target", "value")))
+_register(Op("atomic_load", "atomicLoad", Form.ATOMIC, lambda types, rt: lambda old: old,
+             _atomic_rule("atomic_load", 0), params=("target",), access=Access.READ))
+_register(Op("atomic_store", "atomicStore", Form.ATOMIC, lambda types, rt: lambda old, v: v,
+             _atomic_rule("atomic_store", 1), params=("target", "value"), void=True,
+             access=Access.WRITE))
 
 
 # ---- subgroups: semantics over the lanes that take part
@@ -501,7 +508,7 @@ def _fold(combine, scan=None):
 
 def _extreme(which):
     def combine(rt):
-        if T.scalar_of(rt).is_float:
+        if T.component(rt).is_float:
             return np.fmax if which == "max" else np.fmin
         return np.maximum if which == "max" else np.minimum
     return combine
@@ -536,58 +543,61 @@ def _ballot(types, rt):
 
 
 def _vote(test):
-    return lambda types, rt: lambda lanes, args: [np.bool_(test(bool(a[0]) for a in args))] * len(lanes)
+    """subgroupAll/Any: every lane gets test(the lanes' conditions)."""
+    def make(types, rt):
+        return lambda lanes, args: [np.bool_(test(bool(a[0]) for a in args))] * len(lanes)
+    return make
 
 
-def _subgroup_rule(wgsl: str, kind: str):
+def _subgroup_rule(fn: str, kind: str):
     def rule(value):
-        (e,) = unify(wgsl, (value,))
-        check_kind(wgsl, e.type, kind)
+        (e,) = unify(fn, (value,))
+        check_kind(fn, e.type, kind)
         return (e,), e.type
     return rule
 
 
-def _subgroup_lane_rule(wgsl: str, const_lane: bool = False):
+def _subgroup_lane_rule(fn: str, const_lane: bool = False):
     def rule(value, lane):
-        (e,) = unify(wgsl, (value,))
-        check_kind(wgsl, e.type, "any")
+        (e,) = unify(fn, (value,))
+        check_kind(fn, e.type, "any")
         if const_lane and isinstance(lane, Expr):
-            raise type_error(f"{wgsl}() needs a constant lane (a Python int)")
+            raise type_error(f"{fn}() needs a constant lane (a Python int)")
         lane = as_expr(lane, T.u32)
         if lane.type != T.u32:
-            raise type_error(f"{wgsl}() lane must be u32, got {lane.type}")
+            raise type_error(f"{fn}() lane must be u32, got {lane.type}")
         return (e, lane), e.type
     return rule
 
 
-def _subgroup_bool_rule(wgsl: str, result):
+def _subgroup_bool_rule(fn: str, result):
     def rule(cond):
         c = as_expr(cond, T.bool_)
         if c.type != T.bool_:
-            raise type_error(f"{wgsl}() needs bool, got {c.type}")
+            raise type_error(f"{fn}() needs bool, got {c.type}")
         return (c,), result
     return rule
 
 
 def _subgroup(name, wgsl, semantics, rule, uniform_args=()):
-    _register(Op(name, wgsl, "subgroup", semantics, rule, feature="subgroup",
+    _register(Op(name, wgsl, Form.SUBGROUP, semantics, rule, feature="subgroup",
                  uniform_args=uniform_args))
 
 
 for _name, _wgsl, _kind, _combine, _scan in (
-        ("subgroup_add", "subgroupAdd", "numeric", _infix("+"), None),
-        ("subgroup_mul", "subgroupMul", "numeric", _infix("*"), None),
+        ("subgroup_add", "subgroupAdd", "numeric", _infix("add"), None),
+        ("subgroup_mul", "subgroupMul", "numeric", _infix("mul"), None),
         ("subgroup_max", "subgroupMax", "numeric", _extreme("max"), None),
         ("subgroup_min", "subgroupMin", "numeric", _extreme("min"), None),
-        ("subgroup_and", "subgroupAnd", "int", _infix("&"), None),
-        ("subgroup_or", "subgroupOr", "int", _infix("|"), None),
-        ("subgroup_xor", "subgroupXor", "int", _infix("^"), None),
-        ("subgroup_inclusive_add", "subgroupInclusiveAdd", "numeric", _infix("+"), "inclusive"),
-        ("subgroup_exclusive_add", "subgroupExclusiveAdd", "numeric", _infix("+"), "exclusive")):
-    _subgroup(_name, _wgsl, _fold(_combine, _scan), _subgroup_rule(_wgsl, _kind))
+        ("subgroup_and", "subgroupAnd", "int", _infix("bit_and"), None),
+        ("subgroup_or", "subgroupOr", "int", _infix("bit_or"), None),
+        ("subgroup_xor", "subgroupXor", "int", _infix("bit_xor"), None),
+        ("subgroup_inclusive_add", "subgroupInclusiveAdd", "numeric", _infix("add"), "inclusive"),
+        ("subgroup_exclusive_add", "subgroupExclusiveAdd", "numeric", _infix("add"), "exclusive")):
+    _subgroup(_name, _wgsl, _fold(_combine, _scan), _subgroup_rule(_name, _kind))
 _subgroup("subgroup_broadcast_first", "subgroupBroadcastFirst",
           plain(lambda lanes, args: [V.copy(args[0][0]) for _ in lanes]),
-          _subgroup_rule("subgroupBroadcastFirst", "any"))
+          _subgroup_rule("subgroup_broadcast_first", "any"))
 for _name, _wgsl, _source in (
         ("subgroup_broadcast", "subgroupBroadcast", lambda lane, x: x),
         ("subgroup_shuffle", "subgroupShuffle", lambda lane, x: x),
@@ -595,12 +605,12 @@ for _name, _wgsl, _source in (
         ("subgroup_shuffle_up", "subgroupShuffleUp", lambda lane, x: lane - x),
         ("subgroup_shuffle_down", "subgroupShuffleDown", lambda lane, x: lane + x)):
     _subgroup(_name, _wgsl, _lane_read(_source),  # WGSL: a delta or mask must be uniform
-              _subgroup_lane_rule(_wgsl, const_lane=_name == "subgroup_broadcast"),
+              _subgroup_lane_rule(_name, const_lane=_name == "subgroup_broadcast"),
               uniform_args=(1,) if _name.startswith("subgroup_shuffle_") else ())
-_subgroup("subgroup_all", "subgroupAll", _vote(all), _subgroup_bool_rule("subgroupAll", T.bool_))
-_subgroup("subgroup_any", "subgroupAny", _vote(any), _subgroup_bool_rule("subgroupAny", T.bool_))
+_subgroup("subgroup_all", "subgroupAll", _vote(all), _subgroup_bool_rule("subgroup_all", T.bool_))
+_subgroup("subgroup_any", "subgroupAny", _vote(any), _subgroup_bool_rule("subgroup_any", T.bool_))
 _subgroup("subgroup_ballot", "subgroupBallot", _ballot,
-          _subgroup_bool_rule("subgroupBallot", T.vec4u))
+          _subgroup_bool_rule("subgroup_ballot", T.vec4u))
 
 
 # ---- subgroup matrices (Dawn's chromium_experimental_subgroup_matrix)
@@ -614,50 +624,50 @@ SUBGROUP_MATRIX = T.SUBGROUP_MATRIX_FEATURE
 _STORED_AS = {"i8": T.i32, "u8": T.u32}  # 8-bit components: four to an array element
 
 
-def _matrix(wgsl: str, m, kind: str | None = None) -> T.SubgroupMatrix:
+def _matrix(fn: str, m, kind: T.MatrixKind | None = None) -> T.SubgroupMatrix:
     t = m if isinstance(m, T.SubgroupMatrix) else getattr(m, "type", None)
     if not isinstance(t, T.SubgroupMatrix) or (kind and t.kind != kind):
         got = m if isinstance(m, T.WType) else getattr(m, "type", type(m).__name__)
-        raise type_error(f"{wgsl}() needs a subgroup_matrix_{kind or '*'}, got {got}")
+        raise type_error(f"{fn}() needs a subgroup_matrix_{kind or '*'}, got {got}")
     return t
 
 
-def _matrix_array(wgsl: str, mt: T.SubgroupMatrix, array, store: bool) -> AddressOf:
+def _matrix_array(fn: str, mt: T.SubgroupMatrix, array, store: bool) -> AddressOf:
     """``&array``: a whole storage buffer or workgroup array of the matrix's
     component type (i32/u32 holding four i8/u8 each), writable for a store."""
     want = _STORED_AS.get(mt.component) or T.SCALARS[mt.component]
-    if not (isinstance(array, Ref) and array.kind in ("buffer", "workgroup")
+    if not (isinstance(array, Ref) and array.kind in (RefKind.BUFFER, RefKind.WORKGROUP)
             and isinstance(array.type, T.Array) and array.type.elem == want):
         got = array.type if isinstance(array, Expr) else type(array).__name__
-        raise type_error(f"{wgsl}() of {mt} needs a whole storage buffer or workgroup array "
+        raise type_error(f"{fn}() of {mt} needs a whole storage buffer or workgroup array "
                          f"of {want}, got {got}")
     if store and not is_assignable(array):
-        raise type_error(f"{wgsl}() needs a writable array (an output buffer or a shared array)")
+        raise type_error(f"{fn}() needs a writable array (an output buffer or a shared array)")
     return AddressOf(array)
 
 
-def _u32s(wgsl: str, *values) -> tuple:
+def _u32s(fn: str, *values) -> tuple:
     out = tuple(as_expr(v, T.u32) for v in values)
     if any(e.type != T.u32 for e in out):
-        raise type_error(f"{wgsl}() offset and stride must be u32, got "
+        raise type_error(f"{fn}() offset and stride must be u32, got "
                          f"{', '.join(str(e.type) for e in out)}")
     return out
 
 
-def _load_rule(wgsl: str):
-    def rule(mtype, array, offset, stride):
-        mt = _matrix(wgsl, mtype)
-        return (_matrix_array(wgsl, mt, array, False), *_u32s(wgsl, offset, stride)), mt
+def _load_rule(fn: str):
+    def rule(mtype: T.SubgroupMatrix, array, offset, stride):
+        mt = _matrix(fn, mtype)
+        return (_matrix_array(fn, mt, array, False), *_u32s(fn, offset, stride)), mt
     return rule
 
 
-def _store_rule(wgsl: str):
+def _store_rule(fn: str):
     def rule(array, offset, value, stride):
         if not isinstance(value, Expr):
-            raise type_error(f"{wgsl}() needs a subgroup matrix value, got {type(value).__name__}")
-        mt = _matrix(wgsl, value)
-        ptr = _matrix_array(wgsl, mt, array, True)
-        offset, stride = _u32s(wgsl, offset, stride)
+            raise type_error(f"{fn}() needs a subgroup matrix value, got {type(value).__name__}")
+        mt = _matrix(fn, value)
+        ptr = _matrix_array(fn, mt, array, True)
+        offset, stride = _u32s(fn, offset, stride)
         return (ptr, offset, value, stride), None
     return rule
 
@@ -667,47 +677,47 @@ def _same_kind(a: str, b: str) -> bool:
     return (a in ("f32", "f16")) == (b in ("f32", "f16"))
 
 
-def _product_type(wgsl: str, left, right, component) -> T.SubgroupMatrix:
-    lt, rt = _matrix(wgsl, left, "left"), _matrix(wgsl, right, "right")
+def _product_type(fn: str, left, right, component) -> T.SubgroupMatrix:
+    lt, rt = _matrix(fn, left, T.MatrixKind.LEFT), _matrix(fn, right, T.MatrixKind.RIGHT)
     if lt.component != rt.component or lt.cols != rt.rows:
-        raise type_error(f"{wgsl}(): {lt} times {rt} needs one component type and "
+        raise type_error(f"{fn}(): {lt} times {rt} needs one component type and "
                          f"left's K (columns) = right's K (rows)")
     res = T.subgroup_matrix_result(component, rt.cols, lt.rows)
     if not _same_kind(lt.component, res.component):
-        raise type_error(f"{wgsl}(): {lt.component} matrices multiply into an "
+        raise type_error(f"{fn}(): {lt.component} matrices multiply into an "
                          f"{'f32/f16' if lt.component in ('f32', 'f16') else 'i32/u32'} result, "
                          f"not {res.component}")
     return res
 
 
-def _multiply_rule(component, left, right):
-    res = _product_type("subgroupMatrixMultiply", left, right, component)
+def _multiply_rule(component: T.Scalar | str, left, right):
+    res = _product_type("subgroup_matrix_multiply", left, right, component)
     return (left, right), res
 
 
 def _mma_rule(left, right, acc):
-    wgsl = "subgroupMatrixMultiplyAccumulate"
-    at = _matrix(wgsl, acc, "result")
-    res = _product_type(wgsl, left, right, at.component)
+    fn = "subgroup_matrix_multiply_accumulate"
+    at = _matrix(fn, acc, T.MatrixKind.RESULT)
+    res = _product_type(fn, left, right, at.component)
     if res != at:
-        raise type_error(f"{wgsl}(): the product is {res.cols} x {res.rows} (N x M) but the "
+        raise type_error(f"{fn}(): the product is {res.cols} x {res.rows} (N x M) but the "
                          f"accumulator is {at}")
     return (left, right, acc), at
 
 
-def _uniform(wgsl: str, lanes, args) -> tuple:
+def _uniform(fn: str, lanes, args) -> tuple:
     """The arguments all lanes passed; they must agree (subgroup-uniform)."""
     first = args[0]
     for lane, a in zip(lanes, args):
         for k, (x, y) in enumerate(zip(a, first)):
             if x is not y and not np.array_equal(x, y):
                 raise InterpreterError(
-                    f"{wgsl}() needs the same arguments in every lane of the subgroup: "
+                    f"{fn}() needs the same arguments in every lane of the subgroup: "
                     f"argument {k + 1} of lane {lane} differs from lane {lanes[0]}'s")
     return first
 
 
-def _matrix_cells(wgsl: str, mt, array, offset, stride, col_major: bool):
+def _matrix_cells(fn: str, mt, array, offset, stride, col_major: bool):
     """(``array`` as the matrix's components, (rows, cols) indices into it).
 
     Offset and stride count elements of the *array* (the WGSL proposal after
@@ -723,29 +733,29 @@ def _matrix_cells(wgsl: str, mt, array, offset, stride, col_major: bool):
     start = pack * (int(offset) + (c * int(stride) if col_major else r * int(stride)))
     idx = start + (r if col_major else c)
     if idx.max() >= flat.size:
-        raise OutOfBoundsError(f"{wgsl}() of {mt} at offset {int(offset)}, stride {int(stride)} "
+        raise OutOfBoundsError(f"{fn}() of {mt} at offset {int(offset)}, stride {int(stride)} "
                                f"(elements of the array) reaches element {idx.max() // pack} of "
                                f"an array of {flat.size // pack}")
     return flat, idx
 
 
-def _matrix_load(wgsl: str, col_major: bool):
+def _matrix_load(fn: str, col_major: bool):
     def make(types, rt):
         def f(lanes, args):
-            array, offset, stride = _uniform(wgsl, lanes, args)
-            flat, idx = _matrix_cells(wgsl, rt, array, offset, stride, col_major)
+            array, offset, stride = _uniform(fn, lanes, args)
+            flat, idx = _matrix_cells(fn, rt, array, offset, stride, col_major)
             return [flat[idx].copy() for _ in lanes]
         return f
     return make
 
 
-def _matrix_store(wgsl: str, col_major: bool):
+def _matrix_store(fn: str, col_major: bool):
     def make(types, rt):
         mt = types[2]
 
         def f(lanes, args):
-            array, offset, value, stride = _uniform(wgsl, lanes, args)
-            flat, idx = _matrix_cells(wgsl, mt, array, offset, stride, col_major)
+            array, offset, value, stride = _uniform(fn, lanes, args)
+            flat, idx = _matrix_cells(fn, mt, array, offset, stride, col_major)
             flat[idx] = value
             # the array elements written, as if by the first lane (for the race checks)
             written = np.unique(idx // 4 if mt.is_8bit else idx)
@@ -762,7 +772,7 @@ def _matrix_product(types, rt):
     wide = V.F64 if T.SCALARS[rt.component].is_float else V.I64
 
     def f(lanes, args):
-        ms = [np.asarray(m).astype(wide) for m in _uniform("subgroupMatrixMultiply", lanes, args)]
+        ms = [np.asarray(m).astype(wide) for m in _uniform("subgroup_matrix_multiply", lanes, args)]
         out = ms[0] @ ms[1] + (ms[2] if len(ms) == 3 else 0)
         with np.errstate(over="ignore"):
             out = out.astype(dt)
@@ -772,18 +782,18 @@ def _matrix_product(types, rt):
 
 for _suffix, _layout, _cm in (("", "row_major", False), ("_col_major", "col_major", True)):
     _register(Op(f"subgroup_matrix_load{_suffix}", f"subgroupMatrixLoad<{{type}}, {_layout}>",
-                 "subgroup", _matrix_load("subgroupMatrixLoad", _cm),
-                 _load_rule("subgroupMatrixLoad"), feature=SUBGROUP_MATRIX,
+                 Form.SUBGROUP, _matrix_load(f"subgroup_matrix_load{_suffix}", _cm),
+                 _load_rule(f"subgroup_matrix_load{_suffix}"), feature=SUBGROUP_MATRIX,
                  doc=f"(matrix type, array, offset, stride), {_layout.replace('_', '-')}"))
     _register(Op(f"subgroup_matrix_store{_suffix}", f"subgroupMatrixStore<{_layout}>",
-                 "subgroup_store", _matrix_store("subgroupMatrixStore", _cm),
-                 _store_rule("subgroupMatrixStore"), feature=SUBGROUP_MATRIX,
+                 Form.SUBGROUP_STORE, _matrix_store(f"subgroup_matrix_store{_suffix}", _cm),
+                 _store_rule(f"subgroup_matrix_store{_suffix}"), feature=SUBGROUP_MATRIX, void=True,
                  doc=f"(array, offset, matrix, stride), {_layout.replace('_', '-')}"))
-_register(Op("subgroup_matrix_multiply", "subgroupMatrixMultiply<{component}>", "subgroup",
+_register(Op("subgroup_matrix_multiply", "subgroupMatrixMultiply<{component}>", Form.SUBGROUP,
              _matrix_product, _multiply_rule, feature=SUBGROUP_MATRIX,
              doc="(result component, left, right): left @ right"))
 _register(Op("subgroup_matrix_multiply_accumulate", "subgroupMatrixMultiplyAccumulate",
-             "subgroup", _matrix_product, _mma_rule, feature=SUBGROUP_MATRIX,
+             Form.SUBGROUP, _matrix_product, _mma_rule, feature=SUBGROUP_MATRIX,
              doc="(left, right, acc): left @ right + acc"))
 
 

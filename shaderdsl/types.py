@@ -6,10 +6,12 @@ when the expression is built, not when the WGSL compiler reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from .errors import ShaderTypeError
+from .errors import ShaderTypeError, is_positive_int
 
 
 class WType:
@@ -28,6 +30,10 @@ class WType:
 @dataclass(frozen=True)
 class Scalar(WType):
     name: str
+    # f32(x), vec4f(a, b, c, d): scalar and vector types double as conversions.
+    # The expressions they make are shaderdsl.expr's (a layer above), which sets
+    # __call__ when imported (import shaderdsl does).
+    __call__: ClassVar[Callable[..., Any]]
 
     @property
     def is_float(self) -> bool:
@@ -49,6 +55,7 @@ class Scalar(WType):
 class Vector(WType):
     size: int
     scalar: Scalar
+    __call__: ClassVar[Callable[..., Any]]
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -91,15 +98,21 @@ class Atomic(WType):
         return self.name
 
 
+class MatrixKind(StrEnum):
+    LEFT = "left"      # K cols, M rows: the A of A @ B
+    RIGHT = "right"    # N cols, K rows: the B
+    RESULT = "result"  # N cols, M rows
+
+
 @dataclass(frozen=True)
 class SubgroupMatrix(WType):
     """``subgroup_matrix_{kind}<component, cols, rows>`` (Dawn's WGSL extension
     chromium_experimental_subgroup_matrix): a matrix held by a whole subgroup,
     each invocation a part of it, changed only by subgroup-wide builtins.
-    ``kind`` is "left" (K cols, M rows), "right" (N, K) or "result" (N, M);
+    ``kind`` is left (K cols, M rows), right (N, K) or result (N, M);
     ``component`` f32, f16, i32, u32, or i8/u8 (left and right only)."""
 
-    kind: str
+    kind: MatrixKind
     component: str
     cols: int
     rows: int
@@ -120,14 +133,14 @@ MATRIX_COMPONENTS = ("f32", "f16", "i32", "u32", "i8", "u8")
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"  # Dawn's feature name
 
 
-def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
+def _subgroup_matrix(kind: MatrixKind, component, cols, rows) -> SubgroupMatrix:
     c = component.name if isinstance(component, Scalar) else component
-    if c not in MATRIX_COMPONENTS or (c in ("i8", "u8") and kind == "result"):
-        allowed = MATRIX_COMPONENTS if kind != "result" else MATRIX_COMPONENTS[:4]
+    if c not in MATRIX_COMPONENTS or (c in ("i8", "u8") and kind == MatrixKind.RESULT):
+        allowed = MATRIX_COMPONENTS if kind != MatrixKind.RESULT else MATRIX_COMPONENTS[:4]
         raise ShaderTypeError(f"subgroup_matrix_{kind} component must be one of {allowed}, "
                               f"got {component!r}")
     for n in (cols, rows):
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        if not is_positive_int(n):
             raise ShaderTypeError(f"subgroup_matrix_{kind} sizes must be positive ints, "
                                   f"got {cols!r}, {rows!r}")
     return SubgroupMatrix(kind, c, int(cols), int(rows))
@@ -135,17 +148,17 @@ def _subgroup_matrix(kind: str, component, cols, rows) -> SubgroupMatrix:
 
 def subgroup_matrix_left(component, k: int, m: int) -> SubgroupMatrix:
     """``subgroup_matrix_left<T, K, M>``: M rows, K columns (the A of A @ B)."""
-    return _subgroup_matrix("left", component, k, m)
+    return _subgroup_matrix(MatrixKind.LEFT, component, k, m)
 
 
 def subgroup_matrix_right(component, n: int, k: int) -> SubgroupMatrix:
     """``subgroup_matrix_right<T, N, K>``: K rows, N columns (the B of A @ B)."""
-    return _subgroup_matrix("right", component, n, k)
+    return _subgroup_matrix(MatrixKind.RIGHT, component, n, k)
 
 
 def subgroup_matrix_result(component, n: int, m: int) -> SubgroupMatrix:
     """``subgroup_matrix_result<T, N, M>``: M rows, N columns."""
-    return _subgroup_matrix("result", component, n, m)
+    return _subgroup_matrix(MatrixKind.RESULT, component, n, m)
 
 
 @dataclass(frozen=True)
@@ -210,8 +223,7 @@ def array(elem: WType, length: int | None = None) -> Array:
         raise ShaderTypeError(f"{elem} cannot be an array element, a buffer element or "
                               f"workgroup memory: a subgroup matrix lives in a let or var; "
                               f"load and store it with subgroup_matrix_load/store")
-    if length is not None and (isinstance(length, (bool, np.bool_)) or
-                               not isinstance(length, (int, np.integer)) or length < 1):
+    if length is not None and not is_positive_int(length):
         raise ShaderTypeError(f"array length must be a positive int or None, got {length!r}")
     return Array(elem, None if length is None else int(length))
 
@@ -237,6 +249,15 @@ def scalar_of(t: WType) -> Scalar | None:
     return None
 
 
+def component(t: WType) -> Scalar:
+    """The scalar component type of a scalar, vector or atomic type (for a type
+    a rule has already checked to be one)."""
+    s = scalar_of(t)
+    if s is None:
+        raise TypeError(f"{t} has no scalar component type")
+    return s
+
+
 def uses_f16(t: WType) -> bool:
     if isinstance(t, Array):
         return uses_f16(t.elem)
@@ -245,16 +266,21 @@ def uses_f16(t: WType) -> bool:
     return scalar_of(t) == f16
 
 
-# Host layout: what a numpy array must look like to fill a buffer of this type.
-_NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u32": np.uint32}
+# The numpy dtype of each scalar type: a value in the interpreter, an element
+# of a buffer on the host (bool is not host-shareable) ...
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
+          "u32": np.dtype(np.uint32), "bool": np.dtype(np.bool_)}
+# ... and of the components of subgroup matrices (8-bit ones too).
+MATRIX_DTYPES = {**DTYPES, "i8": np.dtype(np.int8), "u8": np.dtype(np.uint8)}
 
 
 def numpy_dtype(t: WType) -> np.dtype:
-    """The numpy dtype of one component of a host-shareable element type."""
+    """The numpy dtype of one component of a host-shareable element type:
+    what a numpy array must look like to fill a buffer of this type."""
     s = scalar_of(t)
-    if s is None or s.name not in _NUMPY:
+    if s is None or s == bool_:
         raise TypeError(f"{t} is not host-shareable (no numpy dtype)")
-    return np.dtype(_NUMPY[s.name])
+    return DTYPES[s.name]
 
 
 def size_and_align(t: WType) -> tuple[int, int]:

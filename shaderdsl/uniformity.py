@@ -21,14 +21,26 @@ Tint agrees with this analysis on tests/test_uniformity.py's corpus.
 """
 from __future__ import annotations
 
+from enum import StrEnum
+
 from . import nodes as S
 from .errors import UniformityError
-from .expr import AddressOf, Call, Expr, Lit, Ref, operands
+from .expr import AddressOf, Call, Expr, Index, Lit, Member, Ref, RefKind, operands
 from .location import shown
+from .operators import Form
 from .types import SUBGROUP_MATRIX_FEATURE
 
 VARYING_BUILTINS = ("local_id", "global_id", "local_index", "subgroup_invocation_id")
 NONE = frozenset()
+
+
+class Source(StrEnum):
+    """The first element of a taint's pair: what the second one is."""
+    VARYING = "n"  # (VARYING, why): varies between invocations, because of why
+    PARAM = "p"    # (PARAM, i): varies where the function's parameter i does
+
+
+VARYING, PARAM = Source.VARYING, Source.PARAM
 
 
 def check(module: S.Module) -> None:
@@ -59,21 +71,21 @@ def find(module: S.Module) -> list[str]:
 
 def _why(taint) -> str:
     """The first varying source of ``taint``, for a message."""
-    return next(text for kind, text in sorted(taint) if kind == "n")
+    return next(text for kind, text in sorted(taint) if kind == VARYING)
 
 
 def _varies(taint) -> bool:
-    return any(kind == "n" for kind, _ in taint)
+    return any(kind == VARYING for kind, _ in taint)
 
 
 class _Walker:
     """One function body (or the kernel's): the taint of each local and of
-    control flow. A taint is a frozenset of ("n", why) (varies) and ("p", i)
+    control flow. A taint is a frozenset of (VARYING, why) (varies) and (PARAM, i)
     (as parameter i of the function being walked does)."""
 
     def __init__(self, summaries: dict, params: dict):
         self.summaries = summaries
-        self.locals = {name: frozenset({("p", i)}) for name, i in params.items()}
+        self.locals = {name: frozenset({(PARAM, i)}) for name, i in params.items()}
         self.returned = NONE          # taint of the returns so far: the rest of the function
         self.jumps: list = []         # per enclosing loop: taint of its breaks and continues
         self.exits: list = []         # per enclosing loop: the locals at its breaks, continues
@@ -91,17 +103,17 @@ class _Walker:
         out = NONE
         for part in operands(e):
             out |= self.value(part)
-        if isinstance(e, Call) and (e.op.form == "atomic" or e.op.collective):
-            out |= {("n", f"the result of {e.op.spell(e.type)}()")}
+        if isinstance(e, Call) and (e.op.form == Form.ATOMIC or e.op.collective):
+            out |= {(VARYING, f"the result of {e.op.name}()")}
         return out
 
     def _ref(self, r: Ref) -> frozenset:
-        if r.kind == "builtin":
-            return frozenset({("n", r.name)}) if r.name in VARYING_BUILTINS else NONE
-        if r.kind == "buffer" and r.access == "read_write":
-            return frozenset({("n", f"the read_write buffer '{r.name}'")})
-        if r.kind == "workgroup":
-            return frozenset({("n", f"the workgroup array '{r.name}'")})
+        if r.kind == RefKind.BUILTIN:
+            return frozenset({(VARYING, r.name)}) if r.name in VARYING_BUILTINS else NONE
+        if r.kind == RefKind.BUFFER and r.access == "read_write":
+            return frozenset({(VARYING, f"the read_write buffer '{r.name}'")})
+        if r.kind == RefKind.WORKGROUP:
+            return frozenset({(VARYING, f"the workgroup array '{r.name}'")})
         return self.locals.get(r.name, NONE)
 
     # ------------------------------------------------------------ control flow
@@ -134,7 +146,7 @@ class _Walker:
         elif isinstance(st, (S.For, S.While)):
             self._loop(st, cf)
         elif isinstance(st, S.Jump):
-            if st.kind == "return":
+            if st.kind == S.JumpKind.RETURN:
                 self.returned |= self._decided(cf, f"the return at {st.where}")
             elif self.jumps:
                 self.jumps[-1] |= self._decided(cf, f"the {st.kind} at {st.where}")
@@ -142,17 +154,17 @@ class _Walker:
     @staticmethod
     def _decided(cf, what: str) -> frozenset:
         """Control flow after ``what``, taken under ``cf``: varying if cf varies."""
-        out = frozenset(x for x in cf if x[0] == "p")
-        return out | ({("n", f"{what}, taken by some invocations only")} if _varies(cf)
+        out = frozenset(x for x in cf if x[0] == PARAM)
+        return out | ({(VARYING, f"{what}, taken by some invocations only")} if _varies(cf)
                       else NONE)
 
     def _assign(self, st: S.Assign, cf) -> None:
         root, parts = st.target, NONE
-        while not isinstance(root, Ref):  # v[i].x = ...: the var v
-            kids = operands(root)
-            parts |= NONE if len(kids) < 2 else self.value(kids[1])
-            root = kids[0]
-        if root.kind in ("var", "let", "loop"):
+        while isinstance(root, (Index, Member)):  # v[i].x = ...: the var v
+            if isinstance(root, Index):
+                parts |= self.value(root.index)
+            root = root.base
+        if isinstance(root, Ref) and root.kind in (RefKind.VAR, RefKind.LET, RefKind.LOOP):
             whole = root is st.target and not st.op
             old = NONE if whole else self.locals.get(root.name, NONE)
             self.locals[root.name] = old | parts | cf | self.value(st.value)
@@ -162,9 +174,9 @@ class _Walker:
         bodies = []
         for cond, body in st.branches:
             c = self.value(cond)
-            taken = taken | (frozenset({("n", f"the if at {st.where}, whose condition reads "
+            taken = taken | (frozenset({(VARYING, f"the if at {st.where}, whose condition reads "
                                               f"{_why(c)}")}) if _varies(c) else NONE) | \
-                {x for x in c if x[0] == "p"}
+                {x for x in c if x[0] == PARAM}
             bodies.append((body, taken))
         bodies.append((st.else_body, taken))
         for body, branch in bodies:
@@ -181,7 +193,7 @@ class _Walker:
         last = body.stmts[-1] if body is not None and body.stmts else None
         if not isinstance(last, S.Jump):
             return self.locals
-        if last.kind != "return" and self.exits:
+        if last.kind != S.JumpKind.RETURN and self.exits:
             self.exits[-1][last.kind].append(self.locals)
         return None
 
@@ -200,9 +212,9 @@ class _Walker:
                 c |= self.value(b)
             if isinstance(st, S.For):
                 c |= self.locals[st.var.name]
-            body_cf = cf | (frozenset({("n", f"the loop at {st.where}, whose bounds read "
+            body_cf = cf | (frozenset({(VARYING, f"the loop at {st.where}, whose bounds read "
                                              f"{_why(c)}")}) if _varies(c) else NONE) | \
-                {x for x in c if x[0] == "p"}
+                {x for x in c if x[0] == PARAM}
             self.block(st.body, body_cf)
             self.locals = _merge([head[0], self.locals, *self.exits[-1]["continue"]])
             if (self.locals, self.returned, self.jumps[-1]) == head:
@@ -214,7 +226,7 @@ class _Walker:
 
     def _collectives(self, e, cf) -> None:
         if isinstance(e, Call) and e.op.collective and e.op.feature != SUBGROUP_MATRIX_FEATURE:
-            what = f"{e.op.spell(e.type)}() at {shown(e._at)}"
+            what = f"{e.op.name}() at {shown(e._at)}"
             self._uniform_here(what, cf)
             for i in e.op.uniform_args:
                 self._uniform_argument(i, self.value(e.args[i]), what)
@@ -225,7 +237,7 @@ class _Walker:
     def _uniform_here(self, what: str, cf) -> None:
         self.needs_uniform = self.needs_uniform or what
         for kind, i in cf:
-            if kind == "p":
+            if kind == PARAM:
                 self.param_needs.setdefault(i, what)
         if _varies(cf):
             self._problem(f"{what} runs in non-uniform control flow: {_why(cf)} varies "
@@ -235,7 +247,7 @@ class _Walker:
         """Argument ``i`` of ``what`` must be uniform (``needed``: because it
         decides whether that barrier or collective runs, or is its argument)."""
         for kind, j in taint:
-            if kind == "p":
+            if kind == PARAM:
                 self.param_needs.setdefault(j, needed or f"argument {i + 1} of {what}")
         if not _varies(taint):
             return
@@ -256,7 +268,7 @@ class _Walker:
         if st.ref is not None:
             out = NONE
             for kind, x in result:
-                out |= args[x] if kind == "p" else {(kind, x)}
+                out |= args[x] if kind == PARAM else {(kind, x)}
             self.locals[st.ref.name] = out
 
     def _problem(self, text: str) -> None:

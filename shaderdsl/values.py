@@ -12,17 +12,13 @@ from typing import Callable
 import numpy as np
 
 from . import types as T
+from .types import DTYPES, MATRIX_DTYPES
 
-DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
-          "u32": np.dtype(np.uint32), "bool": np.dtype(np.bool_)}
 I64 = np.dtype(np.int64)
 F64 = np.dtype(np.float64)
 # Float -> integer conversions saturate (WGSL); these are the limits that an
 # f32 can hold exactly (2**31 - 1 and 2**32 - 1 are not f32 values).
 FLOAT_TO_INT = {"i32": (-2.0 ** 31, 2147483520.0), "u32": (0.0, 4294967040.0)}
-
-
-MATRIX_DTYPES = {**DTYPES, "i8": np.dtype(np.int8), "u8": np.dtype(np.uint8)}
 
 
 def dtype_of(t: T.WType) -> np.dtype:

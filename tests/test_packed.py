@@ -144,13 +144,13 @@ def test_wgsl_text_features_and_naga(naga):
 
 @pytest.mark.parametrize("call, message", [
     (lambda v: B.dot4_i8_packed(v.x), "takes 2 argument(s), got 1"),
-    (lambda v: B.dot4_i8_packed(i32(v.x), v.x), "dot4I8Packed() needs (u32, u32), got (i32, u32)"),
+    (lambda v: B.dot4_i8_packed(i32(v.x), v.x), "dot4_i8_packed() needs (u32, u32), got (i32, u32)"),
     (lambda v: B.dot4_u8_packed(v.x, -1), "-1 does not fit in u32"),
-    (lambda v: B.pack4x_i8(v), "pack4xI8() needs (vec4<i32>), got (vec4<u32>)"),
+    (lambda v: B.pack4x_i8(v), "pack4x_i8() needs (vec4<i32>), got (vec4<u32>)"),
     (lambda v: B.pack4x_u8_clamp(v.xyz), "needs (vec4<u32>), got (vec3<u32>)"),
     (lambda v: B.pack4x8snorm(vec4i(v)), "pack4x8snorm() needs (vec4<f32>), got (vec4<i32>)"),
     (lambda v: B.pack2x16float(vec4f(v)), "needs (vec2<f32>), got (vec4<f32>)"),
-    (lambda v: B.unpack4x_i8(f32(v.x)), "unpack4xI8() needs (u32), got (f32)"),
+    (lambda v: B.unpack4x_i8(f32(v.x)), "unpack4x_i8() needs (u32), got (f32)"),
     (lambda v: B.unpack2x16float(1.5), "float literal 1.5 used where u32 is expected"),
 ])
 def test_packing_arguments_are_checked(call, message):

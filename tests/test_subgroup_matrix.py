@@ -215,11 +215,11 @@ L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
 
 @pytest.mark.parametrize("body, message", [
     (lambda m, b: B.subgroup_matrix_load(L8, b["af"], 0, 32),
-     "subgroupMatrixLoad() of subgroup_matrix_left<i8, 32, 16> needs a whole storage buffer "
+     "subgroup_matrix_load() of subgroup_matrix_left<i8, 32, 16> needs a whole storage buffer "
      "or workgroup array of i32, got array<f32>"),
     (lambda m, b: B.subgroup_matrix_load(L8, b["ai"][0], 0, 32), "needs a whole storage buffer"),
     (lambda m, b: B.subgroup_matrix_load(f32, b["ai"], 0, 32),
-     "subgroupMatrixLoad() needs a subgroup_matrix_*, got f32"),
+     "subgroup_matrix_load() needs a subgroup_matrix_*, got f32"),
     (lambda m, b: B.subgroup_matrix_load(L8, b["ai"], i32(0), 32),
      "offset and stride must be u32, got i32, u32"),
     (lambda m, b: B.subgroup_matrix_multiply(
@@ -229,7 +229,7 @@ L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
     (lambda m, b: B.subgroup_matrix_multiply(
         i32, m.let(B.subgroup_matrix_load(R8, b["ai"], 0, 16)),
         m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32))),
-     "subgroupMatrixMultiply() needs a subgroup_matrix_left, got subgroup_matrix_right"),
+     "subgroup_matrix_multiply() needs a subgroup_matrix_left, got subgroup_matrix_right"),
     (lambda m, b: B.subgroup_matrix_multiply(
         f32, m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)),
         m.let(B.subgroup_matrix_load(R8, b["ai"], 0, 16))),
@@ -240,9 +240,9 @@ L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
      "the product is 16 x 16 (N x M) but the accumulator is subgroup_matrix_result<i32, 8, 16>"),
     (lambda m, b: B.subgroup_matrix_store(
         b["ai"], 0, m.let(B.subgroup_matrix_load(L8, b["ai"], 0, 32)), 32),
-     "subgroupMatrixStore() needs a writable array"),
+     "subgroup_matrix_store() needs a writable array"),
     (lambda m, b: B.subgroup_matrix_store(b["out"], 0, 5, 32),
-     "subgroupMatrixStore() needs a subgroup matrix value, got int"),
+     "subgroup_matrix_store() needs a subgroup matrix value, got int"),
     (lambda m, b: Result("i8", 16, 16),
      "subgroup_matrix_result component must be one of ('f32', 'f16', 'i32', 'u32'), got 'i8'"),
     (lambda m, b: Left(f32, 0, 8), "sizes must be positive ints, got 0, 8"),

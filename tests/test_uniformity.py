@@ -376,7 +376,7 @@ def test_a_return_and_a_function_are_named():
 
 
 def test_a_varying_shuffle_mask_is_named():
-    with pytest.raises(UniformityError, match=r"argument 2 of subgroupShuffleXor\(\) at \S+"
+    with pytest.raises(UniformityError, match=r"argument 2 of subgroup_shuffle_xor\(\) at \S+"
                                               r"test_uniformity.py:\d+ reads local_index, which "
                                               r"varies between invocations; WGSL requires it "
                                               r"uniform"):

@@ -13,6 +13,7 @@ from typing import Callable
 from .. import expr as E
 from .. import types as T
 from .. import values as V
+from ..operators import Access
 from .exprs import ExprCompiler
 
 
@@ -21,7 +22,7 @@ def is_shared(e: E.Expr) -> bool:
     if not isinstance(e, (E.Ref, E.Index, E.Member)):
         return False
     r = E.root(e)
-    return isinstance(r, E.Ref) and r.kind == "workgroup"
+    return isinstance(r, E.Ref) and r.kind == E.RefKind.WORKGROUP
 
 
 class CheckedExprCompiler(ExprCompiler):
@@ -49,12 +50,12 @@ class CheckedExprCompiler(ExprCompiler):
             return V.copy(c[k])
         return load
 
-    def logged_place(self, e: E.Expr, mode: str, where: str) -> Callable:
-        """``place(e)`` that logs a "read", "write" or "update" (both) of workgroup memory."""
+    def logged_place(self, e: E.Expr, mode: Access, where: str) -> Callable:
+        """``place(e)`` that logs a read, a write or an update (both) of workgroup memory."""
         if not is_shared(e):
             return self.place(e)
         place, name = self.shared_place(e), E.root(e).name
-        read, write = mode in ("read", "update"), mode in ("write", "update")
+        read, write = mode != Access.WRITE, mode != Access.READ
 
         def logged(inv):
             c, k, off = place(inv)
@@ -91,6 +92,7 @@ class CheckedExprCompiler(ExprCompiler):
         if isinstance(e, E.Ref):
             name, holder = e.name, {e.name: self.offsets[e.name]}
             return lambda inv: (inv.env, name, holder)
+        assert isinstance(e, (E.Member, E.Index)), f"not a location: {e!r}"
         parent = self._path(e.base)
         if isinstance(e, E.Member):
             ks = e.components

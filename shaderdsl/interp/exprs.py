@@ -16,9 +16,8 @@ from .. import types as T
 from .. import values as V
 from ..errors import InterpreterError, OutOfBoundsError
 
-_KIND_WORDS = {"buffer": "storage buffer", "workgroup": "workgroup array", "var": "var",
-               "let": "let", "uniform": "uniform", "builtin": "builtin", "override": "override",
-               "loop": "loop counter"}
+_KIND_WORDS = {E.RefKind.BUFFER: "storage buffer", E.RefKind.WORKGROUP: "workgroup array",
+               E.RefKind.LOOP: "loop counter"}  # the other kinds' words are their values
 
 
 class ExprCompiler:
@@ -39,7 +38,8 @@ class ExprCompiler:
 
     def _ref(self, e: E.Ref) -> Callable:
         name = e.name
-        if e.kind in ("var", "workgroup", "buffer") and isinstance(e.type, (T.Vector, T.Array)):
+        copied = (E.RefKind.VAR, E.RefKind.WORKGROUP, E.RefKind.BUFFER)
+        if e.kind in copied and isinstance(e.type, (T.Vector, T.Array)):
             return lambda inv: inv.env[name].copy()   # a snapshot, not a view of the variable
         return lambda inv: inv.env[name]
 
@@ -50,10 +50,9 @@ class ExprCompiler:
 
     def _binary(self, e: E.Binary) -> Callable:
         a, b = self(e.a), self(e.b)
-        if e.op.wgsl == "&&":
-            return lambda inv: np.bool_(a(inv) and b(inv))
-        if e.op.wgsl == "||":
-            return lambda inv: np.bool_(a(inv) or b(inv))
+        decides = e.op.short_circuit
+        if decides is not None:  # && and ||: b is evaluated only when a does not decide
+            return lambda inv: np.bool_(decides) if bool(a(inv)) is decides else np.bool_(b(inv))
         f = e.op.semantics((e.a.type, e.b.type), e.type)
         return lambda inv: f(a(inv), b(inv))
 
@@ -62,7 +61,7 @@ class ExprCompiler:
             key = id(e)
             return lambda inv: inv.sg[key]
         if e.op.effect:
-            raise InterpreterError(f"{e.where}: {e.op.wgsl}() is a statement; it cannot appear "
+            raise InterpreterError(f"{e.where}: {e.op.name}() is a statement; it cannot appear "
                                    f"inside an expression")
         args = [self(x) for x in e.args]
         f = e.op.semantics(tuple(x.type for x in e.args), e.type)
@@ -144,6 +143,7 @@ class ExprCompiler:
         if isinstance(e, E.Ref):
             name = e.name
             return lambda inv: (inv.env, name)
+        assert isinstance(e, (E.Member, E.Index)), f"not a location: {e!r}"
         parent = self.place(e.base)
         if isinstance(e, E.Member):
             ks = e.components

@@ -10,7 +10,7 @@ import numpy as np
 from ..builder import ShaderM
 from ..compiler import compile
 from ..emit import emit
-from ..errors import DispatchError, ShaderDSLError
+from ..errors import DispatchError, ShaderDSLError, is_positive_int
 from ..kernel import Kernel
 from ..nodes import Module
 from .access import CheckedExprCompiler
@@ -26,27 +26,31 @@ DEFAULT_MAX_LOOP_ITERATIONS = 1_000_000
 
 def _module(source, workgroup_size, name, params) -> Module:
     """The tree to run, from a Kernel, a Module, a ShaderM or a kernel function."""
-    if isinstance(source, (Kernel, Module, ShaderM)):
-        if params:
-            raise TypeError("params are only for a kernel function, not a built kernel")
-        m = source.ir if isinstance(source, Kernel) else \
-            source.module() if isinstance(source, ShaderM) else source
-        if m is None:
-            raise TypeError("this Kernel holds only WGSL (no tree): pass the kernel function "
-                            "and its params instead")
-        return m
-    if callable(source):
-        return compile(source, workgroup_size, name=name, **params).ir
-    raise TypeError(f"Interpreter needs a kernel function, a Kernel or a ShaderM, got "
-                    f"{type(source).__name__}")
+    if isinstance(source, (Kernel, Module, ShaderM)) and params:
+        raise TypeError("params are only for a kernel function, not a built kernel")
+    if isinstance(source, Module):
+        return source
+    if isinstance(source, ShaderM):
+        return source.module()
+    if not isinstance(source, Kernel):
+        if not callable(source):
+            raise TypeError(f"Interpreter needs a kernel function, a Kernel or a ShaderM, got "
+                            f"{type(source).__name__}")
+        source = compile(source, workgroup_size, name=name, **params)
+    if source.ir is None:
+        raise TypeError("this Kernel holds only WGSL (no tree): pass the kernel function "
+                        "and its params instead")
+    return source.ir
 
 
 def _grid(name: str, workgroups) -> tuple[int, int, int]:
-    wg = (workgroups,) if isinstance(workgroups, (int, np.integer)) else tuple(workgroups)
-    if not 1 <= len(wg) <= 3 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in wg):
+    wg = tuple(workgroups) if isinstance(workgroups, (tuple, list)) else (workgroups,)
+    sizes = [int(v) for v in wg if is_positive_int(v)]
+    if not 1 <= len(wg) <= 3 or len(sizes) != len(wg):
         raise DispatchError(f"kernel {name!r}: workgroups must be 1 to 3 positive ints, "
                             f"got {workgroups!r}")
-    return tuple(int(v) for v in wg) + (1,) * (3 - len(wg))
+    x, y, z = sizes + [1] * (3 - len(sizes))
+    return x, y, z
 
 
 class Interpreter:

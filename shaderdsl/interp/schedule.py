@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import nodes as N
 from .. import values as V
 from ..errors import InterpreterError
 from ..ops import INACTIVE_LANE
@@ -140,7 +141,7 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
             runnable = _resolve_subgroups(waiting, events, sends, subgroup_size, lane_reads)
             continue
         _check_same_barrier(name, invs, events, alive, live)
-        if log is not None and events[live[0]][1].kind == "workgroup":
+        if log is not None and events[live[0]][1].kind == N.BarrierKind.WORKGROUP:
             log.barrier()
         runnable = live
 
@@ -180,15 +181,12 @@ def _check_same_barrier(name, invs, events, alive, live) -> None:
         f"but they diverged: {summary}")
 
 
-def _ranges(ks: list) -> str:
+def _ranges(ks: list[int]) -> str:
     """'0-3, 7' for [0, 1, 2, 3, 7]."""
-    out, start, prev = [], None, None
-    for k in ks + [None]:
-        if start is None:
-            start = prev = k
-        elif k is not None and k == prev + 1:
-            prev = k
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive numbers
+    for k in ks:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
         else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = k
-    return ", ".join(out)
+            runs.append([k, k])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)

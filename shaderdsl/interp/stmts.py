@@ -16,12 +16,10 @@ from .. import nodes as N
 from .. import values as V
 from ..emit import stmt_text
 from ..errors import InterpreterError
-from ..operators import INFIX
+from ..operators import INFIX, Access
 
-BREAK, CONTINUE, RETURN = "break", "continue", "return"
+BREAK, RETURN = N.JumpKind.BREAK, N.JumpKind.RETURN  # the signals of a jump: its kind
 BARRIER, SUBGROUP = "barrier", "subgroup"
-_SIGNALS = {"break": BREAK, "continue": CONTINUE, "return": RETURN}
-_ATOMIC_MODE = {"atomicLoad": "read", "atomicStore": "write"}  # the rest read and write
 
 
 def subgroup_calls(exprs) -> list:
@@ -125,14 +123,14 @@ class StmtCompiler:
         val = self.cx(st.init)
         return self._simple(st, lambda inv: inv.env.__setitem__(name, V.copy(val(inv))))
 
-    def _place(self, target, mode: str, where: str) -> Callable:
+    def _place(self, target, mode: Access, where: str) -> Callable:
         """Where a store goes; a checking expression compiler also logs the
-        access to workgroup memory (mode "read", "write" or "update")."""
+        access to workgroup memory."""
         logged = getattr(self.cx, "logged_place", None)
         return self.cx.place(target) if logged is None else logged(target, mode, where)
 
     def _assign(self, st: N.Assign):
-        place = self._place(st.target, "write" if st.op is None else "update", st.where)
+        place = self._place(st.target, Access.WRITE if st.op is None else Access.UPDATE, st.where)
         val = self.cx(st.value)
         if st.op is None:
             def assign(inv):
@@ -152,8 +150,7 @@ class StmtCompiler:
         call = st.call
         if call.op.collective:  # subgroupMatrixStore: the subgroup stores together
             return True, self._collective_store(st)
-        mode = _ATOMIC_MODE.get(call.op.wgsl, "update")
-        place = self._place(call.args[0].target, mode, st.where)
+        place = self._place(call.args[0].target, call.op.access, st.where)
         values = [self.cx(a) for a in call.args[1:]]
         update = call.op.semantics(tuple(a.type for a in call.args), call.type)
         bind = st.ref.name if st.ref is not None else None
@@ -173,6 +170,7 @@ class StmtCompiler:
         """A store by the whole subgroup (the collective writes the memory); into a
         workgroup array, the first lane is logged as writing every element."""
         pre, target = self._pre((st.call,), st.where), st.call.args[0].target
+        assert pre is not None, "the store is itself a subgroup call"
         key, name, where = id(st.call), target.name, st.where
 
         def store(inv):
@@ -189,7 +187,8 @@ class StmtCompiler:
         if fn.name not in self.functions:
             self.functions[fn.name] = (self.block(fn.body),
                                        None if fn.result is None else self.cx(fn.result),
-                                       None if fn.result is None else self._pre([fn.result], fn.where))
+                                       None if fn.result is None
+                                       else self._pre([fn.result], fn.where))
             self.locals.update(p.name for p in fn.params)
         body, result, result_pre = self.functions[fn.name]
         args = [(p.name, self.cx(a)) for p, a in zip(fn.params, st.args)]
@@ -210,7 +209,7 @@ class StmtCompiler:
         return True, call
 
     def _jump(self, st: N.Jump):
-        sig = _SIGNALS[st.kind]
+        sig = st.kind
         return False, lambda inv: sig
 
     def _comment(self, st: N.Comment):
@@ -255,10 +254,11 @@ class StmtCompiler:
         name = st.var.name
         self.locals.add(name)
         start, end, step = self.cx(st.start), self.cx(st.end), self.cx(st.step)
-        pre_start, pre_iter = self._pre([st.start], st.where), self._pre([st.end, st.step], st.where)
+        pre_start = self._pre([st.start], st.where)
+        pre_iter = self._pre([st.end, st.step], st.where)
         body, guard = self.block(st.body), self._loop_guard(st.where)
         ty = st.var.type
-        advance = INFIX["-" if st.descending else "+"].semantics((ty, ty), ty)  # wraps
+        advance = INFIX["sub" if st.descending else "add"].semantics((ty, ty), ty)  # wraps
         more = (lambda i, e: i > e) if st.descending else (lambda i, e: i < e)
 
         def for_(inv):
