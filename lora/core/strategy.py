@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ..kernels import tiled_fits
-from ..kernels.forward import GEMM_BLOCKS
+from ..kernels.gemm import GEMM_BLOCKS
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
 
