@@ -61,7 +61,8 @@ class _SelfCheck:
     def project_a(self, **kw):
         xb, hb = self.dev.buffer(self.x), self.nans(self.h.shape)
         self.F.execute_project_a(self.dev, self.w, xb, hb, **kw)
-        return self.result(self.dev.read(hb), R.project_a(self.a, self.x), R.h_tolerance(self.x, self.a))
+        return self.result(self.dev.read(hb), R.project_a(self.a, self.x),
+                           R.h_tolerance(self.x, self.a))
 
     def project_b(self):
         yb = self.nans(self.y.shape)

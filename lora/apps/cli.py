@@ -114,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a kernel of lora.kernels.KERNELS; the forward ones also take the "
                         "options below, every one takes name=value parameters")
     w.add_argument("params", nargs="*", metavar="name=value",
-                   help="the kernel function's parameters, e.g. out_dim=64 rank=4 (Python literals)")
+                   help="the kernel function's parameters, e.g. out_dim=64 rank=4 (Python "
+                        "literals)")
     w.add_argument("--rank", type=int, default=8)
     w.add_argument("--in-dim", type=int, default=2560)
     w.add_argument("--out-dim", type=int, default=2560)
@@ -147,8 +148,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="run every kernel and path once against numpy; exit 1 on failure")
     export_cli.add_parser(sub)
     sub.add_parser("bench", help="benchmarks (lora.apps.bench); arguments go to it", add_help=False)
-    sub.add_parser("train", help="fine-tune LoRA adapters on scikit-learn's digits (lora.apps.train_cli)",
-                   add_help=False)
+    sub.add_parser("train", help="fine-tune LoRA adapters on scikit-learn's digits "
+                                 "(lora.apps.train_cli)", add_help=False)
     return p
 
 

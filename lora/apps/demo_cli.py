@@ -87,8 +87,9 @@ def cmd_demo(args) -> int:
     print(header + "\n" + "-" * len(header))
     failed = False
     for name in ROW_NAMES:
-        run = forward_runner(dev, "auto" if name == "seed" else name, weight, cfg.scale, x_buf, out_buf,
-                      h_buf, y_buf, **({"strategy": "seed"} if name == "seed" else {}))
+        run = forward_runner(dev, "auto" if name == "seed" else name, weight, cfg.scale, x_buf,
+                             out_buf, h_buf, y_buf,
+                             **({"strategy": "seed"} if name == "seed" else {}))
         ok, cells = _demo_row(dev, run, out_buf, base, ref, tol, args)
         failed |= not ok
         print(f"{ROW_NAMES[name] + (f' ({best})' if name == 'auto' else ''):<50} {cells}")

@@ -51,7 +51,7 @@ def forward_steps(shape: LayerShape, strategy: Entry) -> tuple[list, list]:
     each distinct Kernel once, and per dispatch its kernel's index, the
     loraForward buffer at each binding and its grid."""
     dev = Recorder()
-    dtype = np.float16 if shape.dtype == "f16" else np.float32
+    dtype = {"f32": np.float32, "f16": np.float16}[shape.dtype]
     weight = Weight.from_numpy(dev, np.zeros((shape.rank, shape.in_dim)),
                                np.zeros((shape.out_dim, shape.rank)), dtype=dtype)
     t = baked_tokens(shape)
@@ -59,7 +59,7 @@ def forward_steps(shape: LayerShape, strategy: Entry) -> tuple[list, list]:
     x, out = dev.empty((t, shape.in_dim), dtype), dev.empty((t, shape.out_dim), dtype)
     plan(x, out)
     names = {id(weight.a): "a", id(weight.b): "b", id(x): "x", id(out): "output",
-             **{id(buf): role for role, buf in plan.scratch.items()}}
+             **{id(buf): role for role, buf in (plan.scratch or {}).items()}}
 
     def name_of(buf) -> str:
         name = names[id(buf)]

@@ -86,7 +86,7 @@ def record_layer(setup: TrainSetup) -> Recording:
              "target": dev.empty((t, shape.out_dim), f32) if mse else dev.empty(t, np.uint32)}
     out = dev.empty((t, shape.out_dim), f32)
     trainer.record(given["x"], out, given["target"], given["base"])
-    sums = trainer.loss_plan.scratch["partial" if mse else "losses"]
+    sums = (trainer.loss_plan.scratch or {})["partial" if mse else "losses"]  # (never released)
     config = {"tokens": t, "alpha": setup.alpha, "scale": shape.scale,
               "optimizer": setup.optimizer, "lr": setup.lr, "maxGradNorm": setup.max_grad_norm,
               "seed": setup.seed, "given": list(given),
