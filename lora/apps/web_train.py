@@ -8,8 +8,9 @@ output copied in, the forward saving h, the loss and its gradient, the
 backward, the optimizer's begin and update. The ES module holds those
 kernels, every buffer the step touches (with its first contents: A and B as
 peft initialises them, the optimizer's settings, zeroed moments and state)
-and ``loraTrainer(device, options)``, whose ``step({x, target, base})``
-records the whole step into one submit, as the Python trainer does.
+and ``loraTrainer(device, options)`` (web_assets/train.mjs), whose
+``step({x, target, base})`` records the whole step into one submit, as the
+Python trainer does.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from .web_export import Recorder, asset, module_steps
 @dataclass(frozen=True)
 class TrainSetup:
     """One exported training step: the layer (its tokens are the batch, its
-    scale alpha / rank), its loss and its optimizer."""
+    scale alpha / rank; the step stores f32 whatever its dtype), its loss and
+    its optimizer."""
 
     layer: LayerShape
     loss: str = "mse"
