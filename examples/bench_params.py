@@ -224,7 +224,7 @@ def table(report: dict) -> str:
 
 def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m examples.bench_params",
-                                description=__doc__.split("\n\n")[0])
+                                description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--log2n", type=int, default=18, help="sort 2**LOG2N floats (default 18)")
     p.add_argument("--repeats", type=int, default=5, help="warm sorts per way (default 5)")
     p.add_argument("--ways", default=",".join(WAYS), help=f"subset of {','.join(WAYS)}")

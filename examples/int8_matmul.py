@@ -77,10 +77,10 @@ def pack_rows(x: np.ndarray, rows: int | None = None) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype not in (np.int8, np.uint8) or x.ndim != 2:
         raise ValueError(f"expected a 2-D int8 or uint8 array, got {x.dtype} {x.shape}")
-    rows = x.shape[0] if rows is None else rows
-    padded = np.zeros((rows, -(-x.shape[1] // 4) * 4), np.uint32)
+    n_rows: int = x.shape[0] if rows is None else rows
+    padded = np.zeros((n_rows, -(-x.shape[1] // 4) * 4), np.uint32)
     padded[:x.shape[0], :x.shape[1]] = x.astype(np.int64) & 0xFF
-    b = padded.reshape(rows, -1, 4)
+    b = padded.reshape(n_rows, -1, 4)
     return b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
 
 

@@ -433,9 +433,9 @@ def test_reference_float32_and_float64():
 # ---------------------------------------------------------------- command line and example
 
 def test_cli_wgsl_every_kernel(capsys):
-    from lora.apps.cli import KERNELS, main
+    from lora.apps.cli import SHAPE_OPTION_KERNELS, main
 
-    for name in KERNELS:
+    for name in SHAPE_OPTION_KERNELS:
         assert main(["wgsl", name, "--rank", "8", "--in-dim", "16", "--out-dim", "16",
                      "--scale", "2.0"]) == 0
         out = capsys.readouterr().out
@@ -475,7 +475,7 @@ def test_cli_check_and_demo(device, capsys):
                  "--trials", "1"]) == 0
     out = capsys.readouterr().out
     assert device.name in out
-    from lora.apps.cli import ROW_NAMES
+    from lora.apps.demo_cli import ROW_NAMES
 
     for strategy, dispatches in (("three", 3), ("split", 2), ("single", 1)):
         name = ROW_NAMES[strategy]
@@ -483,14 +483,6 @@ def test_cli_check_and_demo(device, capsys):
         fields = row[len(name):].split()
         assert fields[:2] == [str(dispatches), "1"], row   # dispatches, submits per forward
         assert fields[4] == "ok", row
-
-
-def test_cli_bench_missing(monkeypatch, capsys):
-    from lora.apps.cli import main
-
-    monkeypatch.setitem(sys.modules, "lora.apps.bench", None)  # as if lora/apps/bench.py did not exist
-    assert main(["bench"]) == 2
-    assert "lora.apps.bench is not available" in capsys.readouterr().err
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,7 +43,7 @@ from . import bench_train
 from .bench_gemm import gemm_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
-from .bench_train import NUMPY_DTYPES, SCALE
+from .bench_train import NUMPY_DTYPES, SCALE, optional_torch
 
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
         "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}
@@ -135,22 +135,21 @@ def numpy_time(x, a, b, out, repeats) -> float:
 
 def torch_times(x, a, b, out, forwards: int) -> dict:
     """PyTorch CUDA eager and CUDA-graph microseconds per forward, or why not."""
-    try:
-        import torch
-    except ImportError:
+    torch = optional_torch()
+    if torch is None:
         return {"torch": "not installed"}
     if not torch.cuda.is_available():
         return {"torch": f"{torch.__version__} without CUDA"}
     dev = torch.device("cuda")
-    X, A, B, O = (torch.from_numpy(np.ascontiguousarray(v)).to(dev) for v in (x, a, b, out))
+    X, A, B, Out = (torch.from_numpy(np.ascontiguousarray(v)).to(dev) for v in (x, a, b, out))
     single = X.shape[0] == 1
 
     def step():
         if single:
             h = torch.mv(A, X[0])
-            O[0].add_(torch.mv(B, h), alpha=SCALE)
+            Out[0].add_(torch.mv(B, h), alpha=SCALE)
         else:
-            O.addmm_(X @ A.T, B.T, alpha=SCALE)
+            Out.addmm_(X @ A.T, B.T, alpha=SCALE)
 
     def timed(fn) -> float:
         times = []
@@ -349,8 +348,10 @@ def plot(results: list[dict], path: str) -> bool:
                 left.plot(tokens, [r["torch_graph_us"] for r in rows], linestyle="--",
                           label=f"PyTorch CUDA graph {dtype}")
                 torch_drawn.add(dtype)
-            cases = [r for r in res["rows"] if "torch_graph_us" in r and r.get("dtype", "f32") == dtype]
-            right.scatter(range(len(cases)), [r["torch_graph_us"] / r["best_gpu_us"] for r in cases],
+            cases = [r for r in res["rows"]
+                     if "torch_graph_us" in r and r.get("dtype", "f32") == dtype]
+            right.scatter(range(len(cases)),
+                          [r["torch_graph_us"] / r["best_gpu_us"] for r in cases],
                           label=f"{res['compiler']} {dtype}", marker="o" if dtype == "f32" else "^")
     left.set(xscale="log", yscale="log", xlabel="tokens", ylabel="GPU time per forward (us)",
              title=f"rank {shape[0]}, {shape[1]} -> {shape[2]}")
@@ -373,7 +374,8 @@ GRID_KEYS = ("tokens", "ranks", "dims", "dtypes")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lora bench",
+                                description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--tokens", type=lambda v: tuple(int(t) for t in v.split(",")),
@@ -457,8 +459,8 @@ def main(argv=None) -> int:
              if args.backward != (None,) else [])
         for key in GRID_KEYS:
             if getattr(args, key):
-                cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v)
-                                              for v in getattr(args, key))]
+                cmd += [f"--{key}", ",".join("x".join(map(str, v)) if isinstance(v, tuple)
+                                              else str(v) for v in getattr(args, key))]
         r = subprocess.run(cmd, env={**os.environ, "SHADERDSL_WGPU": "dawn"})
         other = os.path.join(args.out, "bench-tint.json")
         if r.returncode == 0 and os.path.exists(other):

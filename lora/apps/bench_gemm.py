@@ -18,6 +18,7 @@ from shaderdsl.runtime import COMPILER, get_device
 from shaderdsl.types import MatrixConfig
 
 from ..core.tuning import MIN_BATCH_NS
+from .bench_train import optional_torch
 
 CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
 TILINGS = (((2, 2), (2, 2), 16), ((2, 2), (2, 4), 32), ((2, 2), (4, 4), 32),
@@ -42,9 +43,8 @@ def gemm_us(device, kernel, bufs, grid) -> float:
 
 
 def torch_mm_us(size: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
+    torch = optional_torch()
+    if torch is None:
         return None
     if not torch.cuda.is_available():
         return None

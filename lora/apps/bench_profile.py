@@ -3,8 +3,9 @@
 For each case (rank, token count, dtype; in = out = 2560) every strategy
 listed is timed whole (GPU timestamps, as in ``lora.apps.bench``) and by parts:
 each dispatch of a multi-dispatch plan alone, and the tiled kernel's two
-phases alone (``tiled_forward(phases="h")``: h only, written out;
-``phases="out"``: the output update from a made-up h). Then the latency of
+phases alone (``tile_phase_h``: h only, written out; ``tile_phase_out``: the
+output update from a made-up h; both built here from lora.kernels.tiled's
+phases, with tiled_forward's parameters and grid). Then the latency of
 one forward alone with its read-back, split into its host steps. WebGPU
 has no profiler that reaches inside a dispatch, and wgpu does not expose the
 driver's register counts, so phase ablations are the finest view there is.
@@ -19,12 +20,17 @@ import time
 
 import numpy as np
 
+import shaderdsl as sd
+from shaderdsl import f32
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from ..core.forward import forward_plan
-from ..core.plan import build_steps, record_steps
+from ..core.plan import Step, record_steps
 from ..core.tuning import time_plan
 from ..core.weight import Weight
+from ..kernels import KERNELS
+from ..kernels import tiled as tiled_kernels
+from ..kernels.common import input_matrix, tile_origin, token_rows, widen
 from .bench_train import NUMPY_DTYPES, SCALE
 
 DIM = 2560
@@ -38,6 +44,49 @@ CASES = (  # (rank, tokens, dtype, strategies)
     (8, 4096, "f16", ("tiled:512:16:loop", "tiled:512:16:q")),
     (8, 1, "f32", ("single:256:1", "single:512:1:sg")),
 )
+
+
+def tile_phase_h(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                 unroll=True, dtype="f32", token_block=1, save_h=False, quad=False):
+    """tiled_forward's phase 1 alone: h of each tile computed and written out."""
+    tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
+    h = m.declare_output_buffer("h", f32, token_rows(tokens, rank))
+    n, t0 = tile_origin(m, tokens, tile_tokens)
+    hw = tiled_kernels.tile_memory(m, rank, tile_tokens)
+    tiled_kernels.phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens,
+                          token_block, unroll, h)
+
+
+def tile_phase_out(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
+                   unroll=True, dtype="f32", token_block=1, save_h=False, quad=False):
+    """tiled_forward's phase 2 alone, from a made-up h: scale * A's first elements."""
+    w = tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)[0]
+    A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
+    Bm, out = tiled_kernels.tile_outputs(m, rank, out_dim, tokens, dtype, quad)
+    n, t0 = tile_origin(m, tokens, tile_tokens)
+    hw = tiled_kernels.tile_memory(m, rank, tile_tokens)
+    with m.loop(m.local_index(), tile_tokens * rank // w, threads, name="j") as j:
+        hw[j] = scale * widen(A[j % (rank * in_n // w)])
+    m.barrier()
+    tiled_kernels.phase_out(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, threads, quad,
+                            unroll)
+
+
+PHASES = {"h": tile_phase_h, "out": tile_phase_out}
+
+
+def phase_step(device, phase: str, params: dict) -> Step:
+    """One phase of the tiled_forward step with ``params``, compiled and
+    prepared, with tiled_forward's workgroup size and grid."""
+    spec = KERNELS["tiled_forward"]
+    p = spec.params(**params)
+    kernel = sd.compile(PHASES[phase], spec.workgroup(p), name=f"tiled_forward_{phase}", **p)
+    device.prepare(kernel)
+    grid = spec.grid(**params)
+    return Step(kernel, tuple(b.name for b in kernel.bindings),
+                grid[0] if grid[1:] == (1, 1) else grid)
 
 
 class _Steps:
@@ -71,11 +120,10 @@ def _parts(device, plan, x, out, tokens) -> dict:
                 device, _Steps(device, [step], buffers), x, out, 20, repeats=3)
     if plan.strategy.name == "tiled":
         w = plan.weight
-        (name, params), = plan.strategy.kernels(w.layer_shape(tokens, SCALE))
-        h = device.empty((tokens, w.rank), np.float32)
-        sizes = dict(plan._sizes(tokens), h=h.nbytes)  # the phases read or write h
-        for phase in ("h", "out"):
-            steps = build_steps(device, [(name, dict(params, phases=phase))], sizes)
+        (_, params), = plan.strategy.kernels(w.layer_shape(tokens, SCALE))
+        h = device.empty((tokens, w.rank), np.float32)  # phase h writes it
+        for phase in PHASES:
+            steps = [phase_step(device, phase, params)]
             parts[f"phase {phase}"] = time_plan(
                 device, _Steps(device, steps, dict(buffers, h=h)), x, out, 20, repeats=3)
         device.release(h)

@@ -22,7 +22,7 @@ from ..core import reference, tuning
 from ..core.forward import forward_plan
 from ..core.weight import Weight
 from ..hesper import execute_lora_forward_auto
-from .bench_train import NUMPY_DTYPES, SCALE
+from .bench_train import NUMPY_DTYPES, SCALE, optional_torch
 
 SWEEP = {"ranks": (8,), "dims": ((2560, 2560),), "dtypes": ("f32",), "forwards": 1000}
 SWEEP_QUICK = {"ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",), "forwards": 100}
@@ -76,9 +76,8 @@ def serving_loop(device, counts, data, run) -> dict:
 def torch_loop(counts, data, a, b, scale) -> dict:
     """The same loop in PyTorch eager (CUDA where available, else the CPU):
     numpy in, addmm, numpy out; or why it did not run."""
-    try:
-        import torch
-    except ImportError:
+    torch = optional_torch()
+    if torch is None:
         return {"torch": "not installed"}
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     A, B = (torch.from_numpy(np.ascontiguousarray(v)).to(dev) for v in (a, b))
@@ -86,9 +85,9 @@ def torch_loop(counts, data, a, b, scale) -> dict:
     def step(t):
         x, base = data(t)
         X = torch.from_numpy(x).to(dev)
-        O = torch.from_numpy(base).to(dev, copy=True)
-        O.addmm_(X @ A.T, B.T, alpha=scale)
-        return O.cpu().numpy()
+        Out = torch.from_numpy(base).to(dev, copy=True)
+        Out.addmm_(X @ A.T, B.T, alpha=scale)
+        return Out.cpu().numpy()
 
     for t in counts[:10]:
         step(t)
@@ -105,7 +104,7 @@ def numpy_loop(counts, data, a, b, scale) -> dict:
     for t in counts:
         x, base = data(t)
         t0 = time.perf_counter()
-        base + scale * ((x @ a.T) @ b.T)
+        _ = base + scale * ((x @ a.T) @ b.T)
         wall.append(time.perf_counter() - t0)
     return {"wall": _summary(wall)}
 
@@ -158,7 +157,8 @@ def _check_sample(device, weight, counts, data, a, b, strategy) -> float:
         execute_lora_forward_auto(device, weight, SCALE, device.buffer(x), out, strategy=strategy)
         got = device.read(out).reshape(base.shape).astype(np.float64)
         magnitude = reference.forward(np.abs(x), np.abs(a), np.abs(b), SCALE, np.abs(base))
-        worst = max(worst, reference.rel_error(got, reference.forward(x, a, b, SCALE, base), magnitude))
+        want = reference.forward(x, a, b, SCALE, base)
+        worst = max(worst, reference.rel_error(got, want, magnitude))
     return worst
 
 

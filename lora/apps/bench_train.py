@@ -13,6 +13,7 @@ storage, f32 masters and sums) beside PyTorch's fp16 autocast step alone.
 """
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 
@@ -29,6 +30,16 @@ FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),),
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",)}
 SCALE, LR = 2.0, 1e-4  # the benches' LoRA scale (bench, bench_sweep use it too)
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16}
+
+
+def optional_torch():
+    """PyTorch, or None where it is not installed: the comparisons with it are
+    optional (its Linux wheels bring CUDA), and it is imported by name so that
+    the type checker does not need it either."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        return None
 
 
 def _problem(tokens, rank, in_dim, out_dim):
@@ -109,9 +120,8 @@ def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> d
     not. ``half``: x, base and target in fp16 and the products under
     ``torch.autocast`` (fp16 on tensor cores, A and B and AdamW in fp32: how
     PyTorch users train in fp16); keys then start ``torch_fp16_``."""
-    try:
-        import torch
-    except ImportError:
+    torch = optional_torch()
+    if torch is None:
         return {"torch": "not installed"}
     if not torch.cuda.is_available():
         return {"torch": f"{torch.__version__} without CUDA"}
@@ -142,7 +152,8 @@ def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> d
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
-    eager = statistics.median(timed(lambda: [step() for _ in range(steps)], steps) for _ in range(5))
+    eager = statistics.median(timed(lambda: [step() for _ in range(steps)], steps)
+                              for _ in range(5))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -189,7 +200,8 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
         f"{row['backward']} {row['gpu_us']:8.2f} us ({row['dispatches']} dispatches, "
         f"min bytes at copy speed {row['min_bytes_us'] or float('nan'):.1f} us), "
         f"{_torch_text(row)}, err {row['rel_err']:.1e}")
-    log("      per dispatch (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["profile_us"].items()))
+    log("      per dispatch (us): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in row["profile_us"].items()))
     return row
 
 

@@ -53,9 +53,9 @@ def load(seed: int = 0) -> Digits:
     """The digits, scaled to [0, 1] and split (see the module docstring)."""
     from sklearn.datasets import load_digits
 
-    data = load_digits()
-    order = np.random.default_rng(seed).permutation(len(data.target))
-    x, y = data.data[order] / 16.0, data.target[order].astype(np.int64)
+    images, labels = load_digits(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    x, y = images[order] / 16.0, labels[order].astype(np.int64)
     return Digits(x[:-TEST], y[:-TEST], x[-TEST:], y[-TEST:])
 
 
@@ -96,11 +96,13 @@ def forward(base: Base, adapters: dict | None, scale: float, x):
     a = adapters or {}
     z1 = x @ base.w1.T + base.b1
     if "fc1" in a:
-        z1 = z1 + R.lora_delta(x, *a["fc1"], scale)
+        a1, b1 = a["fc1"]
+        z1 = z1 + R.lora_delta(x, a1, b1, scale)
     y1 = np.maximum(z1, 0.0)
     logits = y1 @ base.w2.T + base.b2
     if "fc2" in a:
-        logits = logits + R.lora_delta(y1, *a["fc2"], scale)
+        a2, b2 = a["fc2"]
+        logits = logits + R.lora_delta(y1, a2, b2, scale)
     return z1, y1, logits
 
 
@@ -132,7 +134,8 @@ def reference_step(base: Base, adapters: dict, scale: float, x, y, state: dict, 
     a2, b2 = adapters["fc2"]
     d2 = R.backward(y1, a2, b2, g, scale)
     dz1 = (g @ base.w2 + d2["grad_x"]) * (z1 > 0)
-    d1 = R.backward(x, *adapters["fc1"], dz1, scale)
+    a1, b1 = adapters["fc1"]
+    d1 = R.backward(x, a1, b1, dz1, scale)
     grads = {"fc1": (d1["grad_a"], d1["grad_b"]), "fc2": (d2["grad_a"], d2["grad_b"])}
     flat = [gr for pair in grads.values() for gr in pair]
     clip = R.clip_scale(flat, optimizer["max_grad_norm"]) if optimizer["max_grad_norm"] else 1.0

@@ -22,7 +22,8 @@ CHECK_RTOL = 1e-4
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lora train",
+                                description=(__doc__ or "").splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     p.add_argument("--batch", type=int, default=64, help="images per step (default 64)")
     p.add_argument("--rank", type=int, default=8)
@@ -162,8 +163,8 @@ def main(argv=None) -> int:
         _plot(out / "loss.png", run["gpu"], run["cpu"],
               f"LoRA fine-tuning on digits ({device.name})")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {out / 'adapter'} (peft format){'' if args.no_plot else ', ' + str(out / 'loss.png')}"
-          f", {out / 'summary.json'}")
+    plot = "" if args.no_plot else f", {out / 'loss.png'}"
+    print(f"wrote {out / 'adapter'} (peft format){plot}, {out / 'summary.json'}")
     print(f"wall time {time.perf_counter() - began:.1f} s in all (the Python start and imports "
           f"before this command's first line excluded)")
     return status

@@ -1,69 +1,77 @@
 """The LoRA forward for web pages: an ES module and a self-contained demo page.
 
-``forward_module`` writes the forward of one strategy and shape as a module
-in ``shaderdsl.export``'s format: every kernel of the strategy (WGSL, binding
-table, workgroup size, features), the dispatches in order with their grids
-(``Strategy.kernels`` and the kernel registry, as a Plan has them), and
-``loraForward(device, {x, a, b, output})``, which records them into one
-compute pass on GPUBuffers. ``demo_page`` inlines that module into an HTML
-page that needs no network: it makes random weights (or uses an adapter
-embedded from a peft file), runs the forward, checks it against a float64
-reference in JavaScript and shows the timings.
+``module_js`` writes the forward of one strategy and shape as a module in
+``shaderdsl.export``'s format: every kernel of the strategy (WGSL, binding
+table, workgroup size, features), the dispatches in order with their grids,
+as the strategy's Plan records them (on a web_export.Recorder), and
+``loraForward(device, {x, a, b, output})`` (web_assets/forward.mjs), which
+records them into one compute pass on GPUBuffers. ``demo_page`` inlines that
+module into an HTML page (web_assets/demo.html and demo.mjs) that needs no
+network: it makes random weights (or uses an adapter embedded from a peft
+file), runs the forward, checks it against a float64 reference in
+JavaScript, within lora.core.reference's bound, and shows the timings.
 """
 from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
 
 import numpy as np
 
 from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS, js_object, kernel_info
 
+from ..core import reference as R
+from ..core.forward import forward_plan
 from ..core.shape import LayerShape
-from ..core.strategy import Strategy
-from ..kernels import KERNELS
+from ..core.strategy import Entry
+from ..core.weight import Weight
+from .web_export import Recorder, asset, module_steps
 
-# Binding names of the forward kernels -> loraForward's buffers (h and y: its own scratch).
-ROLES = {"A": "a", "B": "b", "x": "x", "output": "output", "h": "h", "y": "y"}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One exported forward: ``output += scale * B @ (A @ x)`` for ``tokens`` rows."""
-
-    rank: int
-    in_dim: int
-    out_dim: int
-    tokens: int = 1
-    scale: float = 2.0
-    dtype: str = "f32"
-
-    def sizes(self) -> dict:
-        """Bytes of each buffer loraForward takes or makes."""
-        item = 2 if self.dtype == "f16" else 4
-        return {"a": self.rank * self.in_dim * item, "b": self.out_dim * self.rank * item,
-                "x": self.tokens * self.in_dim * item, "output": self.tokens * self.out_dim * item,
-                "h": self.tokens * self.rank * 4, "y": self.tokens * self.out_dim * 4}
+SCRATCH = ("h", "y")  # the scratch buffers loraForward makes (f32, one row a token)
 
 
-def forward_steps(shape: Shape, strategy: Strategy) -> tuple[list, list]:
-    """(kernels, steps): each distinct Kernel once, and per dispatch its kernel's
-    index, its bindings' buffers and its grid."""
-    kernels, steps = [], []
-    layer = LayerShape(shape.rank, shape.in_dim, shape.out_dim, shape.tokens, shape.dtype,
-                       shape.scale)
-    for name, params, *_ in strategy.kernels(layer):
-        spec = KERNELS[name]
-        kernel = spec.kernel(**params)
-        if kernel not in kernels:
-            kernels.append(kernel)
-        steps.append({"kernel": kernels.index(kernel), "grid": list(spec.grid(**params)),
-                      "buffers": {b.name: ROLES[b.name] for b in kernel.bindings}})
-    return kernels, steps
+def baked_tokens(shape: LayerShape) -> int:
+    """The shape's token count: a module bakes it into its kernels and sizes."""
+    if shape.tokens is None:
+        raise ValueError("the web export bakes the token count into its kernels: give "
+                         "LayerShape.tokens")
+    return shape.tokens
 
 
-def module_js(shape: Shape, strategy: Strategy, command: str = "") -> str:
+def buffer_sizes(shape: LayerShape) -> dict:
+    """Bytes of each buffer loraForward takes or makes."""
+    item, t = (2 if shape.dtype == "f16" else 4), baked_tokens(shape)
+    return {"a": shape.rank * shape.in_dim * item, "b": shape.out_dim * shape.rank * item,
+            "x": t * shape.in_dim * item, "output": t * shape.out_dim * item,
+            "h": t * shape.rank * 4, "y": t * shape.out_dim * 4}
+
+
+def forward_steps(shape: LayerShape, strategy: Entry) -> tuple[list, list]:
+    """(kernels, steps) of one forward, as the strategy's Plan records it:
+    each distinct Kernel once, and per dispatch its kernel's index, the
+    loraForward buffer at each binding and its grid."""
+    dev = Recorder()
+    dtype = {"f32": np.float32, "f16": np.float16}[shape.dtype]
+    weight = Weight.from_numpy(dev, np.zeros((shape.rank, shape.in_dim)),
+                               np.zeros((shape.out_dim, shape.rank)), dtype=dtype)
+    t = baked_tokens(shape)
+    plan = forward_plan(dev, weight, shape.scale, t, strategy)
+    x, out = dev.empty((t, shape.in_dim), dtype), dev.empty((t, shape.out_dim), dtype)
+    plan(x, out)
+    names = {id(weight.a): "a", id(weight.b): "b", id(x): "x", id(out): "output",
+             **{id(buf): role for role, buf in (plan.scratch or {}).items()}}
+
+    def name_of(buf) -> str:
+        name = names[id(buf)]
+        if name not in ("a", "b", "x", "output") + SCRATCH:
+            raise ValueError(f"strategy {strategy} needs the scratch buffer {name!r}; the web "
+                             f"export makes {' and '.join(SCRATCH)} only")
+        return name
+
+    return module_steps(dev.ops, name_of)
+
+
+def module_js(shape: LayerShape, strategy: Entry, command: str = "") -> str:
     """The ES module: config, kernels, steps, sizes, the runtime, loraForward."""
     kernels, steps = forward_steps(shape, strategy)
     config = {"rank": shape.rank, "inDim": shape.in_dim, "outDim": shape.out_dim,
@@ -76,25 +84,28 @@ def module_js(shape: Shape, strategy: Strategy, command: str = "") -> str:
             f"// output += scale * B @ (A @ x) on GPUBuffers; standard WebGPU only. "
             f"See docs/browser.md.\n\n"
             f"export const config = {json.dumps(config)};\n"
-            f"export const sizes = {json.dumps(shape.sizes())};\n"
+            f"export const sizes = {json.dumps(buffer_sizes(shape))};\n"
             f"export const steps = [\n" + "".join(f"  {json.dumps(s)},\n" for s in steps) + "];\n"
-            f"export const kernels = [\n{body},\n];\n\n{RUNTIME_JS}\n{FORWARD_JS}")
+            f"export const kernels = [\n{body},\n];\n\n{RUNTIME_JS}\n{asset('forward.mjs')}")
 
 
-def module_dts(shape: Shape, strategy: Strategy, command: str = "") -> str:
+def module_dts(command: str = "") -> str:
     made = f"`{command}`" if command else "lora.apps.web"
-    return (f"// lora_forward.d.ts: generated by {made}.\n{RUNTIME_DTS}\n{FORWARD_DTS}")
+    return f"// lora_forward.d.ts: generated by {made}.\n{RUNTIME_DTS}\n{asset('forward.d.ts')}"
 
 
-def demo_page(shape: Shape, strategy: Strategy, command: str = "", adapter: dict | None = None,
-              seed: int = 0, repeat: int = 20) -> str:
-    """The demo page: the module inlined, then the demo script (no network)."""
+def demo_page(shape: LayerShape, strategy: Entry, command: str = "",
+              adapter: dict | None = None, seed: int = 0, repeat: int = 20) -> str:
+    """The demo page: the module inlined, then the demo script (no network),
+    which checks the output within lora.core.reference's bound."""
     demo = {"seed": seed, "repeat": repeat, "command": command,
-            "adapter": adapter and {k: adapter[k] for k in ("name", "source")}}
+            "adapter": adapter and {k: adapter[k] for k in ("name", "source")},
+            "tolerance": {"rtol": R.RTOL_OUT, "atol": R.ATOL, "f16Rounding": R.F16_ROUNDING}}
     weights = "null" if adapter is None else json.dumps({"a": adapter["a"], "b": adapter["b"]})
-    module = module_js(shape, strategy, command)
-    return (DEMO_HTML.replace("/*MODULE*/", module)
-            .replace("/*DEMO*/", json.dumps(demo)).replace("/*WEIGHTS*/", weights))
+    script = (asset("demo.mjs").replace("/*DEMO*/null", json.dumps(demo))
+              .replace("/*WEIGHTS*/null", weights))
+    return (asset("demo.html").replace("/*MODULE*/", module_js(shape, strategy, command))
+            .replace("/*SCRIPT*/", script))
 
 
 def _base64_f32(matrix) -> str:
@@ -115,231 +126,3 @@ def embedded_adapter(path, module: str | None = None) -> tuple[dict, dict]:
               "scale": float(layer.scale)}
     return {"name": name, "source": str(path), "a": _base64_f32(layer.a),
             "b": _base64_f32(layer.b)}, fields
-
-
-FORWARD_JS = r"""// ---- the forward: every step into one compute pass
-const scratchOf = new WeakMap();  // GPUDevice -> {h, y}
-const prepared = new WeakMap();   // GPUDevice -> Promise of every pipeline
-
-/** Compile every kernel's pipeline (once per device); rejects on WGSL errors. */
-export function prepare(device) {
-  if (!prepared.has(device))
-    prepared.set(device, Promise.all(kernels.map(k => prepareKernel(device, k))));
-  return prepared.get(device);
-}
-
-function checkBuffers(given) {
-  for (const name of ["x", "a", "b", "output"]) {
-    const buf = given[name];
-    if (!(buf instanceof GPUBuffer)) throw new Error(`loraForward: ${name} must be a GPUBuffer`);
-    if (buf.size < sizes[name]) throw new Error(`loraForward: ${name} has ${buf.size} bytes, ` +
-      `needs ${sizes[name]} (${config.dtype}, rank ${config.rank}, in ${config.inDim}, ` +
-      `out ${config.outDim}, ${config.tokens} token(s))`);
-    if (name !== "output" && buf === given.output)
-      throw new Error(`loraForward: output is also the ${name} buffer`);
-  }
-}
-
-function scratch(device) {
-  let s = scratchOf.get(device);
-  if (!s) {
-    s = {};
-    const used = new Set(steps.flatMap(step => Object.values(step.buffers)));
-    for (const name of ["h", "y"].filter(n => used.has(n)))
-      s[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, sizes[name]),
-                                     usage: GPUBufferUsage.STORAGE});
-    scratchOf.set(device, s);
-  }
-  return s;
-}
-
-/** output += scale * B @ (A @ x): GPUBuffers x [tokens, inDim], a [rank, inDim],
- *  b [outDim, rank], output [tokens, outDim] (row-major, config.dtype). Submits
- *  unless given an ``encoder``; resolves once the work is queued. */
-export async function loraForward(device, {x, a, b, output}, {encoder = null} = {}) {
-  const given = {x, a, b, output};
-  checkBuffers(given);
-  await prepare(device);
-  const all = {...given, ...scratch(device)};
-  const enc = encoder || device.createCommandEncoder({label: "loraForward"});
-  const pass = enc.beginComputePass({label: `loraForward ${config.strategy}`});
-  for (const step of steps) {
-    const buffers = {};
-    for (const [binding, role] of Object.entries(step.buffers)) buffers[binding] = all[role];
-    encodeKernel(pass, device, kernels[step.kernel], buffers, step.grid);
-  }
-  pass.end();
-  if (!encoder) device.queue.submit([enc.finish()]);
-}
-"""
-
-FORWARD_DTS = """export declare const config: {rank: number; inDim: number; outDim: number;
-  tokens: number; scale: number; dtype: "f32" | "f16"; strategy: string;
-  features: GPUFeatureName[]};
-export declare const sizes: {x: number; a: number; b: number; output: number; h: number; y: number};
-export declare const steps: {kernel: number; grid: [number, number, number];
-  buffers: Record<string, string>}[];
-export declare const kernels: KernelInfo[];
-export declare function prepare(device: GPUDevice): Promise<GPUComputePipeline[]>;
-export declare function loraForward(device: GPUDevice,
-  buffers: {x: GPUBuffer; a: GPUBuffer; b: GPUBuffer; output: GPUBuffer},
-  options?: {encoder?: GPUCommandEncoder}): Promise<void>;
-"""
-
-DEMO_HTML = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>LoRA forward in WebGPU</title>
-<style>
- body { font: 15px/1.45 system-ui, sans-serif; margin: 24px 32px; color: #1b1f24; max-width: 860px; }
- h1 { font-size: 22px; margin: 0 0 4px; } .sub { color: #57606a; margin: 0 0 16px; }
- table { border-collapse: collapse; margin: 10px 0 14px; }
- td, th { border: 1px solid #d0d7de; padding: 4px 10px; text-align: left; }
- th { background: #f6f8fa; font-weight: 600; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
- #verdict { font-weight: 600; padding: 8px 12px; border-radius: 6px; display: inline-block; }
- .ok { background: #dafbe1; color: #116329; } .bad { background: #ffebe9; color: #a40e26; }
- .wait { background: #fff8c5; color: #7d4e00; } code { font-size: 13px; }
-</style></head>
-<body>
-<h1>LoRA forward in WebGPU</h1>
-<p class="sub"><code>output = base + scale &middot; B (A x)</code>, kernels written in Python
-(<code>shaderdsl</code>), run by this browser's WebGPU, checked against a float64 reference.</p>
-<div id="verdict" class="wait">running&hellip;</div>
-<table id="setup"></table>
-<table id="timings"></table>
-<script type="module">
-/*MODULE*/
-// ---- the demo
-const demo = /*DEMO*/;
-const embedded = /*WEIGHTS*/;
-const $ = id => document.getElementById(id);
-
-function rows(table, entries, head) {
-  $(table).innerHTML = `<tr><th colspan="2">${head}</th></tr>` + entries.map(([k, v]) =>
-    `<tr><td>${k}</td><td class="n">${v}</td></tr>`).join("");
-}
-
-function normals(seed, n) {
-  let s = seed >>> 0;
-  const uniform = () => { s = (s + 0x6D2B79F5) >>> 0; let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1); t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (((t ^ (t >>> 14)) >>> 0) + 0.5) / 4294967296; };
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) out[i] = Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform());
-  return out;
-}
-
-function fromBase64(text) {
-  const bin = atob(text), bytes = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  return new Float32Array(bytes.buffer);
-}
-
-function reference(A, B, X, base) {   // float64: out, and the error bound of lora.reference
-  const {rank: R, inDim: I, outDim: O, tokens: T, scale: s} = config;
-  const out = new Float64Array(T * O), tol = new Float64Array(T * O);
-  for (let t = 0; t < T; t++) {
-    const h = new Float64Array(R), habs = new Float64Array(R);
-    for (let r = 0; r < R; r++) for (let k = 0; k < I; k++) {
-      h[r] += A[r * I + k] * X[t * I + k]; habs[r] += Math.abs(A[r * I + k] * X[t * I + k]); }
-    for (let i = 0; i < O; i++) {
-      let y = 0, yabs = 0;
-      for (let r = 0; r < R; r++) { y += B[i * R + r] * h[r]; yabs += Math.abs(B[i * R + r]) * habs[r]; }
-      out[t * O + i] = base[t * O + i] + s * y;
-      tol[t * O + i] = 1e-4 * (Math.abs(s) * yabs + Math.abs(base[t * O + i])) + 1e-30;
-      if (config.dtype === "f16") tol[t * O + i] += 2 ** -11 * Math.abs(out[t * O + i]);
-    }
-  }
-  return {out, tol};
-}
-
-function upload(device, values) {
-  const data = config.dtype === "f16" ? new Float16Array(values) : values;
-  const buf = device.createBuffer({size: Math.max(16, Math.ceil(data.byteLength / 4) * 4),
-    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-    mappedAtCreation: true});
-  new data.constructor(buf.getMappedRange(), 0, data.length).set(data);
-  buf.unmap();
-  return buf;
-}
-
-async function download(device, buf, n) {
-  const st = device.createBuffer({size: buf.size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
-  const enc = device.createCommandEncoder();
-  enc.copyBufferToBuffer(buf, 0, st, 0, buf.size);
-  device.queue.submit([enc.finish()]);
-  await st.mapAsync(GPUMapMode.READ);
-  const Arr = config.dtype === "f16" ? Float16Array : Float32Array;
-  const out = Float64Array.from(new Arr(st.getMappedRange()).subarray(0, n));
-  st.unmap(); st.destroy();
-  return out;
-}
-
-async function setup() {
-  if (!navigator.gpu) throw new Error("this browser has no WebGPU (navigator.gpu is missing)");
-  const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) throw new Error("navigator.gpu.requestAdapter() found no adapter");
-  const missing = config.features.filter(f => !adapter.features.has(f));
-  if (missing.length) throw new Error(`this adapter lacks ${missing.join(", ")}, which ${config.strategy} (${config.dtype}) needs`);
-  const device = await adapter.requestDevice({requiredFeatures: config.features});
-  const {rank: R, inDim: I, outDim: O, tokens: T} = config;
-  const A = embedded ? fromBase64(embedded.a) : normals(demo.seed + 1, R * I);
-  const B = embedded ? fromBase64(embedded.b) : normals(demo.seed + 2, O * R);
-  const X = normals(demo.seed + 3, T * I), base = normals(demo.seed + 4, T * O);
-  const q = v => config.dtype === "f16" ? Float32Array.from(new Float16Array(v)) : v;
-  return {adapter, device, A: q(A), B: q(B), X: q(X), base: q(base)};
-}
-
-async function time(device, buffers) {
-  const t0 = performance.now();
-  for (let i = 0; i < demo.repeat; i++) await loraForward(device, buffers);
-  await device.queue.onSubmittedWorkDone();
-  return (performance.now() - t0) / demo.repeat;
-}
-
-async function main() {
-  const {adapter, device, A, B, X, base} = await setup();
-  const buffers = {a: upload(device, A), b: upload(device, B), x: upload(device, X), output: upload(device, base)};
-  const t0 = performance.now();
-  await prepare(device);
-  const t1 = performance.now();
-  await loraForward(device, buffers);
-  await device.queue.onSubmittedWorkDone();
-  const timings = {compile: t1 - t0, first: performance.now() - t1};
-  const got = await download(device, buffers.output, config.tokens * config.outDim);
-  const {out, tol} = reference(A, B, X, base);
-  let bad = 0, maxErr = 0, maxRatio = 0;
-  for (let i = 0; i < out.length; i++) {
-    const err = Math.abs(got[i] - out[i]);
-    if (!(err <= tol[i])) bad++;
-    maxErr = Math.max(maxErr, err); maxRatio = Math.max(maxRatio, err / tol[i]);
-  }
-  timings.each = await time(device, buffers);
-  const info = adapter.info || {};
-  const sum = v => v.reduce((p, c) => p + c, 0);
-  return {status: "done", ok: bad === 0, bad, elements: out.length, maxErr, maxRatio, timings,
-          adapter: [info.vendor, info.architecture, info.description].filter(Boolean).join(" / "),
-          config, weights: embedded ? `adapter ${demo.adapter.name} (${demo.adapter.source})` : `random, seed ${demo.seed}`,
-          checksum: {a: sum(A), b: sum(B)}};
-}
-
-function show(r) {
-  const v = $("verdict");
-  v.className = r.ok ? "ok" : "bad";
-  v.textContent = r.error ? `error: ${r.error}` : r.ok
-    ? `matches the float64 reference: ${r.elements} outputs, max error ${r.maxErr.toExponential(2)} (${(100 * r.maxRatio).toFixed(2)}% of the bound)`
-    : `${r.bad} of ${r.elements} outputs outside the error bound (max error ${r.maxErr.toExponential(2)})`;
-  if (r.error) return;
-  const c = r.config;
-  rows("setup", [["adapter", r.adapter], ["strategy", c.strategy], ["storage", c.dtype],
-    ["rank, in, out", `${c.rank}, ${c.inDim}, ${c.outDim}`], ["tokens", c.tokens], ["scale", c.scale],
-    ["weights", r.weights], ["dispatches per forward", steps.length]], "setup");
-  rows("timings", [["compile (all pipelines)", `${r.timings.compile.toFixed(1)} ms`],
-    ["first forward (with its wait)", `${r.timings.first.toFixed(2)} ms`],
-    [`forward, mean of ${demo.repeat}`, `${r.timings.each.toFixed(3)} ms`]], "timings (wall clock)");
-}
-
-main().catch(e => ({status: "done", ok: false, error: String(e && e.message || e)}))
-  .then(r => { window.loraDemo = r; show(r); document.title = `LoRA demo: ${r.ok ? "ok" : "FAILED"}`; });
-</script>
-</body></html>
-"""

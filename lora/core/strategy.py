@@ -54,7 +54,7 @@ from typing import ClassVar, Self, dataclass_transform
 import numpy as np
 
 from ..kernels import tiled_fits
-from ..kernels.forward import GEMM_BLOCKS
+from ..kernels.gemm import GEMM_BLOCKS
 from .shape import LayerShape
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers

@@ -20,13 +20,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 
 from .forward import forward_plan
-from .plan import Plan
 from .shape import LayerShape
 from .strategy import FORWARD, Gemm, Matrix, Seed, Single, Split, Strategy, Tiled
 from .weight import wgsl_dtype
@@ -71,7 +71,14 @@ def _matrices(device, dtype: str) -> tuple:
 MIN_BATCH_NS = 20e6  # time a batch of at least 20 ms: Dawn rounds timestamps to 65.5 us
 
 
-def time_plan(device, plan: Plan, x_buf, out_buf, forwards: int, repeats: int = 5) -> float:
+class Recordable(Protocol):
+    """What time_plan times: a Plan, a PlanAt, or other steps that record a forward."""
+
+    def record(self, x_buf, out_buf, /) -> None: ...
+
+
+def time_plan(device, plan: Recordable, x_buf, out_buf, forwards: int,
+              repeats: int = 5) -> float:
     """Median time of one forward in microseconds: GPU timestamps around a batch
     of forwards where the device has them, else wall time with a wait. The
     batch grows from ``forwards`` until it lasts MIN_BATCH_NS, so quantised

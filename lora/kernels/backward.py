@@ -100,16 +100,17 @@ def grad_dh(m, out_dim, rank, scale, tokens=1, threads=256, subgroups=False, dty
     tid = m.local_index()
     grouped = 0 < rank_group < rank
     if grouped and (rank % rank_group or rank_group % 4 or width(rank) != 4):
-        raise ValueError(f"rank_group ({rank_group}) must be a multiple of 4 dividing rank ({rank})")
+        raise ValueError(f"rank_group ({rank_group}) must be a multiple of 4 dividing rank "
+                         f"({rank})")
     span = rank_group if grouped else rank
-    q0 = m.let(m.workgroup_id().y * (span // 4), "q0") if grouped else None
+    q0 = m.let(m.workgroup_id().y * (span // 4), "q0") if grouped else 0
     row_of = (lambda o: [m.let(widen(Bm[o * (rank // 4) + q0 + q]), f"b{q}")
                          for q in range(span // 4)]) if grouped else None
     (accs,) = _dh_partials(m, Bm, g, out_dim, span, [t], tid, threads, unroll, row_of=row_of)
     sums = reduce_sum(m, accs, threads, subgroups)
     with m.if_(tid == 0):
         for r in range(span):
-            dh[t * rank + (q0 * 4 + r if grouped else r)] = scale * sums[r]
+            dh[t * rank + (q0 * 4 + r)] = scale * sums[r]
 
 
 def grad_dh_tiled(m, out_dim, rank, scale, tokens, threads=256, dtype="f32"):
@@ -119,7 +120,8 @@ def grad_dh_tiled(m, out_dim, rank, scale, tokens, threads=256, dtype="f32"):
     No reduction between threads, so no barrier: the per-token grad_dh spends
     most of its time reducing when the rank is high."""
     if rank % 4 or out_dim % 4:
-        raise ValueError(f"grad_dh_tiled needs rank and out_dim multiples of 4, got {rank}, {out_dim}")
+        raise ValueError(f"grad_dh_tiled needs rank and out_dim multiples of 4, got {rank}, "
+                         f"{out_dim}")
     quads, cols = rank // 4, out_dim // 4
     if threads % quads:
         raise ValueError(f"threads ({threads}) must be a multiple of rank / 4 ({quads})")
@@ -327,14 +329,15 @@ def grad_outer_tiled(m, n, rank, scale, tokens, chunk=0, layout="jr", accumulate
 
     def tiles(step, into=None):
         """This thread's items of both tiles at ``step`` (zero past the chunk)."""
-        def item(j, per_row, fetch):
+        def item(j, per_row, name):  # name: gv (a vec4 of G's columns) or hv (of H's ranks)
             t = m.let(t0 + step * kt + j / per_row, "t")
-            return B.select(vec4f(0.0), fetch(B.min(t, tokens - 1), j % per_row), t < end)
-        g = lambda t, q: widen(G[t * gn + B.min(q0 + q, gn - 1)])
-        h = lambda t, q: H[t * quads + q]
-        return [hold(m, kt * per_row, threads, lambda j, p=per_row, f=f: item(j, p, f),
-                     name, part) for (per_row, f, name), part in
-                zip(((groups, g, "gv"), (quads, h, "hv")), into or (None, None))]
+            tc, q = B.min(t, tokens - 1), j % per_row
+            value = widen(G[tc * gn + B.min(q0 + q, gn - 1)]) if name == "gv" else H[tc * quads + q]
+            return B.select(vec4f(0.0), value, t < end)
+
+        return [hold(m, kt * per_row, threads, lambda j, p=per_row, v=name: item(j, p, v),
+                     name, part) for (per_row, name), part in
+                zip(((groups, "gv"), (quads, "hv")), into or (None, None))]
 
     accs = [m.var(vec4f, vec4f(0.0), f"acc{k}") for k in range(4)]
     held = tiles(0)

@@ -43,7 +43,7 @@ def input_matrix(m, name, n_rows, row_len, dtype="f32"):
     return m.declare_input_buffer(name, elem, token_rows(n_rows, row_len // w)), row_len // w
 
 
-# ------------------------------------------------------------------ tiles staged in workgroup memory
+# ------------------------------------------------------------- tiles staged in workgroup memory
 
 def hold(m, items, threads, value, name="", into=None):
     """This thread's share (items j = local_index + k threads) of ``items``
@@ -70,6 +70,82 @@ def stage(m, shared, items, held, threads):
                 shared[j] = value
         else:
             shared[j] = value
+
+
+def _stage_items(rows, chunk, threads):
+    """(work items, per thread) of staging a rows x chunk tile: an item is one
+    vec4 of 4 consecutive rows."""
+    items = rows // 4 * (chunk // 4)
+    return items, -(-items // threads)
+
+
+def stage_load(m, src, rows, chunk, in_n, step, row_of, threads, name="", into=None):
+    """Load this thread's items of step ``step`` of a rows x chunk tile of src
+    (4 vec4 each; row r at ``row_of(r)``, or at r where row_of is None) into
+    vars (new ones named ``name``, or ``into``); returns them."""
+    items, per_thread = _stage_items(rows, chunk, threads)
+    out = into or []
+    for it in range(per_thread):
+        j = B.min(m.local_index() + it * threads, items - 1)
+        rq, kq = j / (chunk // 4), j % (chunk // 4)
+        rows = [rq * 4 + c if row_of is None else row_of(rq * 4 + c) for c in range(4)]
+        vals = [widen(src[row * in_n + step * (chunk // 4) + kq]) for row in rows]
+        if into is None:
+            out.append([m.var(vec4f, v, f"{name}{it}_{c}") for c, v in enumerate(vals)])
+        else:
+            for var, v in zip(into[it], vals):
+                m.assign(var, v)
+    return out
+
+
+def stage_store(m, shared, rows, chunk, held, threads):
+    """shared[k, r / 4] = (row r + c's column k, for c < 4): the 4 x 4 transpose
+    of each item this thread holds (from ``stage_load``)."""
+    items, per_thread = _stage_items(rows, chunk, threads)
+    for it in range(per_thread):
+        j = m.let(m.local_index() + it * threads, "j")
+
+        def store():
+            rq, kq = j / (chunk // 4), j % (chunk // 4)
+            for c in range(4):
+                shared[(kq * 4 + c) * (rows // 4) + rq] = vec4f(
+                    *[getattr(v, "xyzw"[c]) for v in held[it]])
+        if (it + 1) * threads > items:
+            with m.if_(j < items):
+                store()
+        else:
+            store()
+
+
+class TransposedTile:
+    """A rows x chunk tile of src per step, staged transposed in ``shared`` (a
+    vec4 holds 4 rows): ``load`` before a step's arithmetic, ``store`` after."""
+
+    def __init__(self, m, shared, src, rows, chunk, in_n, row_of, threads):
+        self.m, self.shared, self.src, self.threads = m, shared, src, threads
+        self.rows, self.chunk, self.in_n, self.row_of = rows, chunk, in_n, row_of
+
+    def load(self, step, name="", into=None):
+        return stage_load(self.m, self.src, self.rows, self.chunk, self.in_n, step, self.row_of,
+                          self.threads, name, into)
+
+    def store(self, held):
+        stage_store(self.m, self.shared, self.rows, self.chunk, held, self.threads)
+
+
+class DirectTile:
+    """``items`` consecutive vec4s of src per step, staged in ``shared`` as stored."""
+
+    def __init__(self, m, shared, src, items, threads):
+        self.m, self.shared, self.src, self.items, self.threads = m, shared, src, items, threads
+
+    def load(self, step, name="", into=None):
+        def item(j):
+            return widen(self.src[step * self.items + j])
+        return hold(self.m, self.items, self.threads, item, name, into)
+
+    def store(self, held):
+        stage(self.m, self.shared, self.items, held, self.threads)
 
 
 # ------------------------------------------------------------------ the token count
@@ -101,6 +177,27 @@ def past_the_end(m, index, count) -> None:
     condition uniform over the workgroup, so later barriers stay legal)."""
     with m.if_(index >= count):
         m.return_()
+
+
+def workgroup_token(m, tokens, axis):
+    """The token of this workgroup, ``workgroup_id.axis``; at run time (tokens
+    None) also over z, and the workgroups past the last token return."""
+    if tokens is not None:
+        return getattr(m.workgroup_id(), axis)
+    t = split_index(m, axis, "t")
+    past_the_end(m, t, token_count(m, tokens))
+    return t
+
+
+def tile_origin(m, tokens, tile_tokens):
+    """(token count, first token t0 of this workgroup's tile); at run time the
+    tiles come from workgroup_id.x and .z, and those past the last token return."""
+    if tokens is None:
+        n = token_count(m, tokens)
+        t0 = m.let(split_index(m, "x", "tile") * tile_tokens, "t0")
+        past_the_end(m, t0, n)
+        return n, t0
+    return tokens, m.let(m.workgroup_id().x * tile_tokens, "t0")
 
 
 def storage_scalar(dtype: str):

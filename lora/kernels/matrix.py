@@ -1,6 +1,6 @@
-"""The forward on matrix units (subgroup matrices): f16 storage, f32 sums.
+"""The kernels on matrix units (subgroup matrices): f16 storage, f32 sums.
 
-Two dispatches, each a :func:`shaderdsl.matmul.tiled_product`:
+The forward is two dispatches, each a :func:`shaderdsl.matmul.tiled_product`:
 
 * ``project_a_matrix``: hp = x A^T over ``splits`` slices of in_dim
   (workgroup z is the slice), [splits * tokens, rank] f32;
@@ -16,6 +16,9 @@ results: the output's own f16 fragments are the accumulators (loaded from
 the output, multiplied into, stored back), so no result passes through
 workgroup memory. The sum over the rank then rounds to f16 once per
 fragment step of 16 ranks, not once in all.
+
+``grad_outer_matrix`` is the backward's dB = s g^T h and dA = dh^T x on the
+same fragments (lora.training's matrix strategy).
 """
 from __future__ import annotations
 
@@ -97,8 +100,13 @@ def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=
     out = m.declare_output_buffer("out" if chunks == 1 else "partial", f32, chunks * n * rank)
     t0 = m.let(m.workgroup_id().z * chunk, "t0")
     span = chunk if chunks == 1 else m.let(Bi.min(t0 + chunk, tokens) - t0, "span")
-    g = lambda t, j: G[((t0 + t) * n + j) / 4]      # noqa: E731
-    h = lambda t, r: H[((t0 + t) * rank + r) / 4]   # noqa: E731
+
+    def g(t, j):
+        return G[((t0 + t) * n + j) / 4]
+
+    def h(t, r):
+        return H[((t0 + t) * rank + r) / 4]
+
     if layout == "jr":  # dB[j, r]: G^T (n x tokens) times H (tokens x rank)
         a, b, rows, cols = Operand(lambda j, t: g(t, j), axis=0), Operand(h), n, rank
     else:               # dA[r, j]: H^T (rank x tokens) times G (tokens x n)

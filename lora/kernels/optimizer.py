@@ -72,7 +72,8 @@ def optim_begin(m, grad_sizes=(), schedule="constant", threads=256):
     lengths, bound as g0, g1, ...) it also computes their global norm."""
     check_threads(threads)
     if len(grad_sizes) > MAX_NORM_TENSORS:
-        raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin, got {len(grad_sizes)}")
+        raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin, got "
+                         f"{len(grad_sizes)}")
     grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
     state, hyper = state_buffers(m)
     tid = m.local_index()
@@ -120,7 +121,8 @@ def state_buffers(m):
 
 def _tensors(m, sizes):
     if not 1 <= len(sizes) <= MAX_UPDATE_TENSORS:
-        raise ValueError(f"1 to {MAX_UPDATE_TENSORS} parameter tensors per update, got {len(sizes)}")
+        raise ValueError(f"1 to {MAX_UPDATE_TENSORS} parameter tensors per update, got "
+                         f"{len(sizes)}")
     return [(m.declare_output_buffer(f"p{k}", f32, n), m.declare_input_buffer(f"g{k}", f32, n))
             for k, n in enumerate(sizes)]
 

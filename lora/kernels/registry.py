@@ -13,19 +13,8 @@ import shaderdsl as sd
 
 from . import backward, loss, network, optimizer
 from .common import ceil_div, width
-from .forward import (
-    B_ADD_THREADS,
-    add_scaled,
-    fused_b_add,
-    fused_forward,
-    gemm_tile_tokens,
-    project_a_seed,
-    project_a_tiled,
-    project_a_workgroup,
-    project_b,
-    tiled_b_add,
-    tiled_forward,
-)
+from .fused import fused_forward
+from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
 from .matrix import (
     OUTER,
     a_tiling,
@@ -38,6 +27,14 @@ from .matrix import (
     outer_matrix_grid,
     project_a_matrix,
 )
+from .projections import (
+    add_scaled,
+    fused_b_add,
+    project_a_seed,
+    project_a_workgroup,
+    project_b,
+)
+from .tiled import tiled_forward
 
 
 @dataclass(frozen=True)

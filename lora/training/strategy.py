@@ -25,7 +25,7 @@ from typing import ClassVar
 from ..core.shape import LayerShape
 from ..core.strategy import Entry, registrar
 from ..kernels.backward import outer_chunk, outer_tile, outer_tiled_fits
-from ..kernels.forward import gemm_chunk, gemm_tile_tokens
+from ..kernels.gemm import gemm_chunk, gemm_tile_tokens
 from ..kernels.matrix import a_tiling
 
 PAIRED_TOKENS = 4  # the paired backward keeps tokens x rank sums per thread: for a few tokens

@@ -1,18 +1,4 @@
-"""peft adapter files in web pages: safetensors read and written in JavaScript.
-
-``ADAPTER_JS`` is an ES module with no dependency: ``readSafetensors`` and
-``writeSafetensors`` (an 8-byte little-endian header length, a JSON header,
-raw little-endian tensors; F32 and F16), and on top of them
-``readPeftAdapter`` / ``writePeftAdapter`` with peft's key names
-(``base_model.model.<module>.lora_A.weight``) and ``adapter_config.json``, so
-a page loads an adapter the user picks and hands one back that
-``lora.load_adapter`` (and peft) reads. Every problem throws
-``AdapterFileError`` naming the file and the key, as the Python loader does
-(lora.training.adapter_io, whose rules these follow).
-"""
-from __future__ import annotations
-
-ADAPTER_JS = r"""// lora_adapter.js: peft adapter files (safetensors + adapter_config.json) in the page.
+// lora_adapter.js: peft adapter files (safetensors + adapter_config.json) in the page.
 // No dependency; typed arrays are little-endian on every browser WebGPU runs in.
 
 export class AdapterFileError extends Error {
@@ -201,22 +187,3 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora = fals
                   layers_pattern: null};  // the fields lora.save_adapter writes
   return {config: JSON.stringify(config, null, 1), tensors: writeSafetensors(tensors)};
 }
-"""
-
-ADAPTER_DTS = """// lora_adapter.d.ts: peft adapter files in the page (lora_adapter.js).
-export class AdapterFileError extends Error {}
-export interface Tensor { dtype: "F32" | "F16"; shape: number[]; data: Float32Array | Uint16Array; }
-export interface Layer { a: Float32Array; b: Float32Array; rank: number; inDim: number;
-  outDim: number; alpha?: number; scale?: number; }
-export function readSafetensors(bytes: ArrayBuffer | Uint8Array, name?: string):
-  { metadata: Record<string, string>; tensors: Record<string, Tensor> };
-export function writeSafetensors(tensors: Record<string, Tensor>,
-  metadata?: Record<string, string>): Uint8Array;
-export function halfToFloat(bits: number): number;
-export function readPeftAdapter(configText: string, tensorBytes: ArrayBuffer | Uint8Array,
-  names?: { config?: string; tensors?: string }):
-  { config: Record<string, unknown>; layers: Record<string, Layer>; ignored: string[] };
-export function writePeftAdapter(layers: Record<string, Layer>,
-  options: { alpha: number; targetModules?: string[]; useRslora?: boolean }):
-  { config: string; tensors: Uint8Array };
-"""

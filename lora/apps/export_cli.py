@@ -1,0 +1,157 @@
+"""``python -m lora export``: the forward and the training step as ES modules for
+web pages (lora.apps.web, lora.apps.web_train), the peft adapter-file module
+beside them (web_assets/adapter.mjs), and the demo and digits pages; ``--open``
+and ``--screenshot`` run a page in headless Chromium and print its verdict.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from ..core.shape import LayerShape
+from ..core.strategy import Entry, Strategy
+
+
+def add_parser(sub) -> None:
+    """The export command's arguments, on the command line's subparsers."""
+    e = sub.add_parser("export", help="the forward as an ES module for web pages, or a demo page")
+    e.add_argument("--rank", type=int, default=8)
+    e.add_argument("--in-dim", type=int, default=2560)
+    e.add_argument("--out-dim", type=int, default=2560)
+    e.add_argument("--tokens", type=int, default=1)
+    e.add_argument("--scale", type=float, default=2.0, help="alpha / rank (default 2)")
+    e.add_argument("--strategy", help="a strategy text (default single:256:1 for one token, "
+                                      "split:256 for more)")
+    e.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                   help="storage of A, B, x and output (f16 needs shader-f16 in the browser)")
+    e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here "
+                   "(and lora_adapter.js: peft files in the page)")
+    e.add_argument("--train", metavar="DIR", help="write lora_train.js and lora_train.d.ts here "
+                   "(and lora_adapter.js): the whole training step, one submit a step")
+    e.add_argument("--loss", choices=("mse", "xent"), default="mse", help="--train: the loss")
+    e.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="--train: the optimizer (default adamw)")
+    e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
+    e.add_argument("--max-grad-norm", type=float, default=None,
+                   help="--train: clip the gradients' global norm to this")
+    e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
+                   "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
+                   "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
+    e.add_argument("--steps", type=int, default=200, help="--train-demo: steps (default 200)")
+    e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
+    e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
+                   "shapes and scale) go into the page instead of random ones")
+    e.add_argument("--module", help="with --adapter: the layer to use (default: the first)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the page's random inputs")
+    e.add_argument("--repeat", type=int, default=20, help="forwards the page times (default 20)")
+    e.add_argument("--open", action="store_true",
+                   help="run the demo page in headless Chromium and print its verdict")
+    e.add_argument("--screenshot", metavar="PNG", help="--open, and save a screenshot of the page")
+
+
+def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
+    """(LayerShape, strategy, embedded adapter or None) from the export arguments."""
+    from .web import embedded_adapter
+
+    adapter, dims = None, dict(rank=args.rank, in_dim=args.in_dim, out_dim=args.out_dim,
+                               scale=args.scale)
+    if args.adapter:
+        adapter, dims = embedded_adapter(args.adapter, args.module)
+    shape = LayerShape(tokens=args.tokens, dtype=args.dtype, **dims)
+    default = "split:256" if args.tokens > 1 else "single:256:1"
+    return shape, Strategy.parse(args.strategy or default), adapter
+
+
+def _files(args) -> dict:
+    """{file name: (folder, text)} of every file the arguments ask for."""
+    from . import web, web_train
+    from .web_export import asset
+
+    shape, strategy, adapter = _shape(args)
+    command = "python -m lora " + shlex.join(args.argv)
+    files = {}
+    if args.out:
+        files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
+        files["lora_forward.d.ts"] = (args.out, web.module_dts(command))
+    if args.train:
+        setup = web_train.TrainSetup(shape, args.loss, args.optimizer, args.lr,
+                                     args.max_grad_norm, args.seed)
+        files["lora_train.js"] = (args.train,
+                                  web_train.module_js(web_train.record_layer(setup), command))
+        files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
+    for folder in {args.out, args.train} - {None}:
+        files[f"{folder}/lora_adapter.js"] = (folder, asset("adapter.mjs"))
+        files[f"{folder}/lora_adapter.d.ts"] = (folder, asset("adapter.d.ts"))
+    if args.demo:
+        files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
+                                                        args.seed, args.repeat))
+    if args.train_demo:
+        run = web_train.DigitsRun(steps=args.steps, rank=args.rank, seed=args.seed)
+        files[f"{args.train_demo}/index.html"] = (args.train_demo,
+                                                  web_train.digits_page(run, command))
+    return files
+
+
+def cmd_export(args) -> int:
+    """Write the forward as an ES module (--out), the training step (--train),
+    each with the adapter-file module beside it, and/or the demo pages
+    (--demo, --train-demo)."""
+    from shaderdsl.errors import ShaderDSLError
+
+    try:
+        files = _files(args)
+    except (ShaderDSLError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not files:
+        print("error: give --out DIR (the forward), --train DIR (the training step), --demo "
+              "DIR (the forward's page) and/or --train-demo DIR (the training page)",
+              file=sys.stderr)
+        return 2
+    for name, (folder, text) in files.items():
+        path = Path(folder) / Path(name).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path)
+    if args.demo and (args.screenshot or args.open):
+        return _show_page(Path(args.demo) / "index.html", args.screenshot)
+    if args.train_demo and (args.screenshot or args.open):
+        return _show_training_page(Path(args.train_demo) / "index.html", args.screenshot)
+    return 0
+
+
+def _show_page(page, screenshot) -> int:
+    """Open the demo page in headless Chromium, print its verdict, save a screenshot."""
+    def verdict(r):
+        t = r["timings"]
+        return (f"demo page in headless Chromium ({r['adapter']}): "
+                f"{'ok' if r['ok'] else 'FAILED'}, max error {r['maxErr']:.3e}; compile "
+                f"{t['compile']:.0f} ms, forward {t['each']:.3f} ms")
+    return _open_page(page, "window.loraDemo", "demo page", verdict, screenshot, 120.0)
+
+
+def _show_training_page(page, screenshot) -> int:
+    """Open the training page in headless Chromium, print what it did, save a screenshot."""
+    def verdict(r):
+        losses = r["losses"]
+        return (f"training page in headless Chromium: loss {losses[0]:.4f} -> "
+                f"{losses[-1]:.4f} over {len(losses)} steps, test accuracy "
+                f"{r['accuracyBefore']:.1%} -> {r['accuracyAfter']:.1%}, {r['stepMs']:.1f} ms "
+                f"a step")
+    return _open_page(page, "window.loraTrainDemo", "training page", verdict, screenshot, 600.0)
+
+
+def _open_page(page, until: str, what: str, verdict, screenshot, timeout: float) -> int:
+    """Load ``page`` until ``until`` is set, print ``verdict(result)`` (or its
+    error), save the screenshot; 0 where the page says ok."""
+    from shaderdsl.browser import load_page
+
+    result = load_page(page, until, timeout=timeout, screenshot=screenshot)
+    if result.get("error"):
+        print(f"{what}: error: {result['error']}", file=sys.stderr)
+        return 1
+    print(verdict(result))
+    if screenshot:
+        print(screenshot)
+    return 0 if result["ok"] else 1

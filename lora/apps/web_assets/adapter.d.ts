@@ -1,0 +1,16 @@
+// lora_adapter.d.ts: peft adapter files in the page (lora_adapter.js).
+export class AdapterFileError extends Error {}
+export interface Tensor { dtype: "F32" | "F16"; shape: number[]; data: Float32Array | Uint16Array; }
+export interface Layer { a: Float32Array; b: Float32Array; rank: number; inDim: number;
+  outDim: number; alpha?: number; scale?: number; }
+export function readSafetensors(bytes: ArrayBuffer | Uint8Array, name?: string):
+  { metadata: Record<string, string>; tensors: Record<string, Tensor> };
+export function writeSafetensors(tensors: Record<string, Tensor>,
+  metadata?: Record<string, string>): Uint8Array;
+export function halfToFloat(bits: number): number;
+export function readPeftAdapter(configText: string, tensorBytes: ArrayBuffer | Uint8Array,
+  names?: { config?: string; tensors?: string }):
+  { config: Record<string, unknown>; layers: Record<string, Layer>; ignored: string[] };
+export function writePeftAdapter(layers: Record<string, Layer>,
+  options: { alpha: number; targetModules?: string[]; useRslora?: boolean }):
+  { config: string; tensors: Uint8Array };

@@ -1,0 +1,120 @@
+// ---- the training step: every op of one step into one submit
+/** Bytes of base64 text (atob: in every browser and in Node, unlike Uint8Array.fromBase64). */
+export function bytesOfBase64(text) {
+  const raw = atob(text), out = new Uint8Array(raw.length);
+  for (let k = 0; k < raw.length; k++) out[k] = raw.charCodeAt(k);
+  return out;
+}
+
+async function readBack(device, buffer, bytes) {
+  const staging = device.createBuffer({size: bytes, usage: GPUBufferUsage.MAP_READ |
+                                                           GPUBufferUsage.COPY_DST});
+  const enc = device.createCommandEncoder({label: "loraTrainer read"});
+  enc.copyBufferToBuffer(buffer, 0, staging, 0, bytes);
+  device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = new Uint8Array(staging.getMappedRange()).slice();
+  staging.unmap();
+  staging.destroy();
+  return out.buffer;
+}
+
+function checkInput(what, value) {
+  const {dtype, bytes} = buffers[what];
+  const Want = dtype === "uint32" ? Uint32Array : Float32Array;
+  if (!(value instanceof Want))
+    throw new Error(`loraTrainer.step: ${what} must be a ${Want.name} (or a GPUBuffer), got ` +
+                    `${value?.constructor?.name ?? typeof value}`);
+  if (value.byteLength !== bytes)
+    throw new Error(`loraTrainer.step: ${what} has ${value.length} values, the trainer takes ` +
+                    `${bytes / 4} (${config.tokens} token(s); a batch of another size needs ` +
+                    `its own export)`);
+}
+
+/** A trainer on ``device``: its buffers made and filled (as exported: A and B as peft
+ *  initialises them, or ``weights`` {module: {a, b}} of row-major Float32Arrays), every
+ *  pipeline compiled. ``step(inputs)`` records one training step into one submit; its
+ *  inputs are config.given (each a TypedArray written into the trainer's own buffer, or
+ *  a GPUBuffer of that size). */
+export async function loraTrainer(device, weights = {}) {
+  await Promise.all(kernels.map(k => prepareKernel(device, k)));
+  const first = {};
+  for (const [module, layer] of Object.entries(weights))
+    for (const part of ["a", "b"]) if (layer?.[part]) first[`${module}.${part}`] = layer[part];
+  const own = {};
+  for (const [name, info] of Object.entries(buffers)) {
+    own[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, info.bytes),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
+    const data = first[name] ?? (info.init ? bytesOfBase64(info.init) : null);
+    if (data) {
+      if (data.byteLength !== info.bytes)
+        throw new Error(`loraTrainer: ${name} has ${data.byteLength} bytes, needs ${info.bytes}`);
+      device.queue.writeBuffer(own[name], 0, data);
+    }
+  }
+  const readLayer = async (module, l) => {
+    const [a, b] = await Promise.all([readBack(device, own[l.a], buffers[l.a].bytes),
+                                      readBack(device, own[l.b], buffers[l.b].bytes)]);
+    return {a: new Float32Array(a), b: new Float32Array(b), rank: l.rank, inDim: l.inDim,
+            outDim: l.outDim, alpha: l.alpha, scale: l.scale};
+  };
+  let taken = 0;
+  return {
+    config,
+    get steps() { return taken; },
+    step(inputs) {
+      const bound = {...own};
+      for (const what of config.given) {
+        const value = inputs?.[what];
+        if (value instanceof GPUBuffer) { bound[what] = value; continue; }
+        checkInput(what, value);
+        device.queue.writeBuffer(own[what], 0, value);
+      }
+      const enc = device.createCommandEncoder({label: "loraTrainer step"});
+      let pass = null;
+      for (const step of steps) {
+        if (step.copy) {
+          if (pass) { pass.end(); pass = null; }
+          const [src, dst, n] = step.copy;
+          enc.copyBufferToBuffer(bound[src], 0, bound[dst], 0, n);
+          continue;
+        }
+        pass ??= enc.beginComputePass({label: "loraTrainer step"});
+        const use = {};
+        for (const [binding, name] of Object.entries(step.buffers)) use[binding] = bound[name];
+        encodeKernel(pass, device, kernels[step.kernel], use, step.grid);
+      }
+      if (pass) pass.end();
+      device.queue.submit([enc.finish()]);
+      taken += 1;
+    },
+    /** The last step's loss (reads back: waits for the GPU). */
+    async loss() {
+      if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
+      const {kind, buffer, count, classes} = config.loss;
+      const sums = new Float32Array(await readBack(device, own[buffer], buffers[buffer].bytes));
+      let total = 0;
+      for (let k = 0; k < sums.length; k++) {
+        if (kind === "xent" && sums[k] < 0)
+          throw new Error(`labels: label ${-sums[k] - 1} at token ${k} is outside ` +
+                          `0..${classes - 1} (the output has ${classes} classes)`);
+        total += sums[k];
+      }
+      return total / count;
+    },
+    /** Every adapter now: {module: {a, b, rank, inDim, outDim, alpha, scale}}. */
+    async adapters() {
+      const out = {};
+      for (const [module, l] of Object.entries(config.adapters))
+        out[module] = await readLayer(module, l);
+      return out;
+    },
+    /** The (first) adapter now, for writePeftAdapter({name: ...}). */
+    async adapter() {
+      const [module, l] = Object.entries(config.adapters)[0];
+      return readLayer(module, l);
+    },
+    /** Free every buffer the trainer made. */
+    destroy() { for (const buf of Object.values(own)) buf.destroy(); },
+  };
+}

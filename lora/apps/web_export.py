@@ -1,0 +1,56 @@
+"""What the web exports share: a device that records what a plan dispatches,
+the steps an ES module replays, and the JavaScript and HTML files shipped
+in ``lora/apps/web_assets`` (package data, read at export).
+
+The forward (lora.apps.web) and the training step (lora.apps.web_train) are
+both recorded, not rewritten: the Python plan runs on a :class:`Recorder`,
+and its list of dispatches and copies is what the module's JavaScript
+encodes, kernel for kernel and grid for grid.
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+from shaderdsl.interp import Device as InterpDevice
+
+
+class Recorder(InterpDevice):
+    """An interpreter device whose dispatches and copies are listed, not run.
+    ``features``: those the recorded plan may use (default: every one the
+    interpreter has; the page then asks the adapter for what its kernels need)."""
+
+    def __init__(self, features=None):
+        super().__init__(features=features)
+        self.ops: list = []
+
+    def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
+        self.ops.append(("dispatch", kernel, list(bindings), workgroups))
+
+    def _copy(self, src, dst, nbytes: int) -> None:
+        self.ops.append(("copy", src, dst, nbytes))
+
+
+def module_steps(ops: list, name_of) -> tuple[list, list]:
+    """(kernels, steps) of recorded ``ops``: each distinct Kernel once; a
+    dispatch as its kernel's index, its grid and the name (``name_of(buffer)``)
+    of the buffer at each binding; a copy as [source, destination, bytes]."""
+    kernels, steps = [], []
+    for op in ops:
+        if op[0] == "copy":
+            steps.append({"copy": [name_of(op[1]), name_of(op[2]), op[3]]})
+            continue
+        _, kernel, bufs, grid = op
+        if any(b.access == "uniform" for b in kernel.bindings):  # the modules make storage only
+            raise ValueError(f"kernel {kernel.name!r} takes a uniform; the web exports make "
+                             f"storage buffers only")
+        if kernel not in kernels:
+            kernels.append(kernel)
+        steps.append({"kernel": kernels.index(kernel),
+                      "grid": list(grid) if isinstance(grid, tuple) else [grid, 1, 1],
+                      "buffers": {b.name: name_of(buf) for b, buf in zip(kernel.bindings, bufs)}})
+    return kernels, steps
+
+
+def asset(name: str) -> str:
+    """The text of ``lora/apps/web_assets/<name>``."""
+    return resources.files("lora.apps").joinpath("web_assets", name).read_text()
