@@ -35,14 +35,18 @@ from .bench_train import NUMPY_DTYPES, SCALE
 
 DIM = 2560
 CASES = (  # (rank, tokens, dtype, strategies)
-    (64, 4096, "f32", ("tiled:512:16:4:loop", "gemm:256:16:4", "gemm:256:16:8", "gemm:256:32:8",
-                       "gemm:256:16:4:8", "gemm:256:16:8:8")),
-    (64, 512, "f32", ("tiled:256:4", "gemm:256:8:16", "gemm:128:16:16", "gemm:256:16:16",
-                      "gemm:128:16:8", "gemm:256:16:8", "gemm:128:16:16:8")),
-    (16, 4096, "f32", ("tiled:512:16", "gemm:64:16:8", "gemm:128:16:8")),
-    (8, 4096, "f32", ("tiled:512:16:loop", "tiled:512:16:q")),
-    (8, 4096, "f16", ("tiled:512:16:loop", "tiled:512:16:q")),
-    (8, 1, "f32", ("single:256:1", "single:512:1:sg")),
+    (64, 4096, "f32", ("tiled(threads=512, token_block=4, unroll=False)",
+                       "gemm(threads=256, splits=4)", "gemm(threads=256, splits=8)",
+                       "gemm(threads=256, tile_tokens=32, splits=8)",
+                       "gemm(threads=256, splits=4, block=8)",
+                       "gemm(threads=256, splits=8, block=8)")),
+    (64, 512, "f32", ("tiled(tile_tokens=4)", "gemm(threads=256, tile_tokens=8, splits=16)",
+                      "gemm(splits=16)", "gemm(threads=256, splits=16)", "gemm(splits=8)",
+                      "gemm(threads=256, splits=8)", "gemm(splits=16, block=8)")),
+    (16, 4096, "f32", ("tiled(threads=512)", "gemm(threads=64, splits=8)", "gemm(splits=8)")),
+    (8, 4096, "f32", ("tiled(threads=512, unroll=False)", "tiled(threads=512, quad=True)")),
+    (8, 4096, "f16", ("tiled(threads=512, unroll=False)", "tiled(threads=512, quad=True)")),
+    (8, 1, "f32", ("single", "single(threads=512, subgroups=True)")),
 )
 
 
@@ -157,7 +161,7 @@ def read_latency(device, log, repeats: int = 200) -> dict:
     of the pieces: recording and submitting it, a read alone of an idle buffer,
     and waiting for the queue."""
     weight, x, out = _problem(device, 8, 1, "f32")
-    plan = forward_plan(device, weight, SCALE, 1, "single:256:1")
+    plan = forward_plan(device, weight, SCALE, 1, "single")
 
     def median(fn):
         times = []

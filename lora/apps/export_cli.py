@@ -59,7 +59,7 @@ def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
     if args.adapter:
         adapter, dims = embedded_adapter(args.adapter, args.module)
     shape = LayerShape(tokens=args.tokens, dtype=args.dtype, **dims)
-    default = "split:256" if args.tokens > 1 else "single:256:1"
+    default = "split" if args.tokens > 1 else "single"
     return shape, Strategy.parse(args.strategy or default), adapter
 
 

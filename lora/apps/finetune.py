@@ -39,7 +39,8 @@ class DigitsTrainer:
                      for k, s in shapes.items()}
         self.grads = {name: (device.empty(w.a.shape, f32), device.empty(w.b.shape, f32))
                       for name, w in self.weights.items()}
-        self.forward = {name: train_forward_plan(device, w, scale, batch, "tiled:64:8", given=())
+        forward = "tiled(threads=64, tile_tokens=8)"
+        self.forward = {name: train_forward_plan(device, w, scale, batch, forward, given=())
                         for name, w in self.weights.items()}
         self.backward = {"fc1": backward_plan(device, self.weights["fc1"], scale, batch,
                                               with_dx=False),

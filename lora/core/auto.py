@@ -52,7 +52,7 @@ def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | No
     choice where one is cached, else a model's (what ran fastest on the H200
     for such a shape; nothing is timed); "auto" to time every candidate once
     per shape and device (cached on disk; progress on stderr after a second);
-    or a strategy (or its text, such as ``"single:256:1"``;
+    or a strategy (or its text, such as ``"single"``;
     :mod:`lora.core.strategy`). ``device`` defaults to
     ``shaderdsl.runtime.get_device()``.
     """
