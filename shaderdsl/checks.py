@@ -17,7 +17,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from .devicebuffer import DeviceBuffer, describe
-from .errors import AliasingError, BindingError, DispatchError, FeatureError, WGSLCompileError
+from .errors import (
+    AliasingError,
+    BindingError,
+    DispatchError,
+    FeatureError,
+    WGSLCompileError,
+    is_positive_int,
+)
 from .types import Array, Scalar, Vector, numpy_dtype
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
@@ -253,7 +260,7 @@ def check_kernel(kernel, device) -> None:
     limits = device.limits
     wg = kernel.workgroup_size
     for axis, (n, key) in enumerate(zip(wg, MAX_WG_SIZE)):
-        if not isinstance(n, int) or n < 1:
+        if not is_positive_int(n):
             raise DispatchError(f"kernel {kernel.name!r}: workgroup_size {wg} must be "
                                 f"positive ints")
         if key in limits and n > limits[key]:

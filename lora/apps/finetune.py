@@ -74,7 +74,10 @@ class DigitsTrainer:
     def record(self) -> None:
         """One training step on the loaded batch, recorded into one submit."""
         dev, bufs = self.device, self.bufs
-        run = lambda name: self._base[name].record()  # noqa: E731
+
+        def run(name: str) -> None:
+            self._base[name].record()
+
         with dev.batch():
             run("dense1")
             self.forward["fc1"].record(bufs["x"], bufs["z1"])
