@@ -75,13 +75,15 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
     return dev
 
 
-def _lost_reason(wgpu_device) -> str | None:
+def _lost_reason(wgpu_device, poll: bool) -> str | None:
     """Why the wgpu device cannot be used, or None while it can. Dawn resolves
-    its ``lost`` promise; wgpu-native has none, but stops the device's poller
-    when it is destroyed (a device lost otherwise is seen at the next call
-    that fails)."""
+    its ``lost`` promise when its events are processed (``poll``: now);
+    wgpu-native has none, but stops the device's poller when it is destroyed
+    (a device lost otherwise is seen at the next call that fails)."""
     promise = getattr(wgpu_device, "_lost_promise", None)
     if promise is not None:
+        if poll and getattr(promise, "_state", "pending") == "pending":
+            wgpu_device._poll()
         if getattr(promise, "_state", "pending") == "pending":
             return None
         info = getattr(promise, "_value", None)
@@ -179,7 +181,7 @@ class Device(HostDevice):
     def lost(self) -> bool:
         """Whether the wgpu device was destroyed or lost (nothing runs on it again)."""
         if self._lost is None:
-            self._lost = _lost_reason(self.wgpu_device)
+            self._lost = _lost_reason(self.wgpu_device, poll=True)
         return self._lost is not None
 
     def destroy(self) -> None:
@@ -201,9 +203,11 @@ class Device(HostDevice):
 
     def _check_submit(self) -> None:
         """Look for a loss before a submit: wgpu-native aborts the process at a
-        submit on a lost device."""
-        if self.lost:
-            self._check_live()
+        submit on a lost device (Dawn does not: its events are not processed
+        for this, so a submit costs no more)."""
+        if self._lost is None:
+            self._lost = _lost_reason(self.wgpu_device, poll=False)
+        self._check_live()
 
     def _lost_error(self, err: Exception) -> DeviceLostError | None:
         if isinstance(err, ShaderDSLError) or not (self.lost or _LOST_MESSAGE.search(str(err))):
