@@ -181,7 +181,8 @@ class Device(HostDevice):
     def lost(self) -> bool:
         """Whether the wgpu device was destroyed or lost (nothing runs on it again)."""
         if self._lost is None:
-            self._lost = _lost_reason(self.wgpu_device, poll=True)
+            with self.lock:  # (Dawn's events are processed by one thread at a time)
+                self._lost = _lost_reason(self.wgpu_device, poll=True)
         return self._lost is not None
 
     def destroy(self) -> None:
