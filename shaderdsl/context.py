@@ -16,6 +16,8 @@ from .location import caller_location
 
 
 class _Stacks(threading.local):
+    """Each thread's stack of the builders it is running, innermost last."""
+
     def __init__(self):
         self.stack: list = []
 
