@@ -158,7 +158,7 @@ def binding_costs(device, count: int, repeats: int) -> dict:
     cache, stride = device._cache, device.uniform_ring.stride
     kernel = sd.compile(bitonic, WORKGROUP, how="uniform", name="bitonic_binding")
     ring = device.wgpu_device.create_buffer(size=2 * count * stride, usage=wgpu.BufferUsage.UNIFORM)
-    data = device.empty(WORKGROUP, np.float32).wgpu_buffer
+    data = device.empty(WORKGROUP, np.float32)._wgpu_buffer
 
     def group(layout, k_at: int, j_at: int):
         res = [(data, 0, data.size), (ring, k_at, 16), (ring, j_at, 16)]

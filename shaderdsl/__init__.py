@@ -10,6 +10,7 @@ from .compiler import compile
 from .errors import (
                      AliasingError,
                      BindingError,
+                     DeviceLostError,
                      DispatchError,
                      FeatureError,
                      KernelBuildError,
@@ -61,7 +62,7 @@ from .types import (
 __version__ = package_version()
 
 __all__ = ["builtins", "collectives", "ShaderM", "compile", "AliasingError", "BindingError",
-           "DispatchError", "FeatureError", "KernelBuildError", "NoAdapterError",
+           "DeviceLostError", "DispatchError", "FeatureError", "KernelBuildError", "NoAdapterError",
            "ShaderDSLError", "ShaderNameError", "ShaderScopeError", "ShaderTypeError",
            "UniformityError", "WGSLCompileError", "package_version", "function",
            "Binding", "Kernel", "Override", "Array", "Atomic", "Scalar",

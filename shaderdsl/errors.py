@@ -62,6 +62,12 @@ class NoAdapterError(ShaderDSLError, RuntimeError):
     """No WebGPU adapter matches the request."""
 
 
+class DeviceLostError(ShaderDSLError, RuntimeError):
+    """The GPU device was destroyed or lost: nothing more can run on it, and
+    its buffers, weights and plans are gone. ``shaderdsl.runtime.get_device()``
+    gives a fresh device to make them again on."""
+
+
 class DispatchError(ShaderDSLError, ValueError):
     """Workgroup counts are invalid or over the device's limits."""
 

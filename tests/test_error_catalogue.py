@@ -528,7 +528,7 @@ def test_uniform_binding_over_the_limit(device):
         pytest.skip(f"max-uniform-buffer-binding-size = {cap}: too big for a test")
     s = device.uniform(np.zeros(cap // 4 + 1, np.float32))
     out = poisoned(device, 4)
-    size = s.wgpu_buffer.size
+    size = s.bound_bytes
     with refused(device, BindingError, rf"binding 's' .*buffer of {size} bytes is over "
                                        rf"max-uniform-buffer-binding-size = {cap}", [out]):
         device.dispatch(sd.compile(read_uniform, 1), {"s": s, "out": out}, 1)

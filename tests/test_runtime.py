@@ -193,7 +193,7 @@ def test_buffer_roundtrip_dtypes_and_odd_float16():
     z.write(np.ones((3, 5), np.float16))
     np.testing.assert_array_equal(z.read(), np.ones((3, 5), np.float16))
     u = DEV.uniform(7)
-    assert u.usage_kind == "uniform" and u.dtype == np.uint32 and u.wgpu_buffer.size == 16
+    assert u.usage_kind == "uniform" and u.dtype == np.uint32 and u.bound_bytes == 16
     assert u.read() == 7
 
 

@@ -198,9 +198,9 @@ def read_latency(device, log, repeats: int = 200) -> dict:
 def _read_map_sync(device, buf):
     """device.read as it was before readback.map_read: wgpu-py's map_sync."""
     import wgpu
-    size = buf.wgpu_buffer.size
+    size = buf._wgpu_buffer.size
     staging = device._staging_for(size)
-    device._recorder.copy(buf.wgpu_buffer, staging, size)
+    device._recorder.copy(buf._wgpu_buffer, staging, size)
     device._recorder.flush()
     staging.map_sync(wgpu.MapMode.READ, 0, size)
     try:

@@ -3,9 +3,11 @@ goes when the weight goes) or, for work without a weight, per device.
 
 A key names the work and, for calls checked once per combination of
 buffers, their ids; a hit whose buffers were released since is built again
-(so the builder's check raises its message)."""
+(so the builder's check raises its message). Plans are built holding the
+device's lock, so two threads never build one key twice."""
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 from .weight import Weight
@@ -29,9 +31,20 @@ def _forget(table: dict) -> None:
     table.clear()
 
 
+def _lock(owner):
+    """The lock of the device ``owner`` builds on (a context that does nothing without one)."""
+    device = owner.device if isinstance(owner, Weight) else owner
+    return getattr(device, "lock", None) or contextlib.nullcontext()
+
+
 def get_or_build(owner, key, build, buffers=()):
     """The plan ``build()`` made for ``key`` under ``owner`` (a Weight or a
     device); built again when one of ``buffers`` was released since."""
+    with _lock(owner):
+        return _get_or_build(owner, key, build, buffers)
+
+
+def _get_or_build(owner, key, build, buffers):
     table = _table(owner)
     try:
         hit = table.get(key) if table is not None else None

@@ -33,7 +33,7 @@ import numpy as np
 
 from shaderdsl import checks
 from shaderdsl.devicebuffer import DeviceBuffer
-from shaderdsl.errors import BindingError, DispatchError
+from shaderdsl.errors import BindingError, DeviceLostError, DispatchError
 from shaderdsl.kernel import Kernel
 
 from ..kernels import KERNELS
@@ -315,7 +315,16 @@ class Plan:
         """Dispatch the steps; several go out in one submit (or join the open
         batch). A run-time plan takes the token count from the first given
         buffer's length, or ``tokens``. Call check() first for buffers not
-        used before; the runtime validates bindings it has not seen."""
+        used before; the runtime validates bindings it has not seen. Holds the
+        device's lock: threads sharing the plan share its scratch buffers."""
+        with self.device.lock:
+            try:
+                self._record(args, tokens, named)
+            except DeviceLostError as err:
+                raise DeviceLostError(f"{self!r} was made on a device that is lost: {err}") \
+                    from None
+
+    def _record(self, args: tuple, tokens: int | None, named: dict) -> None:
         if self.released:
             raise BindingError(f"{self!r} was released; make a new plan")
         buffers = dict(self.bound)

@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,9 @@ def time_plan(device, plan: Recordable, x_buf, out_buf, forwards: int,
     return statistics.median(times)
 
 
+_FILE_LOCK = threading.Lock()  # one thread at a time reads, changes and writes the file
+
+
 def _load() -> dict:
     try:
         return json.loads(cache_path().read_text())
@@ -110,6 +114,11 @@ def _load() -> dict:
 
 
 def _store(key: str, value: dict) -> None:
+    with _FILE_LOCK:
+        _store_locked(key, value)
+
+
+def _store_locked(key: str, value: dict) -> None:
     table = _load()
     table[key] = value
     path = cache_path()
@@ -126,7 +135,13 @@ def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) 
     """Microseconds per forward of each candidate that builds (``make_plan(s)``:
     a Plan, or a run-time Plan bound to ``tokens``), on scratch buffers of
     ``tokens`` tokens. A candidate over this device's limits (workgroup
-    memory, binding sizes) is left out: it is never returned."""
+    memory, binding sizes) is left out: it is never returned. Timed holding
+    the device's lock, so no other thread's work lands in the times."""
+    with device.lock:
+        return _timings_locked(device, weight, tokens, cands, make_plan, forwards, progress)
+
+
+def _timings_locked(device, weight, tokens: int, cands, make_plan, forwards, progress) -> dict:
     rng = np.random.default_rng(0)
     x = device.buffer(rng.standard_normal((tokens, weight.in_dim)).astype(weight.dtype))
     out = device.buffer(rng.standard_normal((tokens, weight.out_dim)).astype(weight.dtype))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numpy.typing import DTypeLike
 
-from shaderdsl.errors import BindingError
+from shaderdsl.errors import BindingError, DeviceLostError
 
 from .checks import check_f16, count, host_matrix
 from .shape import LayerShape
@@ -116,12 +116,20 @@ class Weight:
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) read back from the GPU."""
+        self._check_device()
         return self.device.read(self.a), self.device.read(self.b)
+
+    def _check_device(self) -> None:
+        """A weight whose device was lost is gone with it: say so by name."""
+        if getattr(self.device, "lost", False):
+            raise DeviceLostError(f"{self!r} was made on {self.device!r}, which is lost; make "
+                                  f"the weight again on a fresh shaderdsl.runtime.get_device()")
 
     def write(self, a=None, b=None) -> None:
         """Overwrite A and/or B in place (same shapes; any real float dtype,
         cast to the weight's), and the f32 masters a trainer keeps of an f16
         weight (else its next step would write the old values back)."""
+        self._check_device()
         given = (a, b)
         if a is not None:
             a = host_matrix(a, "a", "[rank, in_dim]", self.dtype)

@@ -42,4 +42,5 @@ class Batch(HostBatch):
 
     def flush(self) -> None:
         """Send what is recorded so far (the batch stays open)."""
-        self.device._send()
+        with self.device.lock:
+            self.device._send()

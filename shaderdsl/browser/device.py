@@ -21,7 +21,7 @@ from typing import NoReturn
 import numpy as np
 
 from ..errors import BrowserError, BrowserTimeoutError
-from ..hostdevice import HostDevice
+from ..hostdevice import HostDevice, locked
 from .batch import Batch
 from .buffers import CHUNK, Buffer, decode, encode
 from .kernels import compile_error, constants, page_key, page_value
@@ -237,6 +237,7 @@ class Device(HostDevice):
         """``with device.batch():`` sends every dispatch/copy in it as one submit."""
         return Batch(self, timestamps)
 
+    @locked
     def sync(self) -> None:
         """Send anything recorded and wait until the page's GPU has finished it."""
         self._send(wait=True)

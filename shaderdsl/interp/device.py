@@ -15,7 +15,7 @@ import numpy as np
 from .. import types as T
 from ..checks import MAX_WORKGROUPS
 from ..errors import InterpreterError
-from ..hostdevice import HostBatch, HostDevice
+from ..hostdevice import HostBatch, HostDevice, locked
 from .buffers import Buffer
 from .interpreter import DEFAULT_MAX_LOOP_ITERATIONS, DEFAULT_SUBGROUP_SIZE, Interpreter
 
@@ -157,6 +157,7 @@ class Device(HostDevice):
         in order at its end (or at a read); an exception inside drops them."""
         return Batch(self, timestamps)
 
+    @locked
     def sync(self) -> None:
         """Run anything recorded (the interpreter has nothing else to wait for)."""
         self._flush()
@@ -194,7 +195,8 @@ class Batch(HostBatch):
 
     def flush(self) -> None:
         """Run what is recorded so far (the batch stays open)."""
-        self.device._flush()
+        with self.device.lock:
+            self.device._flush()
 
 
 def _first_difference(first: dict, second: dict):

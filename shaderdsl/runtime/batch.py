@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import wgpu
 
-from ..hostdevice import HostBatch
+from ..hostdevice import HostBatch, call_live
 
 _TS_START = {"beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
 _TS_END = {"end_of_pass_write_index": 1}
@@ -21,14 +21,15 @@ _TS_END = {"end_of_pass_write_index": 1}
 class Recorder:
     """The open command encoder and compute pass of a device (lazily created)."""
 
-    __slots__ = ("wgpu_device", "queue", "stats", "ring", "encoder", "cpass", "pipeline",
-                 "recorded", "query_set", "started")
+    __slots__ = ("wgpu_device", "queue", "stats", "ring", "live", "encoder", "cpass",
+                 "pipeline", "recorded", "query_set", "started")
 
-    def __init__(self, wgpu_device, stats: dict, ring):
+    def __init__(self, wgpu_device, stats: dict, ring, live):
         self.wgpu_device = wgpu_device
         self.queue = wgpu_device.queue
         self.stats = stats
         self.ring = ring          # the uniform ring: its values are written before each submit
+        self.live = live          # raises DeviceLostError on a lost device
         self.encoder = None
         self.cpass = None
         self.pipeline = None      # last pipeline set on the open pass
@@ -87,7 +88,10 @@ class Recorder:
             self.pipeline = None
 
     def flush(self) -> None:
-        """Submit whatever is recorded; the next command starts a new encoder."""
+        """Submit whatever is recorded; the next command starts a new encoder.
+        Not on a lost device: wgpu-native aborts the process at such a submit."""
+        if self.encoder is not None:
+            self.live()
         self.end_pass()
         if self.encoder is not None:
             encoder, self.encoder = self.encoder, None
@@ -109,14 +113,18 @@ class Recorder:
         self.started = False
         self.flush()
 
-    def discard(self) -> None:
-        """Drop unsubmitted commands (the batch body raised)."""
-        self.end_pass()
+    def discard(self, lost: bool = False) -> None:
+        """Drop unsubmitted commands: the batch body raised, or the device was
+        ``lost`` (then no wgpu call at all: not even the open pass is ended)."""
+        if not lost:
+            self.end_pass()
+        self.cpass = self.pipeline = None
         self.encoder = None
         self.recorded = False
         self.query_set = None
         self.started = False
-        self.ring.reset()
+        if not lost:
+            self.ring.reset()
 
 
 class Batch(HostBatch):
@@ -154,14 +162,18 @@ class Batch(HostBatch):
 
     def flush(self) -> None:
         """Submit what is recorded so far (the batch stays open)."""
-        self.device._recorder.flush()
+        with self.device.lock:
+            call_live(self.device, self.device._recorder.flush)
 
     @property
     def gpu_time_ns(self) -> float | None:
         if self._time is None and self._resolve is not None:
             if self._open:
                 raise RuntimeError("gpu_time_ns is known only after the batch exits")
-            raw = self.device.wgpu_device.queue.read_buffer(self._resolve)
+            dev = self.device
+            with dev.lock:
+                dev._check_submit()  # read_buffer submits a copy
+                raw = call_live(dev, dev.wgpu_device.queue.read_buffer, self._resolve)
             start, end = np.frombuffer(raw, np.uint64)[:2].astype(np.int64)
             self._time = float(end - start) * self.device.timestamp_period
             self._resolve = None

@@ -37,20 +37,22 @@ def padded_bytes(arr: np.ndarray, size: int) -> memoryview:
 
 
 class Buffer(DeviceBuffer):
-    """A wgpu buffer with the numpy shape/dtype it was made for."""
+    """A wgpu buffer with the numpy shape/dtype it was made for. The wgpu
+    handle is private: destroyed behind the device's back, it aborted the
+    process at the next submit; ``release()`` frees it safely."""
 
-    __slots__ = ("device", "wgpu_buffer", "shape", "dtype", "nbytes", "size", "id",
+    __slots__ = ("device", "_wgpu_buffer", "shape", "dtype", "nbytes", "size", "id",
                  "usage_kind", "name", "__weakref__")
 
     def __init__(self, device, wgpu_buffer, shape: tuple, dtype: np.dtype, usage_kind: str,
                  name: str | None = None):
         self._describe(device, shape, dtype, usage_kind, name, _ids)
-        self.wgpu_buffer = wgpu_buffer
+        self._wgpu_buffer = wgpu_buffer
 
     @property
     def released(self) -> bool:
-        return self.wgpu_buffer is None
+        return self._wgpu_buffer is None
 
     @property
     def bound_bytes(self) -> int:
-        return self.wgpu_buffer.size
+        return self._wgpu_buffer.size

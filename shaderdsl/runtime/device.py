@@ -3,19 +3,22 @@
 ``get_device()`` picks the best adapter (``shaderdsl.runtime.adapters``),
 asks for every feature the DSL can use and the adapter's maximum limits, and
 caches the result so every part of a program shares one device and one
-pipeline cache.
+pipeline cache. A device destroyed or lost is refused (DeviceLostError) and
+``get_device()`` then opens a fresh one.
 """
 from __future__ import annotations
 
 import os
+import re
+import threading
 import weakref
 
 import numpy as np
 import wgpu
 
 from .. import checks
-from ..errors import NoAdapterError
-from ..hostdevice import HostDevice
+from ..errors import DeviceLostError, NoAdapterError, ShaderDSLError
+from ..hostdevice import HostDevice, call_live, locked
 from ..types import SUBGROUP_MATRIX_FEATURE
 from .adapters import (
     DAWN_NAMES,
@@ -36,6 +39,10 @@ from .ring import BINDING_BYTES, UniformRing
 from .wgpu_build import WGPU_BUILD
 
 _devices: dict = {}
+_devices_lock = threading.Lock()  # two threads asking at once get one device
+
+# What wgpu-native ("Parent device is lost") and Dawn ("[Device] is lost") say.
+_LOST_MESSAGE = re.compile(r"device\b.*\bis lost|device (was )?lost", re.IGNORECASE)
 
 
 def get_device(backend: str | None = None, adapter: str | None = None, *,
@@ -44,21 +51,46 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
 
     ``backend`` defaults to env SHADERDSL_BACKEND, ``adapter`` to
     SHADERDSL_ADAPTER; ``features`` are required on top of the ones requested
-    whenever present (WANTED_FEATURES), and steer the adapter choice.
+    whenever present (WANTED_FEATURES), and steer the adapter choice. A
+    device that was lost is forgotten here: the next call opens a fresh one.
     """
     backend = norm_backend(backend if backend is not None else os.environ.get("SHADERDSL_BACKEND"))
     adapter = adapter if adapter is not None else (os.environ.get("SHADERDSL_ADAPTER") or None)
     feats = frozenset(features or ())
     key = (backend, adapter.lower() if adapter else None, feats)
     dev = _devices.get(key)
-    if dev is None:
-        chosen = pick(all_adapters(), backend, adapter, feats)
-        ident = (chosen.info["device"], chosen.info["backend_type"])
-        # One device per adapter where possible: reuse one that has the features.
-        dev = next((d for d in _devices.values()
-                    if (d.name, d.backend) == ident and feats <= d.features), None)
-        _devices[key] = dev = dev or Device(chosen, feats)
+    if dev is not None and not dev.lost:
+        return dev
+    with _devices_lock:
+        for k in [k for k, d in _devices.items() if d.lost]:
+            del _devices[k]
+        dev = _devices.get(key)
+        if dev is None:
+            chosen = pick(all_adapters(), backend, adapter, feats)
+            ident = (chosen.info["device"], chosen.info["backend_type"])
+            # One device per adapter where possible: reuse one that has the features.
+            dev = next((d for d in _devices.values()
+                        if (d.name, d.backend) == ident and feats <= d.features), None)
+            _devices[key] = dev = dev or Device(chosen, feats)
     return dev
+
+
+def _lost_reason(wgpu_device, poll: bool) -> str | None:
+    """Why the wgpu device cannot be used, or None while it can. Dawn resolves
+    its ``lost`` promise when its events are processed (``poll``: now);
+    wgpu-native has none, but stops the device's poller when it is destroyed
+    (a device lost otherwise is seen at the next call that fails)."""
+    promise = getattr(wgpu_device, "_lost_promise", None)
+    if promise is not None:
+        if poll and getattr(promise, "_state", "pending") == "pending":
+            wgpu_device._poll()
+        if getattr(promise, "_state", "pending") == "pending":
+            return None
+        info = getattr(promise, "_value", None)
+        return f"{getattr(info, 'reason', 'lost')}: {getattr(info, 'message', '')}".strip(": ")
+    if getattr(wgpu_device, "_poller", True) is None:
+        return "destroyed"
+    return None
 
 
 class _KernelEntry:
@@ -129,7 +161,8 @@ class Device(HostDevice):
         self.uniform_ring = UniformRing(
             self.wgpu_device, self.stats, self.limits["min-uniform-buffer-offset-alignment"],
             self._cache.forget_buffer, self.limits["max-buffer-size"])
-        self._recorder = Recorder(self.wgpu_device, self.stats, self.uniform_ring)
+        self._recorder = Recorder(self.wgpu_device, self.stats, self.uniform_ring,
+                                  self._check_submit)
         self._max_wg = self.limits["max-compute-workgroups-per-dimension"]
         self._sync_buffer = None
         self._staging = None  # MAP_READ buffer reused by read()
@@ -141,6 +174,51 @@ class Device(HostDevice):
     def adapters_with(feature: str) -> list[str]:
         """Adapters on this machine that have ``feature`` (named in FeatureError)."""
         return adapters_with(feature)
+
+    # -- a lost device -----------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        """Whether the wgpu device was destroyed or lost (nothing runs on it again)."""
+        if self._lost is None:
+            with self.lock:  # (Dawn's events are processed by one thread at a time)
+                self._lost = _lost_reason(self.wgpu_device, poll=True)
+        return self._lost is not None
+
+    def destroy(self) -> None:
+        """Destroy the wgpu device now: its memory is freed, every later call
+        raises DeviceLostError and ``get_device()`` opens a fresh device."""
+        with self.lock:
+            self._recorder.discard(lost=True)
+            self._lost = self._lost or "destroyed by Device.destroy()"
+            self.wgpu_device.destroy()
+
+    def _check_live(self) -> None:
+        """Raise once the device is known to be lost (every call asks: cheap)."""
+        if self._lost is not None:
+            self._recorder.discard(lost=True)
+            raise DeviceLostError(f"{self!r} was lost ({self._lost}): nothing more runs on it, "
+                                  f"and its buffers, weights and plans are gone. Get a fresh "
+                                  f"device with shaderdsl.runtime.get_device() and make them "
+                                  f"again on it")
+
+    def _check_submit(self) -> None:
+        """Look for a loss before a submit: wgpu-native aborts the process at a
+        submit on a lost device (Dawn does not: its events are not processed
+        for this, so a submit costs no more)."""
+        if self._lost is None:
+            self._lost = _lost_reason(self.wgpu_device, poll=False)
+        self._check_live()
+
+    def _lost_error(self, err: Exception) -> DeviceLostError | None:
+        if isinstance(err, ShaderDSLError) or not (self.lost or _LOST_MESSAGE.search(str(err))):
+            return None
+        self._lost = self._lost or str(err).strip().splitlines()[-1].strip()
+        try:
+            self._check_live()
+        except DeviceLostError as lost:
+            return lost
+        return None
 
     # -- the device's part of the host API (HostDevice checks first) -------
 
@@ -158,15 +236,15 @@ class Device(HostDevice):
     def _write(self, buf: Buffer, array) -> None:
         arr = np.ascontiguousarray(array)
         self._recorder.flush()  # queue writes jump ahead of unsubmitted commands
-        self.queue.write_buffer(buf.wgpu_buffer, 0, padded_bytes(arr, buf.wgpu_buffer.size))
+        self.queue.write_buffer(buf._wgpu_buffer, 0, padded_bytes(arr, buf._wgpu_buffer.size))
 
     def _read(self, buf: Buffer) -> np.ndarray:
         """Submits recorded work and waits. The copy into a reused staging
         buffer joins the commands recorded so far, so ``record; read`` inside
         a batch costs one submit and one wait (``readback.map_read``: no extra
         submit, no polling thread)."""
-        size = buf.wgpu_buffer.size
-        self._recorder.copy(buf.wgpu_buffer, self._staging_for(size), size)
+        size = buf._wgpu_buffer.size
+        self._recorder.copy(buf._wgpu_buffer, self._staging_for(size), size)
         self._recorder.flush()
         raw = self._map_staging(size)
         return np.frombuffer(raw, buf.dtype, count=buf.size).reshape(buf.shape)
@@ -188,19 +266,23 @@ class Device(HostDevice):
             staging.unmap()
 
     def _release(self, buf: Buffer) -> None:
-        """Destroy ``buf`` and drop every cached bind group that holds it."""
-        self._recorder.flush()  # recorded commands may still use it
+        """Destroy ``buf`` and drop every cached bind group that holds it (on
+        a lost device, only forget it: nothing is submitted there again)."""
+        if not self.lost:
+            call_live(self, self._recorder.flush)  # recorded commands may still use it
         self._cache.forget_buffer(buf.id)
-        wbuf, buf.wgpu_buffer = buf.wgpu_buffer, None
-        wbuf.destroy()
+        wbuf, buf._wgpu_buffer = buf._wgpu_buffer, None
+        if not self.lost:
+            wbuf.destroy()
 
     def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
-        self._recorder.copy(src.wgpu_buffer, dst.wgpu_buffer, nbytes)
+        self._recorder.copy(src._wgpu_buffer, dst._wgpu_buffer, nbytes)
         if not self._depth:
             self._recorder.flush()
 
     # -- dispatch --------------------------------------------------------
 
+    @locked
     def dispatch(self, kernel, bindings, workgroups, *, overrides=None) -> None:
         """Run ``kernel`` over ``workgroups`` (``HostDevice.dispatch``); a plain
         value given to a uniform binding goes into the uniform ring, so every
@@ -271,7 +353,7 @@ class Device(HostDevice):
         placed = iter(ring.place([v.tobytes() for v in values.values()]))
         chunk = ring.chunk
         if hit.chunk_id != chunk.id:
-            resources = [(chunk, BINDING_BYTES) if i in values else (b, b.wgpu_buffer.size)
+            resources = [(chunk, BINDING_BYTES) if i in values else (b, b._wgpu_buffer.size)
                          for i, b in enumerate(buffers)]
             hit.group = self._cache.dynamic_group(kernel, resources)
             hit.chunk_id = chunk.id
@@ -324,6 +406,7 @@ class Device(HostDevice):
         """``with device.batch():`` records every dispatch/copy into one submit."""
         return Batch(self, timestamps)
 
+    @locked
     def sync(self) -> None:
         """Submit anything recorded and wait until the GPU has finished all of it.
 
@@ -332,6 +415,7 @@ class Device(HostDevice):
         goes out in a submit of its own, not counted in ``stats``.)
         """
         self._recorder.flush()
+        self._check_submit()
         if self._sync_buffer is None:
             self._sync_buffer = self.wgpu_device.create_buffer(
                 size=4, usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)

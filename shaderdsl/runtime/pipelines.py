@@ -151,8 +151,8 @@ class PipelineCache:
         key = (lkey, tuple(b.id for b in buffers))
         group = self.bind_groups.get(key)
         if group is None:
-            entries = [{"binding": b.index, "resource": {"buffer": buf.wgpu_buffer, "offset": 0,
-                                                         "size": buf.wgpu_buffer.size}}
+            entries = [{"binding": b.index, "resource": {"buffer": buf._wgpu_buffer, "offset": 0,
+                                                         "size": buf._wgpu_buffer.size}}
                        for b, buf in zip(kernel.bindings, buffers)]
             group = self.wgpu_device.create_bind_group(layout=bgl, entries=entries)
             self.remember(self.bind_groups, key, group, buffers)
@@ -167,7 +167,7 @@ class PipelineCache:
         key = (lkey, tuple(r.id for r in holders))
         group = self.bind_groups.get(key)
         if group is None:
-            entries = [{"binding": b.index, "resource": {"buffer": r.wgpu_buffer, "offset": 0,
+            entries = [{"binding": b.index, "resource": {"buffer": r._wgpu_buffer, "offset": 0,
                                                          "size": size}}
                        for b, (r, size) in zip(kernel.bindings, resources)]
             group = self.wgpu_device.create_bind_group(layout=bgl, entries=entries)

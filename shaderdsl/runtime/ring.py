@@ -23,11 +23,11 @@ class Chunk:
     """One GPU buffer of the ring and its host copy. ``id`` comes from the
     buffers' counter, so the bind-group cache can forget it like a Buffer."""
 
-    __slots__ = ("id", "wgpu_buffer", "host", "used", "seen")
+    __slots__ = ("id", "_wgpu_buffer", "host", "used", "seen")
 
     def __init__(self, wgpu_device, size: int):
         self.id = next_id()
-        self.wgpu_buffer = wgpu_device.create_buffer(label="shaderdsl uniform ring", size=size,
+        self._wgpu_buffer = wgpu_device.create_buffer(label="shaderdsl uniform ring", size=size,
                                                      usage=RING_USAGE)
         self.host = bytearray(size)
         self.used = 0
@@ -93,7 +93,7 @@ class UniformRing:
         """Write the used part of every chunk; called right before the submit."""
         for chunk in (*self.full, self.chunk):
             if chunk.used:
-                queue.write_buffer(chunk.wgpu_buffer, 0, memoryview(chunk.host)[:chunk.used])
+                queue.write_buffer(chunk._wgpu_buffer, 0, memoryview(chunk.host)[:chunk.used])
                 self.stats["ring_writes"] += 1
         self.reset()
 
