@@ -90,6 +90,26 @@ def all_adapters() -> list:
     return _adapters
 
 
+_opened: list = []  # adapter objects a device was opened on
+
+
+def _ident(a) -> tuple:
+    return a.info["device"], a.info["backend_type"], a.info["adapter_type"]
+
+
+def unopened(adapter):
+    """``adapter`` for opening a device on: Dawn opens one device per adapter
+    object ("adapter is consumed"), so a second device on the same GPU (after
+    the first was lost) needs the adapter listed anew; wgpu-native reuses it."""
+    global _adapters
+    if WGPU_BUILD == "dawn" and any(a is adapter for a in _opened):
+        found = list(wgpu.gpu.enumerate_adapters_sync())
+        adapter = next((a for a in found if _ident(a) == _ident(adapter)), adapter)
+        _adapters = [adapter if _ident(a) == _ident(adapter) else a for a in _adapters or ()]
+    _opened.append(adapter)
+    return adapter
+
+
 TRITON_HIDDEN = (
     "shaderdsl: Mesa's LLVM (loaded by the lavapipe/llvmpipe driver when adapters were "
     "listed) is now in this process, and importing triton (installed here; torch.compile's "

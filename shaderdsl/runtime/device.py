@@ -30,6 +30,7 @@ from .adapters import (
     matrix_configs,
     norm_backend,
     pick,
+    unopened,
 )
 from .batch import Batch, Recorder
 from .buffers import STORAGE_USAGE, UNIFORM_USAGE, Buffer, padded_bytes
@@ -71,7 +72,7 @@ def get_device(backend: str | None = None, adapter: str | None = None, *,
             # One device per adapter where possible: reuse one that has the features.
             dev = next((d for d in _devices.values()
                         if (d.name, d.backend) == ident and feats <= d.features), None)
-            _devices[key] = dev = dev or Device(chosen, feats)
+            _devices[key] = dev = dev or Device(unopened(chosen), feats)
     return dev
 
 
