@@ -11,10 +11,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from adapter_cases import CASES, AdapterCase, check_outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
@@ -429,6 +431,36 @@ def test_safetensors_duplicate_keys(tmp_path):
     file.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data[8 + length:])
     msg = refused(tmp_path, match="names .* twice", naming=file)
     assert key in msg
+
+
+# ---------------------------------------------------------------- the table both readers share
+
+def python_outcome(folder: Path, case: AdapterCase) -> dict:
+    """load_adapter's reading of ``case`` as {"layers": ...} or {"refused": message}."""
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(case.config)
+    (folder / WEIGHTS_NAME).write_bytes(case.tensors)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AdapterExtrasWarning)
+            layers = load_adapter(folder)
+    except AdapterFileError as e:
+        return {"refused": str(e)}
+    return {"layers": {module: [layer.rank, layer.in_dim, layer.out_dim, layer.scale]
+                       for module, layer in layers.items()}}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_shared_adapter_cases(tmp_path, case):
+    """tests/adapter_cases.py, which the page's reader passes too (tests/test_adapter_js.py)."""
+    check_outcome(case, python_outcome(tmp_path / "adapter", case), "Python")
+
+
+def test_reserved_names_are_refused_when_saving(tmp_path):
+    with pytest.raises(AdapterFileError, match="holds the name 'constructor'"):
+        save_adapter(tmp_path / "a", {"model.constructor": (np.ones((1, 2)), np.ones((2, 1)))},
+                     alpha=1)
+    assert not (tmp_path / "a").exists()
 
 
 # ---------------------------------------------------------------- bad Hesper files

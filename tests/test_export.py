@@ -308,43 +308,19 @@ def test_the_page_reads_and_writes_peft_adapters(tmp_path, dtype):
 
 @needs_browser
 def test_the_page_refuses_bad_adapter_files(tmp_path):
-    from lora.training.adapter_io import save_adapter
+    """The exported lora_adapter.js in Chromium reads tests/adapter_cases.py as Python
+    does (tests/test_adapter_js.py runs the same in Node), and no file changes any
+    object of the page but the reader's result."""
+    from adapter_cases import CASES, RUN_CASES_JS, check_outcome
 
-    save_adapter(tmp_path / "adapter", {"q_proj": (np.ones((2, 3)), np.ones((5, 2)))}, alpha=4.0)
-    config, tensors = _files(tmp_path / "adapter")
-    raw = base64.b64decode(tensors)
-    header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + header_len])
-    f64 = dict(header)
-    key_b = next(k for k in header if k.endswith("lora_B.weight"))
-    f64[key_b] = dict(header[key_b], dtype="F64")
-    f64_bytes = json.dumps(f64).encode()
-    cases = {
-        "truncated": (config, raw[:-7]),
-        "F64": (config, len(f64_bytes).to_bytes(8, "little") + f64_bytes + raw[8 + header_len:]),
-        "no B": (config, None),
-        "bad JSON": ("{r: 2", raw),
-        "DoRA": (json.dumps(dict(json.loads(config), use_dora=True)), raw),
-    }
-    from safetensors.numpy import save
-    cases["no B"] = (config, save({k: np.ones((2, 3), np.float32) for k in header
-                                   if k.endswith("lora_A.weight")}))
-    messages = in_page(f"""
+    outcomes = in_page(f"""
       const m = await import("{_adapter_module(tmp_path)}");
-      const cases = {json.dumps({k: [c, base64.b64encode(t).decode()] for k, (c, t) in cases.items()})};
-      const out = {{}};
-      for (const [name, [cfg, bytes]] of Object.entries(cases)) {{
-        try {{ m.readPeftAdapter(cfg, Uint8Array.fromBase64(bytes)); out[name] = "accepted"; }}
-        catch (e) {{ out[name] = `${{e.name}}: ${{e.message}}`; }}
-      }}
-      return out;""")
-    assert messages["truncated"].startswith("AdapterFileError: adapter_model.safetensors: not a "
-                                            "readable safetensors file"), messages
-    assert "lora_B.weight has dtype F64; float32 (F32) or float16 (F16) expected" in messages["F64"]
-    assert "module q_proj has base_model.model.q_proj.lora_A.weight but no lora_B tensor" \
-        in messages["no B"]
-    assert messages["bad JSON"].startswith("AdapterFileError: adapter_config.json: not valid JSON")
-    assert "use_dora is true; DoRA adapters are not supported" in messages["DoRA"]
+      {RUN_CASES_JS}
+      return run(m, {json.dumps([c.as_js() for c in CASES])});""")
+    for case in CASES:
+        got = outcomes[case.name]
+        check_outcome(case, got, "Chromium")
+        assert got["changed"] == [] and got["plainObjectA"] is None and got["good"], got
 
 
 # ---------------------------------------------------------------- the training step in the page

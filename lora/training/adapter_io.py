@@ -48,6 +48,9 @@ HESPER_HEADER = struct.Struct("<IIIfII")  # magic, version, rank, alpha, numLaye
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
 _KEY = re.compile(r"(?P<module>.+?)\.lora_(?P<part>[AB])(?:\.(?P<adapter>[^.]+))?\.weight")
 _HESPER_PARTS = ("q", "v")
+# Names that reach the objects every script shares in JavaScript (Object.prototype,
+# Object): refused as a part of any key, so a file is read alike here and in the page.
+RESERVED_NAMES = ("__proto__", "constructor", "prototype")
 # A name regex of a config runs on short module names; one that takes longer backtracks
 # catastrophically (``(a+)+`` doubles its work per letter): refuse it instead of hanging.
 REGEX_SECONDS = 0.25
@@ -286,6 +289,22 @@ def _refuse_duplicate_keys(file: Path) -> None:
                                f"are not allowed in safetensors)")
 
 
+def _reserved_message(name: str, what: str = "key") -> str | None:
+    """Why the key (or module) ``name`` is refused (a part of it is reserved), or None."""
+    part = next((p for p in name.split(".") if p in RESERVED_NAMES), None)
+    if part is None:
+        return None
+    return (f"{what} {name} holds the name {part!r}; {', '.join(RESERVED_NAMES)} are refused "
+            f"in module names (in JavaScript they reach objects every script shares)")
+
+
+def _refuse_reserved_names(file: Path, keys) -> None:
+    for key in keys:
+        why = _reserved_message(key)
+        if why:
+            raise AdapterFileError(f"{file}: {why}")
+
+
 def _read_tensors(file: Path) -> dict[str, np.ndarray]:
     """Every tensor of the safetensors file, after checking each dtype from the
     header (numpy cannot even hold bfloat16, so check before reading)."""
@@ -295,6 +314,7 @@ def _read_tensors(file: Path) -> dict[str, np.ndarray]:
     _refuse_duplicate_keys(file)
     try:
         with safe_open(str(file), framework="np") as f:
+            _refuse_reserved_names(file, sorted(f.keys()))
             for key in f.keys():
                 dtype = f.get_slice(key).get_dtype()
                 if dtype not in _SAFETENSORS_DTYPES:
@@ -441,6 +461,9 @@ def _peft_tensors(path: Path, layers: dict, rank) -> tuple[dict, int]:
                 module.startswith(PEFT_PREFIX):
             raise AdapterFileError(f"{where}: module names are dotted names without "
                                    f"{PEFT_PREFIX!r}, e.g. 'model.layers.0.self_attn.q_proj'")
+        reserved = _reserved_message(module, "module")
+        if reserved:
+            raise AdapterFileError(f"{path}: {reserved}")
         a, b = _host_pair(where, value)
         rank = a.shape[0] if rank is None else rank
         if a.shape[0] != rank:

@@ -5,12 +5,48 @@ export class AdapterFileError extends Error {
   constructor(message) { super(message); this.name = "AdapterFileError"; }
 }
 
-const ITEM = {F32: 4, F16: 2};           // the dtypes read and written
+const ITEM = new Map([["F32", 4], ["F16", 2]]);   // the dtypes read and written
 const PREFIX = "base_model.model.";
 const LORA_KEY = /^(.+?)\.lora_([AB])(?:\.([^.]+))?\.weight$/;
+// Names that reach the objects every script shares (Object.prototype, Object): a file
+// may not use them as a part of a key, here or in Python (lora.training.adapter_io).
+const RESERVED = ["__proto__", "constructor", "prototype"];
+const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|[{}[\],:]|[^\s{}[\],:"]+/g;
+
+/** What JSON.parse hides of a text it accepted: the keys an object names twice (it
+ * keeps the last) and the source of each top-level scalar value (it reads 2.0 as 2). */
+function jsonSource(text) {
+  const stack = [], twice = [], top = new Map();   // stack: {keys, key} objects, null arrays
+  let wantKey = false;
+  for (const [token] of text.matchAll(JSON_TOKEN)) {
+    const inner = stack.at(-1);
+    if (token === "{") { stack.push({keys: new Set(), key: null}); wantKey = true; }
+    else if (token === "[") { stack.push(null); wantKey = false; }
+    else if (token === "}" || token === "]") { stack.pop(); wantKey = false; }
+    else if (token === ",") wantKey = Boolean(inner);
+    else if (token === ":") wantKey = false;
+    else if (wantKey) {
+      const key = JSON.parse(token);
+      if (inner.keys.has(key)) twice.push(key);
+      inner.keys.add(key); inner.key = key; wantKey = false;
+    } else if (stack.length === 1 && inner) top.set(inner.key, token);
+  }
+  return {twice: twice.sort(), top};
+}
+
+/** The key's first part that is a reserved name, or undefined. */
+function reservedPart(key) {
+  return key.split(".").find(part => RESERVED.includes(part));
+}
+
+function reservedMessage(key, part) {
+  return `key ${key} holds the name '${part}'; ${RESERVED.join(", ")} are refused in ` +
+         `module names (in JavaScript they reach objects every script shares)`;
+}
 
 /** {metadata, tensors: {key: {dtype, shape, data}}} of a safetensors file's bytes
- * (data: Float32Array for F32, Uint16Array of the bits for F16). */
+ * (data: Float32Array for F32, Uint16Array of the bits for F16); ``tensors`` has no
+ * prototype, and keys naming __proto__, constructor or prototype are refused. */
 export function readSafetensors(bytes, name = "adapter_model.safetensors") {
   const u8 = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
   const fail = why => { throw new AdapterFileError(`${name}: ${why}`); };
@@ -18,25 +54,34 @@ export function readSafetensors(bytes, name = "adapter_model.safetensors") {
   const n = Number(new DataView(u8.buffer, u8.byteOffset, 8).getBigUint64(0, true));
   if (n > u8.length - 8) fail(`not a readable safetensors file: the header says ${n} bytes, ` +
                               `${u8.length - 8} follow (truncated?)`);
-  let header;
+  let text, header;
   try {
-    header = JSON.parse(new TextDecoder("utf-8", {fatal: true}).decode(u8.subarray(8, 8 + n)));
+    text = new TextDecoder("utf-8", {fatal: true}).decode(u8.subarray(8, 8 + n));
+    header = JSON.parse(text);
   } catch (e) { fail(`not a readable safetensors file: the header is not JSON (${e.message})`); }
   if (header === null || typeof header !== "object" || Array.isArray(header))
     fail("not a readable safetensors file: the header is not a JSON object");
-  const data = u8.subarray(8 + n), tensors = {}, spans = [];
-  for (const [key, info] of Object.entries(header)) {
-    if (key === "__metadata__") continue;
-    const item = ITEM[info?.dtype];
+  const [twice] = jsonSource(text).twice;
+  if (twice !== undefined)
+    fail(`the header names '${twice}' twice (duplicate keys are not allowed in safetensors)`);
+  const keys = Object.keys(header).filter(key => key !== "__metadata__");
+  for (const key of [...keys].sort()) {
+    const part = reservedPart(key);
+    if (part) fail(reservedMessage(key, part));
+  }
+  const data = u8.subarray(8 + n), tensors = Object.create(null), spans = [];
+  for (const key of keys) {
+    const info = header[key], item = ITEM.get(info?.dtype);
     if (!item) fail(`${key} has dtype ${info?.dtype}; float32 (F32) or float16 (F16) expected`);
-    const shape = info.shape, [begin, end] = info.data_offsets ?? [];
+    const shape = info.shape, offsets = info.data_offsets;
     if (!Array.isArray(shape) || !shape.every(d => Number.isInteger(d) && d >= 0))
       fail(`${key}: shape ${JSON.stringify(shape)} is not a list of sizes`);
     const count = shape.reduce((p, d) => p * d, 1);
+    const [begin, end] = Array.isArray(offsets) ? offsets : [];
     if (!Number.isInteger(begin) || !Number.isInteger(end) || begin < 0 || end > data.length ||
         end - begin !== count * item)
       fail(`not a readable safetensors file: ${key}'s data_offsets ` +
-           `${JSON.stringify(info.data_offsets)} do not hold ${count} ${info.dtype} values ` +
+           `${JSON.stringify(offsets)} do not hold ${count} ${info.dtype} values ` +
            `within the ${data.length} bytes of data (truncated?)`);
     spans.push([begin, end, key]);
     const copy = data.slice(begin, end);   // a fresh, aligned buffer
@@ -60,10 +105,12 @@ export function readSafetensors(bytes, name = "adapter_model.safetensors") {
  * the header is padded with spaces to 8 bytes, as the format allows. */
 export function writeSafetensors(tensors, metadata = {format: "pt"}) {
   const keys = Object.keys(tensors).sort();
-  const header = {__metadata__: metadata};
+  const header = Object.create(null);
+  header.__metadata__ = metadata;
   let at = 0;
   for (const key of keys) {
-    const t = tensors[key], item = ITEM[t.dtype];
+    const t = tensors[key], item = ITEM.get(t.dtype), part = reservedPart(key);
+    if (part) throw new AdapterFileError(reservedMessage(key, part));
     if (!item) throw new AdapterFileError(`${key}: dtype ${t.dtype}; F32 or F16 expected`);
     const count = t.shape.reduce((p, d) => p * d, 1);
     if (t.data.length !== count)
@@ -100,34 +147,52 @@ function float32Of(t) {
   return t.dtype === "F32" ? t.data : Float32Array.from(t.data, halfToFloat);
 }
 
-/** A peft LoRA adapter from its two files' contents (adapter_config.json as text,
- * adapter_model.safetensors as bytes): {config, layers: {module: {a, b, rank, inDim,
- * outDim, alpha, scale}}, ignored: [keys]} with a and b as row-major Float32Arrays
- * (A [rank, inDim], B [outDim, rank]). Tensors beside the LoRA pairs (modules_to_save
- * heads, biases) are listed in ``ignored``; DoRA and other LoRA kinds are refused. */
-export function readPeftAdapter(configText, tensorBytes, names = {}) {
-  const cfgName = names.config ?? "adapter_config.json";
-  const file = names.tensors ?? "adapter_model.safetensors";
+/** The config's target_modules as a test of a module name, by peft's rule (as
+ * Python's _targets_module): a list entry is the whole name or a dotted suffix of it;
+ * a string is a regex that must match the whole name; null and "all-linear" allow any. */
+function targetTest(targets, cfail) {
+  const list = Array.isArray(targets) && targets.every(t => typeof t === "string");
+  if (!(targets == null || typeof targets === "string" || list))
+    cfail(`target_modules must be a list of names, a regex string or null, ` +
+          `got ${JSON.stringify(targets)}`);
+  if (targets == null || targets === "all-linear") return () => true;
+  if (list) return module => targets.some(t => module === t || module.endsWith(`.${t}`));
+  let whole;
+  try { new RegExp(targets); whole = new RegExp(`^(?:${targets})$`); }
+  catch (e) { cfail(`target_modules '${targets}' is not a valid regex (${e.message})`); }
+  return module => whole.test(module);
+}
+
+/** adapter_config.json's text as the checked config (the fields the reader honours:
+ * r, lora_alpha, target_modules; DoRA, other peft types and the patterns refused). */
+function readConfig(configText, cfgName) {
   let config;
   try { config = JSON.parse(configText); }
   catch (e) { throw new AdapterFileError(`${cfgName}: not valid JSON (${e.message})`); }
   const cfail = why => { throw new AdapterFileError(`${cfgName}: ${why}`); };
   if (config === null || typeof config !== "object" || Array.isArray(config))
     cfail("expected a JSON object");
-  if ("peft_type" in config && config.peft_type !== "LORA")
+  const has = field => Object.hasOwn(config, field);
+  if (has("peft_type") && config.peft_type !== "LORA")
     cfail(`peft_type is ${JSON.stringify(config.peft_type)}, not 'LORA'`);
   if (config.use_dora) cfail("use_dora is true; DoRA adapters are not supported");
-  for (const [field, what] of [["r", "the rank"], ["lora_alpha", "the scale's numerator"]])
-    if (!(field in config)) cfail(`missing '${field}' (${what})`);
-  if (!Number.isInteger(config.r) || config.r < 1) cfail(`r must be an int >= 1, got ${config.r}`);
-  if (!Number.isFinite(config.lora_alpha)) cfail(`lora_alpha must be a finite number`);
+  for (const [field, what] of [["r", "the LoRA rank"], ["lora_alpha", "the scale's numerator"]])
+    if (!has(field)) cfail(`missing '${field}' (${what})`);
+  const rText = jsonSource(configText).top.get("r") ?? JSON.stringify(config.r);
+  if (!/^\d+$/.test(rText) || !Number.isInteger(config.r) || config.r < 1)  // 2.0 is refused
+    cfail(`r must be an int >= 1, got ${rText}`);
+  if (typeof config.lora_alpha !== "number" || !Number.isFinite(config.lora_alpha))
+    cfail(`lora_alpha must be a finite number, got ${JSON.stringify(config.lora_alpha)}`);
   for (const p of ["rank_pattern", "alpha_pattern"])
     if (config[p] && Object.keys(config[p]).length)
       cfail(`${p} is not read in the page; load this adapter with lora.load_adapter in Python`);
-  const {tensors} = readSafetensors(tensorBytes, file);
-  const fail = why => { throw new AdapterFileError(`${file}: ${why}`); };
-  const pairs = {}, ignored = [];
-  for (const key of Object.keys(tensors).sort()) {
+  return {config, targets: targetTest(config.target_modules, cfail)};
+}
+
+/** {module: {A: key, B: key}} (a Map): every module needs exactly one of each. */
+function pairKeys(keys, fail, ignored) {
+  const pairs = new Map();
+  for (const key of keys) {
     const m = LORA_KEY.exec(key);
     if (!m) {
       if (key.includes(".lora_"))
@@ -137,21 +202,44 @@ export function readPeftAdapter(configText, tensorBytes, names = {}) {
       continue;
     }
     const module = m[1].startsWith(PREFIX) ? m[1].slice(PREFIX.length) : m[1];
-    const found = pairs[module] ??= {};
-    if (found[m[2]]) fail(`module ${module} has two lora_${m[2]} tensors: ${found[m[2]]} and ${key}`);
-    found[m[2]] = key;
+    if (!pairs.has(module)) pairs.set(module, new Map());
+    const found = pairs.get(module);
+    if (found.has(m[2]))
+      fail(`module ${module} has two lora_${m[2]} tensors: ${found.get(m[2])} and ${key}`);
+    found.set(m[2], key);
   }
-  const layers = {};
-  for (const [module, found] of Object.entries(pairs)) {
+  for (const [module, found] of pairs)
     for (const [part, other] of [["A", "B"], ["B", "A"]])
-      if (!found[part]) fail(`module ${module} has ${found[other]} but no lora_${part} tensor`);
-    const A = tensors[found.A], B = tensors[found.B], r = config.r;
+      if (!found.has(part))
+        fail(`module ${module} has ${found.get(other)} but no lora_${part} tensor`);
+  if (!pairs.size) fail("holds no LoRA tensors");
+  return pairs;
+}
+
+/** A peft LoRA adapter from its two files' contents (adapter_config.json as text,
+ * adapter_model.safetensors as bytes): {config, layers: {module: {a, b, rank, inDim,
+ * outDim, alpha, scale}}, ignored: [keys]} with a and b as row-major Float32Arrays
+ * (A [rank, inDim], B [outDim, rank]), by the rules of Python's lora.load_adapter.
+ * Tensors beside the LoRA pairs (modules_to_save heads, biases) are listed in
+ * ``ignored``; DoRA and other LoRA kinds are refused. ``layers`` has no prototype. */
+export function readPeftAdapter(configText, tensorBytes, names = {}) {
+  const cfgName = names.config ?? "adapter_config.json";
+  const file = names.tensors ?? "adapter_model.safetensors";
+  const {config, targets} = readConfig(configText, cfgName);
+  const {tensors} = readSafetensors(tensorBytes, file);
+  const fail = why => { throw new AdapterFileError(`${file}: ${why}`); };
+  const ignored = [], layers = Object.create(null), r = config.r;
+  for (const [module, found] of pairKeys(Object.keys(tensors).sort(), fail, ignored)) {
+    if (!targets(module))
+      fail(`module ${module} does not match target_modules ` +
+           `${JSON.stringify(config.target_modules)} in ${cfgName}`);
+    const A = tensors[found.get("A")], B = tensors[found.get("B")];
     if (A.shape.length !== 2 || A.shape[0] !== r)
-      fail(`${found.A} has shape [${A.shape}]; lora_A must be [r, in] with r = ${r}`);
+      fail(`${found.get("A")} has shape [${A.shape}]; lora_A must be [r, in] with r = ${r}`);
     if (B.shape.length !== 2 || B.shape[1] !== r)
-      fail(`${found.B} has shape [${B.shape}]; lora_B must be [out, r] with r = ${r}`);
+      fail(`${found.get("B")} has shape [${B.shape}]; lora_B must be [out, r] with r = ${r}`);
     const a = float32Of(A), b = float32Of(B);
-    for (const [key, values] of [[found.A, a], [found.B, b]]) {
+    for (const [key, values] of [[found.get("A"), a], [found.get("B"), b]]) {
       const bad = values.reduce((n, v) => n + !Number.isFinite(v), 0);
       if (bad) fail(`${key}: ${bad} of ${values.length} values are NaN or infinite`);
     }
@@ -159,7 +247,6 @@ export function readPeftAdapter(configText, tensorBytes, names = {}) {
     layers[module] = {a, b, rank: r, inDim: A.shape[1], outDim: B.shape[0], alpha,
                       scale: config.use_rslora ? alpha / Math.sqrt(r) : alpha / r};
   }
-  if (!Object.keys(layers).length) fail("holds no LoRA tensors");
   return {config, layers, ignored};
 }
 
@@ -172,7 +259,7 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora = fals
   if (ranks.size !== 1)
     throw new AdapterFileError(`one rank per adapter file, got ranks ${[...ranks]}`);
   if (!Number.isFinite(alpha)) throw new AdapterFileError(`alpha must be a finite number`);
-  const tensors = {};
+  const tensors = Object.create(null);
   for (const m of modules) {
     const {a, b, rank, inDim, outDim} = layers[m];
     tensors[`${PREFIX}${m}.lora_A.weight`] = {dtype: "F32", shape: [rank, inDim], data: a};
