@@ -204,7 +204,6 @@ def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
                    for st_ in plan._launches[tokens][0])
 
 
-@pytest.mark.skipif("not hasattr(np, 'float16')")
 def test_runtime_plan_float16(device):
     if not device.has_feature("shader-f16"):
         pytest.skip("adapter lacks shader-f16")
