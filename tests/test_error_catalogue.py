@@ -33,7 +33,7 @@ from shaderdsl.errors import (AliasingError, BindingError, DispatchError, Featur
                               WGSLCompileError)
 from shaderdsl.runtime import get_device, list_adapters
 
-from conftest import device_or_skip
+from helpers import device_or_skip
 
 from lora import Weight
 from lora import forward

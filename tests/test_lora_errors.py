@@ -19,7 +19,7 @@ from lora import forward
 from lora import Strategy, forward_plan
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
 
-from conftest import device_or_skip
+from helpers import device_or_skip
 
 RANK, IN, OUT = 3, 40, 24
 
