@@ -239,7 +239,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.slow)
             kinds.add(kind)
     yield
-    tiers = {item: _tier(item) for item in items if _tier(item)}
+    tiers = {item: tier for item in items if (tier := _tier(item)) is not None}
     full = {key for quick, key in tiers.values() if quick is None}
     dropped = [item for item, (quick, key) in tiers.items() if quick is not None and key in full]
     if dropped:

@@ -124,7 +124,7 @@ def bad_inputs(dev, other):
     gone = dev.buffer(np.zeros(128, np.float32))
     dev.release(gone)
 
-    def run(workgroups=2, overrides=o, **given):
+    def run(workgroups: int | tuple = 2, overrides=o, **given):
         return lambda: dev.dispatch(k, {**ok, **given}, workgroups, overrides=overrides)
     return {
         "wrong dtype": run(x=dev.buffer(np.zeros(128, np.int32))),
