@@ -194,7 +194,8 @@ def test_f16_needs_the_feature(device, monkeypatch):
     # on the instance: a class-level patch is shadowed where an earlier test's
     # instance-level monkeypatch left the bound method in the instance's dict
     monkeypatch.setattr(device, "has_feature", lambda name: name != "shader-f16")
-    monkeypatch.setattr(device, "_new_buffer", boom)
+    for allocate in ("buffer", "empty", "uniform"):   # every way to a new buffer
+        monkeypatch.setattr(device, allocate, boom)
     with pytest.raises(FeatureError, match="float16 storage needs the 'shader-f16' feature"):
         Weight.from_numpy(device, np.ones((2, 8)), np.ones((8, 2)), dtype=F16)
     with pytest.raises(FeatureError, match="shader-f16"):
