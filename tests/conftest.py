@@ -1,9 +1,9 @@
 """Shared fixtures and the test tiers (markers registered in pyproject.toml).
 
 Devices: ``device`` is the one the GPU tests run on: wgpu's, or with
-``SHADERDSL_DEVICE=interp`` the interpreter device (``interp_device``, the same
-host API), so the suite runs under its race and uninitialised-read checks; a
-test marked ``needs_wgpu(reason)`` then skips with that reason.
+``SHADERDSL_DEVICE=interp`` an interpreter device (the same host API) with
+wgpu's limits, so the suite runs under its race and uninitialised-read checks;
+a test marked ``needs_wgpu(reason)`` then skips with that reason.
 ``wgpu_device`` is always wgpu's (naga's compile checks run on it).
 
 Markers set here, by what a test uses: ``gpu`` where it uses ``wgpu_device``,
@@ -65,9 +65,14 @@ def interp_device():
 
 @pytest.fixture(scope="session")
 def device(request):
-    """The device the GPU tests run on: ``wgpu_device``, or ``interp_device``
-    with SHADERDSL_DEVICE=interp."""
-    return request.getfixturevalue(f"{DEVICE}_device")
+    """The device the GPU tests run on: ``wgpu_device``, or with
+    SHADERDSL_DEVICE=interp an interpreter device with its limits (so it
+    refuses what the GPU would, and the tests size their work as for it)."""
+    gpu = request.getfixturevalue("wgpu_device")
+    if DEVICE == "wgpu":
+        return gpu
+    from shaderdsl import interp
+    return interp.Device(subgroup_size=8, limits=gpu.limits)
 
 
 @pytest.fixture(scope="session")
