@@ -44,7 +44,7 @@ OTHER_WGSL_FUNCTIONS = frozenset("""
 acos acosh asin asinh atan atan2 atanh bitcast cosh countLeadingZeros countTrailingZeros
 degrees determinant extractBits faceForward frexp insertBits ldexp modf quantizeToF16
 radians reflect refract sinh transpose workgroupBarrier storageBarrier textureBarrier
-atomicCompareExchangeWeak
+atomicCompareExchangeWeak subgroupElect subgroupExclusiveMul subgroupInclusiveMul
 """.split())
 PREDECLARED = WGSL_TYPES_AND_SPACES | OTHER_WGSL_FUNCTIONS | spellings()
 

@@ -1,14 +1,27 @@
-"""Shared fixtures: the device the GPU tests run on and a naga compile check;
-and the test tiers (markers registered in pyproject.toml): tests that use the
-``device`` fixture are marked ``gpu`` here; a hypothesis test marked
-``examples(quick=N)`` runs twice, as ``[quick]`` (N examples, the default tier)
-and as ``[full]`` (its own @settings count, marked ``slow``); of a test marked
-``one_per_kind``, the first strategy of each kind stays in the default tier."""
+"""Shared fixtures and the test tiers (markers registered in pyproject.toml).
+
+Devices: ``device`` is the one the GPU tests run on: wgpu's, or with
+``SHADERDSL_DEVICE=interp`` an interpreter device (the same host API) with
+wgpu's limits, so the suite runs under its race and uninitialised-read checks;
+a test marked ``needs_wgpu(reason)`` then skips with that reason.
+``wgpu_device`` is always wgpu's (naga's compile checks run on it).
+
+Markers set here, by what a test uses: ``gpu`` where it uses ``wgpu_device``,
+or ``device`` on wgpu; ``interp`` where it uses an interpreter device: the
+``device`` fixture under SHADERDSL_DEVICE=interp, or ``shaderdsl.interp`` named
+in its code, a fixture's, or a function of tests/ that it calls. A hypothesis
+test marked ``examples(quick=N)`` runs twice, as ``[quick]`` (N examples, the
+default tier) and as ``[full]`` (its own @settings count, marked ``slow``); of a
+test marked ``one_per_kind``, the first strategy of each kind stays in the
+default tier."""
+import dis
+import inspect
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 # The LoRA autotuner caches its choices on disk: keep the tests' choices out of
 # the user's cache, and fresh for each run.
@@ -21,25 +34,45 @@ if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = path
 
+# What every hypothesis test here needs (loaded before the test modules are
+# imported, so their @settings inherit it): no deadline (a first dispatch
+# compiles, for seconds on lavapipe) and no health check for slow or big draws.
+settings.register_profile("shaderdsl", deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile("shaderdsl")
 
-def device_or_skip(backend=None, **kw):
-    """get_device(backend, ...), or a skip naming the adapter when it is listed
-    but cannot open a device (the H200's OpenGL adapter: "Parent device is lost")."""
-    from shaderdsl.errors import NoAdapterError
-    from shaderdsl.runtime import get_device
-
-    try:
-        return get_device(backend, **kw)
-    except NoAdapterError as e:
-        if "cannot open a device" not in str(e):
-            raise
-        pytest.skip(str(e).splitlines()[0])
+DEVICES = ("wgpu", "interp")
+DEVICE = os.environ.get("SHADERDSL_DEVICE", "wgpu")
+if DEVICE not in DEVICES:
+    raise ValueError(f"SHADERDSL_DEVICE must be one of {DEVICES}, got {DEVICE!r}")
+TESTS = Path(__file__).resolve().parent
+INTERP = "shaderdsl.interp"
 
 
 @pytest.fixture(scope="session")
-def device():
+def wgpu_device():
+    """The wgpu device (SHADERDSL_BACKEND, SHADERDSL_ADAPTER and SHADERDSL_WGPU choose it)."""
     from shaderdsl.runtime import get_device
     return get_device()
+
+
+@pytest.fixture(scope="session")
+def interp_device():
+    """An interpreter device with subgroups of 8, as lavapipe's (CI's GPU)."""
+    from shaderdsl import interp
+    return interp.Device(subgroup_size=8)
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The device the GPU tests run on: ``wgpu_device``, or with
+    SHADERDSL_DEVICE=interp an interpreter device with its limits (so it
+    refuses what the GPU would, and the tests size their work as for it)."""
+    gpu = request.getfixturevalue("wgpu_device")
+    if DEVICE == "wgpu":
+        return gpu
+    from shaderdsl import interp
+    return interp.Device(subgroup_size=8, limits=gpu.limits)
 
 
 @pytest.fixture(scope="session")
@@ -57,14 +90,15 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def naga(device):
-    """Compile a Kernel's WGSL and pipeline on the test device (naga under wgpu-native);
-    skips, with the reason, when the adapter lacks a feature the kernel needs."""
+def naga(wgpu_device):
+    """Compile a Kernel's WGSL and pipeline with naga (under wgpu-native, or Tint
+    under Dawn); skips, with the reason, when the adapter lacks a feature the kernel needs."""
     def check(kernel):
-        missing = sorted(set(kernel.features) - set(device.features))
+        missing = sorted(set(kernel.features) - set(wgpu_device.features))
         if missing:
             pytest.skip(f"adapter lacks {', '.join(missing)}")
-        device.prepare(kernel, overrides={o.name: 1 for o in kernel.overrides if o.default is None})
+        wgpu_device.prepare(kernel, overrides={o.name: 1 for o in kernel.overrides
+                                               if o.default is None})
         return kernel
     return check
 
@@ -84,7 +118,13 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(autouse=True)
 def _examples(request):
-    """In an examples(quick=N) test's [quick] item, hypothesis runs N examples."""
+    """In an examples(quick=N) test's [quick] item, hypothesis runs N examples.
+
+    Not a profile: hypothesis copies a profile's values into a test's settings
+    when the test is decorated, so a profile cannot lower one test's count per
+    item, and the public ``settings(...)(test)`` refuses a test that already has
+    @settings. The settings given holds at call time is set for this item and
+    put back after it."""
     quick = getattr(request, "param", None)
     if quick is None:
         yield
@@ -99,7 +139,8 @@ def _examples(request):
 
 
 def _strategy_kind(text):
-    """seed, three, split, single, tiled, gemm; tiled's quad columns (:q) a kind apart."""
+    """The strategy's name (seed, three, split, single, tiled, gemm, matrix);
+    tiled's quad columns (:q) a kind apart."""
     parts = str(text).split(":")
     return parts[0] + (":q" if parts[-1] == "q" else "")
 
@@ -112,16 +153,89 @@ def _tier(item):
     return params.pop("_examples"), (item.parent.nodeid, item.originalname, repr(params))
 
 
+def _code_names(fn) -> tuple[set[str], set[str]]:
+    """The global and attribute names in ``fn``'s code and in its nested
+    functions', and the modules they import (``from shaderdsl import interp``:
+    shaderdsl.interp)."""
+    names, modules, codes = set(), set(), [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+        package = ""
+        for ins in dis.get_instructions(code):
+            if ins.opname == "IMPORT_NAME":
+                package = ins.argval
+                modules.add(package)
+            elif ins.opname == "IMPORT_FROM":
+                modules.add(f"{package}.{ins.argval}")
+    return names, modules
+
+
+def _from_interp(obj) -> bool:
+    """Whether ``obj`` is shaderdsl.interp, or a class, function or object of it."""
+    module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        module = type(obj).__module__
+    return module == INTERP or module.startswith(INTERP + ".")
+
+
+def _names_interp(fn, seen: set) -> bool:
+    """Whether ``fn`` (a test, fixture or function in tests/) names the
+    interpreter, itself or through a function of tests/ that it names."""
+    fn = getattr(getattr(fn, "hypothesis", None), "inner_test", fn)   # under @given
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen or not code.co_filename.startswith(str(TESTS)):
+        return False
+    seen.add(code)
+    names, modules = _code_names(fn)
+    if any(m == INTERP or m.startswith(INTERP + ".") for m in modules):
+        return True
+    for name in names:
+        obj = fn.__globals__.get(name)
+        if obj is not None and (_from_interp(obj) or inspect.isfunction(obj)
+                                and _names_interp(obj, seen)):
+            return True
+    return False
+
+
+def _uses_interp(item) -> bool:
+    """Whether a test item runs on an interpreter: its code, or that of a
+    fixture it uses (but ``device``: SHADERDSL_DEVICE decides), names it."""
+    seen: set = set()
+    if DEVICE == "interp" and "device" in item.fixturenames:
+        return True
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    fixtures = [d[-1].func for name, d in defs.items() if d and name != "device"]
+    return any(_names_interp(fn, seen) for fn in [getattr(item, "function", None)] + fixtures
+               if fn is not None)
+
+
+def _device_marks(item):
+    """Mark gpu and interp by what the test uses; under SHADERDSL_DEVICE=interp,
+    skip a test marked needs_wgpu, with its reason."""
+    names = getattr(item, "fixturenames", ())
+    if "wgpu_device" in names or DEVICE == "wgpu" and "device" in names:
+        item.add_marker(pytest.mark.gpu)
+    if _uses_interp(item):
+        item.add_marker(pytest.mark.interp)
+    need = item.get_closest_marker("needs_wgpu")
+    if need is not None and DEVICE == "interp":
+        reason = need.args[0] if need.args else need.kwargs["reason"]
+        item.add_marker(pytest.mark.skip(reason=f"SHADERDSL_DEVICE=interp: {reason}"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Before -m and -k choose: mark gpu the tests that use the device, and
-    slow all but the first strategy of each kind in a one_per_kind test. After:
-    where both items of an examples(quick=N) test are chosen (a --full run),
-    leave out [quick]: [full] checks the same property on more examples."""
+    """Before -m and -k choose: mark gpu and interp the tests that use those
+    devices (_device_marks), and slow all but the first strategy of each kind in
+    a one_per_kind test. After: where both items of an examples(quick=N) test
+    are chosen (a --full run), leave out [quick]: [full] checks the same
+    property on more examples."""
     kinds = set()
     for item in items:
-        if "device" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.gpu)
+        _device_marks(item)
         if item.get_closest_marker("one_per_kind"):
             params = dict(item.callspec.params)
             kind = (item.parent.nodeid, item.originalname,
@@ -130,7 +244,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.slow)
             kinds.add(kind)
     yield
-    tiers = {item: _tier(item) for item in items if _tier(item)}
+    tiers = {item: tier for item in items if (tier := _tier(item)) is not None}
     full = {key for quick, key in tiers.values() if quick is None}
     dropped = [item for item, (quick, key) in tiers.items() if quick is not None and key in full]
     if dropped:

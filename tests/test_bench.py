@@ -21,6 +21,8 @@ from lora.apps import bench
 from lora.core import tuning
 from lora import Strategy
 
+from helpers import h200_interp
+
 
 # bench --quick takes over a minute on lavapipe: the tests that read it are slow.
 @pytest.fixture(scope="module")
@@ -180,11 +182,9 @@ def test_profile_small(tmp_path, monkeypatch, device):
 def test_gemm_case_in_the_interpreter():
     """``--gemm``'s case on the interpreter device (the H200's matrix shapes and
     workgroup memory): every tiling runs, times and matches float64."""
-    from shaderdsl import interp
     from lora.apps.bench_gemm import TILINGS, gemm_case
 
-    dev = interp.Device(subgroup_size=32, limits={"max-compute-workgroup-storage-size": 49152})
-    row = gemm_case(dev, 64, lambda *a: None)
+    row = gemm_case(h200_interp(), 64, lambda *a: None)
     assert len(row["tilings"]) == len(TILINGS)
     for r in row["tilings"].values():
         assert r["us"] > 0 and r["rel_err"] < 1e-6

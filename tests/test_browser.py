@@ -14,7 +14,6 @@ Everything skips, saying how to install Chromium, where there is none.
 from __future__ import annotations
 
 import gc
-import re
 import time
 
 import numpy as np
@@ -24,8 +23,8 @@ import shaderdsl as sd
 from shaderdsl import browser
 from shaderdsl import builtins as B
 from shaderdsl import f16, f32, u32
-from shaderdsl.errors import (AliasingError, BindingError, BrowserError, BrowserTimeoutError,
-                              DispatchError, FeatureError, WGSLCompileError)
+from shaderdsl.errors import (BindingError, BrowserError, BrowserTimeoutError,
+                              FeatureError, WGSLCompileError)
 from shaderdsl.kernel import Binding, Kernel
 
 from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, saxpy, scan
@@ -33,6 +32,7 @@ from examples import rows as rows_mod
 from lora import Weight, reference as R
 from lora import Strategy, forward_plan
 from test_strategies import STRATEGY_TEXTS
+from helpers import assert_refused_alike, scale128
 
 pytestmark = pytest.mark.browser
 
@@ -263,22 +263,19 @@ def test_half_needs_shader_f16(web):
     assert np.array_equal(half.run(web, w, x), np.full(8, 8.0, np.float32))
 
 
-def test_three_implementations_agree(web, device):
+def test_three_implementations_agree(web, device, interp_device):
     """Browser, GPU device (wgpu) and interpreter on one small input each:
     integer kernels bit for bit, float ones within the examples' bounds."""
-    from shaderdsl.interp import Device as Interp
-
-    cpu = Interp(subgroup_size=4)
     rng = np.random.default_rng(7)
     x = rng.integers(-1000, 1000, 300).astype(np.int32)
     values = rng.integers(0, 2**32, 500, dtype=np.uint64).astype(np.uint32)
     a, b = nonzero(rng, (9, 13)), nonzero(rng, (13, 6))
     for run in (lambda d: scan.run(d, x, subgroups=d.has_feature("subgroup")),
                 lambda d: histogram.run(d, values, 19, private=True)):
-        results = [run(d) for d in (web, device, cpu)]
+        results = [run(d) for d in (web, device, interp_device)]
         assert all(np.array_equal(r, results[0]) for r in results)
     tol = 2 * 14 * U * (np.abs(f64(a)) @ np.abs(f64(b)))
-    for d in (web, device, cpu):
+    for d in (web, device, interp_device):
         assert np.all(np.abs(matmul.run(d, a, b, tile=4) - f64(a) @ f64(b)) <= tol)
 
 
@@ -321,78 +318,8 @@ def test_lora_f16_is_refused_without_shader_f16(web):
 
 # ---------------------------------------------------------------- bad input: the GPU's errors
 
-def scale128(m):
-    x = m.declare_input_buffer("x", f32, 128)
-    out = m.declare_output_buffer("out", f32)
-    s = m.declare_uniform("s", f32)
-    a = m.override("a", f32)
-    out[m.global_id().x] = x[m.global_id().x] * s * a
-
-
-def bad_inputs(dev, other):
-    """name -> a call that must fail, built from ``dev``'s buffers."""
-    k = sd.compile(scale128, 64)
-    x, out, s = dev.buffer(np.zeros(128, np.float32)), dev.zeros(128, np.float32), dev.uniform(2.0)
-    ok, o = {"x": x, "out": out, "s": s}, {"a": 1.0}
-    gone = dev.buffer(np.zeros(128, np.float32))
-    dev.release(gone)
-
-    def run(workgroups=2, overrides=o, **given):
-        return lambda: dev.dispatch(k, {**ok, **given}, workgroups, overrides=overrides)
-    return {
-        "wrong dtype": run(x=dev.buffer(np.zeros(128, np.int32))),
-        "too small": run(x=dev.buffer(np.zeros(100, np.float32))),
-        "missing": lambda: dev.dispatch(k, {"x": x, "s": s}, 2, overrides=o),
-        "unknown": run(y=x), "too few": lambda: dev.dispatch(k, [x, out], 2, overrides=o),
-        "not a buffer": run(x=np.zeros(128, np.float32)), "uniform as storage": run(x=s),
-        "storage as uniform": run(s=x), "aliasing": run(out=x), "released": run(x=gone),
-        "other device": run(x=other.buffer(np.zeros(128, np.float32))),
-        "zero workgroups": run(0), "four dims": run((1, 1, 1, 1)),
-        "too many workgroups": run((1, 65536)),
-        "dispatch_1d n=0": lambda: dev.dispatch_1d(k, ok, 0, overrides=o),
-        "unknown override": run(overrides={"b": 1.0}), "override type": run(overrides={"a": "big"}),
-        "nan override": run(overrides={"a": float("nan")}),
-        "value of another dtype": run(s=3), "value of another shape": run(s=np.zeros(2, np.float32)),
-        "bool value": run(s=True), "value for storage": run(x=3.0),
-        "write shape": lambda: dev.write(out, np.zeros(127, np.float32)),
-        "write list": lambda: dev.write(out, [0.0] * 128),
-        "read released": lambda: dev.read(gone),
-        "read other": lambda: dev.read(other.buffer(np.zeros(4, np.float32))),
-        "copy odd": lambda: dev.copy(x, out, nbytes=6), "copy same": lambda: dev.copy(x, x),
-        "copy too big": lambda: dev.copy(x, dev.zeros(2, np.float32)),
-        "buffer dtype": lambda: dev.buffer(np.zeros(4, np.float64)),
-        "buffer list": lambda: dev.buffer([1.0, 2.0]),
-        "empty shape": lambda: dev.empty((2, -1), np.float32),
-        "uniform bool": lambda: dev.uniform(True), "uniform negative": lambda: dev.uniform(-1),
-    }
-
-
-NOT_BINDING = {"aliasing": AliasingError, "zero workgroups": DispatchError,
-               "four dims": DispatchError, "too many workgroups": DispatchError,
-               "dispatch_1d n=0": DispatchError, "unknown override": DispatchError,
-               "override type": DispatchError, "nan override": DispatchError}
-
-
-def normalized(e: Exception, devices) -> str:
-    """The message without what differs by nature: buffer numbers and device names."""
-    msg = re.sub(r"#\d+", "#N", str(e))
-    for d in devices:
-        msg = msg.replace(f"({d.name!r}, {d.backend})", "(DEVICE)").replace(repr(d.name), "DEVICE")
-    return msg
-
-
 def test_bad_input_same_errors_as_the_gpu(web, device):
-    gpu_cases, web_cases = bad_inputs(device, web), bad_inputs(web, device)
-    before = dict(web.stats)
-    for name, gpu_call in gpu_cases.items():
-        with pytest.raises(Exception) as g:
-            gpu_call()
-        with pytest.raises(Exception) as w:
-            web_cases[name]()
-        assert type(g.value) is type(w.value), (name, g.value, w.value)
-        assert isinstance(w.value, NOT_BINDING.get(name, BindingError)), (name, w.value)
-        assert normalized(g.value, (device, web)) == normalized(w.value, (device, web)), name
-    assert (web.stats["dispatches"], web.stats["copies"]) == (before["dispatches"], before["copies"])
+    assert_refused_alike(device, web)
 
 
 def test_features_the_browser_lacks_are_refused(web):

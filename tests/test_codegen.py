@@ -519,7 +519,7 @@ def test_more_refusals():
         k_of(swizzle_store)
 
     def scalar_member(m):
-        o = m.declare_output_buffer("o", f32)
+        m.declare_output_buffer("o", f32)
         v = m.var(f32, 0.0)
         v.x = 1.0
 

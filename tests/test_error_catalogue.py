@@ -31,9 +31,9 @@ from shaderdsl.errors import (AliasingError, BindingError, DispatchError, Featur
                              UniformityError,
                               KernelBuildError, NoAdapterError, ShaderNameError, ShaderTypeError,
                               WGSLCompileError)
-from shaderdsl.runtime import COMPILER, get_device, list_adapters
+from shaderdsl.runtime import get_device, list_adapters
 
-from conftest import device_or_skip
+from helpers import device_or_skip
 
 from lora import Weight
 from lora import forward

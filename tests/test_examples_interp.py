@@ -9,14 +9,8 @@ import pytest
 
 from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy, scan,
                       subgroup_matmul)
-from shaderdsl import interp
 
-pytestmark = pytest.mark.interp
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return interp.Device(subgroup_size=8)
+from helpers import h200_interp
 
 
 def values(seed, shape, dtype=np.float32):
@@ -24,64 +18,64 @@ def values(seed, shape, dtype=np.float32):
     return rng.uniform(-1, 1, shape).astype(dtype)
 
 
-def test_saxpy(cpu):
+def test_saxpy(interp_device):
     x, y = values(1, 70), values(2, 70)
-    got = saxpy.run(cpu, 1.5, x, y)
+    got = saxpy.run(interp_device, 1.5, x, y)
     np.testing.assert_allclose(got, 1.5 * x.astype(np.float64) + y, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("subgroups", [False, True])
-def test_reduction(cpu, subgroups):
+def test_reduction(interp_device, subgroups):
     x = values(3, 300)
-    got = reduction.run(cpu, x, subgroups=subgroups, workgroup_size=64)
+    got = reduction.run(interp_device, x, subgroups=subgroups, workgroup_size=64)
     assert abs(got - x.astype(np.float64).sum()) <= 1e-5 * np.abs(x).sum()
 
 
-def test_matmul(cpu):
+def test_matmul(interp_device):
     a, b = values(4, (9, 7)), values(5, (7, 11))
-    np.testing.assert_allclose(matmul.run(cpu, a, b, tile=4), a.astype(np.float64) @ b,
+    np.testing.assert_allclose(matmul.run(interp_device, a, b, tile=4), a.astype(np.float64) @ b,
                                rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("private", [False, True])
-def test_histogram(cpu, private):
+def test_histogram(interp_device, private):
     v = np.random.default_rng(6).integers(0, 1000, 500).astype(np.uint32)
-    got = histogram.run(cpu, v, 13, private=private)
+    got = histogram.run(interp_device, v, 13, private=private)
     assert np.array_equal(got, np.bincount(v % 13, minlength=13))
 
 
-def test_half(cpu):
+def test_half(interp_device):
     w, x = values(7, (5, 8), np.float16), values(8, 8, np.float16)
     want = w.astype(np.float64) @ x.astype(np.float64)
-    np.testing.assert_allclose(half.run(cpu, w, x), want, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(half.run(interp_device, w, x), want, rtol=1e-2, atol=1e-2)
 
 
-def test_rows(cpu):
+def test_rows(interp_device):
     x = values(9, (3, 70)) * 4
-    np.testing.assert_allclose(rows.run(cpu, rows.softmax, x), rows.softmax_reference(x),
+    np.testing.assert_allclose(rows.run(interp_device, rows.softmax, x), rows.softmax_reference(x),
                                rtol=1e-5, atol=0)
     gamma, beta = values(10, 70), values(11, 70)
-    got = rows.run(cpu, rows.layer_norm, x, gamma=gamma, beta=beta)
+    got = rows.run(interp_device, rows.layer_norm, x, gamma=gamma, beta=beta)
     np.testing.assert_allclose(got, rows.layer_norm_reference(x, gamma, beta), rtol=1e-4,
                                atol=1e-4)
 
 
 @pytest.mark.parametrize("subgroups", [False, True])
-def test_scan(cpu, subgroups):
+def test_scan(interp_device, subgroups):
     x = np.random.default_rng(12).integers(-100, 100, 600).astype(np.int32)
-    assert np.array_equal(scan.run(cpu, x, subgroups=subgroups), np.cumsum(x))
+    assert np.array_equal(scan.run(interp_device, x, subgroups=subgroups), np.cumsum(x))
 
 
-def test_bitonic(cpu):
+def test_bitonic(interp_device):
     x = values(13, 300)
-    assert np.array_equal(bitonic.run(cpu, x), np.sort(x))
+    assert np.array_equal(bitonic.run(interp_device, x), np.sort(x))
 
 
-def test_int8_matmul(cpu):
+def test_int8_matmul(interp_device):
     rng = np.random.default_rng(14)
     a = rng.integers(-128, 128, (5, 12)).astype(np.int8)
     b = rng.integers(-128, 128, (12, 6)).astype(np.int8)
-    assert np.array_equal(int8_matmul.run(cpu, a, b), a.astype(np.int64) @ b)
+    assert np.array_equal(int8_matmul.run(interp_device, a, b), a.astype(np.int64) @ b)
 
 
 def test_subgroup_matmul():
@@ -90,5 +84,5 @@ def test_subgroup_matmul():
     rng = np.random.default_rng(15)
     a = rng.integers(-128, 128, (32, 64)).astype(np.int8)
     b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
-    got = subgroup_matmul.run(interp.Device(subgroup_size=32), a, b)
+    got = subgroup_matmul.run(h200_interp(), a, b)
     assert np.array_equal(got, a.astype(np.int64) @ b)

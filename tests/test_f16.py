@@ -24,7 +24,8 @@ from lora import Weight, reference as R
 from lora.core import tuning
 from lora import Strategy, forward_plan
 
-from test_strategies import EDGE_DIMS, STRATEGY_TEXTS, lead
+from helpers import problem
+from test_strategies import EDGE_DIMS, STRATEGY_TEXTS
 
 F16 = np.float16
 SETTINGS = settings(max_examples=25, deadline=None,
@@ -41,18 +42,6 @@ def needs_f16(device):
 # the former lora.forward paths as strategy texts ("auto": the autotuned one)
 PATH_STRATEGY = {"three": "three:256", "fused": "split:256", "single": "single:256:1",
                  "auto": None}
-
-
-def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
-    """Random float16 A, B, x, base; A scaled by 1/sqrt(in_dim) as a trained
-    adapter's would be, so sums stay far from float16's 65504."""
-    a = rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)
-    b = rng.standard_normal((out_dim, rank))
-    x = rng.standard_normal(lead(tokens) + (in_dim,))
-    base = rng.standard_normal(lead(tokens) + (out_dim,))
-    if positive:
-        a, b, x = np.abs(a) + 0.01, np.abs(b) + 0.01, np.abs(x) + 0.01
-    return tuple(v.astype(F16) for v in (a, b, x, base))
 
 
 def check(got, a, b, x, base, scale, what):
@@ -94,7 +83,8 @@ def test_plan_f16_matches_numpy(device, sub_ok, strategy, tokens, rank, in_dim, 
                                 positive, seed):
     if strategy.endswith(":sg"):
         assume(sub_ok)
-    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens, positive)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens, positive,
+                            dtype=F16)
     got = run_plan(device, a, b, x, base, scale, tokens, strategy)
     check(got, a, b, x, base, scale, strategy)
 
@@ -106,7 +96,7 @@ def test_f16_every_output_written(device, sub_ok, strategy):
     would stay at its base."""
     if strategy.endswith(":sg") and not sub_ok:
         pytest.skip("adapter lacks 'subgroup'")
-    a, b, x, base = problem(np.random.default_rng(37), 5, 131, 259, 37, positive=True)
+    a, b, x, base = problem(np.random.default_rng(37), 5, 131, 259, 37, positive=True, dtype=F16)
     got = run_plan(device, a, b, x, base, 0.5, 37, strategy)
     assert np.all(got.astype(np.float32) > base.astype(np.float32) + 0.1)
     check(got, a, b, x, base, 0.5, strategy)
@@ -119,7 +109,8 @@ def test_f16_every_output_written(device, sub_ok, strategy):
        scale=st.sampled_from([1.0, -0.5, 2.0]), seed=st.integers(0, 2**32 - 1))
 def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, tokens, scale, seed):
     """The execute paths of the lora issue, on float16 storage, over random shapes."""
-    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, in_dim, out_dim, tokens,
+                            dtype=F16)
     got = lora.forward(x, a, b, base, scale=scale, device=device, strategy=PATH_STRATEGY[path],
                        dtype=F16)
     check(got, a, b, x, base, scale, path)
@@ -131,7 +122,7 @@ def test_forward_f16_paths_match_numpy(device, path, rank, in_dim, out_dim, toke
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_forward_f16_paths(device, path, tokens):
     """lora.forward(dtype=float16): every path stores and returns float16."""
-    a, b, x, base = problem(np.random.default_rng(tokens), 8, 260, 130, tokens)
+    a, b, x, base = problem(np.random.default_rng(tokens), 8, 260, 130, tokens, dtype=F16)
     got = lora.forward(x, a, b, base, scale=1.5, device=device, strategy=PATH_STRATEGY[path],
                        dtype=F16)
     assert got.shape == base.shape
@@ -153,7 +144,7 @@ def test_execute_functions_f16(device):
     """The per-kernel execute functions with a float16 weight: x and output
     float16, the scratch h and y float32."""
     rng = np.random.default_rng(9)
-    a, b, x, base = problem(rng, 4, 100, 72, 3)
+    a, b, x, base = problem(rng, 4, 100, 72, 3, dtype=F16)
     w = Weight.from_numpy(device, a, b, dtype=F16)
     assert w.dtype == F16 and "float16" in repr(w)
     x_buf, out = device.buffer(x), device.buffer(base)
@@ -180,7 +171,7 @@ def test_add_scaled_f16_output(device):
 def test_mixed_dtypes_refused_before_dispatch(device):
     """A float16 weight with float32 activations (and the reverse) is refused,
     naming both dtypes, before anything is recorded."""
-    a, b, x, base = problem(np.random.default_rng(2), 4, 32, 40, 2)
+    a, b, x, base = problem(np.random.default_rng(2), 4, 32, 40, 2, dtype=F16)
     w16 = Weight.from_numpy(device, a, b, dtype=F16)
     w32 = Weight.from_numpy(device, a, b)
     x16, out16 = device.buffer(x), device.buffer(base)

@@ -58,8 +58,6 @@ import examples.saxpy as ES
 import lora.kernels as K
 from lora import reference as R
 
-pytestmark = pytest.mark.interp
-
 COMPARED: dict = {}   # kind of random program -> how many were compared GPU vs interpreter
 # Random programs per property test; SHADERDSL_INTERP_EXAMPLES=N multiplies
 # them (N / 40 times as many) for a longer search.

@@ -39,6 +39,8 @@ from lora.hesper import (execute_add_scaled, execute_fused_b_add, execute_lora_f
                           execute_project_a, execute_project_b, save_activation)
 from lora import forward
 
+from helpers import assert_close, kernel_lead, normal
+
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 seeds = st.integers(0, 2**32 - 1)
@@ -70,28 +72,8 @@ def cheap_rank(variant):
     return st.integers(1, 16) if variant == "workgroup" else st.integers(1, 64)
 
 
-def normal(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def lead(tokens):
-    """Leading shape of activations: () for 1-D buffers, (T,) otherwise."""
-    return () if tokens is None else (tokens,)
-
-
 def poisoned(device, shape):
     return device.buffer(np.full(shape, NAN, np.float32))
-
-
-def assert_close(got, want, tol, what=""):
-    got = np.asarray(got, np.float64)
-    assert got.shape == np.shape(want), (what, got.shape, np.shape(want))
-    assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} element(s) never written (NaN)"
-    err = np.abs(got - want)
-    bad = np.argwhere(err > tol)
-    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
-                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want {want[tuple(bad[0])]}, "
-                           f"tol {tol[tuple(bad[0])]}")
 
 
 def variant_kw(variant, sub_ok, in_hypothesis=True):
@@ -116,9 +98,9 @@ def test_project_a(device, sub_ok, data, variant, in_dim, tokens, threads, seed)
     rank = data.draw(cheap_rank(variant), "rank")
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, in_dim)), normal(rng, (3, rank))
-    x = normal(rng, lead(tokens) + (in_dim,))
+    x = normal(rng, kernel_lead(tokens) + (in_dim,))
     w = Weight.from_numpy(device, a, b)
-    h = poisoned(device, lead(tokens) + (rank,))
+    h = poisoned(device, kernel_lead(tokens) + (rank,))
     kw = variant_kw(variant, sub_ok)
     if over_workgroup_memory(device, project_a_kernel(rank, in_dim, tokens or 1,
                                                       threads=threads, **kw)):
@@ -135,9 +117,9 @@ def test_project_a(device, sub_ok, data, variant, in_dim, tokens, threads, seed)
 def test_project_b(device, rank, out_dim, tokens, threads, seed):
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, 2)), normal(rng, (out_dim, rank))
-    h = normal(rng, lead(tokens) + (rank,))
+    h = normal(rng, kernel_lead(tokens) + (rank,))
     w = Weight.from_numpy(device, a, b)
-    y = poisoned(device, lead(tokens) + (out_dim,))
+    y = poisoned(device, kernel_lead(tokens) + (out_dim,))
     execute_project_b(device, w, device.buffer(h), y, threads=threads)
     tol = R.RTOL_Y * R.project_b(np.abs(b), np.abs(h)) + R.ATOL
     assert_close(device.read(y), R.project_b(b, h), tol, "y")
@@ -167,8 +149,8 @@ def test_add_scaled(device, n, scale, extra, seed):
 def test_fused_b_add(device, rank, out_dim, tokens, scale, threads, seed):
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, 2)), normal(rng, (out_dim, rank))
-    h = normal(rng, lead(tokens) + (rank,))
-    base = normal(rng, lead(tokens) + (out_dim,))
+    h = normal(rng, kernel_lead(tokens) + (rank,))
+    base = normal(rng, kernel_lead(tokens) + (out_dim,))
     w = Weight.from_numpy(device, a, b)
     out = device.buffer(base)
     execute_fused_b_add(device, w, scale, device.buffer(h), out, threads=threads)
@@ -239,8 +221,8 @@ def test_paths_match_numpy_and_agree(device, sub_ok, data, variant, in_dim, out_
         assume(not k or not over_workgroup_memory(device, k))
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
-    x = normal(rng, lead(tokens) + (in_dim,))
-    base = normal(rng, lead(tokens) + (out_dim,))
+    x = normal(rng, kernel_lead(tokens) + (in_dim,))
+    base = normal(rng, kernel_lead(tokens) + (out_dim,))
     results = run_paths(device, a, b, x, base, scale, kw, single)
     check_paths(results, a, b, x, base, scale)
     if scale == 0:
@@ -300,13 +282,13 @@ def test_numpy_forward(device, rank, in_dim, out_dim, tokens, path, with_base, h
     rng = np.random.default_rng(seed)
     cast = (lambda v: v) if dtype == "f32" else (lambda v: v.astype(np.float64))
     a, b = cast(normal(rng, (rank, in_dim))), cast(normal(rng, (out_dim, rank)))
-    x = cast(normal(rng, lead(tokens) + (in_dim,)))
-    base = cast(normal(rng, lead(tokens) + (out_dim,))) if with_base else None
+    x = cast(normal(rng, kernel_lead(tokens) + (in_dim,)))
+    base = cast(normal(rng, kernel_lead(tokens) + (out_dim,))) if with_base else None
     kw = {"alpha": 3.0} if how == "alpha" else {"scale": -0.25} if how == "scale" else {}
     scale = {"alpha": 3.0 / rank, "scale": -0.25, "default": 1.0}[how]
     strategy = {"three": "three:256", "fused": "split:256", "single": "single:256:1"}[path]
     got = forward(x, a, b, base, device=device, strategy=strategy, **kw)
-    assert got.dtype == np.float32 and got.shape == lead(tokens) + (out_dim,)
+    assert got.dtype == np.float32 and got.shape == kernel_lead(tokens) + (out_dim,)
     a32, b32, x32 = (v.astype(np.float32) for v in (a, b, x))
     base32 = None if base is None else base.astype(np.float32)
     assert_close(got, R.forward(x32, a32, b32, scale, base32),
@@ -362,7 +344,7 @@ def test_save_activation_in_a_forward_batch(device):
 def small_setup(device, tokens=1):
     rng = np.random.default_rng(5)
     a, b = normal(rng, (3, 40)), normal(rng, (24, 3))
-    shape = lead(None if tokens == 1 else tokens)
+    shape = kernel_lead(None if tokens == 1 else tokens)
     w = Weight.from_numpy(device, a, b)
     bufs = dict(x=device.buffer(normal(rng, shape + (40,))),
                 out=device.buffer(normal(rng, shape + (24,))),

@@ -22,12 +22,7 @@ from shaderdsl.types import MatrixConfig
 
 from examples.matrix_gemm import CONFIG, SMALL, run
 
-ROOMY = {"max-compute-workgroup-storage-size": 49152}  # the H200's; tilings here need > 16 KiB
-
-
-def interp_device():
-    return interp.Device(subgroup_size=32, limits=ROOMY)
-
+from helpers import h200_interp
 
 def f32_steps_reference(a, b, step=16):
     """f16 products summed in f32 ``step`` columns of K at a time, each step
@@ -70,7 +65,7 @@ def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, seed):
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((K, N)).astype(np.float16)
     k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t)
-    dev = interp_device()
+    dev = h200_interp()
     bufs = {"A": dev.buffer(np.ascontiguousarray(a.T if a_t else a).reshape(-1)),
             "B": dev.buffer(np.ascontiguousarray(b.T if b_t else b).reshape(-1)),
             "C": dev.empty(M * N, np.float32)}
@@ -102,7 +97,7 @@ def test_the_example_in_the_interpreter():
     rng = np.random.default_rng(5)
     a = rng.standard_normal((72, 48)).astype(np.float16)
     b = rng.standard_normal((48, 100)).astype(np.float16)
-    got = run(interp_device(), a, b)
+    got = run(h200_interp(), a, b)
     assert got.dtype == np.float32 and np.array_equal(got, f32_steps_reference(a, b))
 
 
@@ -111,7 +106,6 @@ def _has_fragment(device):
         pytest.skip(f"{device.name} has no {CONFIG} subgroup matrices")
 
 
-@pytest.mark.gpu
 def test_the_example_on_the_gpu(device):
     """Within 1e-5 of |A| @ |B| (f32 sums; the GPU may order partial sums otherwise)."""
     _has_fragment(device)
@@ -155,7 +149,7 @@ def test_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
     """Any token count (partial tiles), in_dim split or not: the f16 forward
     within f16 rounding of float64, h (saved for a backward) within f32's."""
     in_dim, out_dim = 16 * dims[0], 4 * dims[1]
-    _lora_case(interp_device(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+    _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
 @settings(max_examples=4, deadline=None)
@@ -168,15 +162,14 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
     """The output's f16 fragments as accumulators: whole fragments of tokens
     on matrix units, a last partial one lane by lane, columns in blocks of 32."""
     in_dim, out_dim = 16 * dims[0], 32 * dims[1]
-    _lora_case(interp_device(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+    _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
 @pytest.mark.slow
 def test_matrix_strategy_at_rank_64_in_the_interpreter():
-    _lora_case(interp_device(), 64, 128, 136, 70, "matrix:2:2:2:4", 1, save_h=True)
+    _lora_case(h200_interp(), 64, 128, 136, 70, "matrix:2:2:2:4", 1, save_h=True)
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("rank, tokens", [(8, 300), (64, 77)])
 def test_matrix_strategy_on_the_gpu(device, rank, tokens):
     _has_fragment(device)
@@ -190,7 +183,7 @@ def test_matrix_strategy_on_the_gpu(device, rank, tokens):
 
 def test_matrix_is_offered_only_with_f16_fragments():
     from lora.core import tuning
-    dev = interp_device()
+    dev = h200_interp()
     f16 = {str(s) for s in tuning.candidates(dev, 16, 256, 256, 64, np.float16)}
     f32 = {str(s) for s in tuning.candidates(dev, 16, 256, 256, 64, np.float32)}
     none = interp.Device(subgroup_size=32, subgroup_matrix_configs=())
@@ -207,7 +200,7 @@ def test_matrix_depth_must_be_a_multiple_of_16():
 
 
 def test_matrix_on_an_f32_weight_is_refused():
-    dev = interp_device()
+    dev = h200_interp()
     w = lora.Weight.from_numpy(dev, np.ones((8, 64)), np.ones((64, 8)))
     with pytest.raises(ValueError, match="multiplies f16 on matrix units; the weight is f32"):
         lora.forward_plan(dev, w, 1.0, 16, "matrix")
@@ -241,10 +234,9 @@ def _backward_case(device, rank, in_dim, out_dim, tokens, text, seed):
 @pytest.mark.slow
 def test_matrix_backward_in_the_interpreter():
     """Two chunks of tokens (the second partial), dh in two slices of out_dim."""
-    _backward_case(interp_device(), 16, 32, 64, 40, "matrix:32", 4)
+    _backward_case(h200_interp(), 16, 32, 64, 40, "matrix:32", 4)
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("rank, tokens", [(16, 77), (64, 600)])
 def test_matrix_backward_on_the_gpu(device, rank, tokens):
     _has_fragment(device)
@@ -254,11 +246,11 @@ def test_matrix_backward_on_the_gpu(device, rank, tokens):
 
 def test_matrix_backward_is_the_f16_default_with_fragments():
     from lora.training.backward import backward_of
-    w = lora.Weight.from_numpy(interp_device(), np.ones((64, 256)), np.ones((256, 64)),
+    w = lora.Weight.from_numpy(h200_interp(), np.ones((64, 256)), np.ones((256, 64)),
                                dtype=np.float16)
-    assert str(backward_of(None, 512, w, interp_device())) == "matrix"
+    assert str(backward_of(None, 512, w, h200_interp())) == "matrix"
     none = interp.Device(subgroup_size=32, subgroup_matrix_configs=())
     assert str(backward_of(None, 512, w, none)) == "gemm"
     with pytest.raises(ValueError, match="the matrix backward multiplies f16 on matrix units"):
-        lora.backward_plan(interp_device(), lora.Weight.from_numpy(
-            interp_device(), np.ones((64, 256)), np.ones((256, 64))), 1.0, 16, "matrix")
+        lora.backward_plan(h200_interp(), lora.Weight.from_numpy(
+            h200_interp(), np.ones((64, 256)), np.ones((256, 64))), 1.0, 16, "matrix")

@@ -16,7 +16,7 @@ from shaderdsl.errors import (AliasingError, BindingError, DispatchError, Featur
 from shaderdsl.kernel import Binding, Kernel, Override
 from shaderdsl.runtime import Buffer, get_device, list_adapters
 
-from conftest import device_or_skip
+from helpers import device_or_skip
 from shaderdsl.types import f16, f32
 
 try:

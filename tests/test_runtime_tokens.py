@@ -30,7 +30,8 @@ from lora import PlanAt, forward_plan
 from lora.core.plan import split_grid
 from lora import LayerShape, Strategy
 
-from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom, normal
+from helpers import check_result, normal, problem
+from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, boom
 
 
 def aligned(strategy, *dims):
@@ -49,26 +50,6 @@ dims = st.one_of(st.sampled_from(EDGE_DIMS), st.integers(1, 300))
 scales = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -3.5, 0.125]),
                    st.floats(-16, 16, allow_nan=False, width=32))
 STATS = ("modules", "pipelines")
-
-
-def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
-    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
-    x, base = normal(rng, (tokens, in_dim)), normal(rng, (tokens, out_dim))
-    if positive:
-        a, b, x = np.abs(a) + 0.01, np.abs(b) + 0.01, np.abs(x) + 0.01
-    return a, b, x, base
-
-
-def check_result(got, a, b, x, base, scale, what):
-    got = np.asarray(got, np.float64).reshape(base.shape)
-    if scale == 0:
-        assert np.array_equal(got, base), f"{what}: scale 0 must leave the base exactly"
-        return
-    want, tol = R.forward(x, a, b, scale, base), R.tolerance(x, a, b, scale, base)
-    bad = np.argwhere(~(np.abs(got - want) <= tol))
-    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
-                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want "
-                           f"{want[tuple(bad[0])]}")
 
 
 def compiles(device) -> dict:
@@ -150,7 +131,7 @@ def test_runtime_plan_matches_numpy(device, sub_ok, strategy, counts, extra, ran
         assume(False)
     assert plan.runtime and plan.tokens is None
     for tokens in counts:
-        _, _, x, base = problem(rng, rank, in_dim, out_dim, tokens, positive)
+        _, _, x, base = problem(rng, rank, in_dim, out_dim, tokens, positive, rows=True)
         x_buf, out = device.buffer(x), device.buffer(base)
         before = device.stats["dispatches"]
         plan(x_buf, out)
@@ -168,7 +149,7 @@ def test_every_output_written_at_run_time(device, sub_ok, strategy):
     if s.subgroups and not sub_ok:
         pytest.skip("adapter lacks 'subgroup'")
     rng = np.random.default_rng(37)
-    a, b, x, base = problem(rng, *aligned(strategy, 5, 131, 45), 37, positive=True)
+    a, b, x, base = problem(rng, *aligned(strategy, 5, 131, 45), 37, positive=True, rows=True)
     w = Weight.from_numpy(device, a, b)
     plan = forward_plan(device, w, 0.5, None, s, max_tokens=40, max_workgroups=9)
     out = device.buffer(base)
@@ -193,7 +174,7 @@ def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
         pytest.skip("adapter lacks 'subgroup'")
     tokens = 70000
     rng = np.random.default_rng(70000)
-    a, b, x, base = problem(rng, *aligned(strategy, 2, 3, 5), tokens)
+    a, b, x, base = problem(rng, *aligned(strategy, 2, 3, 5), tokens, rows=True)
     plan = forward_plan(device, Weight.from_numpy(device, a, b), -1.5, None, s, max_tokens=tokens)
     out = device.buffer(base)
     plan(device.buffer(x), out)
@@ -204,7 +185,6 @@ def test_tokens_past_the_grid_limit(device, sub_ok, strategy):
                    for st_ in plan._launches[tokens][0])
 
 
-@pytest.mark.skipif("not hasattr(np, 'float16')")
 def test_runtime_plan_float16(device):
     if not device.has_feature("shader-f16"):
         pytest.skip("adapter lacks shader-f16")
@@ -231,7 +211,7 @@ def test_plan_at_uses_the_first_rows(device):
     """A serving loop may keep buffers for the largest batch: at(T) (or
     tokens=T) uses their first T rows and leaves the rest alone."""
     rng = np.random.default_rng(3)
-    a, b, x, base = problem(rng, 3, 20, 12, 10)
+    a, b, x, base = problem(rng, 3, 20, 12, 10, rows=True)
     plan = forward_plan(device, Weight.from_numpy(device, a, b), 2.0, None, Strategy.parse("split:64"),
                 max_tokens=10)
     x_buf, out = device.buffer(x), device.buffer(base)
@@ -251,7 +231,7 @@ def test_plan_at_uses_the_first_rows(device):
 
 def test_runtime_plan_refuses_bad_buffers(device):
     rng = np.random.default_rng(4)
-    a, b, x, base = problem(rng, 3, 20, 12, 6)
+    a, b, x, base = problem(rng, 3, 20, 12, 6, rows=True)
     w = Weight.from_numpy(device, a, b)
     plan = forward_plan(device, w, 1.0, None, Strategy.parse("tiled:64:4"), max_tokens=5)
     assert "tokens=1..5" in repr(plan)
@@ -291,7 +271,7 @@ def test_runtime_scratch_grows_with_the_token_count(device):
     plan = forward_plan(device, Weight.from_numpy(device, a, b), 1.0, None, Strategy.parse("single:64:1"),
                 max_tokens=100, save_h=True)
     for tokens, rows in ((3, 4), (2, 4), (9, 16), (100, 100)):
-        _, _, x, base = problem(rng, 3, 16, 8, tokens)
+        _, _, x, base = problem(rng, 3, 16, 8, tokens, rows=True)
         out = device.buffer(base)
         plan(device.buffer(x), out)
         assert plan.h.shape == (rows, 3)
@@ -316,7 +296,7 @@ def test_varying_tokens_compile_nothing(device):
         plan.record(device.buffer(normal(rng, (2, 48))), device.buffer(normal(rng, (2, 40))))
         before = compiles(device)
         for tokens in (1, 3, 17, 64, 299, 300, 5):
-            _, _, x, base = problem(rng, 4, 48, 40, tokens)
+            _, _, x, base = problem(rng, 4, 48, 40, tokens, rows=True)
             out = device.buffer(base)
             plan(device.buffer(x), out)
             check_result(device.read(out), a, b, x, base, 0.5, f"{text} T={tokens}")
@@ -355,7 +335,7 @@ def test_auto_serving_loop_of_1000_forwards_compiles_nothing(device, cache_dir, 
     monkeypatch.setattr(shaderdsl.compiler, "_build", boom)
     before = compiles(device)
     for n, tokens in enumerate(counts.tolist()):
-        _, _, x, base = problem(rng, 4, 32, 24, tokens)
+        _, _, x, base = problem(rng, 4, 32, 24, tokens, rows=True)
         out = device.buffer(base)
         execute_lora_forward_auto(device, w, 0.75, device.buffer(x), out)
         if n % 50 == 0:
@@ -370,7 +350,7 @@ def test_execute_functions_compile_nothing_for_a_new_count(device):
     w = Weight.from_numpy(device, a, b)
 
     def run_all(tokens):
-        _, _, x, base = problem(rng, 3, 24, 20, tokens)
+        _, _, x, base = problem(rng, 3, 24, 20, tokens, rows=True)
         h, y = device.empty((tokens, 3), np.float32), device.empty((tokens, 20), np.float32)
         outs = [device.buffer(base) for _ in range(3)]
         execute_lora_forward(device, w, 1.25, device.buffer(x), outs[0], h, y)
@@ -423,7 +403,7 @@ def test_auto_keys_plans_by_bucket(device, cache_dir, monkeypatch):
     a, b, _, _ = problem(rng, 2, 12, 10, 1)
     w = Weight.from_numpy(device, a, b)
     for tokens in (1, 3, 16, 17, 40):
-        _, _, x, base = problem(rng, 2, 12, 10, tokens)
+        _, _, x, base = problem(rng, 2, 12, 10, tokens, rows=True)
         out = device.buffer(base)
         execute_lora_forward_auto(device, w, 1.5, device.buffer(x), out, strategy="auto")
         check_result(device.read(out), a, b, x, base, 1.5, f"T={tokens}")
@@ -466,7 +446,7 @@ def test_autotune_bucket_never_returns_what_cannot_run(device, cache_dir, monkey
     assert chosen != biggest and memory(chosen) < memory(biggest)
     plan = forward_plan(device, w, 1.0, None, chosen, max_tokens=bucket[1])
     for t in (bucket[0], bucket[1]):
-        _, _, x, base = problem(rng, rank, in_dim, out_dim, t)
+        _, _, x, base = problem(rng, rank, in_dim, out_dim, t, rows=True)
         out = device.buffer(base)
         plan(device.buffer(x), out)
         check_result(device.read(out), a, b, x, base, 1.0, f"{chosen} T={t}")

@@ -44,6 +44,8 @@ from lora.hesper import execute_lora_forward_auto
 from lora import BACKWARD, FORWARD, Backward, Strategy, forward_plan
 from lora.core.strategy import Seed, Single, Split, Tiled
 
+from helpers import assert_close, check_result, normal, plan_lead, problem
+
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -74,34 +76,6 @@ seeds = st.integers(0, 2**32 - 1)
 STATS = ("modules", "pipelines", "bind_groups")
 
 
-def normal(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def lead(tokens):
-    """Leading shape of a Plan's activations: () for one token ((dim,) buffers), else (T,)."""
-    return () if tokens == 1 else (tokens,)
-
-
-def assert_close(got, want, tol, what=""):
-    got = np.asarray(got, np.float64)
-    assert got.shape == np.shape(want), (what, got.shape, np.shape(want))
-    assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} NaN element(s)"
-    bad = np.argwhere(np.abs(got - want) > tol)
-    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
-                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want "
-                           f"{want[tuple(bad[0])]}, tol {tol[tuple(bad[0])]}")
-
-
-def problem(rng, rank, in_dim, out_dim, tokens, positive=False):
-    """Random A, B, x, base (float32) for one forward."""
-    a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
-    x, base = normal(rng, lead(tokens) + (in_dim,)), normal(rng, lead(tokens) + (out_dim,))
-    if positive:
-        a, b, x = np.abs(a) + 0.01, np.abs(b) + 0.01, np.abs(x) + 0.01
-    return a, b, x, base
-
-
 def run_plan(device, a, b, x, base, scale, tokens, strategy, one_row=False):
     """forward_plan(...)(x, out) on fresh buffers; returns (output, plan, dispatches recorded).
     ``one_row``: one token as (1, dim) buffers instead of (dim,)."""
@@ -115,14 +89,6 @@ def run_plan(device, a, b, x, base, scale, tokens, strategy, one_row=False):
     got = device.read(out).reshape(base.shape)
     assert np.array_equal(device.read(x_buf).reshape(x.shape), x), "the input was modified"
     return got, plan, device.stats["dispatches"] - before
-
-
-def check_result(got, a, b, x, base, scale, what):
-    assert got.dtype == np.float32
-    if scale == 0:
-        assert np.array_equal(got, base), f"{what}: scale 0 must leave the base exactly"
-        return
-    assert_close(got, R.forward(x, a, b, scale, base), R.tolerance(x, a, b, scale, base), what)
 
 
 def boom(*args, **kwargs):
@@ -471,13 +437,13 @@ def test_plan_refuses_bad_buffers_before_dispatch(device, strategy, tokens):
     rng = np.random.default_rng(0)
     w = Weight.from_numpy(device, normal(rng, (rank, dim)), normal(rng, (dim, rank)))
     plan = forward_plan(device, w, 1.5, tokens, Strategy.parse(strategy))
-    shape = lead(tokens) + (dim,)
+    shape = plan_lead(tokens) + (dim,)
     x = device.buffer(normal(rng, shape))
     base = normal(rng, shape)
     out = device.buffer(base)
     bad = {
-        "x one short": (device.buffer(normal(rng, lead(tokens) + (dim - 1,))), out),
-        "out one long": (x, device.buffer(normal(rng, lead(tokens) + (dim + 1,)))),
+        "x one short": (device.buffer(normal(rng, plan_lead(tokens) + (dim - 1,))), out),
+        "out one long": (x, device.buffer(normal(rng, plan_lead(tokens) + (dim + 1,)))),
         "one token too many": (device.buffer(normal(rng, (tokens + 1, dim))), out),
         "x float16": (device.buffer(np.ones(shape, np.float16)), out),
         "out int32": (x, device.buffer(np.ones(shape, np.int32))),

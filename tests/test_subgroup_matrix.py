@@ -99,14 +99,6 @@ def test_gpu_products_are_exact(device, M, K, N):
     assert np.array_equal(run(device, a, b), a.astype(np.int64) @ b.astype(np.int64))
 
 
-def test_subgroup_matrix_names_are_reserved():
-    from shaderdsl.names import check_user_name
-
-    for name in ("subgroupMatrixLoad", "subgroupMatrixStore", "subgroupMatrixMultiply",
-                 "subgroupMatrixMultiplyAccumulate"):
-        assert check_user_name(name), name
-
-
 # ================================================================ the interpreter, exactly
 
 CONFIGS = [(16, 16, 32), (16, 8, 32)]   # M x N x K of one subgroup matrix product

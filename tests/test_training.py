@@ -259,7 +259,7 @@ def test_optimizer_against_the_formula(device, kind):
 
 def test_adamw_schedule_clip_and_settings_without_recompiling(device):
     rng = np.random.default_rng(15)
-    p, ref = [normal(rng, (4, 8))], None
+    p = [normal(rng, (4, 8))]
     opt = AdamW(lr=1e-2, max_grad_norm=0.5, schedule="cosine", warmup=3, total=12, device=device)
     pr = p[0].astype(np.float64)
     m = v = np.zeros_like(pr)

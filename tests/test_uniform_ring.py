@@ -50,6 +50,9 @@ def add_a(m):
         y[i] = y[i] + a
 
 
+RING = "the uniform ring (device.uniform_ring, its ring_* stats) is the wgpu device's"
+
+
 def delta(device, before: dict) -> dict:
     return {k: device.stats[k] - before[k] for k in before}
 
@@ -80,6 +83,7 @@ def test_per_dispatch_values_in_one_batch_match_numpy(device):
     assert grew["pipelines"] == 1 and grew["modules"] == 1
 
 
+@pytest.mark.needs_wgpu(RING)
 def test_bitonic_sort_one_pipeline_one_submit(device):
     n = 1 << 12
     values = np.random.default_rng(2).standard_normal(n).astype(np.float32)
@@ -103,6 +107,7 @@ def test_bitonic_sort_one_pipeline_one_submit(device):
     assert third["ring_writes"] == 1
 
 
+@pytest.mark.needs_wgpu(RING)
 def test_more_dispatches_than_the_ring_holds(device):
     ring = device.uniform_ring
     count = ring.slots + 37
@@ -129,6 +134,7 @@ def test_more_dispatches_than_the_ring_holds(device):
     assert again["ring_buffers"] == 0 and again["ring_writes"] == 1 and again["submits"] == 1
 
 
+@pytest.mark.needs_wgpu(RING)
 def test_values_across_reads_in_a_batch_and_outside_batches(device):
     """A read in a batch submits (writing the ring) and the ring restarts at
     offset 0; outside a batch each dispatch is its own submit and write."""
@@ -214,6 +220,7 @@ def bad_cases():
     }
 
 
+@pytest.mark.needs_wgpu(RING)
 @pytest.mark.parametrize("case", list(bad_cases()))
 def test_bad_values_are_refused_before_any_gpu_work(device, case):
     change, match = bad_cases()[case]
@@ -261,6 +268,7 @@ def test_too_many_uniforms_for_dynamic_offsets(device, monkeypatch):
     assert device.read(y).tolist() == [3.0] * 4
 
 
+@pytest.mark.needs_wgpu(RING)
 def test_buffer_path_is_unchanged(device):
     """Buffers only: the cached static pipeline and bind group, no ring; the
     same kernel with values compiles its own (dynamic-offset) pipeline once."""
