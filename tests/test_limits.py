@@ -10,6 +10,9 @@ import lora
 from lora.kernels.common import SUM_RUN, sum_terms
 from lora.kernels.registry import KERNELS
 from shaderdsl import f32
+from shaderdsl.errors import BindingError
+
+STORAGE_CAP = "max-storage-buffer-binding-size"
 
 
 def _depth(e) -> int:
@@ -65,3 +68,20 @@ def test_forward_at_a_high_rank(device, rank):
     x = rng.standard_normal((2, 8)).astype(np.float32)
     out = lora.forward(x, a, b, device=device)
     np.testing.assert_allclose(out, _reference(x, a, b), rtol=1e-5, atol=1e-3)
+
+
+def test_x_over_the_storage_binding_limit(device, monkeypatch):
+    """An x over max-storage-buffer-binding-size is a BindingError naming the
+    buffer, its size, the limit and how many tokens fit (was: DispatchError
+    "no strategy runs ...")."""
+    monkeypatch.setitem(device.limits, STORAGE_CAP, 4096)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 16)).astype(np.float32)
+    b = rng.standard_normal((8, 4)).astype(np.float32)
+    x = rng.standard_normal((100, 16)).astype(np.float32)
+    with pytest.raises(BindingError, match=rf"lora forward of 100 token\(s\) \(at most 64 fit; "
+                                           rf"split the batch\): x \[100, 16\] float32: buffer of "
+                                           rf"6400 bytes is over {STORAGE_CAP} = 4096"):
+        lora.forward(x, a, b, device=device)
+    out = lora.forward(x[:64], a, b, device=device)  # what fits still runs
+    np.testing.assert_allclose(out, _reference(x[:64], a, b), rtol=1e-4, atol=1e-4)
