@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import lora
+from lora import Strategy, Weight, forward_plan
 from lora.kernels.common import SUM_RUN, sum_terms
 from lora.kernels.registry import KERNELS
 from shaderdsl import f32
@@ -85,3 +86,47 @@ def test_x_over_the_storage_binding_limit(device, monkeypatch):
         lora.forward(x, a, b, device=device)
     out = lora.forward(x[:64], a, b, device=device)  # what fits still runs
     np.testing.assert_allclose(out, _reference(x[:64], a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_clear_plan_cache_releases_pipelines(device):
+    """Each in_dim compiles pipelines; lora.clear_plan_cache() drops every one,
+    and a plan its caller holds (not one of the plan cache's, which it
+    releases) compiles again and gives the same result."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 24)).astype(np.float32)
+    b = rng.standard_normal((8, 4)).astype(np.float32)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    weight = Weight.from_numpy(device, a, b)
+    plan = forward_plan(device, weight, 1.0, 3, Strategy.parse("split"))
+    x_buf, out_buf = device.buffer(x), device.zeros((3, 8), np.float32)
+    try:
+        plan(x_buf, out_buf)
+        before = device.read(out_buf).copy()
+        for in_dim in (12, 20, 28):
+            lora.forward(rng.standard_normal((3, in_dim)).astype(np.float32),
+                         rng.standard_normal((4, in_dim)).astype(np.float32), b, device=device)
+        assert len(device._cache.pipelines) > 0
+        lora.clear_plan_cache()
+        assert len(device._cache.pipelines) == 0 and len(device._cache.modules) == 0
+        assert not device._kernels
+        compiled = device.stats["pipelines"]
+        device.write(out_buf, np.zeros((3, 8), np.float32))
+        plan(x_buf, out_buf)
+        assert device.stats["pipelines"] > compiled  # compiled again
+        np.testing.assert_array_equal(device.read(out_buf), before)
+    finally:
+        plan.release()
+        for buf in (x_buf, out_buf, weight.a, weight.b):
+            device.release(buf)
+
+
+def test_device_clear_pipeline_cache_counts(device):
+    """Device.clear_pipeline_cache() returns how many pipelines it dropped."""
+    rng = np.random.default_rng(2)
+    lora.forward(rng.standard_normal((2, 36)).astype(np.float32),
+                 rng.standard_normal((4, 36)).astype(np.float32),
+                 rng.standard_normal((8, 4)).astype(np.float32), device=device)
+    cached = len(device._cache.pipelines)
+    assert cached > 0
+    assert device.clear_pipeline_cache() == cached
+    assert device.clear_pipeline_cache() == 0

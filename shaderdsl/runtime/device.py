@@ -125,7 +125,7 @@ class Device(HostDevice):
             if SUBGROUP_MATRIX_FEATURE in self.features else ()
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
-        self._cache = PipelineCache(self.wgpu_device, self.stats)
+        self._cache = PipelineCache(self.wgpu_device, self.stats, self._kernels.clear)
         self.uniform_ring = UniformRing(
             self.wgpu_device, self.stats, self.limits["min-uniform-buffer-offset-alignment"],
             self._cache.forget_buffer, self.limits["max-buffer-size"])
@@ -193,6 +193,12 @@ class Device(HostDevice):
         self._cache.forget_buffer(buf.id)
         wbuf, buf.wgpu_buffer = buf.wgpu_buffer, None
         wbuf.destroy()
+
+    def clear_pipeline_cache(self) -> int:
+        """Drop every compiled module, pipeline and bind group (a kernel
+        dispatched later compiles again); the number of pipelines dropped."""
+        self._recorder.flush()  # recorded commands may still use them
+        return self._cache.clear()
 
     def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         self._recorder.copy(src.wgpu_buffer, dst.wgpu_buffer, nbytes)

@@ -6,10 +6,17 @@ overrides, dynamic), bind groups by (layout, buffer ids); ``dynamic`` is the
 uniform ring's layout, whose uniform bindings take dynamic offsets. Buffer ids
 are never reused and entries holding a buffer are dropped when it is released,
 so a cache hit can never hand back a bind group of a dead buffer.
+
+Nothing is evicted on its own: every new kernel (a lora weight of a new
+in_dim) adds a module and a pipeline. :func:`clear_pipeline_caches` (called
+by ``lora.clear_plan_cache()``) or ``Device.clear_pipeline_cache()`` drops
+them all; a kernel dispatched afterwards compiles again, so a plan still held
+keeps working (its first dispatch pays the compile).
 """
 from __future__ import annotations
 
 import re
+import weakref
 
 import wgpu
 
@@ -81,11 +88,22 @@ def compile_error(kernel, err: Exception) -> WGSLCompileError:
                             if line else "")
 
 
-class PipelineCache:
-    """Everything compiled for one wgpu device, plus counters for tests."""
+_CACHES: "weakref.WeakSet[PipelineCache]" = weakref.WeakSet()  # of every live device
 
-    def __init__(self, wgpu_device, stats: dict):
+
+def clear_pipeline_caches() -> int:
+    """Empty the pipeline cache of every device; the number of pipelines dropped."""
+    return sum(cache.clear() for cache in list(_CACHES))
+
+
+class PipelineCache:
+    """Everything compiled for one wgpu device, plus counters for tests.
+    ``on_clear``: called by :meth:`clear`, to drop what the device keeps per
+    kernel (its pipelines and bind groups)."""
+
+    def __init__(self, wgpu_device, stats: dict, on_clear=None):
         self.wgpu_device = wgpu_device
+        self._on_clear = on_clear
         self.stats = stats
         self.modules: dict = {}
         self.layouts: dict = {}
@@ -93,6 +111,17 @@ class PipelineCache:
         self.bind_groups: dict = {}
         # buffer id -> [(dict, key)] of every entry that holds that buffer.
         self._holders: dict[int, list] = {}
+        _CACHES.add(self)
+
+    def clear(self) -> int:
+        """Drop every module, pipeline and bind group (layouts are few and
+        stay); the number of pipelines dropped. Call it between batches."""
+        dropped = len(self.pipelines)
+        for table in (self.modules, self.pipelines, self.bind_groups, self._holders):
+            table.clear()
+        if self._on_clear is not None:
+            self._on_clear()
+        return dropped
 
     def module(self, kernel):
         key = kernel.cache_key
