@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import lora
+import shaderdsl as sd
 from lora import Strategy, Weight, forward_plan
 from lora.kernels.common import SUM_RUN, sum_terms
 from lora.kernels.registry import KERNELS
 from shaderdsl import f32
-from shaderdsl.errors import BindingError
+from shaderdsl.errors import BindingError, KernelBuildError
 
 STORAGE_CAP = "max-storage-buffer-binding-size"
 
@@ -27,8 +28,6 @@ def _depth(e) -> int:
 def test_a_long_sum_stays_shallow():
     """sum_terms keeps the order of a loop for up to SUM_RUN terms and adds
     longer sums in runs, so no expression is deeper than about SUM_RUN."""
-    import shaderdsl as sd
-
     seen = {}
 
     def k(m):
@@ -41,6 +40,21 @@ def test_a_long_sum_stays_shallow():
     kernel = sd.compile(k, 1)
     assert seen["depth"] <= SUM_RUN + 4096 // SUM_RUN
     assert "x[4095u]" in kernel.wgsl or "x[4095]" in kernel.wgsl
+
+
+def test_a_deep_chain_is_a_build_error_not_a_recursion_error():
+    """A user's own left-deep chain of thousands of terms is refused by name."""
+    def k(m):
+        x = m.declare_input_buffer("x", f32, 4000)
+        out = m.declare_output_buffer("out", f32, 1)
+        total = x[0]
+        for i in range(1, 4000):
+            total = total + x[i]
+        out[0] = total
+
+    with pytest.raises(KernelBuildError, match=r"kernel 'k': an expression is nested too "
+                                               r"deeply to compile .* add into an m.var with"):
+        sd.compile(k, 1)
 
 
 @pytest.mark.parametrize("name, params", [
