@@ -88,22 +88,22 @@ def compile_error(kernel, err: Exception) -> WGSLCompileError:
                             if line else "")
 
 
-_CACHES: "weakref.WeakSet[PipelineCache]" = weakref.WeakSet()  # of every live device
+_OWNERS: "weakref.WeakSet" = weakref.WeakSet()  # the devices that hold a PipelineCache
 
 
 def clear_pipeline_caches() -> int:
-    """Empty the pipeline cache of every device; the number of pipelines dropped."""
-    return sum(cache.clear() for cache in list(_CACHES))
+    """Empty every device's pipeline cache through its ``clear_pipeline_cache()``
+    (which also drops what the device keeps per kernel); the pipelines dropped."""
+    return sum(owner.clear_pipeline_cache() for owner in list(_OWNERS))
 
 
 class PipelineCache:
     """Everything compiled for one wgpu device, plus counters for tests.
-    ``on_clear``: called by :meth:`clear`, to drop what the device keeps per
-    kernel (its pipelines and bind groups)."""
+    ``owner``: the device, whose ``clear_pipeline_cache()``
+    :func:`clear_pipeline_caches` calls."""
 
-    def __init__(self, wgpu_device, stats: dict, on_clear=None):
+    def __init__(self, wgpu_device, stats: dict, owner=None):
         self.wgpu_device = wgpu_device
-        self._on_clear = on_clear
         self.stats = stats
         self.modules: dict = {}
         self.layouts: dict = {}
@@ -111,7 +111,8 @@ class PipelineCache:
         self.bind_groups: dict = {}
         # buffer id -> [(dict, key)] of every entry that holds that buffer.
         self._holders: dict[int, list] = {}
-        _CACHES.add(self)
+        if owner is not None:
+            _OWNERS.add(owner)
 
     def clear(self) -> int:
         """Drop every module, pipeline and bind group (layouts are few and
@@ -119,8 +120,6 @@ class PipelineCache:
         dropped = len(self.pipelines)
         for table in (self.modules, self.pipelines, self.bind_groups, self._holders):
             table.clear()
-        if self._on_clear is not None:
-            self._on_clear()
         return dropped
 
     def module(self, kernel):
