@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import traceback
 
 import numpy as np
@@ -133,8 +134,15 @@ def _build(fn, ws, name, params) -> Kernel:
     finally:
         context.pop()
     m = builder.module()
-    uniformity.check(m)
-    wgsl, source_map, features, first_use = emit(m)
+    try:
+        uniformity.check(m)
+        wgsl, source_map, features, first_use = emit(m)
+    except RecursionError:  # the walks recurse into operands: a chain of hundreds is too deep
+        raise KernelBuildError(
+            f"kernel {name!r}: an expression is nested too deeply to compile (Python's "
+            f"recursion limit is {sys.getrecursionlimit()}), such as a sum a + b + c + ... of "
+            f"hundreds of terms: add into an m.var with += (in m.loop), or sum in shorter "
+            f"runs and add their totals") from None
     bindings = tuple(
         Binding(k, r.name, "uniform" if r.kind == RefKind.UNIFORM else r.access,
                 r.type if r.kind == RefKind.UNIFORM else r.type.elem,

@@ -516,8 +516,9 @@ def test_storage_binding_over_a_patched_limit(device, monkeypatch):
                  [out]):
         device.dispatch(ADD_ONE, {"x": x, "out": out}, 1)
     rng = np.random.default_rng(0)
-    w = Weight.from_numpy(device, rng.standard_normal((2, 300)), rng.standard_normal((16, 2)))
-    with refused(device, BindingError, rf"kernel 'fused_forward' binding 'A' .*buffer of 2400 bytes "
+    w = Weight.from_numpy(device, rng.standard_normal((2, 200)), rng.standard_normal((16, 2)))
+    x = device.buffer(np.ones(200, np.float32))  # 800 bytes: fits, A does not
+    with refused(device, BindingError, rf"kernel 'fused_forward' binding 'A' .*buffer of 1600 bytes "
                                        rf"is over {STORAGE_CAP} = 1024", [out]):
         execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:64:1")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shaderdsl import checks as sd_checks
+
 from . import checks as C
 from . import tuning
 from .cache import clear_plan_cache, get_or_build
@@ -22,6 +24,7 @@ def auto_plan(device, weight, scale: float, tokens: int, strategy=None) -> Plan:
     kept per bucket of counts (``tuning.BUCKETS``): a new count in a bucket
     seen before compiles nothing. One token, and counts past the last
     bucket or the binding-size limit, are baked."""
+    fits_binding(device, weight, tokens)
     bucket = tuning.runtime_bucket(device, weight, tokens)
 
     def build():
@@ -33,6 +36,17 @@ def auto_plan(device, weight, scale: float, tokens: int, strategy=None) -> Plan:
 
     return get_or_build(weight, ("auto", scale, bucket or tokens, str(strategy)), build,
                         (weight.a, weight.b))
+
+
+def fits_binding(device, weight, tokens: int) -> None:
+    """x and the output of ``tokens`` tokens each fit one storage binding
+    (max-storage-buffer-binding-size); else a BindingError naming the buffer,
+    its size, the limit and how many tokens fit, before any strategy is tried."""
+    fit = tuning.fitting_tokens(device, weight)
+    for name, dim in (("x", weight.in_dim), ("output", weight.out_dim)):
+        what = (f"lora forward of {tokens} token(s) (at most {fit} fit; split the batch): "
+                f"{name} [{tokens}, {dim}] {weight.dtype.name}")
+        sd_checks.binding_size(what, tokens * dim * weight.dtype.itemsize, device)
 
 
 def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,

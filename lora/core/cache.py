@@ -8,6 +8,7 @@ device's lock, so two threads never build one key twice."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 
 from .weight import Weight
@@ -68,9 +69,14 @@ def ids(*bufs) -> tuple:
 
 
 def clear_plan_cache(weight: Weight | None = None) -> None:
-    """Forget the plans of ``weight`` (default: of every weight and device),
-    freeing their scratch buffers. Kernels stay compiled."""
+    """Forget the plans of ``weight``, freeing their scratch buffers; kernels
+    stay compiled. With no weight: the plans of every weight and device, and
+    every device's compiled pipelines too (a plan still held compiles its
+    kernels again at its next run), so memory grown by many shapes comes back."""
     tables = [weight.plans] if weight is not None else \
         [w.plans for w in list(_WEIGHTS)] + list(_DEVICE_PLANS.values())
     for table in tables:
         _forget(table)
+    pipelines = sys.modules.get("shaderdsl.runtime.pipelines")  # absent: no GPU device made
+    if weight is None and pipelines is not None:
+        pipelines.clear_pipeline_caches()

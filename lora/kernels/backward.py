@@ -34,6 +34,7 @@ from .common import (
     stage,
     storage_scalar,
     store_output,
+    sum_terms,
     unrolled_or_loop,
     widen,
     width,
@@ -400,9 +401,7 @@ def grad_input(m, in_dim, rank, tokens=1, threads=256, accumulate=False, dtype="
     hs = load_h(m, dh, rank, t, threads)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < in_dim):
-        total = widen(A[i]) * hs[0]
-        for r in range(1, rank):
-            total = total + widen(A[r * in_dim + i]) * hs[r]
+        total = sum_terms([widen(A[r * in_dim + i]) * hs[r] for r in range(rank)])
         _write(dx, t * in_dim + i, total, accumulate)
 
 
@@ -426,7 +425,5 @@ def grad_a_input(m, in_dim, rank, tokens=1, threads=256, accumulate=False, with_
                 total = total + hs[t][r] * xs[t]
             _write(dA, r * in_dim + i, total, accumulate)
         for t in range(tokens if with_dx else 0):
-            total = hs[t][0] * a[0]
-            for r in range(1, rank):
-                total = total + hs[t][r] * a[r]
+            total = sum_terms([hs[t][r] * a[r] for r in range(rank)])
             _write(dx, t * in_dim + i, total, accumulate)

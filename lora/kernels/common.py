@@ -323,6 +323,25 @@ def row_dot(row, hs):
         terms = [B.dot(v, vec4f(*hs[4 * q:4 * q + 4])) for q, v in enumerate(row)]
     else:
         terms = [v * h for v, h in zip(row, hs)]
+    return sum_terms(terms)
+
+
+# The longest run of terms one sum adds left to right (the order of a loop).
+# A longer sum adds runs of this many and then their totals, so an expression's
+# depth stays near SUM_RUN + len / SUM_RUN: a left-deep chain of 512 terms (row_dot
+# at rank 2048) was too deep for the compiler's recursive walks.
+SUM_RUN = 64
+
+
+def sum_terms(terms: list):
+    """terms[0] + terms[1] + ..., in runs of at most SUM_RUN terms (the same
+    order as before for up to SUM_RUN terms)."""
+    while len(terms) > SUM_RUN:
+        terms = [_left_sum(terms[k:k + SUM_RUN]) for k in range(0, len(terms), SUM_RUN)]
+    return _left_sum(terms)
+
+
+def _left_sum(terms: list):
     total = terms[0]
     for term in terms[1:]:
         total = total + term

@@ -15,6 +15,7 @@ from .common import (
     partial_dots,
     row_dot,
     store_output,
+    sum_terms,
     tile_origin,
     token_rows,
     tree_sum,
@@ -127,10 +128,7 @@ def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0, qua
         hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
         if w != 4:
             return row_dot(row, hs)
-        total = B.dot(row[0], hs[0])
-        for v, h in zip(row[1:], hs[1:]):
-            total = total + B.dot(v, h)
-        return total
+        return sum_terms([B.dot(v, h) for v, h in zip(row, hs)])
 
     def column(i):
         # All loads of this column first (B row(s), then every token's output),

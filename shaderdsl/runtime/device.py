@@ -158,7 +158,7 @@ class Device(HostDevice):
             if SUBGROUP_MATRIX_FEATURE in self.features else ()
         self.limits: Limits = Limits(self.wgpu_device.limits)
         self.timestamp_period: float = _timestamp_period(self.queue)
-        self._cache = PipelineCache(self.wgpu_device, self.stats)
+        self._cache = PipelineCache(self.wgpu_device, self.stats, owner=self)
         self.uniform_ring = UniformRing(
             self.wgpu_device, self.stats, self.limits["min-uniform-buffer-offset-alignment"],
             self._cache.forget_buffer, self.limits["max-buffer-size"])
@@ -275,6 +275,17 @@ class Device(HostDevice):
         wbuf, buf._wgpu_buffer = buf._wgpu_buffer, None
         if not self.lost:
             wbuf.destroy()
+
+    def clear_pipeline_cache(self) -> int:
+        """Drop every compiled module, pipeline and bind group, and each
+        kernel's entry holding them (a kernel dispatched later is checked and
+        compiled again); the number of pipelines dropped. On a lost device it
+        only lets them go (nothing recorded can run there any more)."""
+        with self.lock:
+            if not self.lost:
+                self._recorder.flush()  # recorded commands may still use them
+            self._kernels.clear()
+            return self._cache.clear()
 
     def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         self._recorder.copy(src._wgpu_buffer, dst._wgpu_buffer, nbytes)

@@ -6,10 +6,17 @@ overrides, dynamic), bind groups by (layout, buffer ids); ``dynamic`` is the
 uniform ring's layout, whose uniform bindings take dynamic offsets. Buffer ids
 are never reused and entries holding a buffer are dropped when it is released,
 so a cache hit can never hand back a bind group of a dead buffer.
+
+Nothing is evicted on its own: every new kernel (a lora weight of a new
+in_dim) adds a module and a pipeline. :func:`clear_pipeline_caches` (called
+by ``lora.clear_plan_cache()``) or ``Device.clear_pipeline_cache()`` drops
+them all; a kernel dispatched afterwards compiles again, so a plan still held
+keeps working (its first dispatch pays the compile).
 """
 from __future__ import annotations
 
 import re
+import weakref
 
 import wgpu
 
@@ -81,10 +88,21 @@ def compile_error(kernel, err: Exception) -> WGSLCompileError:
                             if line else "")
 
 
-class PipelineCache:
-    """Everything compiled for one wgpu device, plus counters for tests."""
+_OWNERS: "weakref.WeakSet" = weakref.WeakSet()  # the devices that hold a PipelineCache
 
-    def __init__(self, wgpu_device, stats: dict):
+
+def clear_pipeline_caches() -> int:
+    """Empty every device's pipeline cache through its ``clear_pipeline_cache()``
+    (which also drops what the device keeps per kernel); the pipelines dropped."""
+    return sum(owner.clear_pipeline_cache() for owner in list(_OWNERS))
+
+
+class PipelineCache:
+    """Everything compiled for one wgpu device, plus counters for tests.
+    ``owner``: the device, whose ``clear_pipeline_cache()``
+    :func:`clear_pipeline_caches` calls."""
+
+    def __init__(self, wgpu_device, stats: dict, owner=None):
         self.wgpu_device = wgpu_device
         self.stats = stats
         self.modules: dict = {}
@@ -93,6 +111,16 @@ class PipelineCache:
         self.bind_groups: dict = {}
         # buffer id -> [(dict, key)] of every entry that holds that buffer.
         self._holders: dict[int, list] = {}
+        if owner is not None:
+            _OWNERS.add(owner)
+
+    def clear(self) -> int:
+        """Drop every module, pipeline and bind group (layouts are few and
+        stay); the number of pipelines dropped. Call it between batches."""
+        dropped = len(self.pipelines)
+        for table in (self.modules, self.pipelines, self.bind_groups, self._holders):
+            table.clear()
+        return dropped
 
     def module(self, kernel):
         key = kernel.cache_key
