@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the tests (sets itself up first). By default the quick tier, every test not
 # marked slow (about 4 minutes on 2 cores); with --full, every test (what CI runs,
-# about 12 minutes a pass on lavapipe or llvmpipe).
+# about 13 minutes a pass on lavapipe or llvmpipe with cold caches).
 # Other arguments go to pytest (a -m of yours replaces the tier's).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"

@@ -76,8 +76,11 @@ def _reference(x, a, b, scale=1.0):
 @pytest.mark.parametrize("rank", [2048])
 def test_forward_at_a_high_rank(device, rank):
     """lora.forward at rank 2048 (small in_dim, out_dim, tokens) equals numpy
-    (about 3 minutes on lavapipe: the strategies' unrolled kernels compile slowly)."""
-    rng = np.random.default_rng(0)
+    (95 s on lavapipe with a cold shader cache: the unrolled kernels compile slowly)."""
+    if getattr(device, "backend", None) == "OpenGL":
+        pytest.skip("the Vulkan pass runs the same WGSL; llvmpipe's cold compile of the "
+                    "rank-2048 kernels would add as long again to CI")
+    rng = np.random.default_rng()
     a = rng.standard_normal((rank, 8)).astype(np.float32)
     b = rng.standard_normal((8, rank)).astype(np.float32)
     x = rng.standard_normal((2, 8)).astype(np.float32)
