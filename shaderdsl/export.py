@@ -168,10 +168,13 @@ function pipelineDescriptor(kernel, s, constants) {
 /** Compile the kernel's pipeline now; rejects with the WGSL compiler's messages. */
 export async function prepareKernel(device, kernel, constants = {}) {
   const s = stateOf(device, kernel);
-  const info = await s.module.getCompilationInfo();
-  const errors = info.messages.filter(m => m.type === "error");
-  if (errors.length) throw new Error(`WGSL of kernel ${kernel.name}: ` +
-    errors.map(m => `line ${m.lineNum}:${m.linePos}: ${m.message}`).join("; "));
+  // Asked once per module: Chromium never settles a second getCompilationInfo() of a module.
+  s.compiled ??= s.module.getCompilationInfo().then(info => {
+    const errors = info.messages.filter(m => m.type === "error");
+    if (errors.length) throw new Error(`WGSL of kernel ${kernel.name}: ` +
+      errors.map(m => `line ${m.lineNum}:${m.linePos}: ${m.message}`).join("; "));
+  });
+  await s.compiled;
   const key = JSON.stringify(Object.entries(constants).sort());
   if (!s.pipelines.has(key))
     s.pipelines.set(key, await device.createComputePipelineAsync(

@@ -129,6 +129,26 @@ def test_exported_saxpy_runs_in_the_page(tmp_path):
 
 
 @needs_browser
+def test_a_second_prepare_on_one_device_settles(tmp_path):
+    """prepare(dev, {a: 3}) then prepare(dev, {a: 4}) on one device: Chromium never
+    settles a second getCompilationInfo() of a module, so the second prepare hung
+    until the module asked once per module (issue 33's hang)."""
+    export(tmp_path, "examples.saxpy:saxpy")
+    rng = np.random.default_rng()
+    x, y = rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float32)
+    got = in_page(f"""
+      const m = await import("{(tmp_path / 'saxpy.js').as_uri()}");
+      const y = up("{b64(y)}");
+      await m.prepare(dev, {{a: 3}});
+      await m.prepare(dev, {{a: 4}});
+      await m.prepare(dev, {{a: 4}});
+      m.dispatch(dev, {{x: up("{b64(x)}"), y}}, m.workgroupsFor(m.kernel, 256), {{constants: {{a: 4}}}});
+      return await down(y);""")
+    want = 4.0 * x.astype(np.float64) + y
+    assert np.all(np.abs(unb64(got, np.float32, 256) - want) <= 2 * U * (4 * np.abs(x) + np.abs(y)))
+
+
+@needs_browser
 def test_exported_kernels_with_features_grids_and_atomics(tmp_path):
     export(tmp_path, "examples.reduction:reduce_sum_subgroup")
     export(tmp_path, "examples.histogram:histogram", "nbins=37", "private=True")
@@ -347,8 +367,11 @@ def _train_in_page(tmp_path, loss, steps, data) -> dict:
       let refused = "";
       try {{ tr.step({{x: X.subarray(0, nx - 1), base: BASE, target: T}}); }}
       catch (e) {{ refused = e.message; }}
+      const second = await m.loraTrainer(dev);   // hung before: a 2nd getCompilationInfo()
+      second.step({{x: X.subarray(0, nx), base: BASE.subarray(0, nb), target: T.subarray(0, nt)}});
       return {{losses, a: new Uint8Array(ad.a.buffer).toBase64(),
-               b: new Uint8Array(ad.b.buffer).toBase64(), refused}};""")
+               b: new Uint8Array(ad.b.buffer).toBase64(), refused,
+               secondLoss: await second.loss()}};""")
 
 
 @needs_browser
@@ -371,6 +394,7 @@ def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss
               else rng.integers(0, out_dim, (steps, tokens)).astype(np.uint32))
     page = _train_in_page(tmp_path, loss, steps, (x, base, target))
     assert "x has 319 values, the trainer takes 320 (16 token(s)" in page["refused"]
+    assert page["secondLoss"] == pytest.approx(page["losses"][0], rel=1e-6)  # a fresh trainer
 
     a, b = R.init_lora(in_dim, out_dim, rank, seed=0)
     w = lora.Weight.from_numpy(device, a, b)
