@@ -197,6 +197,36 @@ def test_gemm_refused_without_matrix_units(tmp_path, capsys, device):
     assert "has no f16->f32 16x16x16 subgroup matrices" in capsys.readouterr().out
 
 
+SMALL_CEILINGS = {"mib": 1 / 16, "rows": 32, "cols": 128, "loops": 1, "groups": 2, "gemm": 64}
+
+
+def test_ceilings_in_the_interpreter(tmp_path):
+    """``--ceiling``'s kernels on the interpreter device (the H200's matrix
+    shapes): each runs and its output checks against float64 (a copy equal to
+    its source, sums equal to their value); the JSON names the robustness."""
+    from lora.apps.bench_ceiling import COPY_SHAPES, ceiling_main
+
+    assert ceiling_main(str(tmp_path), lambda *a: None, SMALL_CEILINGS, h200_interp()) == 0
+    with open(tmp_path / f"ceiling-{COMPILER}-naga.json") as f:
+        result = json.load(f)
+    assert len(result["copy"]) == sum(t <= 256 for t, _ in COPY_SHAPES)  # its workgroup cap
+    names = [r["kernel"] for r in result["fragments"]]
+    for part in ("fragment copy", "workgroup memory", "multiply only", "direct", "staged"):
+        assert any(part in n for n in names), (part, names)
+    for row in result["copy"] + result["fragments"]:
+        assert row["checked"] and positive(row["us"]), row
+
+
+def test_ceiling_copies_on_the_device(tmp_path, device, capsys):
+    """On the test device: the copies run and check; the fragment rows are left
+    out, with a message, where the adapter has no subgroup matrices."""
+    from lora.apps.bench_ceiling import ceiling_main
+
+    assert ceiling_main(str(tmp_path), print, {**SMALL_CEILINGS, "mib": 1}) == 0
+    if not device.subgroup_matrix_configs:
+        assert "fragment rows left out" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # four training rows of the quick matrix, each checked and timed
 def test_training_rows_for_several_backwards(tmp_path, device):
     """--backward times each training step with each strategy (default: the

@@ -15,7 +15,9 @@ case, so a run cut short keeps what it measured. Training steps
 
 ``--tokens-sweep`` times a serving loop of varying token counts instead
 (lora.apps.bench_sweep); ``--profile`` splits forwards into dispatches and phases
-(lora.apps.bench_profile).
+(lora.apps.bench_profile); ``--gemm`` times the matrix-unit GEMM
+(lora.apps.bench_gemm); ``--ceiling`` what the hardware gives any kernel
+(lora.apps.bench_ceiling).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from ..core.strategy import Strategy
 from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
 from ..core.weight import Weight
 from . import bench_train
+from .bench_ceiling import ceiling_main
 from .bench_gemm import gemm_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
@@ -405,6 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gemm", type=lambda v: tuple(int(t) for t in v.split(",")),
                    help="the matrix-unit GEMM (f16, f32 sums) at these comma-separated square "
                         "sizes, several tilings, beside torch.mm fp16 (lora.apps.bench_gemm)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
+                        "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -434,6 +440,8 @@ def main(argv=None) -> int:
         return 0
     if args.gemm:
         return gemm_main(args.out, args.gemm, log)
+    if args.ceiling:
+        return ceiling_main(args.out, log)
 
     grid = dict(QUICK if args.quick else FULL)
     train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)

@@ -12,7 +12,10 @@ toggles, which must be set before the first adapter request
 - ``vulkan_enable_f16_on_nvidia``: ``shader-f16`` on NVIDIA under Vulkan,
   which Dawn turns off by default there (crbug.com/42251215, a driver bug
   with f16 in some shaders; ONNX Runtime's WebGPU backend sets this toggle
-  too). Without it the H200 has no shader-f16 and no f16 subgroup matrices.
+  too). Without it the H200 has no shader-f16 and no f16 subgroup matrices;
+- ``enable_integer_range_analysis_in_robustness``: Tint drops the bounds
+  clamp of an index it can prove in range (on by default in Chrome since
+  141), so Python runs what a browser would.
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import sys
 from ..errors import NoAdapterError
 
 WGPU_BUILD = os.environ.get("SHADERDSL_WGPU", "native").strip().lower() or "native"
-DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")  # see the docstring
+DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia",
+                "enable_integer_range_analysis_in_robustness")  # see the docstring
 
 if WGPU_BUILD == "dawn":
     if "wgpu" in sys.modules and "wgpudawn" not in sys.modules:
