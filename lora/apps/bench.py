@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 import shaderdsl as sd
-from shaderdsl import f32, vec4f
+from shaderdsl import f32
 from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 
 from ..core import reference
@@ -42,7 +42,7 @@ from ..core.strategy import Strategy
 from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
 from ..core.weight import Weight
 from . import bench_train
-from .bench_ceiling import ceiling_main
+from .bench_ceiling import ceiling_main, copy_kernel, grid_of
 from .bench_gemm import gemm_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
@@ -53,26 +53,18 @@ FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32", "f16")}
 
 
-def copy_kernel(m, n4):
-    """dst = src, vec4 at a time: the bandwidth yardstick."""
-    src = m.declare_input_buffer("src", vec4f, n4)
-    dst = m.declare_output_buffer("dst", vec4f, n4)
-    i = m.let(m.global_id().x + m.global_id().y * (m.num_workgroups().x * 256), "i")
-    with m.if_(i < n4):
-        dst[i] = src[i]
-
-
 def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
-    """GB/s (read + write) of a vec4 copy kernel over ``mib`` MiB, after
-    ``warm_up_s`` seconds of copies (an idle GPU's clocks take a while to rise:
-    optimisation notes 16 and 27)."""
+    """GB/s (read + write) of a vec4 copy over ``mib`` MiB (bench_ceiling's: a
+    grid of exactly the work, no bounds test; the earlier kernel's 65535 x 3
+    grid left a third of its workgroups idle and measured 12 % less on the
+    H200, docs/benchmarks.md "Ceilings"), after ``warm_up_s`` seconds of
+    copies (an idle GPU's clocks take a while to rise: optimisation notes 16
+    and 27)."""
     n4 = mib * (1 << 20) // 16
-    k = sd.compile(copy_kernel, 256, n4=n4)
+    k = sd.compile(copy_kernel, 256, n4=n4, threads=256, per=1)
     src = device.buffer(np.ones(n4 * 4, np.float32))
     dst = device.empty(n4 * 4, np.float32)
-    groups = -(-n4 // 256)
-    gx = min(groups, 65535)
-    grid = (gx, -(-groups // gx), 1)
+    grid = grid_of(n4 // 256)
 
     def batch(copies):
         t0 = time.perf_counter()
