@@ -330,11 +330,11 @@ def _matrix_uses(module) -> dict:
 
 def _shape_of(use) -> str:
     """``the product f16->f32 8x8x8 (component->result MxNxK)`` or
-    ``subgroup_matrix_left<f16, 8, 8> (M x K = 8 x 8)``."""
+    ``subgroup_matrix_left<f16, 8, 8> (MxK 8x8)``."""
     if isinstance(use, MatrixConfig):
         return f"the product {use} (component->result MxNxK)"
-    rows_by_cols = {"left": "M x K", "right": "K x N", "result": "M x N"}[use.kind]
-    return f"{use} ({rows_by_cols} = {use.rows} x {use.cols})"
+    rows_by_cols = {"left": "MxK", "right": "KxN", "result": "MxN"}[use.kind]
+    return f"{use} ({rows_by_cols} {use.rows}x{use.cols})"
 
 
 def _fits(use, config) -> bool:
