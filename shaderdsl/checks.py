@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import expr as E
+from . import nodes as N
 from .devicebuffer import DeviceBuffer, describe
 from .errors import (
     AliasingError,
@@ -25,7 +27,15 @@ from .errors import (
     WGSLCompileError,
     is_positive_int,
 )
-from .types import Array, Scalar, Vector, numpy_dtype
+from .types import (
+    SUBGROUP_MATRIX_FEATURE,
+    Array,
+    MatrixConfig,
+    Scalar,
+    SubgroupMatrix,
+    Vector,
+    numpy_dtype,
+)
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32),
                     np.dtype(np.uint32))
@@ -255,8 +265,12 @@ def expected_dtype(binding) -> np.dtype | None:
 
 
 def check_kernel(kernel, device) -> None:
-    """Features and workgroup size: things that depend only on kernel and device."""
+    """Features, subgroup-matrix shapes and workgroup size: things that depend
+    only on kernel and device."""
     check_features(f"kernel {kernel.name!r}", kernel.features, device, kernel.feature_lines)
+    configs = getattr(device, "subgroup_matrix_configs", ())
+    if configs:  # a device that lists its shapes (Dawn's adapters; the interpreter's too)
+        check_subgroup_matrices(kernel, device, configs)
     limits = device.limits
     wg = kernel.workgroup_size
     for axis, (n, key) in enumerate(zip(wg, MAX_WG_SIZE)):
@@ -276,6 +290,111 @@ def check_kernel(kernel, device) -> None:
         raise DispatchError(f"kernel {kernel.name!r}: workgroup_size {wg} has "
                             f"{kernel.threads_per_workgroup} invocations, over {MAX_INVOCATIONS} "
                             f"= {cap} on {device.name!r}")
+
+
+_PRODUCTS = ("subgroup_matrix_multiply", "subgroup_matrix_multiply_accumulate")
+
+
+def _matrix_uses(module) -> dict:
+    """What of subgroup matrices a kernel's tree uses -> the line that first uses
+    it: each product as the MatrixConfig it needs, each matrix type."""
+    found: dict = {}
+
+    def expr(e, where: str) -> None:
+        if isinstance(e, E.Call) and e.op.name in _PRODUCTS:
+            left, right = e.args[0].type, e.args[1].type
+            found.setdefault(MatrixConfig(left.component, e.type.component, left.rows,
+                                          right.cols, left.cols), where)
+        if isinstance(e.type, SubgroupMatrix):
+            found.setdefault(e.type, where)
+        for sub in E.operands(e):
+            expr(sub, where)
+
+    def block(b) -> None:
+        for st in b.stmts:
+            ref = getattr(st, "ref", None)
+            for e in ((ref,) if ref is not None else ()) + N.expressions(st):
+                expr(e, st.where)
+            for _, body in getattr(st, "branches", ()):
+                block(body)
+            for body in (getattr(st, "else_body", None), getattr(st, "body", None)):
+                if body is not None:
+                    block(body)
+    for fn in module.functions:
+        block(fn.body)
+        for e in (*fn.params, *([] if fn.result is None else [fn.result])):
+            expr(e, fn.where)
+    block(module.body)
+    return found
+
+
+def _shape_of(use) -> str:
+    """``the product f16->f32 8x8x8 (component->result MxNxK)`` or
+    ``subgroup_matrix_left<f16, 8, 8> (MxK 8x8)``."""
+    if isinstance(use, MatrixConfig):
+        return f"the product {use} (component->result MxNxK)"
+    rows_by_cols = {"left": "MxK", "right": "KxN", "result": "MxN"}[use.kind]
+    return f"{use} ({rows_by_cols} {use.rows}x{use.cols})"
+
+
+def _fits(use, config) -> bool:
+    if isinstance(use, MatrixConfig):
+        return (use.component, use.result, use.m, use.n, use.k) == \
+            (config.component, config.result, config.m, config.n, config.k)
+    return use in config.types()
+
+
+def _sizes(config) -> str:
+    """``32`` or ``16-64``: the subgroup sizes a configuration runs on."""
+    low, high = config.subgroup_sizes
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def _listed(configs) -> str:
+    """``f16->f32 16x16x16, i8->i32 16x8x32 (component->result MxNxK, on subgroups of 32)``."""
+    if not configs:
+        return "none"
+    sizes = dict.fromkeys(map(_sizes, configs))
+    if len(sizes) == 1:
+        return f"{', '.join(map(str, configs))} (component->result MxNxK, on subgroups of " \
+               f"{next(iter(sizes))})"
+    return ", ".join(f"{c} (subgroups of {_sizes(c)})" for c in configs) + \
+        " (component->result MxNxK)"
+
+
+def check_subgroup_matrices(kernel, device, configs, subgroup_size: int | None = None) -> None:
+    """What Dawn checks of a kernel with subgroup matrices before it runs, on
+    ``device`` with the subgroup-matrix ``configs`` (MatrixConfigs): every
+    product and matrix type one of them (FeatureError naming the shape and
+    the configurations there are), on subgroups of ``subgroup_size`` where
+    the device has one size (the interpreter; FeatureError), and a workgroup
+    x size that is a multiple of their largest subgroup size (DispatchError)."""
+    if SUBGROUP_MATRIX_FEATURE not in kernel.features or kernel.ir is None:
+        return
+    configs = tuple(configs)
+    uses = _matrix_uses(kernel.ir)
+    fits: list = []
+    # products first: their message names the whole M x N x K
+    for use in sorted(uses, key=lambda u: not isinstance(u, MatrixConfig)):
+        what = f"kernel {kernel.name!r} uses {_shape_of(use)} (first at {uses[use]})"
+        shapes = [c for c in configs if _fits(use, c)]
+        if not shapes:
+            raise FeatureError(f"{what}, a shape device {device.name!r} does not offer; its "
+                               f"subgroup-matrix configurations: {_listed(configs)}")
+        sized = [c for c in shapes if subgroup_size is None or
+                 c.subgroup_sizes[0] <= subgroup_size <= c.subgroup_sizes[1]]
+        if not sized:
+            raise FeatureError(
+                f"{what}, which device {device.name!r} offers on subgroups of "
+                f"{' or '.join(dict.fromkeys(map(_sizes, shapes)))} only, not on its subgroups "
+                f"of {subgroup_size}; its subgroup-matrix configurations: {_listed(configs)}")
+        fits += sized
+    widest = max((c.subgroup_sizes[1] for c in fits), default=1)
+    if kernel.workgroup_size[0] % widest:
+        raise DispatchError(
+            f"kernel {kernel.name!r}: workgroup_size {tuple(kernel.workgroup_size)} uses "
+            f"subgroup matrices, so its x size must be a multiple of the largest subgroup size "
+            f"({widest}) on {device.name!r}, as Dawn requires")
 
 
 def workgroups(kernel, value, max_per_dim: int) -> tuple[int, int, int]:

@@ -757,11 +757,24 @@ def _matrix_store(fn: str, col_major: bool):
             array, offset, value, stride = _uniform(fn, lanes, args)
             flat, idx = _matrix_cells(fn, mt, array, offset, stride, col_major)
             flat[idx] = value
-            # the array elements written, as if by the first lane (for the race checks)
-            written = np.unique(idx // 4 if mt.is_8bit else idx)
-            return [written] + [None] * (len(lanes) - 1)
+            return [None] * len(lanes)
         return f
     return make
+
+
+def matrix_access(call, args: tuple) -> tuple[bool, np.ndarray] | None:
+    """For a subgroup-matrix load or store (``call``, its arguments' values
+    ``args``): (whether it writes, the flat indices of the array elements it
+    touches, each once); None for any other call. The interpreter's race and
+    unwritten-read checks log these accesses."""
+    name = call.op.name
+    store = name.startswith("subgroup_matrix_store")
+    if not store and not name.startswith("subgroup_matrix_load"):
+        return None
+    mt = call.args[2].type if store else call.type
+    array, offset, stride = (args[0], args[1], args[3]) if store else args
+    _, idx = _matrix_cells(name, mt, array, offset, stride, name.endswith("_col_major"))
+    return store, np.unique(idx // 4 if mt.is_8bit else idx)
 
 
 def _matrix_product(types, rt):

@@ -20,26 +20,37 @@ The WGSL is the form of the Dawn that wgpudawn 0.32 builds:
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shaderdsl as sd
+from examples.subgroup_matmul import FEATURE, NUMPY, RESULT, SUBGROUP, host, tiled_matmul
 from shaderdsl import builtins as B
 from shaderdsl import f32, i32
 from shaderdsl import subgroup_matrix_left as Left
 from shaderdsl import subgroup_matrix_result as Result
 from shaderdsl import subgroup_matrix_right as Right
-from shaderdsl.errors import FeatureError, InterpreterError, OutOfBoundsError, ShaderTypeError
-from shaderdsl.interp import Interpreter
-
-from examples.subgroup_matmul import (FEATURE, NUMPY, RESULT, SUBGROUP, host,
-                                      tiled_matmul)
+from shaderdsl.checks import check_kernel
+from shaderdsl.errors import (
+    DispatchError,
+    FeatureError,
+    InterpreterError,
+    OutOfBoundsError,
+    ShaderTypeError,
+)
+from shaderdsl.interp import InterpDevice, Interpreter
+from shaderdsl.interp.device import H200_MATRIX_CONFIGS
+from shaderdsl.types import MatrixConfig
 
 
 def run_interp(a, b, TM, TN, TK, comp="i8", layouts="rrr", subgroups_per_wg=1, **kw):
     (M, K), N = a.shape, b.shape[1]
-    params = dict(M=M, N=N, K=K, TM=TM, TN=TN, TK=TK, comp=comp, layouts=layouts, **kw)
+    params: dict = dict(M=M, N=N, K=K, TM=TM, TN=TN, TK=TK, comp=comp, layouts=layouts, **kw)
     interp = Interpreter(tiled_matmul, SUBGROUP * subgroups_per_wg, subgroup_size=SUBGROUP,
                          **params)
     c = np.zeros(M * N, NUMPY[RESULT[comp].name])
@@ -72,7 +83,8 @@ def test_wgsl_text_and_features():
     k = sd.compile(tiled_matmul, 32, M=8, N=8, K=8, TM=8, TN=8, TK=8, comp="f16",
                    accumulate=False)
     assert k.features == frozenset({FEATURE, "shader-f16"})
-    assert k.wgsl.splitlines()[1:3] == ["enable f16;", "enable chromium_experimental_subgroup_matrix;"]
+    assert k.wgsl.splitlines()[1:3] == ["enable f16;",
+                                        "enable chromium_experimental_subgroup_matrix;"]
     assert "acc = subgroupMatrixMultiply<f16>(a, b);" in k.wgsl
 
 
@@ -189,6 +201,124 @@ def test_staging_through_workgroup_memory():
         Interpreter(staged, SUBGROUP, read_back_barrier=False).dispatch(inputs, 1)
 
 
+F16 = Left(sd.f16, 16, 16)   # the H200's f16 16x16 fragment
+
+
+def tile_reuse(m, first="load", then="store", barrier=True, threads=SUBGROUP):
+    """A 16x16 f16 tile of workgroup memory per subgroup, staged lane by lane,
+    then used twice: ``first`` a matrix load (or a matrix store) of it,
+    ``then`` ordinary stores (``"store"``), reads (``"read"``), a matrix store
+    or a matrix load; ``barrier``: a workgroupBarrier() between the two uses."""
+    n = 256 * threads // SUBGROUP
+    A = m.declare_input_buffer("A", sd.f16, n)
+    C = m.declare_output_buffer("C", sd.f16, n)
+    tile = m.shared(sd.f16, n, "tile")
+    lane = m.let(m.local_index(), "lane")
+    mine = m.let(lane / SUBGROUP * 256, "mine")     # this subgroup's tile
+    for k in m.static_loop(range(0, n, threads)):
+        tile[lane + k] = A[lane + k]
+    m.barrier()
+    if first == "load":
+        t = m.let(B.subgroup_matrix_load(F16, tile, mine, 16), "t")
+    else:
+        t = m.let(B.subgroup_matrix_load_col_major(F16, A, mine, 16), "t")
+        B.subgroup_matrix_store(tile, mine, t, 16)
+    if barrier:
+        m.barrier()
+    if then in ("store", "read"):
+        for k in m.static_loop(range(0, n, threads)):
+            if then == "store":
+                tile[lane + k] = A[lane + k] + A[lane + k]
+            else:
+                C[lane + k] = tile[lane + k]
+        return
+    if then == "matrix store":
+        B.subgroup_matrix_store_col_major(tile, mine, t, 16)
+    else:
+        t = m.let(B.subgroup_matrix_load_col_major(Right(sd.f16, 16, 16), tile, mine, 16), "u")
+    B.subgroup_matrix_store(C, mine, t, 16)
+
+
+REUSES = [("load", "store"), ("load", "matrix store"), ("store", "read"),
+          ("store", "matrix load")]
+
+
+@pytest.mark.parametrize("first, then", REUSES)
+@pytest.mark.parametrize("threads", [SUBGROUP, 2 * SUBGROUP])
+def test_matrix_loads_and_stores_take_part_in_the_race_check(first, then, threads):
+    """Every element a matrix load reads or a matrix store writes counts as
+    touched by every lane of the subgroup: without the barrier between the
+    two uses each pattern is a race on ``tile`` (with one subgroup too: which
+    lane moves which element is the hardware's choice); with it, none."""
+    a = (np.arange(256 * threads // SUBGROUP) % 61).astype(np.float16)
+    data = {"A": a, "C": np.zeros(a.size, np.float16)}
+    out = Interpreter(tile_reuse, threads, subgroup_size=SUBGROUP, first=first, then=then,
+                      threads=threads).dispatch(data, 1)["C"]
+    tiles = a.reshape(-1, 16, 16)
+    if then == "read":     # each tile holds its part of A transposed
+        assert np.array_equal(out, tiles.transpose(0, 2, 1).reshape(-1))
+    elif then != "store":
+        assert np.array_equal(out, a)
+    racy = Interpreter(tile_reuse, threads, subgroup_size=SUBGROUP, first=first, then=then,
+                       barrier=False, threads=threads)
+    with pytest.raises(sd.errors.RaceError, match=r"workgroup array element tile\[\d+\]") as e:
+        racy.dispatch(data, 1)
+    assert "subgroup-matrix load or store" in str(e.value)
+
+
+def test_a_matrix_race_on_the_interpreter_device():
+    """interp.Device checks it too: the message names the array, the subgroup and both lines."""
+    device = InterpDevice(subgroup_size=SUBGROUP)
+    k = sd.compile(tile_reuse, SUBGROUP, barrier=False)
+    a = device.buffer(np.ones(256, np.float16))
+    c = device.zeros(256, np.float16)
+    with pytest.raises(sd.errors.RaceError) as e:
+        device.dispatch(k, {"A": a, "C": c}, 1)
+    msg = str(e.value)
+    assert "data race on workgroup array element tile[" in msg, msg
+    assert "read by the subgroup of local_index 0-31 (a subgroup-matrix load or store: any of " \
+           "its lanes)" in msg and "then written by local_index " in msg, msg
+    assert (device.read(c) == 0).all()
+
+
+def test_matrix_loads_from_storage_and_reads_of_reads_do_not_race():
+    """Two subgroups loading one tile of workgroup memory, and ordinary reads of
+    it, between the same barriers: reads only, no race; a load of storage is
+    not a workgroup access."""
+    def k(m):
+        A = m.declare_input_buffer("A", sd.f16, 256)
+        C = m.declare_output_buffer("C", sd.f16, 512)
+        tile = m.shared(sd.f16, 256, "tile")
+        lane = m.let(m.local_index(), "lane")
+        for j in m.static_loop(range(0, 256, 2 * SUBGROUP)):
+            tile[lane + j] = A[lane + j]
+        m.barrier()
+        t = m.let(B.subgroup_matrix_load(F16, tile, 0, 16), "t")
+        s = m.let(B.subgroup_matrix_load(F16, A, 0, 16), "s")
+        C[lane] = tile[255 - lane]
+        sub = m.let(lane / 32, "sub")
+        B.subgroup_matrix_store(C, sub * 256, t, 16)
+        B.subgroup_matrix_store(C, 0, s, 16)
+    a = np.arange(256).astype(np.float16)
+    out = Interpreter(k, 2 * SUBGROUP, subgroup_size=SUBGROUP).dispatch(
+        {"A": a, "C": np.zeros(512, np.float16)}, 1)["C"]
+    assert np.array_equal(out[256:], a)
+
+
+def test_a_matrix_load_of_unwritten_workgroup_memory_raises():
+    def k(m):
+        C = m.declare_output_buffer("C", sd.f16, 256)
+        tile = m.shared(sd.f16, 256, "tile")
+        tile[m.local_index()] = sd.f16(1)
+        m.barrier()
+        B.subgroup_matrix_store(C, 0, B.subgroup_matrix_load(F16, tile, 0, 16), 16)
+    with pytest.raises(sd.errors.UninitializedReadError,
+                       match=r"the subgroup of local_index 0-31 .* reads workgroup array "
+                             r"element tile\[32\]"):
+        Interpreter(k, SUBGROUP, subgroup_size=SUBGROUP).dispatch(
+            {"C": np.zeros(256, np.float16)}, 1)
+
+
 # ================================================================ refusals
 
 def _refuses(body, message, exc=ShaderTypeError):
@@ -203,6 +333,7 @@ def _refuses(body, message, exc=ShaderTypeError):
 
 
 L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
+NOT_A_MATRIX: Any = f32     # a scalar type where a matrix type belongs (Any: it is the mistake)
 
 
 @pytest.mark.parametrize("body, message", [
@@ -210,7 +341,7 @@ L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
      "subgroup_matrix_load() of subgroup_matrix_left<i8, 32, 16> needs a whole storage buffer "
      "or workgroup array of i32, got array<f32>"),
     (lambda m, b: B.subgroup_matrix_load(L8, b["ai"][0], 0, 32), "needs a whole storage buffer"),
-    (lambda m, b: B.subgroup_matrix_load(f32, b["ai"], 0, 32),
+    (lambda m, b: B.subgroup_matrix_load(NOT_A_MATRIX, b["ai"], 0, 32),
      "subgroup_matrix_load() needs a subgroup_matrix_*, got f32"),
     (lambda m, b: B.subgroup_matrix_load(L8, b["ai"], i32(0), 32),
      "offset and stride must be u32, got i32, u32"),
@@ -246,6 +377,95 @@ L8, R8 = Left("i8", 32, 16), Right("i8", 16, 32)
 ])
 def test_bad_arguments_are_refused(body, message):
     _refuses(body, message)
+
+
+def product(m, n=16, comp="f16", result="f32"):
+    """C = A @ A for one n x n x n product of ``comp`` into ``result``."""
+    A = m.declare_input_buffer("A", sd.f16, n * n)
+    C = m.declare_output_buffer("C", getattr(sd, result), n * n)
+    a = m.let(B.subgroup_matrix_load(Left(comp, n, n), A, 0, n), "a")
+    b = m.let(B.subgroup_matrix_load(Right(comp, n, n), A, 0, n), "b")
+    B.subgroup_matrix_store(C, 0, B.subgroup_matrix_multiply(result, a, b), n)
+
+
+def _refused_by(device, kernel, n, exc, message, a_dtype: type = np.float16):
+    """``device`` refuses ``kernel`` before it runs (nothing recorded, the output as it was)."""
+    a = device.buffer(np.ones(n * n, a_dtype))
+    c = device.buffer(np.full(n * n, 7, np.float32))
+    with pytest.raises(exc) as info:
+        device.dispatch(kernel, {"A": a, "C": c}, 1)
+    assert message in str(info.value), str(info.value)
+    assert device.stats["dispatches"] == 0 and (device.read(c) == 7).all()
+    return str(info.value)
+
+
+H200_LIST = ("f16->f16 16x16x16, f16->f32 16x16x16, f16->f16 16x8x16, f16->f32 16x8x16, "
+             "f16->f16 16x8x8, f16->f32 16x8x8, i8->i32 16x16x32, u8->u32 16x16x32, "
+             "i8->i32 16x8x32, u8->u32 16x8x32 (component->result MxNxK, on subgroups of 32)")
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_the_interpreter_device_refuses_shapes_the_h200_lacks(n):
+    """As Dawn on the H200 would: the product's shape named, the shapes there are listed."""
+    msg = _refused_by(InterpDevice(), sd.compile(product, 32, n=n), n, FeatureError,
+                      f"kernel 'product' uses the product f16->f32 {n}x{n}x{n} (component->result "
+                      f"MxNxK) (first at ")
+    assert msg.endswith(f"a shape device 'shaderdsl interpreter' does not offer; its "
+                        f"subgroup-matrix configurations: {H200_LIST}"), msg
+
+
+def test_a_matrix_type_of_a_shape_the_device_lacks_is_refused_without_a_product():
+    def copy(m):
+        A = m.declare_input_buffer("A", f32, 64)
+        C = m.declare_output_buffer("C", f32, 64)
+        B.subgroup_matrix_store(C, 0, B.subgroup_matrix_load(Result(f32, 8, 8), A, 0, 8), 8)
+    msg = _refused_by(InterpDevice(), sd.compile(copy, 32), 8, FeatureError,
+                      "uses subgroup_matrix_result<f32, 8, 8> (MxN 8x8)", np.float32)
+    assert H200_LIST in msg
+
+
+def test_a_workgroup_of_part_of_a_subgroup_is_refused():
+    """Dawn needs workgroup_size.x a multiple of the largest subgroup size (32 on the H200)."""
+    for threads in (16, 48, (16, 2)):
+        _refused_by(InterpDevice(), sd.compile(product, threads), 16, DispatchError,
+                    "uses subgroup matrices, so its x size must be a multiple of the largest "
+                    "subgroup size (32) on 'shaderdsl interpreter'")
+
+
+def test_fragments_on_subgroups_the_configs_do_not_list_are_refused():
+    """The H200's shapes run on subgroups of 32: a device of subgroups of 8 keeps
+    them (``matrix_configs``, named in the message) but offers kernels none."""
+    eights = InterpDevice(subgroup_size=8)
+    assert eights.matrix_configs == H200_MATRIX_CONFIGS and eights.subgroup_matrix_configs == ()
+    _refused_by(InterpDevice(subgroup_size=8), sd.compile(product, 32), 16, FeatureError,
+                "uses the product f16->f32 16x16x16 (component->result MxNxK) (first at ")
+    _refused_by(InterpDevice(subgroup_size=64), sd.compile(product, 64), 16, FeatureError,
+                "which device 'shaderdsl interpreter' offers on subgroups of 32 only, not on "
+                "its subgroups of 64")
+
+
+def test_the_shapes_a_device_lists_run():
+    """The listed shapes run (64 threads: two subgroups, a multiple of 32); a device
+    given other configurations runs those, and the same check refuses for a GPU
+    device that lists its shapes (as the wgpu runtime's does under Dawn)."""
+    a = np.arange(256).astype(np.float16) / 64
+    for threads, device in ((32, InterpDevice()), (64, InterpDevice(subgroup_size=32))):
+        out = device.buffer(np.zeros(256, np.float32))
+        device.dispatch(sd.compile(product, threads), {"A": device.buffer(a), "C": out}, 1)
+        a64 = a.astype(np.float64).reshape(16, 16)
+        assert np.array_equal(device.read(out).reshape(16, 16), (a64 @ a64).astype(np.float32))
+    eights = InterpDevice(subgroup_size=8, subgroup_matrix_configs=[
+        MatrixConfig("f16", "f32", 8, 8, 8, (8, 8))])
+    out = eights.buffer(np.zeros(64, np.float32))
+    eights.dispatch(sd.compile(product, 8, n=8), {"A": eights.buffer(a[:64]), "C": out}, 1)
+    gpu = SimpleNamespace(name="NVIDIA H200", backend="Vulkan", limits={},
+                          features=frozenset({FEATURE, "shader-f16"}),
+                          subgroup_matrix_configs=H200_MATRIX_CONFIGS)
+    with pytest.raises(FeatureError, match="the product f16->f32 8x8x8 .* does not offer"):
+        check_kernel(sd.compile(product, 32, n=8), gpu)
+    with pytest.raises(DispatchError, match=r"multiple of the largest subgroup size \(32\)"):
+        check_kernel(sd.compile(product, 16), gpu)
+    check_kernel(sd.compile(product, 32), gpu)
 
 
 def _uneven(m, offset_of_lane, length=64):

@@ -26,7 +26,9 @@ Execution model:
 * atomics are trivially atomic (one invocation runs at a time); two
   invocations touching one element of workgroup memory between the same two
   workgroupBarrier()s, one of them writing (not both atomically), raise
-  RaceError naming both lines (``check_races=False``: the order above decides).
+  RaceError naming both lines (``check_races=False``: the order above decides);
+  a subgroup-matrix load or store touches each of its elements from every lane
+  of the subgroup (which lane moves which element is the hardware's choice).
   Storage buffers are not checked for races; ``interp.Device`` runs a dispatch
   of several workgroups a second time with the last workgroup first, and
   raises InterpreterError where the results differ (a workgroup read what

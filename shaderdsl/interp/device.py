@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from .. import types as T
 from ..checks import MAX_WORKGROUPS
 from ..errors import InterpreterError
@@ -54,8 +55,13 @@ class Device(HostDevice):
     and are checked as a GPU device checks its own: pass a GPU device's
     ``limits`` to refuse exactly what it refuses. ``subgroup_size``,
     ``max_loop_iterations``, ``check_races``, ``check_uninitialized`` and
-    ``robust_access`` go to every Interpreter. ``subgroup_matrix_configs``: the shapes it offers
-    kernels (default: the H200's, where it claims the subgroup-matrix feature).
+    ``robust_access`` go to every Interpreter. ``subgroup_matrix_configs``: its
+    subgroup-matrix shapes (default: the H200's, where it claims the feature), kept in
+    ``matrix_configs``; the attribute ``subgroup_matrix_configs`` lists those that run
+    on subgroups of ``subgroup_size`` (what kernels may use). A kernel of another
+    shape, of shapes that run on other subgroup sizes, or with a workgroup x size not a
+    multiple of their subgroup size is refused (``checks.check_subgroup_matrices``),
+    as Dawn refuses it.
 
     Subgroup sizes differ between GPUs (4 on SwiftShader, 8 on lavapipe, 32 on
     NVIDIA, 64 on AMD): unless ``subgroup_size`` is given, a kernel that uses
@@ -83,9 +89,14 @@ class Device(HostDevice):
         self.features: frozenset = feats
         self.limits: dict = {**DEFAULT_LIMITS, **dict(limits or {})}
         self.subgroup_size = subgroup_size
-        self.subgroup_matrix_configs = () if T.SUBGROUP_MATRIX_FEATURE not in feats else \
+        self.matrix_configs: tuple = () if T.SUBGROUP_MATRIX_FEATURE not in feats else \
             H200_MATRIX_CONFIGS if subgroup_matrix_configs is None else \
             tuple(subgroup_matrix_configs)
+        # what kernels may use: the shapes that run on subgroups of its size (none of the
+        # H200's at 8, as on a GPU of subgroups of 8 without them)
+        self.subgroup_matrix_configs = tuple(
+            c for c in self.matrix_configs
+            if c.subgroup_sizes[0] <= subgroup_size <= c.subgroup_sizes[1])
         self._options: dict = dict(subgroup_size=subgroup_size, check_races=check_races,
                              check_uninitialized=check_uninitialized,
                              robust_access=robust_access,
@@ -129,7 +140,10 @@ class Device(HostDevice):
 
     def _new_entry(self, kernel) -> tuple:
         """A kernel's Interpreter and, for the subgroup sweep where it applies,
-        one per size: (interpreter, ((size, interpreter), ...))."""
+        one per size: (interpreter, ((size, interpreter), ...)); a kernel with
+        subgroup matrices checked against every configured shape, at this
+        device's subgroup size, first."""
+        checks.check_subgroup_matrices(kernel, self, self.matrix_configs, self.subgroup_size)
         sizes = self.subgroup_sweep if _sweeps(kernel) else ()
         self.stats["modules"] += 1
         self.stats["pipelines"] += 1

@@ -138,7 +138,8 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
             return
         waiting = [k for k in live if events[k][0] is SUBGROUP]
         if waiting:
-            runnable = _resolve_subgroups(waiting, events, sends, subgroup_size, lane_reads)
+            runnable = _resolve_subgroups(waiting, events, sends, subgroup_size, lane_reads,
+                                          log)
             continue
         _check_same_barrier(name, invs, events, alive, live)
         if log is not None and events[live[0]][1].kind == N.BarrierKind.WORKGROUP:
@@ -147,8 +148,9 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
 
 
 def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: int,
-                       lane_reads: LaneReads) -> list:
-    """Compute each subgroup call for the lanes waiting at it together."""
+                       lane_reads: LaneReads, log=None) -> list:
+    """Compute each subgroup call for the lanes waiting at it together; ``log``
+    (a WorkgroupLog) hears of the subgroup-matrix loads and stores among them."""
     groups: dict = {}
     for k in waiting:
         groups.setdefault((k // subgroup_size, id(events[k][1])), []).append(k)
@@ -157,6 +159,8 @@ def _resolve_subgroups(waiting: list, events: list, sends: list, subgroup_size: 
         call = events[ks[0]][1]
         collective = call.op.semantics(tuple(a.type for a in call.args), call.type)
         results = collective([k % subgroup_size for k in ks], [events[k][2] for k in ks])
+        if log is not None:
+            log.matrix(call, events[ks[0]][2], ks, events[ks[0]][3])
         for k, r in zip(ks, results):
             sends[k] = r if r is not INACTIVE_LANE else \
                 lane_reads.fill(call, events[k][2], events[k][3])

@@ -15,6 +15,15 @@ of an element never written is held until the end of the epoch: if another
 invocation writes that element before the barrier, the real mistake is the
 missing barrier and a RaceError says so; otherwise UninitializedReadError.
 Atomics do not race with each other; they are checked for reads only.
+
+A subgroup-matrix load or store is one access by the whole subgroup: which
+lane moves which element is the hardware's choice (and may differ between a
+load and a store of one tile), so every element it touches counts as read or
+written by *every* lane of the subgroup. The log records such an access
+under a subgroup id (``WorkgroupLog.subgroup``, never a local_index): it
+conflicts with any other invocation's access, with any access by a lane of
+the same subgroup, and with the same subgroup's next matrix load or store of
+the element; only reads do not conflict with reads.
 """
 from __future__ import annotations
 
@@ -23,8 +32,10 @@ import numpy as np
 from .. import types as T
 from .. import values as V
 from ..errors import RaceError, UninitializedReadError
+from ..ops import matrix_access
 
 _LANES = "xyzw"
+SUBGROUP_IDS = 1 << 20   # ids from here up name a whole subgroup, not one local_index
 
 
 def index_arrays(module) -> dict:
@@ -84,7 +95,7 @@ class ArrayLog:
         w = self.w_inv[off]
         if w < 0:
             self.group.unwritten(self, off, k, where)
-        elif w != k and self.w_ep[off] == ep and not self.norace:
+        elif self.w_ep[off] == ep and (w != k or k >= SUBGROUP_IDS) and not self.norace:
             self.group.race(self, off, (w, self.w_at[off], "written"), (k, where, "read"))
         if self.r_ep[off] != ep:
             self.r_ep[off], self.r_inv[off], self.r_at[off], self.r2_inv[off] = ep, k, where, -1
@@ -101,13 +112,14 @@ class ArrayLog:
             off = int(off)
         ep = self.epoch
         if not self.norace:
-            if self.w_ep[off] == ep and self.w_inv[off] != k:
+            whole = k >= SUBGROUP_IDS   # a matrix store: its own earlier accesses conflict too
+            if self.w_ep[off] == ep and (self.w_inv[off] != k or whole):
                 self.group.race(self, off, (self.w_inv[off], self.w_at[off], "written"),
                                 (k, where, "written"))
             if self.r_ep[off] == ep:
-                other = self.r_inv[off] != k
-                if other or self.r2_inv[off] >= 0:
-                    r, at = (self.r_inv[off], self.r_at[off]) if other else \
+                first = self.r_inv[off] != k or whole
+                if first or self.r2_inv[off] >= 0:
+                    r, at = (self.r_inv[off], self.r_at[off]) if first else \
                         (self.r2_inv[off], self.r2_at[off])
                     self.group.race(self, off, (r, at, "read"), (k, where, "written"))
         self.w_inv[off], self.w_ep[off], self.w_at[off] = k, ep, where
@@ -125,10 +137,38 @@ class WorkgroupLog:
         self.arrays = {r.name: ArrayLog(r, self, offsets[r.name].shape, races)
                        for r in module.workgroup_vars}
         self.pending = None        # the first read of an unwritten element this epoch
+        self.subgroups: list[str] = []   # what each subgroup id names ("local_index 0-31")
+
+    def subgroup(self, lanes: list) -> int:
+        """The id under which a subgroup-matrix access by ``lanes`` (the local
+        indices of the subgroup that reached it) is logged: one per subgroup."""
+        text = f"local_index {lanes[0]}-{lanes[-1]}" if len(lanes) > 1 else \
+            f"local_index {lanes[0]}"
+        if text not in self.subgroups:
+            self.subgroups.append(text)
+        return SUBGROUP_IDS + self.subgroups.index(text)
+
+    def who(self, k: int) -> str:
+        """``local_index 3``, or for a subgroup id ``the subgroup of local_index 0-31 (a
+        subgroup-matrix load or store: any of its lanes)``."""
+        if k < SUBGROUP_IDS:
+            return f"local_index {k}"
+        return (f"the subgroup of {self.subgroups[k - SUBGROUP_IDS]} (a subgroup-matrix load "
+                f"or store: any of its lanes)")
 
     def unwritten(self, log: ArrayLog, off: int, k: int, where: str) -> None:
         if self.uninitialized and self.pending is None:
             self.pending = (log, off, k, where)
+
+    def matrix(self, call, args: tuple, lanes: list, where: str) -> None:
+        """Log a subgroup-matrix load or store from or into a workgroup array,
+        just made by ``lanes`` with ``args`` (other subgroup calls: nothing)."""
+        access = matrix_access(call, args)
+        log = None if access is None else self.arrays.get(call.args[0].target.name)
+        if access is None or log is None:   # not a matrix load or store, or of a buffer
+            return
+        writes, elements = access
+        (log.write if writes else log.read)(elements, self.subgroup(lanes), where)
 
     def barrier(self) -> None:
         """A workgroupBarrier() passed: raise a held read, start a new epoch."""
@@ -142,7 +182,7 @@ class WorkgroupLog:
             return
         log, off, k, where = self.pending
         raise UninitializedReadError(
-            f"{where}: local_index {k} reads workgroup array element {log.label(off)}, which no "
+            f"{where}: {self.who(k)} reads workgroup array element {log.label(off)}, which no "
             f"invocation of workgroup {self.wid} has written in this dispatch (kernel "
             f"{self.kernel!r}). GPUs do not reliably zero workgroup memory (lavapipe returns "
             f"garbage): write it first, then workgroupBarrier()")
@@ -151,5 +191,5 @@ class WorkgroupLog:
         (k1, at1, did1), (k2, at2, did2) = first, second
         raise RaceError(
             f"{at2}: data race on workgroup array element {log.label(off)} in kernel "
-            f"{self.kernel!r}, workgroup {self.wid}: {did1} by local_index {k1} at {at1}, then "
-            f"{did2} by local_index {k2} at {at2}, with no workgroupBarrier() between them")
+            f"{self.kernel!r}, workgroup {self.wid}: {did1} by {self.who(k1)} at {at1}, then "
+            f"{did2} by {self.who(k2)} at {at2}, with no workgroupBarrier() between them")

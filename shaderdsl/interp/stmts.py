@@ -167,18 +167,11 @@ class StmtCompiler:
         return self._simple(st, atomic)
 
     def _collective_store(self, st: N.Effect) -> Callable:
-        """A store by the whole subgroup (the collective writes the memory); into a
-        workgroup array, the first lane is logged as writing every element."""
-        pre, target = self._pre((st.call,), st.where), st.call.args[0].target
+        """A store by the whole subgroup: the collective writes the memory (and
+        the scheduler logs it for the race checks)."""
+        pre = self._pre((st.call,), st.where)
         assert pre is not None, "the store is itself a subgroup call"
-        key, name, where = id(st.call), target.name, st.where
-
-        def store(inv):
-            yield from pre(inv)
-            written = inv.sg[key]
-            if inv.wg is not None and name in inv.wg and written is not None:
-                inv.wg[name].write(written, inv.local_index, where)
-        return store
+        return pre
 
     def _call_function(self, st: N.CallFunction):
         """Arguments into the parameters' names, the body (it may wait at a
