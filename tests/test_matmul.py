@@ -118,6 +118,11 @@ def test_tints_range_analysis_proves_every_workgroup_index():
         kernels.append(KERNELS[name].kernel(**params))
     for k in kernels:
         assert unproven(k.wgsl) == [], k.name
+    # storage too, where the sizes are baked: every read of the factors is proven, only
+    # the result stores (rows from workgroup_id) stay clamped
+    for k, result in ((kernels[0], "C["), (kernels[5], "hp[")):
+        stores = unproven(k.wgsl, "storage")
+        assert stores and all(u.startswith(result) for u in stores), (k.name, stores)
     control = ("var<workgroup> t: array<f32, 64>;\n@compute @workgroup_size(64)\n"
                "fn main(@builtin(local_invocation_index) li: u32) {\n"
                "    t[li % 64u] = t[min(li * 2u, 63u)] + t[li & 63u];\n"
@@ -218,12 +223,15 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
 @given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 20)),
        tokens=st.integers(1, 100),
        form=st.sampled_from(["matrix(coalesce=True)", "matrix(rows=1, cols=2, group=3)",
-                             "matrix(splits=2, rows=1, cols=1, group=2, coalesce=True)"]),
+                             "matrix(splits=2, rows=1, cols=1, group=2, coalesce=True)",
+                             "matrix(splits=2, fragments=1, rows=2, cols=2, depth=64)"]),
        seed=st.integers(0, 2**32 - 1))
 def test_grouped_and_coalesced_matrix_forms_in_the_interpreter(rank, dims, tokens, form, seed):
     """b_add_matrix in grouped workgroup order (h saved by the workgroups of
     column block 0 wherever the order puts them) and with the epilogue of
-    8-column runs: within f16 rounding of float64, like the plain form."""
+    8-column runs, and project_a with 64 columns per staged slice (the
+    candidates for few tokens): within f16 rounding of float64, like the
+    plain form."""
     in_dim, out_dim = 16 * dims[0], 8 * dims[1]
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 

@@ -585,5 +585,8 @@ class Matrix(Strategy):
         tilings = ((2, 2), (1, 2), (1, 4))
         coalesced = [cls(s, 1, r, c, coalesce=True) for s in splits for r, c in tilings] + \
             [cls(s, 1, 2, 2, group=8, coalesce=True) for s in splits] if out_dim % 8 == 0 else []
-        return [cls(s, 1, r, c) for s in splits for r, c in tilings] + coalesced + direct
+        # few tokens: project_a's workgroups each walk a long slice; 64 columns per staged
+        # slice halve its barriers (note 30 measured it slower, before note 37's clamps fell)
+        deep = [cls(s, 1, 2, 2, depth=64) for s in splits] if tokens <= 1024 else []
+        return [cls(s, 1, r, c) for s in splits for r, c in tilings] + coalesced + deep + direct
 

@@ -70,7 +70,8 @@ def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32, a
     x = m.declare_input_buffer("x", vec4h, token_rows(tokens, in_dim // 4))
     hp = m.declare_output_buffer("hp", vec4f, token_rows(tokens, splits * rank // 4))
     n = token_count(m, tokens)
-    first = m.let(m.workgroup_id().z * part, "first")
+    # the min changes nothing (z < splits) but bounds every read of x and A for Tint (note 37)
+    first = m.let(Bi.min(m.workgroup_id().z, splits - 1) * part, "first")
 
     def store(t, r, value):
         hp[((m.workgroup_id().z * n + t) * rank + r) / 4] = value if scale == 1.0 else scale * value
