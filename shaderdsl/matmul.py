@@ -17,7 +17,18 @@ column block x, row block y):
 * the results leave through workgroup memory, one fragment at a time, to
   ``epilogue(row, col, value)``: four consecutive columns, a vec4<f32>, only
   inside the product; it writes them wherever it likes (a store, a scaled
-  add to the output, ...).
+  add to the output, ...). With ``columns=8`` a whole row of fragments
+  leaves at once and every thread of the workgroup takes eight consecutive
+  columns (two vec4<f32>): room for 16-byte f16 accesses, contiguous across
+  the threads;
+* ``tiling.group`` orders the workgroups in groups of row blocks (Triton's
+  GROUP_SIZE_M), so that the workgroups running together share operand
+  blocks in L2.
+
+Every workgroup-array index is built from ``local_index``, constants, ``/``,
+``%`` and ``min``, which Tint's integer range analysis proves in bounds, so
+Dawn's robustness (with ``enable_integer_range_analysis_in_robustness``)
+leaves them unclamped (docs/optimisation-notes.md, note 37).
 
 ``gemm(m, M, N, K, tiling)`` is a whole kernel on it: C = A @ B, f16 in,
 f32 out (examples/matrix_gemm.py, ``python -m lora bench --gemm``).
@@ -58,13 +69,16 @@ class MatrixTiling:
     (along rows, along columns), each owning ``fragments`` (along rows,
     along columns) result matrices of ``config``'s shape; ``k_step`` columns
     of ``a`` (rows of ``b``) per staged slice; ``pad`` extra elements per
-    row of a staged slice (fewer workgroup-memory bank conflicts)."""
+    row of a staged slice (fewer workgroup-memory bank conflicts); ``group``
+    row blocks per group of the workgroup order (0: the dispatch's order,
+    see ``origin``)."""
 
     config: T.MatrixConfig
     subgroups: tuple = (2, 2)
     fragments: tuple = (2, 2)
     k_step: int = 16
     pad: int = 8
+    group: int = 0
 
     def __post_init__(self):
         if self.config.result != "f32":
@@ -82,6 +96,9 @@ class MatrixTiling:
         if self.k_step < 1 or self.k_step % self.config.k or self.k_step % 4:
             raise ValueError(f"k_step must be a multiple of {self.config.k} (the config's K) "
                              f"and of 4, got {self.k_step}")
+        if type(self.group) is not int or self.group < 0:
+            raise ValueError(f"group: expected 0 (off) or a positive int of row blocks, "
+                             f"got {self.group!r}")
         cells = self.config.m * self.config.n
         if cells % (4 * self.subgroup_size):
             raise ValueError(f"a {self.config} fragment ({cells} results) must split into "
@@ -112,9 +129,31 @@ class MatrixTiling:
         """The workgroups an (M x N) product takes."""
         return (-(-N // self.cols), -(-M // self.rows), 1)
 
+    def origin(self, m) -> tuple:
+        """(first row, first column) of this workgroup's block of the product.
+        Workgroup (x, y) takes column block x of row block y; with ``group``
+        the workgroups, in dispatch order (x fastest), walk down ``group`` row
+        blocks of one column block, then the next column block (Triton's
+        GROUP_SIZE_M): those running at once read a few blocks of either
+        factor, which stay in L2, where the plain order reads one row block
+        against every column block of the other factor."""
+        wg = m.workgroup_id()
+        if not self.group:
+            return m.let(wg.y * self.rows, "row0"), m.let(wg.x * self.cols, "col0")
+        grid = m.num_workgroups()
+        linear = m.let(wg.y * grid.x + wg.x, "linear")
+        per_group = m.let(self.group * grid.x, "per_group")
+        first = m.let(linear / per_group * self.group, "first_block")
+        blocks = m.let(B.min(grid.y - first, self.group), "group_blocks")  # the last: fewer
+        within = m.let(linear % per_group, "within")
+        return (m.let((first + within % blocks) * self.rows, "row0"),
+                m.let(within / blocks * self.cols, "col0"))
+
     def __str__(self) -> str:
         (sr, sc), (fr, fc) = self.subgroups, self.fragments
-        return f"{self.config} x {sr}x{sc} subgroups x {fr}x{fc} fragments, k_step {self.k_step}"
+        grouped = f", group {self.group}" if self.group else ""
+        return (f"{self.config} x {sr}x{sc} subgroups x {fr}x{fc} fragments, "
+                f"k_step {self.k_step}{grouped}")
 
 
 class _Slice:
@@ -171,18 +210,19 @@ class _Slice:
 
 
 def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
-                  epilogue: Callable) -> None:
+                  epilogue: Callable, columns: int = 4) -> None:
     """Emit the product of ``a`` (M x K) and ``b`` (K x N) into the kernel being
     built with ``m`` (its workgroup size must be ``tiling.threads``); hand
-    each four result columns to ``epilogue(row, col, vec4<f32>)``. M, N and
-    K are ints or u32 expressions uniform over the dispatch; N must be a
-    multiple of 4."""
+    each four result columns to ``epilogue(row, col, vec4<f32>)``, or, with
+    ``columns=8``, each eight to ``epilogue(row, col, (vec4<f32>, vec4<f32>))``
+    (``_drain_rows``). M, N and K are ints or u32 expressions uniform over the
+    dispatch; N must be a multiple of ``columns``."""
+    if columns not in (4, 8):
+        raise ValueError(f"tiled_product hands the epilogue 4 or 8 columns, got {columns}")
     cfg = tiling.config
     left_t, right_t, result_t = cfg.types()
     (fr, fc), sgs = tiling.fragments, tiling.subgroup_size
-    wg = m.workgroup_id()
-    row0 = m.let(wg.y * tiling.rows, "row0")
-    col0 = m.let(wg.x * tiling.cols, "col0")
+    row0, col0 = tiling.origin(m)
     sg = m.let(m.local_index() / sgs, "sg")
     sub_r = m.let(sg / tiling.subgroups[1] * (fr * cfg.m), "sub_r")
     sub_c = m.let(sg % tiling.subgroups[1] * (fc * cfg.n), "sub_c")
@@ -195,7 +235,7 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
     steps = (K + (tiling.k_step - 1)) / tiling.k_step if not isinstance(K, int) \
         else -(-K // tiling.k_step)
     with m.loop(steps, name="kt") as kt:
-        stage = m.let(kt & 1, "stage")
+        stage = m.let(kt % 2, "stage")  # not kt & 1: Tint's range analysis bounds only %
         k_next = m.let((kt + 1) * tiling.k_step, "k_next")
         next_a = sa.fetch((row0, k_next), "na")    # in flight while this step multiplies
         next_b = sb.fetch((k_next, col0), "nb")
@@ -211,7 +251,10 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
         sa.store(next_a, 1 - stage)
         sb.store(next_b, 1 - stage)
         m.barrier()
-    _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
+    if columns == 8:
+        _drain_rows(m, tiling, acc, (row0, col0), (M, N), epilogue)
+    else:
+        _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
 
 
 def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
@@ -235,6 +278,38 @@ def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
                     epilogue(row_i, col_i, T.vec4f(out[at], out[at + 1], out[at + 2],
                                                    out[at + 3]))
             m.barrier()
+
+
+def _drain_rows(m, tiling, acc, origin, extent, epilogue) -> None:
+    """Row i of every subgroup's fragments at once: into a band of workgroup
+    memory (f32) as wide as the block, then every thread of the workgroup
+    takes eight consecutive columns of it to ``epilogue``, so that a row of
+    the block leaves as one contiguous run (16 bytes per thread in f16);
+    ``origin``: the block's first result element. Two barriers per row of
+    fragments, where ``_drain`` takes two per fragment."""
+    cfg, (sr, sc), (fr, fc) = tiling.config, tiling.subgroups, tiling.fragments
+    threads, stride = tiling.threads, tiling.cols + tiling.pad
+    height, per_row = sr * cfg.m, tiling.cols // 8     # the band's rows; 8-column runs per row
+    if height * per_row % threads:
+        raise ValueError(f"columns=8: a band of {height} x {tiling.cols} results must split "
+                         f"into 8-column runs evenly over {threads} threads ({tiling})")
+    band = m.shared(T.SCALARS[cfg.result], height * stride, "band")
+    sg = m.local_index() / tiling.subgroup_size
+    corner = m.let(sg / sc * cfg.m * stride + sg % sc * (fc * cfg.n), "corner")
+    for i, row in enumerate(acc):
+        for j, value in enumerate(row):
+            B.subgroup_matrix_store(band, corner + j * cfg.n, value, stride)
+        m.barrier()
+        for q in range(0, height * per_row, threads):
+            e = m.let(m.local_index() + q, "e")
+            r, c = m.let(e / per_row, "r"), m.let(e % per_row * 8, "c")
+            row_i = m.let(origin[0] + r / cfg.m * (fr * cfg.m) + i * cfg.m + r % cfg.m, "row")
+            col_i = m.let(origin[1] + c, "col")
+            with m.if_((row_i < extent[0]) & (col_i < extent[1])):
+                at = m.let(r * stride + c, "at")
+                epilogue(row_i, col_i, tuple(T.vec4f(*(band[at + h + k] for k in range(4)))
+                                             for h in (0, 4)))
+        m.barrier()
 
 
 def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling) -> None:

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import h200_interp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from range_check import unproven
 
 import lora
 import shaderdsl as sd
+from examples.matrix_gemm import CONFIG, SMALL, run
 from lora import reference as R
+from lora.kernels.registry import KERNELS
 from shaderdsl import interp, vec4f, vec4h
+from shaderdsl.errors import KernelBuildError
 from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
 from shaderdsl.types import MatrixConfig
 
-from examples.matrix_gemm import CONFIG, SMALL, run
-
-from helpers import h200_interp
 
 def f32_steps_reference(a, b, step=16):
     """f16 products summed in f32 ``step`` columns of K at a time, each step
@@ -35,8 +38,9 @@ def f32_steps_reference(a, b, step=16):
     return acc
 
 
-def product_kernel(m, M, N, K, tiling, a_t, b_t):
-    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K]."""
+def product_kernel(m, M, N, K, tiling, a_t, b_t, columns=4):
+    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K];
+    the epilogue given ``columns`` (4 or 8) columns per call."""
     A = m.declare_input_buffer("A", vec4h)
     Bm = m.declare_input_buffer("B", vec4h)
     C = m.declare_output_buffer("C", vec4f)
@@ -46,25 +50,31 @@ def product_kernel(m, M, N, K, tiling, a_t, b_t):
         Operand(lambda k, j: Bm[(k * N + j) / 4])
 
     def store(row, col, value):
-        C[(row * N + col) / 4] = value
+        for q, quad in enumerate(value if columns == 8 else (value,)):
+            C[(row * N + col) / 4 + q] = quad
 
-    tiled_product(m, tiling, a, b, M, N, K, store)
+    tiled_product(m, tiling, a, b, M, N, K, store, columns=columns)
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 12)),
        a_t=st.booleans(), b_t=st.booleans(), k_step=st.sampled_from([16, 32]),
+       group=st.sampled_from([0, 0, 2, 3]), columns=st.sampled_from([4, 8]),
        seed=st.integers(0, 2**32 - 1))
-def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, seed):
-    """Any M, N, K multiples of 4 (so edges of every tile are exercised),
-    either factor stored transposed, one or several staged slices: equal to
-    the f16 products summed in f32 per 16 of K."""
-    M, N, K = (4 * d for d in dims)
-    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=k_step)
+def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, group, columns, seed):
+    """Any M, N, K multiples of 4 (N of ``columns``; so edges of every tile
+    are exercised), either factor stored transposed, one or several staged
+    slices, workgroups in grouped order or not (a last group of fewer row
+    blocks too), the epilogue by fragments or by rows of 8-column runs:
+    equal to the f16 products summed in f32 per 16 of K (fresh random
+    inputs: every element exactly, so no block is missed or written twice)."""
+    M, N, K = 4 * dims[0], columns * dims[1], 4 * dims[2]
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=k_step, group=group)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((K, N)).astype(np.float16)
-    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t,
+                   columns=columns)
     dev = h200_interp()
     bufs = {"A": dev.buffer(np.ascontiguousarray(a.T if a_t else a).reshape(-1)),
             "B": dev.buffer(np.ascontiguousarray(b.T if b_t else b).reshape(-1)),
@@ -80,7 +90,49 @@ def test_the_wgsl_turns_off_only_tints_workgroup_uniformity_check():
     assert k.wgsl.count("workgroupBarrier()") >= 3 and "subgroupMatrixLoad" in k.wgsl
 
 
+def test_tints_range_analysis_proves_every_workgroup_index():
+    """Every workgroup-array index of the matrix kernels lies provably inside
+    its array by the rules of Tint's integer range analysis (note 37;
+    tests/range_check.py), so Dawn's robustness with
+    enable_integer_range_analysis_in_robustness leaves it unclamped; and the
+    check is not vacuous: ``& 1u`` and a strided loop's variable are not proven."""
+    from shaderdsl.matmul import gemm
+    kernels = [sd.compile(gemm, t.threads, M=M, N=N, K=K, tiling=t)
+               for t in (SMALL, MatrixTiling(CONFIG, (4, 2), (2, 4), k_step=32, group=8))
+               for M, N, K in ((128, 128, 64), (72, 100, 48))]
+    kernels.append(sd.compile(product_kernel, SMALL.threads, M=40, N=48, K=32, tiling=SMALL,
+                              a_t=True, b_t=True, columns=8))
+    for name, params in [
+            ("project_a_matrix", dict(rank=64, in_dim=256, tokens=100, splits=2)),
+            ("project_a_matrix", dict(rank=24, in_dim=64, tokens=None, fragments=1,
+                                      a_columns=True)),
+            ("b_add_matrix", dict(out_dim=136, rank=64, scale=0.5, tokens=70, splits=2,
+                                  save_h=True)),
+            ("b_add_matrix", dict(out_dim=136, rank=32, scale=0.5, tokens=None, rows=1, cols=2,
+                                  group=4, coalesce=True)),
+            ("b_add_direct", dict(out_dim=128, rank=64, scale=0.5, tokens=70, splits=2,
+                                  save_h=True)),
+            ("grad_outer_matrix", dict(n=136, rank=64, scale=0.5, tokens=300, chunk=128)),
+            ("grad_outer_matrix", dict(n=136, rank=32, scale=0.5, tokens=64, chunk=64,
+                                       layout="rj", accumulate=True))]:
+        kernels.append(KERNELS[name].kernel(**params))
+    for k in kernels:
+        assert unproven(k.wgsl) == [], k.name
+    # storage too, where the sizes are baked: every read of the factors is proven, only
+    # the result stores (rows from workgroup_id) stay clamped
+    for k, result in ((kernels[0], "C["), (kernels[5], "hp[")):
+        stores = unproven(k.wgsl, "storage")
+        assert stores and all(u.startswith(result) for u in stores), (k.name, stores)
+    control = ("var<workgroup> t: array<f32, 64>;\n@compute @workgroup_size(64)\n"
+               "fn main(@builtin(local_invocation_index) li: u32) {\n"
+               "    t[li % 64u] = t[min(li * 2u, 63u)] + t[li & 63u];\n"
+               "    for (var j: u32 = li; j < 64u; j += 64u) {\n"
+               "        t[j] = 0.0;\n    }\n}\n")
+    assert unproven(control) == ["t[li & 63u]", "t[j]"]
+
+
 @pytest.mark.parametrize("kw, message", [
+    (dict(config=CONFIG, group=-1), "group: expected 0"),
     (dict(config=MatrixConfig("f16", "f16", 16, 16, 16)), "sums in f32"),
     (dict(config=MatrixConfig("f16", "f32", 16, 16, 16, (16, 64))), "one subgroup size"),
     (dict(config=CONFIG, k_step=24), "k_step must be a multiple of 16"),
@@ -123,7 +175,9 @@ def test_the_example_on_the_gpu(device):
 
 def _lora_case(device, rank, in_dim, out_dim, tokens, text, seed, save_h=False):
     rng = np.random.default_rng(seed)
-    f16 = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+
+    def f16(*shape):
+        return rng.standard_normal(shape).astype(np.float16)
     a, b, x, base = f16(rank, in_dim), f16(out_dim, rank), f16(tokens, in_dim), f16(tokens, out_dim)
     w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
     out = device.buffer(base)
@@ -163,6 +217,34 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
     on matrix units, a last partial one lane by lane, columns in blocks of 32."""
     in_dim, out_dim = 16 * dims[0], 32 * dims[1]
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+
+
+@settings(max_examples=4, deadline=None)
+@given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 20)),
+       tokens=st.integers(1, 100),
+       form=st.sampled_from(["matrix(coalesce=True)", "matrix(rows=1, cols=2, group=3)",
+                             "matrix(splits=2, rows=1, cols=1, group=2, coalesce=True)",
+                             "matrix(splits=2, fragments=1, rows=2, cols=2, depth=64)"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_grouped_and_coalesced_matrix_forms_in_the_interpreter(rank, dims, tokens, form, seed):
+    """b_add_matrix in grouped workgroup order (h saved by the workgroups of
+    column block 0 wherever the order puts them) and with the epilogue of
+    8-column runs, and project_a with 64 columns per staged slice (the
+    candidates for few tokens): within f16 rounding of float64, like the
+    plain form."""
+    in_dim, out_dim = 16 * dims[0], 8 * dims[1]
+    _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
+
+
+def test_matrix_group_and_coalesce_are_refused_where_they_cannot_apply():
+    with pytest.raises(ValueError, match="group and coalesce shape b_add_matrix"):
+        lora.Strategy.parse("matrix(direct=True, coalesce=True)")
+    with pytest.raises(KernelBuildError, match=r"out_dim \(132\) must be a multiple of 8"):
+        KERNELS["b_add_matrix"].kernel(out_dim=132, rank=16, scale=1.0, tokens=16,
+                                       coalesce=True)
+    with pytest.raises(KernelBuildError, match="4 or 8 columns, got 2"):
+        sd.compile(product_kernel, SMALL.threads, M=64, N=64, K=32, tiling=SMALL, a_t=False,
+                   b_t=False, columns=2)
 
 
 @pytest.mark.slow
@@ -213,7 +295,9 @@ def _backward_case(device, rank, in_dim, out_dim, tokens, text, seed):
     staged, f32 sums) within two f16 roundings of the magnitudes of float64."""
     from lora.training.backward import backward_plan
     rng = np.random.default_rng(seed)
-    f16 = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+
+    def f16(*shape):
+        return rng.standard_normal(shape).astype(np.float16)
     a, b, x, g = f16(rank, in_dim), f16(out_dim, rank), f16(tokens, in_dim), f16(tokens, out_dim)
     w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
     h = R.project_a(a, x).astype(np.float32)

@@ -21,8 +21,10 @@ from ..core.tuning import MIN_BATCH_NS
 from .bench_train import optional_torch
 
 CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
-TILINGS = (((2, 2), (2, 2), 16), ((2, 2), (2, 4), 32), ((2, 2), (4, 4), 32),
-           ((4, 2), (2, 4), 32))  # (subgroups, fragments, k_step)
+# (subgroups, fragments, k_step, group): the last two the first two largest in grouped
+# workgroup order (MatrixTiling.group; 8 row blocks per group, Triton's usual GROUP_SIZE_M)
+TILINGS = (((2, 2), (2, 2), 16, 0), ((2, 2), (2, 4), 32, 0), ((2, 2), (4, 4), 32, 0),
+           ((4, 2), (2, 4), 32, 0), ((2, 2), (4, 4), 32, 8), ((4, 2), (2, 4), 32, 8))
 
 
 def gemm_us(device, kernel, bufs, grid) -> float:
@@ -71,8 +73,8 @@ def gemm_case(device, size: int, log) -> dict:
     row = {"size": size, "tilings": {}, "torch_mm_us": torch_mm_us(size)}
     check = slice(0, 64)  # rows checked against float64 (the whole product is slow in numpy)
     want = a[check].astype(np.float64) @ b.astype(np.float64)
-    for subgroups, fragments, k_step in TILINGS:
-        tiling = MatrixTiling(CONFIG, subgroups, fragments, k_step)
+    for subgroups, fragments, k_step, group in TILINGS:
+        tiling = MatrixTiling(CONFIG, subgroups, fragments, k_step, group=group)
         kernel = compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling)
         try:
             us = gemm_us(device, kernel, bufs, tiling.grid(size, size))

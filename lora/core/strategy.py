@@ -32,7 +32,7 @@ unroll=True, quad=False)``                                            per workgr
                                                                       (tile_tokens x 256 columns
                                                                       per workgroup)
 ``matrix(splits=1, fragments=2, rows=2, cols=4,           2           f16 on matrix units:
-depth=32, direct=False)``                                             project_a_matrix, then
+depth=32, direct=False, group=0, coalesce=False)``                    project_a_matrix, then
                                                                       b_add_matrix or (direct)
                                                                       b_add_direct
 ========================================================  ==========  =============================
@@ -521,17 +521,21 @@ class Matrix(Strategy):
     subgroups of ``rows`` x ``cols`` fragments) or, with ``direct``,
     b_add_direct (``rows`` fragments of tokens per workgroup, ``cols``
     fragments of columns per subgroup, the output's f16 fragments as the
-    accumulators)."""
+    accumulators). b_add_matrix's ``group`` (row blocks per group of the
+    workgroup order, 0: off) and ``coalesce`` (its epilogue 16 bytes per
+    thread, rows of the block by consecutive threads): lora.kernels.matrix."""
 
     name: ClassVar[str] = "matrix"
-    numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth")
-    flags: ClassVar[tuple] = (("direct", "direct", True),)
+    numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth", "group")
+    flags: ClassVar[tuple] = (("direct", "direct", True), ("coalesce", "coalesce", True))
     splits: int = 1
     fragments: int = 2
     rows: int = 2
     cols: int = 4
     depth: int = 32
     direct: bool = False
+    group: int = 0
+    coalesce: bool = False
 
     def validate(self) -> None:
         for f in ("splits", "fragments", "rows", "cols", "depth"):
@@ -540,6 +544,11 @@ class Matrix(Strategy):
         if self.depth % 16:
             raise ValueError(f"matrix: depth must be a multiple of 16 (the fragments' K), "
                              f"got {self.depth}")
+        if self.group < 0:
+            raise ValueError(f"matrix: group must be >= 0 (0: off), got {self.group}")
+        if self.direct and (self.group or self.coalesce):
+            raise ValueError("matrix: group and coalesce shape b_add_matrix; direct runs "
+                             "b_add_direct, which has neither")
 
     def kernels(self, shape, save_h=False):
         if shape.dtype != "f16":
@@ -552,7 +561,9 @@ class Matrix(Strategy):
                                           fragments=self.fragments, depth=self.depth), hp),
                 (b_add, dict(out_dim=shape.out_dim, rank=shape.rank, scale=shape.scale,
                              tokens=shape.tokens, splits=self.splits, rows=self.rows,
-                             cols=self.cols, save_h=save_h and self.splits > 1), hp)]
+                             cols=self.cols, save_h=save_h and self.splits > 1,
+                             **({} if self.direct else dict(group=self.group,
+                                                            coalesce=self.coalesce))), hp)]
 
     scratch = Gemm.scratch
 
@@ -571,5 +582,11 @@ class Matrix(Strategy):
         splits = [s for s in (1, 2, 4, 8, 16) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
         direct = [cls(s, 1, r, c, direct=True) for s in splits for r, c in ((1, 2), (2, 2))
                   if DIRECT in matrices and rank % 16 == 0 and out_dim % (16 * c) == 0]
-        return [cls(s, 1, r, c) for s in splits for r, c in ((2, 2), (1, 2), (1, 4))] + direct
+        tilings = ((2, 2), (1, 2), (1, 4))
+        coalesced = [cls(s, 1, r, c, coalesce=True) for s in splits for r, c in tilings] + \
+            [cls(s, 1, 2, 2, group=8, coalesce=True) for s in splits] if out_dim % 8 == 0 else []
+        # few tokens: project_a's workgroups each walk a long slice; 64 columns per staged
+        # slice halve its barriers (note 30 measured it slower, before note 37's clamps fell)
+        deep = [cls(s, 1, 2, 2, depth=64) for s in splits] if tokens <= 1024 else []
+        return [cls(s, 1, r, c) for s in splits for r, c in tilings] + coalesced + deep + direct
 

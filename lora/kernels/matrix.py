@@ -40,35 +40,38 @@ def _check(what: str, **dims) -> None:
         raise ValueError(f"{what} reads four elements at a time: {bad} must be multiples of 4")
 
 
-def a_tiling(rank: int, fragments: int, depth: int = 32) -> MatrixTiling:
+def a_tiling(rank: int, fragments: int, depth: int = 32, group: int = 0) -> MatrixTiling:
     """project_a_matrix's tiling: 2 x ``fragments`` fragments of tokens per
     workgroup, the rank's columns (padded to 16) over one or two subgroups,
-    ``depth`` columns of x per staged slice."""
+    ``depth`` columns of x per staged slice; ``group``: MatrixTiling's."""
     cols = -(-rank // FRAGMENT.n)
     across = 2 if cols % 2 == 0 else 1
-    return MatrixTiling(FRAGMENT, (2, across), (fragments, cols // across), k_step=depth)
+    return MatrixTiling(FRAGMENT, (2, across), (fragments, cols // across), k_step=depth,
+                        group=group)
 
 
-def b_tiling(rank: int, rows: int, cols: int) -> MatrixTiling:
+def b_tiling(rank: int, rows: int, cols: int, group: int = 0) -> MatrixTiling:
     """b_add_matrix's tiling: 2 x 2 subgroups of ``rows`` x ``cols`` fragments,
-    the rank (its K) in steps of at most 32."""
-    return MatrixTiling(FRAGMENT, (2, 2), (rows, cols), k_step=min(32, -(-rank // 16) * 16))
+    the rank (its K) in steps of at most 32; ``group``: MatrixTiling's."""
+    return MatrixTiling(FRAGMENT, (2, 2), (rows, cols), k_step=min(32, -(-rank // 16) * 16),
+                        group=group)
 
 
 def project_a_matrix(m, rank, in_dim, tokens, splits=1, fragments=2, depth=32, a_columns=False,
-                     scale=1.0):
+                     scale=1.0, group=0):
     """hp[s * tokens + t, r] = scale * sum over slice s of in_dim of x[t, i] A[r, i],
     or, with ``a_columns``, of x[t, i] A[i, r] (A stored [in_dim, rank]: the
     backward's dh = s g B, with B as A and g as x)."""
     _check("project_a_matrix", rank=rank, in_dim=in_dim, slice=in_dim // splits)
     if in_dim % splits:
         raise ValueError(f"project_a_matrix: splits ({splits}) must divide in_dim ({in_dim})")
-    tiling, part = a_tiling(rank, fragments, depth), in_dim // splits
+    tiling, part = a_tiling(rank, fragments, depth, group), in_dim // splits
     A = m.declare_input_buffer("A", vec4h, rank * in_dim // 4)
     x = m.declare_input_buffer("x", vec4h, token_rows(tokens, in_dim // 4))
     hp = m.declare_output_buffer("hp", vec4f, token_rows(tokens, splits * rank // 4))
     n = token_count(m, tokens)
-    first = m.let(m.workgroup_id().z * part, "first")
+    # the min changes nothing (z < splits) but bounds every read of x and A for Tint (note 37)
+    first = m.let(Bi.min(m.workgroup_id().z, splits - 1) * part, "first")
 
     def store(t, r, value):
         hp[((m.workgroup_id().z * n + t) * rank + r) / 4] = value if scale == 1.0 else scale * value
@@ -122,31 +125,48 @@ def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=
     tiled_product(m, OUTER, a, b, rows, cols, span, store)
 
 
-def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save_h=False):
-    """output[t, o] += scale * sum_r h[t, r] B[o, r], h the sum of the slices."""
+def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save_h=False,
+                 group=0, coalesce=False):
+    """output[t, o] += scale * sum_r h[t, r] B[o, r], h the sum of the slices.
+    ``group``: MatrixTiling's; ``coalesce``: the epilogue takes 8 halves (16
+    bytes) per thread, a row of the block by consecutive threads, after one
+    barrier pair per row of fragments (tiled_product's ``columns=8``; out_dim
+    a multiple of 8). The 8 halves are two adjacent vec4<f16>: the DSL binds
+    an f16 buffer only as f16 elements, so one vec4<u32> access is not
+    available here."""
     _check("b_add_matrix", rank=rank, out_dim=out_dim)
-    tiling = b_tiling(rank, rows, cols)
+    if coalesce and out_dim % 8:
+        raise ValueError(f"b_add_matrix: coalesce writes 8 halves at a time: out_dim "
+                         f"({out_dim}) must be a multiple of 8")
+    tiling = b_tiling(rank, rows, cols, group)
     n, h_at = _hp_sum(m, rank, tokens, splits)
     Bm = m.declare_input_buffer("B", vec4h, out_dim * rank // 4)
     out = m.declare_output_buffer("output", vec4h, token_rows(tokens, out_dim // 4))
     if save_h:
-        _save_h(m, h_at, rank, tokens, n, tiling.rows, tiling.threads)
+        row0, col0 = tiling.origin(m)
+        _save_h(m, h_at, rank, tokens, n, (row0, col0 == 0), tiling.rows, tiling.threads)
 
     def add(t, o, value):
         at = m.let((t * out_dim + o) / 4, "at")
         out[at] = vec4h(vec4f(out[at]) + scale * value)
 
+    def add8(t, o, values):
+        at = m.let((t * out_dim + o) / 8 * 2, "at")  # even: 16-byte aligned
+        for half, value in enumerate(values):
+            out[at + half] = vec4h(vec4f(out[at + half]) + scale * value)
+
     tiled_product(m, tiling, Operand(h_at), Operand(lambda r, o: Bm[(o * rank + r) / 4], axis=0),
-                  n, out_dim, rank, add)
+                  n, out_dim, rank, add8 if coalesce else add, columns=8 if coalesce else 4)
 
 
-def _save_h(m, h_at, rank, tokens, n, rows, threads) -> None:
-    """h (the slices summed, f32) for this workgroup's ``rows`` tokens, by
-    column block 0."""
+def _save_h(m, h_at, rank, tokens, n, block, rows, threads) -> None:
+    """h (the slices summed, f32) for this workgroup's ``rows`` tokens, by the
+    workgroups of column block 0; ``block``: (the workgroup's first token,
+    whether it is in column block 0)."""
     h = m.declare_output_buffer("h", vec4f, token_rows(tokens, rank // 4))
     quads = rank // 4
-    with m.if_(m.workgroup_id().x == 0):
-        t0 = m.let(m.workgroup_id().y * rows, "t0")
+    with m.if_(block[1]):
+        t0 = m.let(block[0], "t0")
         with m.loop(m.local_index(), rows * quads, threads, name="j") as j:
             t = m.let(t0 + j / quads, "t")
             with m.if_(t < n):
@@ -190,7 +210,9 @@ def b_add_direct(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=2, save
     Bm = m.declare_input_buffer("B", f16, out_dim * rank)
     out = m.declare_output_buffer("output", f16, token_rows(tokens, out_dim))
     if save_h:
-        _save_h(m, h_at, rank, tokens, n, rows * DIRECT.m, direct_threads())
+        wg = m.workgroup_id()
+        _save_h(m, h_at, rank, tokens, n, (wg.y * (rows * DIRECT.m), wg.x == 0), rows * DIRECT.m,
+                direct_threads())
     hs, stride = _stage_scaled_h(m, h_at, rank, scale, n, rows)
     sgs = DIRECT.subgroup_sizes[0]
     c0 = m.let((m.workgroup_id().x * DIRECT_SUBGROUPS + m.local_index() / sgs) * (cols * DIRECT.n),
@@ -224,7 +246,8 @@ def _stage_scaled_h(m, h_at, rank, scale, n, rows):
     hs = m.shared(f16, tile * stride, "hs")
     t0 = m.let(m.workgroup_id().y * tile, "t0")
     with m.loop(m.local_index(), tile * quads, threads, name="j") as j:
-        t, r = m.let(j / quads, "t"), m.let(j % quads * 4, "r")
+        # j < tile * quads: the min changes nothing but proves hs's index (note 37)
+        t, r = m.let(Bi.min(j / quads, tile - 1), "t"), m.let(j % quads * 4, "r")
         value = m.let(Bi.select(vec4f(0.0), scale * h_at(Bi.min(t0 + t, n - 1), r), t0 + t < n),
                       "hv")
         for e, lane in enumerate("xyzw"):
@@ -237,12 +260,13 @@ def _add_partial(m, out, Bm, hs, stride, origin, extent, local_row) -> None:
     """A fragment whose rows pass the last token: each lane adds the products
     of its elements, one at a time, for the rows before it."""
     (row, col), (n, out_dim, rank) = origin, extent
-    sgs = DIRECT.subgroup_sizes[0]
+    sgs, hs_rows = DIRECT.subgroup_sizes[0], hs.type.length // stride
     with m.loop(m.local_index() % sgs, DIRECT.m * DIRECT.n, sgs, name="e") as e:
         t = m.let(row + e / DIRECT.n, "t")
         with m.if_(t < n):
             o = m.let(col + e % DIRECT.n, "o")
-            hrow = m.let((local_row + e / DIRECT.n) * stride, "hrow")
+            # a row of the staged tile: the min changes nothing but proves hs's index (note 37)
+            hrow = m.let(Bi.min(local_row + e / DIRECT.n, hs_rows - 1) * stride, "hrow")
             total = m.var(vec4f(0.0), name="total")
             for r in range(0, rank, 4):
                 hv = vec4f(vec4h(*(hs[hrow + r + q] for q in range(4))))
