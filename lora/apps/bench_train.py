@@ -30,7 +30,7 @@ from ..core.weight import Weight
 from ..training.optim import AdamW
 from ..training.trainer import LayerTrainer
 
-FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),),
+FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64), "dims": ((2560, 2560),),
         "dtypes": ("f32", "f16")}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",)}
 SCALE, LR = 2.0, 1e-4  # the benches' LoRA scale (bench, bench_sweep use it too)
