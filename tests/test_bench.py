@@ -12,16 +12,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
-
-from shaderdsl.runtime import COMPILER, WGPU_BUILD
-
-from lora.apps import bench
-from lora.core import tuning
-from lora import Strategy
-
 from helpers import h200_interp
+
+from lora import Strategy
+from lora.apps import bench, bench_train
+from lora.core import tuning
+from shaderdsl.runtime import COMPILER, WGPU_BUILD
 
 
 # bench --quick takes over a minute on lavapipe: the tests that read it are slow.
@@ -237,6 +236,10 @@ def test_training_rows_for_several_backwards(tmp_path, device):
     assert [r["tokens"] for r in rows] == [1, 1, 16, 16]
     assert [r["backward"] == "gemm(threads=64)" for r in rows] == [False, True, False, True]
     assert all(r["rel_err"] < 1e-5 and positive(r["gpu_us"]) for r in rows)
+    for r in rows:  # PyTorch's strongest step: timed, or why not
+        measured = r["torch_strongest"] == bench_train.STRONGEST
+        assert measured == positive(r.get("torch_strongest_us")), r
+        assert measured or r["torch_strongest"].startswith(("failed: ", r["torch"].split()[0]))
 
 
 def test_training_rows_take_the_given_subset(tmp_path, device):
@@ -247,3 +250,78 @@ def test_training_rows_take_the_given_subset(tmp_path, device):
     rows = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
     assert [(r["tokens"], r["rank"], r["in_dim"], r["out_dim"]) for r in rows] == [(3, 4, 16, 24)]
     assert rows[0]["rel_err"] < 1e-5
+
+
+def fake_torch(cuda: bool, device=None):
+    """A stand-in for an installed torch, with or without CUDA; ``device``
+    replaces torch.device (to make building the step fail)."""
+    return SimpleNamespace(__version__="2.9.0", device=device,
+                           cuda=SimpleNamespace(is_available=lambda: cuda))
+
+
+def test_strongest_torch_step_says_why_not(monkeypatch):
+    """PyTorch's strongest training step, where it cannot run, leaves its time
+    out and says why: torch missing, no CUDA, no triton, or compile failing."""
+    from lora.apps import bench_train
+
+    problem = bench_train._problem(2, 4, 8, 8)
+
+    def strongest(torch, *, triton=True):
+        monkeypatch.setattr(bench_train, "optional_torch", lambda: torch)
+        real = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+            (object() if triton else None) if name == "triton" else real(name, *a)))
+        return bench_train.torch_strongest_time(*problem, steps=2)
+
+    assert strongest(None) == {"torch_strongest": "not installed"}
+    assert strongest(fake_torch(cuda=False)) == {"torch_strongest": "2.9.0 without CUDA"}
+    assert strongest(fake_torch(cuda=True), triton=False) == {
+        "torch_strongest": "2.9.0 without triton (torch.compile's GPU kernels)"}
+
+    def broken(name):
+        raise RuntimeError("CUDA error: no kernel image is available\nsecond line")
+
+    assert strongest(fake_torch(cuda=True, device=broken)) == {
+        "torch_strongest": "failed: RuntimeError: CUDA error: no kernel image is available"}
+
+
+def test_training_rows_say_why_torch_is_missing(tmp_path, monkeypatch, capsys, device):
+    """With a torch that has no CUDA the training row carries on without
+    PyTorch's times; its JSON and the closing table say why."""
+    from lora.apps import bench_train
+
+    monkeypatch.setattr(bench_train, "optional_torch", lambda: fake_torch(cuda=False))
+    assert bench.main(["--quick", "--train", "only", "--tokens", "2", "--ranks", "4",
+                       "--dims", "16x24", "--dtypes", "f32", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / f"bench-{COMPILER}.json").read_text())["train_rows"]
+    assert row["torch"] == row["torch_strongest"] == "2.9.0 without CUDA"
+    assert not any(k.endswith("_us") and k.startswith("torch") for k in row), row
+    assert not any(k.startswith("vs_torch") for k in row), row
+    out = capsys.readouterr().out
+    assert "PyTorch: 2.9.0 without CUDA" in out
+    assert "no torch strongest: 2.9.0 without CUDA" in out
+    table = out[out.index("training: GPU us per step"):].splitlines()
+    assert table[1].split() == ["dtype", "T", "rank", "in->out", "ours", "us", "torch", "graph",
+                                "us", "vs", "graph", "torch", "strongest", "us", "vs", "strongest"]
+    cells = table[2].split()
+    assert cells[:4] == ["f32", "2", "4", "16->24"] and cells[5:] == ["-"] * 4
+    assert float(cells[4]) == pytest.approx(row["gpu_us"], abs=0.051)
+
+
+def test_tables_put_pytorch_beside_ours():
+    """The closing tables: an f16 training row beside PyTorch's fp16 autocast
+    graph and strongest step, a forward row beside its graph, ratios as given."""
+    from lora.apps.bench_table import tables
+
+    shape = {"tokens": 4096, "rank": 64, "in_dim": 2560, "out_dim": 2560}
+    train = {"kind": "train", "dtype": "f16", **shape, "gpu_us": 314.4, "torch": "2.11",
+             "torch_fp16_graph_us": 395.8, "vs_torch_graph": 395.8 / 314.4,
+             "torch_fp16_strongest_us": 155.5, "vs_torch_strongest": 155.5 / 314.4,
+             "torch_graph_us": 1.0}  # an f32 figure: not the f16 row's
+    forward = {"dtype": "f32", **shape, "best_gpu_us": 141.2, "torch": "2.11",
+               "torch_graph_us": 110.7, "vs_torch_graph": 110.7 / 141.2}
+    lines = tables({"rows": [forward], "train_rows": [train]})
+    assert lines[2].split() == ["f32", "4096", "64", "2560->2560", "141.2", "110.7", "0.78x"]
+    assert lines[5].split() == ["f16", "4096", "64", "2560->2560", "314.4", "395.8", "1.26x",
+                                "155.5", "0.49x"]
+    assert len(lines) == 6

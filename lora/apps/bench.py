@@ -11,7 +11,9 @@ dtype (float16 rows: PyTorch in fp16). numpy runs in float32 for both dtypes
 (its float16 matmul is not a fair CPU baseline). f16 rows are skipped, with a
 message, on adapters without shader-f16. The JSON is rewritten after every
 case, so a run cut short keeps what it measured. Training steps
-(lora.apps.bench_train) follow the forward cases unless ``--train no``.
+(lora.apps.bench_train, beside PyTorch's strongest step too) follow the
+forward cases unless ``--train no``; a table of every row beside PyTorch ends
+the run (lora.apps.bench_table).
 
 ``--tokens-sweep`` times a serving loop of varying token counts instead
 (lora.apps.bench_sweep); ``--profile`` splits forwards into dispatches and phases
@@ -41,7 +43,7 @@ from ..core.forward import forward_plan
 from ..core.strategy import Strategy
 from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
 from ..core.weight import Weight
-from . import bench_train
+from . import bench_table, bench_train
 from .bench_ceiling import ceiling_main, copy_kernel, grid_of
 from .bench_gemm import gemm_main
 from .bench_profile import profile_main
@@ -301,6 +303,8 @@ def run(quick: bool, log=print, grid: dict | None = None, save=None, train: str 
         result.setdefault("train_rows", []).append(_train_row(device, case, copy, quick, log))
         if save:
             save(result)
+    for line in bench_table.tables(result):
+        log(line)
     return result
 
 

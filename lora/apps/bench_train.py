@@ -1,6 +1,8 @@
 """Training-step benchmark: forward + MSE + backward + AdamW for one adapted
-layer, on the GPU beside PyTorch (eager and CUDA graph, AdamW(capturable=True))
-in the same process. Part of ``python -m lora bench`` (lora.apps.bench).
+layer, on the GPU beside PyTorch in the same process: eager and CUDA graph
+(AdamW(capturable=True)), and the strongest step we know (the loss and its
+backward by torch.compile max-autotune, fused AdamW, the whole step in one CUDA
+graph). Part of ``python -m lora bench`` (lora.apps.bench).
 
 A step here is what PyTorch's does: ``out = base + s (x A^T) B^T``, the mean
 squared error against a target, its gradient, dA and dB (no dx: x needs no
@@ -9,11 +11,14 @@ the output buffer first (our forward adds in place), a copy kernel in the
 same submit, except where the forward reads the base itself (``single``).
 The minimal bytes of a step are x, base and target read once.
 An f16 row trains an f16 weight in mixed precision (LayerTrainer: f16
-storage, f32 masters and sums) beside PyTorch's fp16 autocast step alone.
+storage, f32 masters and sums) beside PyTorch's fp16 autocast step alone
+(an f32 row: beside both its f32 and fp16 autocast graphs, and its f32
+strongest step).
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import statistics
 import time
 
@@ -25,7 +30,7 @@ from ..core.weight import Weight
 from ..training.optim import AdamW
 from ..training.trainer import LayerTrainer
 
-FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 64), "dims": ((2560, 2560),),
+FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64), "dims": ((2560, 2560),),
         "dtypes": ("f32", "f16")}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32",)}
 SCALE, LR = 2.0, 1e-4  # the benches' LoRA scale (bench, bench_sweep use it too)
@@ -115,52 +120,121 @@ def profile_step(device, trainer, bufs, repeats: int) -> dict:
     return out
 
 
-def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> dict:
-    """PyTorch CUDA eager and CUDA-graph microseconds per training step, or why
-    not. ``half``: x, base and target in fp16 and the products under
-    ``torch.autocast`` (fp16 on tensor cores, A and B and AdamW in fp32: how
-    PyTorch users train in fp16); keys then start ``torch_fp16_``."""
-    torch = optional_torch()
-    if torch is None:
-        return {"torch": "not installed"}
-    if not torch.cuda.is_available():
-        return {"torch": f"{torch.__version__} without CUDA"}
-    dev = torch.device("cuda")
-    A, B = (torch.nn.Parameter(torch.from_numpy(v).to(dev)) for v in (a, b))
-    X, BASE, TGT = (torch.from_numpy(v).to(dev, torch.float16 if half else torch.float32)
-                    for v in (x, base, target))
-    opt = torch.optim.AdamW([A, B], lr=LR, capturable=True)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.float16, enabled=half):
-            out = BASE + SCALE * ((X @ A.T) @ B.T)
-        torch.nn.functional.mse_loss(out.float(), TGT.float()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    def timed(fn, n) -> float:
+def _cuda_us(torch, fn, calls: int, repeats: int = 5) -> float:
+    """Median CUDA-event microseconds per call, over ``repeats`` runs of ``fn``
+    (which makes ``calls`` calls)."""
+    times = []
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1000 / n
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return statistics.median(times)
 
+
+def _captured(torch, step, warm_up: int = 3):
+    """``step`` run ``warm_up`` times on a side stream, then captured in one CUDA
+    graph: the order torch's CUDA-graph docs give, so that lazy initialisation
+    (optimizer state, gradients, compilation) stays out of the graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warm_up):
             step()
     torch.cuda.current_stream().wait_stream(side)
-    eager = statistics.median(timed(lambda: [step() for _ in range(steps)], steps)
-                              for _ in range(5))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    graph_us = statistics.median(timed(lambda: [graph.replay() for _ in range(steps)], steps)
-                                 for _ in range(5))
+    return graph
+
+
+def torch_step(torch, a, b, x, base, target, half: bool, compiled: bool, device: str = "cuda"):
+    """PyTorch's training step on ``device``, as a function: zero the gradients,
+    the loss, its backward, one AdamW step. ``half``: x, base and target in fp16,
+    the products under fp16 autocast (A, B and AdamW in fp32). ``compiled``: the
+    loss (and so, through AOTAutograd, its backward) by
+    ``torch.compile(mode="max-autotune-no-cudagraphs")`` and the fused AdamW:
+    the strongest step we know once captured in a CUDA graph. Compilation
+    happens at the first call."""
+    dev = torch.device(device)
+    # copies (torch.tensor): on the CPU, from_numpy would share, and so train, the caller's arrays
+    A, B = (torch.nn.Parameter(torch.tensor(v, device=dev)) for v in (a, b))
+    X, BASE, TGT = (torch.tensor(v, device=dev, dtype=torch.float16 if half else torch.float32)
+                    for v in (x, base, target))
+
+    def loss():
+        with torch.autocast(dev.type, dtype=torch.float16, enabled=half):
+            out = BASE + SCALE * ((X @ A.T) @ B.T)
+        return torch.nn.functional.mse_loss(out.float(), TGT.float())
+
+    if compiled:
+        # a fresh cache per row: one shared by every row would reach dynamo's recompile
+        # limit after a few shapes and run the rest eagerly, silently
+        torch._dynamo.reset()
+        loss = torch.compile(loss, mode="max-autotune-no-cudagraphs", dynamic=False)
+    # (capturable needs CUDA: on the CPU the step runs only to check that it builds)
+    opt = torch.optim.AdamW([A, B], lr=LR, capturable=dev.type == "cuda",
+                            fused=True if compiled else None)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss().backward()
+        opt.step()
+    return step
+
+
+def torch_step_times(a, b, x, base, target, steps: int, half: bool = False) -> dict:
+    """PyTorch CUDA eager and CUDA-graph microseconds per training step
+    (``torch_step``, not compiled), or why not; keys start ``torch_fp16_`` for
+    ``half``."""
+    torch = optional_torch()
+    if torch is None:
+        return {"torch": "not installed"}
+    if not torch.cuda.is_available():
+        return {"torch": f"{torch.__version__} without CUDA"}
+    step = torch_step(torch, a, b, x, base, target, half, compiled=False)
+    graph = _captured(torch, step)
+    eager = _cuda_us(torch, lambda: [step() for _ in range(steps)], steps)
+    graph_us = _cuda_us(torch, lambda: [graph.replay() for _ in range(steps)], steps)
     key = "torch_fp16_" if half else "torch_"
     return {"torch": torch.__version__, f"{key}eager_us": eager, f"{key}graph_us": graph_us}
+
+
+STRONGEST = "torch.compile max-autotune-no-cudagraphs + fused AdamW, one CUDA graph"
+
+
+def why_no_strongest(torch) -> str | None:
+    """Why PyTorch's strongest step cannot run with this (installed) torch, or
+    None where it can."""
+    if not torch.cuda.is_available():
+        return f"{torch.__version__} without CUDA"
+    if importlib.util.find_spec("triton") is None:
+        return f"{torch.__version__} without triton (torch.compile's GPU kernels)"
+    return None
+
+
+def torch_strongest_time(a, b, x, base, target, steps: int, half: bool = False) -> dict:
+    """Microseconds per step of PyTorch's strongest training step (``torch_step``
+    compiled, the whole step in one CUDA graph; key ``torch_strongest_us``,
+    ``torch_fp16_strongest_us`` for ``half``) and the seconds its compilation,
+    warm-up and capture took; or, in ``torch_strongest``, why not."""
+    torch = optional_torch()
+    why = "not installed" if torch is None else why_no_strongest(torch)
+    if torch is None or why is not None:
+        return {"torch_strongest": why}
+    t0 = time.perf_counter()
+    try:
+        graph = _captured(torch, torch_step(torch, a, b, x, base, target, half, compiled=True))
+    except Exception as e:  # whatever compile or capture raised: the row says it, the bench goes on
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        return {"torch_strongest": f"failed: {type(e).__name__}: {first}"}
+    build_s = time.perf_counter() - t0
+    us = _cuda_us(torch, lambda: [graph.replay() for _ in range(steps)], steps)
+    key = "torch_fp16_" if half else "torch_"
+    return {"torch_strongest": STRONGEST, f"{key}strongest_us": us,
+            "torch_strongest_build_s": build_s}
 
 
 def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
@@ -190,10 +264,11 @@ def train_case(device, tokens, rank, in_dim, out_dim, copy_gbps, quick, log,
         row.update(torch_step_times(a, b, x, base, target, steps, half=half))
         if f"{'torch_fp16_' if half else 'torch_'}graph_us" not in row:
             break  # not installed, or no CUDA
+    row.update(torch_strongest_time(a, b, x, base, target, steps, half=dtype == "f16"))
     key = "torch_fp16_" if dtype == "f16" else "torch_"
-    if f"{key}graph_us" in row:
-        row["vs_torch_graph"] = row[f"{key}graph_us"] / row["gpu_us"]
-        row["vs_torch_eager"] = row[f"{key}eager_us"] / row["gpu_us"]
+    for what in ("graph", "eager", "strongest"):  # PyTorch's time over ours: above 1, ours wins
+        if f"{key}{what}_us" in row:
+            row[f"vs_torch_{what}"] = row[f"{key}{what}_us"] / row["gpu_us"]
     for buf in bufs.values():
         device.release(buf)
     log(f"train {dtype} T={tokens:5d} r={rank:2d} {in_dim}->{out_dim}: {row['forward']} + "
@@ -210,4 +285,11 @@ def _torch_text(row) -> str:
     parts = [f"{what} graph {row[k + 'graph_us']:.1f} us, eager {row[k + 'eager_us']:.1f}"
              for what, k in (("torch", "torch_"), ("torch fp16 autocast", "torch_fp16_"))
              if k + "graph_us" in row]
-    return "; ".join(parts) or f"PyTorch: {row['torch']}"
+    parts = parts or [f"PyTorch: {row['torch']}"]
+    strongest = [f"{what} strongest {row[k + 'strongest_us']:.1f} us "
+                 f"(built in {row['torch_strongest_build_s']:.0f} s)"
+                 for what, k in (("torch", "torch_"), ("torch fp16 autocast", "torch_fp16_"))
+                 if k + "strongest_us" in row]
+    if not strongest and row["torch_strongest"] != row["torch"]:  # (no need to say twice)
+        strongest = [f"torch strongest: {row['torch_strongest']}"]
+    return "; ".join(parts + strongest)
