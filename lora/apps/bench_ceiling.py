@@ -89,12 +89,15 @@ def copy_kernel(m, n4, threads, per):
         dst[base + q * threads] = v
 
 
-def fragment_copy(m, rows, cols, per):
+def fragment_copy(m, rows, cols, per, sized=True):
     """dst = src (f16, rows x cols) through left fragments: each subgroup moves
-    ``per`` fragments side by side."""
+    ``per`` fragments side by side. ``sized``: the arrays declared with their
+    length (Tint clamps every access), else runtime-sized (Dawn on Vulkan leaves
+    those to the driver's robust buffer access)."""
     left_t = CONFIG.types()[0]
-    src = m.declare_input_buffer("src", f16, rows * cols)
-    dst = m.declare_output_buffer("dst", f16, rows * cols)
+    n = rows * cols if sized else None
+    src = m.declare_input_buffer("src", f16, n)
+    dst = m.declare_output_buffer("dst", f16, n)
     origin = _fragment_origin(m, cols, per)
     values = [m.let(B.subgroup_matrix_load(left_t, src, origin + q * CONFIG.k, cols), f"f{q}")
               for q in range(per)]
@@ -110,12 +113,12 @@ def _fragment_origin(m, cols, per):
     return m.let(sg / per_row * (CONFIG.m * cols) + sg % per_row * (CONFIG.k * per), "origin")
 
 
-def fragment_loads(m, rows, cols, per):
+def fragment_loads(m, rows, cols, per, sized=True):
     """Every f16 fragment of src (rows x cols) loaded once from storage, each
     multiplied by a fragment of ones into one sum per subgroup, stored at the
-    end (the loads are the cost)."""
+    end (the loads are the cost); ``sized`` as in fragment_copy."""
     left_t, right_t, result_t = CONFIG.types()
-    src = m.declare_input_buffer("src", f16, rows * cols)
+    src = m.declare_input_buffer("src", f16, rows * cols if sized else None)
     ones = m.declare_input_buffer("ones", f16, CONFIG.k * CONFIG.n)
     sums = m.declare_output_buffer("sums", f32, rows * cols // (CONFIG.k * per) * CONFIG.n)
     origin = _fragment_origin(m, cols, per)
@@ -168,14 +171,15 @@ def multiply_only(m, loops, frags):
                                 CONFIG.n)
 
 
-def direct_gemm(m, size, frags):
+def direct_gemm(m, size, frags, sized=True):
     """C = A @ B (f16 size x size, f32 C), every fragment loaded straight from
     storage: each subgroup owns frags x frags result fragments, the workgroup
-    a 2 x 2 block of subgroups."""
+    a 2 x 2 block of subgroups; ``sized`` as in fragment_copy."""
     left_t, right_t, result_t = CONFIG.types()
-    A = m.declare_input_buffer("A", f16, size * size)
-    Bm = m.declare_input_buffer("B", f16, size * size)
-    C = m.declare_output_buffer("C", f32, size * size)
+    n = size * size if sized else None
+    A = m.declare_input_buffer("A", f16, n)
+    Bm = m.declare_input_buffer("B", f16, n)
+    C = m.declare_output_buffer("C", f32, n)
     sg = m.let(m.local_index() / CONFIG.subgroup_sizes[0], "sg")
     span = frags * CONFIG.m
     row0 = m.let((m.workgroup_id().y * 2 + sg / 2) * span, "row0")
@@ -259,8 +263,9 @@ def fragment_rows(device, sizes: dict, log) -> list[dict]:
     src = device.buffer(data)
     out = []
     for per in (1, 4):
-        out.append(_fragment_copy_row(device, src, data, per, log))
-        out.append(_fragment_load_row(device, src, ones, data, per, log))
+        for sized in (True, False):
+            out.append(_fragment_copy_row(device, src, data, per, sized, log))
+            out.append(_fragment_load_row(device, src, ones, data, per, sized, log))
     for tiles in (1, 4):
         out.append(_shared_row(device, ones, loops, groups, tiles, log))
     for frags in (1, 2, 4):
@@ -271,23 +276,27 @@ def fragment_rows(device, sizes: dict, log) -> list[dict]:
     return out
 
 
-def _fragment_copy_row(device, src, data, per, log) -> dict:
+def _arrays(sized: bool) -> str:
+    return "sized arrays" if sized else "runtime-sized arrays"
+
+
+def _fragment_copy_row(device, src, data, per, sized, log) -> dict:
     rows, cols = data.shape
     kernel = compile_kernel(fragment_copy, SUBGROUPS * CONFIG.subgroup_sizes[0], rows=rows,
-                            cols=cols, per=per)
+                            cols=cols, per=per, sized=sized)
     dst = device.empty(data.size, np.float16)
     us = batch_us(device, kernel, {"src": src, "dst": dst},
                   grid_of(data.size // (FRAGMENT_BYTES // 2 * per * SUBGROUPS)))
     ok = bool(np.array_equal(device.read(dst).reshape(data.shape), data))
     device.release(dst)
-    return _row(log, f"fragment copy, storage, {per} per subgroup", us, gbps=2 * data.nbytes,
-                checked=ok)
+    return _row(log, f"fragment copy, storage, {per} per subgroup, {_arrays(sized)}", us,
+                gbps=2 * data.nbytes, checked=ok)
 
 
-def _fragment_load_row(device, src, ones, data, per, log) -> dict:
+def _fragment_load_row(device, src, ones, data, per, sized, log) -> dict:
     rows, cols = data.shape
     kernel = compile_kernel(fragment_loads, SUBGROUPS * CONFIG.subgroup_sizes[0], rows=rows,
-                            cols=cols, per=per)
+                            cols=cols, per=per, sized=sized)
     blocks = data.size // (CONFIG.m * CONFIG.k * per)
     sums = device.empty(blocks * CONFIG.m * CONFIG.n, np.float32)
     us = batch_us(device, kernel, {"src": src, "ones": ones, "sums": sums},
@@ -298,8 +307,8 @@ def _fragment_load_row(device, src, ones, data, per, log) -> dict:
     want = want.transpose(0, 2, 1).reshape(blocks, CONFIG.m)
     ok = bool(np.allclose(got, want, rtol=1e-3, atol=1e-3 * per))
     device.release(sums)
-    return _row(log, f"fragment loads, storage, {per} per subgroup", us, gbps=data.nbytes,
-                checked=ok)
+    return _row(log, f"fragment loads, storage, {per} per subgroup, {_arrays(sized)}", us,
+                gbps=data.nbytes, checked=ok)
 
 
 def _shared_row(device, ones, loops, groups, tiles, log) -> dict:
@@ -335,10 +344,11 @@ def _gemm_rows(device, size, log) -> list[dict]:
     bufs = {"A": device.buffer(a), "B": device.buffer(b),
             "C": device.empty(size * size, np.float32)}
     want = a[:64].astype(np.float64) @ b.astype(np.float64)
-    cases = [(f"GEMM direct from storage, 2x2 subgroups x {f}x{f} fragments",
-              compile_kernel(direct_gemm, 4 * CONFIG.subgroup_sizes[0], size=size, frags=f),
+    cases = [(f"GEMM direct from storage, 2x2 subgroups x {f}x{f} fragments, {_arrays(sized)}",
+              compile_kernel(direct_gemm, 4 * CONFIG.subgroup_sizes[0], size=size, frags=f,
+                             sized=sized),
               (size // (2 * f * CONFIG.n), size // (2 * f * CONFIG.m), 1))
-             for f in (2, 4) if size % (2 * f * CONFIG.m) == 0]
+             for f in (2, 4) for sized in (True, False) if size % (2 * f * CONFIG.m) == 0]
     tiling = MatrixTiling(CONFIG, (2, 2), (2, 4), 32)
     cases.append((f"GEMM staged ({tiling})",
                   compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling),
