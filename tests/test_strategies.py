@@ -183,7 +183,9 @@ def test_aligned_strategies_refuse_other_shapes(device, strategy, shape, message
 WIDE_TEXTS = ["tiled(threads=64, tile_tokens=4, wide=True)",
               "tiled(threads=64, tile_tokens=8, wide=True, out_block=4)",
               "tiled(threads=128, token_block=4, wide=True, out_block=2)",
-              "tiled(threads=32, tile_tokens=8, unroll=False, wide=True)"]
+              "tiled(threads=32, tile_tokens=8, unroll=False, wide=True)",
+              "tiled(threads=64, tile_tokens=8, token_block=2, wide=True, out_block=4, "
+              "preload=True)"]
 
 
 def wide_plan_result(device, strategy, dtype, rank, tokens, runtime, positive=True, seed=8):
@@ -219,6 +221,28 @@ def test_wide_matches_numpy(device, strategy, dtype):
                                           positive)
         assert_close(got, want, tol, f"{strategy} {np.dtype(dtype).name} rank {rank} "
                                      f"T={tokens}{' at run time' if runtime else ''}")
+
+
+@pytest.mark.parametrize("strategy", ["tiled(threads=32, tile_tokens=4, wide=True, out_block=1, "
+                                      "preload=True)",
+                                      "tiled(threads=64, tile_tokens=4, quad=True, preload=True)",
+                                      "tiled(threads=64, tile_tokens=4, preload=True)"])
+def test_preload_matches_numpy(device, strategy):
+    """preload with exactly one item per thread (8 groups of 8 columns x 4
+    tokens on 32 threads), with quad columns (16 groups of 4 on 64 threads,
+    48 idle) and with one column each (64 on 64): 37 tokens, ragged."""
+    a, b, x, base = problem(np.random.default_rng(9), 8, 64, 64, 37, positive=True)
+    got, _, _ = run_plan(device, a, b, x, base, 0.5, 37, strategy)
+    check_result(got, a, b, x, base, 0.5, strategy)
+
+
+def test_preload_needs_a_thread_per_item(device):
+    w = Weight.from_numpy(device, np.ones((8, 64), np.float32), np.ones((64, 8), np.float32))
+    with pytest.raises(KernelBuildError, match=re.escape(
+            "preload keeps one item of phase 2 per thread: 64 items (8 column groups x 8 token "
+            "blocks) need at most 32 threads; raise out_block or threads")):
+        forward_plan(device, w, 1.0, 37, Strategy.parse(
+            "tiled(threads=32, tile_tokens=8, wide=True, out_block=1, preload=True)"))
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
@@ -434,7 +458,7 @@ def test_strategy_bad_keyed_text(text, message):
                       "belongs to three and split and single"),
     ("tiled:64:4:zz", "cannot parse strategy 'tiled:64:4:zz': 'tiled' takes up to 4 number(s) "
                       "(threads, tile_tokens, token_block, out_block) then any of the words "
-                      "['loop', 'q', 'w']"),
+                      "['loop', 'q', 'w', 'pre']"),
     ("tiled:64:4:1:0:q:w", "quad (four output columns per thread) and wide (eight) exclude each "
                            "other: set one"),
     ("tiled:64:8:1:3", "out_block must be 0 (the whole tile) or divide tile_tokens, got 3 with "

@@ -54,8 +54,10 @@ CASES = (  # (rank, tokens, dtype, strategies)
 
 def tile_phase_h(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
                  unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, wide=False,
-                 out_block=0):
-    """tiled_forward's phase 1 alone: h of each tile computed and written out."""
+                 out_block=0, preload=False):
+    """tiled_forward's phase 1 alone: h of each tile computed and written out
+    (``preload``, which moves phase 2's loads into phase 1, is ignored: the
+    phases run apart here)."""
     tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
@@ -68,8 +70,9 @@ def tile_phase_h(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_toke
 
 def tile_phase_out(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
                    unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, wide=False,
-                   out_block=0):
-    """tiled_forward's phase 2 alone, from a made-up h: scale * A's first elements."""
+                   out_block=0, preload=False):
+    """tiled_forward's phase 2 alone, from a made-up h: scale * A's first elements
+    (``preload`` ignored, as in tile_phase_h)."""
     w = tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)[0]
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     Bm, out = tiled_kernels.tile_outputs(m, rank, out_dim, tokens, dtype, quad, wide)

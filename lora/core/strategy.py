@@ -23,8 +23,8 @@ projection="workgroup", subgroups=False)``                            rank_group
 ``single(threads=256, outputs_per_thread=1,               1           fused_forward (h recomputed
 unroll=True, subgroups=False)``                                       by every workgroup)
 ``tiled(threads=256, tile_tokens=16, token_block=1,       1           tiled_forward (tile_tokens
-unroll=True, quad=False, wide=False, out_block=0)``                   per workgroup, token_block
-                                                                      per thread in phase 1,
+unroll=True, quad=False, wide=False, out_block=0,                     per workgroup, token_block
+preload=False)``                                                      per thread in phase 1,
                                                                       out_block in phase 2)
 ``gemm(threads=128, tile_tokens=16, splits=1, block=4)``  2           project_a_tiled (block = 4
                                                                       or 8 tokens x 4 ranks per
@@ -41,7 +41,8 @@ depth=32, direct=False)``                                             project_a_
 ``subgroups`` reduces with subgroup operations, ``unroll=False`` keeps
 column loops as WGSL loops, ``quad`` gives each thread four adjacent output
 columns (read and written as vec4), ``wide`` eight (and every access of x, A
-and the output two adjacent vec4s), and ``projection="seed"`` computes h
+and the output two adjacent vec4s), ``preload`` loads the outputs before h
+is computed, and ``projection="seed"`` computes h
 with Hesper's one-thread-per-element kernel (``seed`` is Hesper's whole
 design: that kernel, then fused_b_add with 256 threads). The older
 positional texts (``split:256:8:sg``, ``tiled:512:16:loop``) still parse.
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import ast
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Self, dataclass_transform
 
 import numpy as np
@@ -421,7 +422,8 @@ class Tiled(Strategy):
 
     name: ClassVar[str] = "tiled"
     numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block", "out_block")
-    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True), ("w", "wide", True))
+    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True), ("w", "wide", True),
+                              ("pre", "preload", True))
     threads: int = 256
     tile_tokens: int = 16
     token_block: int = 1
@@ -429,6 +431,7 @@ class Tiled(Strategy):
     quad: bool = False  # four adjacent output columns per thread
     wide: bool = False  # eight, and x, A and the output moved two vec4s at a time
     out_block: int = 0  # tokens per thread while writing the output (0: the whole tile)
+    preload: bool = False  # the outputs loaded before h is computed (one item per thread)
 
     def validate(self) -> None:
         if self.tile_tokens < 1 or self.threads % self.tile_tokens:
@@ -448,7 +451,8 @@ class Tiled(Strategy):
         both = _both(shape, self.threads, self.unroll, save_h)
         return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
                                        token_block=self.token_block, quad=self.quad,
-                                       wide=self.wide, out_block=self.out_block))]
+                                       wide=self.wide, out_block=self.out_block,
+                                       preload=self.preload))]
 
     @classmethod
     def candidates(cls, shape, subgroups, matrices=()):
@@ -478,7 +482,8 @@ class Tiled(Strategy):
         tiles per thread in phase 2 (in f32, whose registers hold twice the
         bytes, 8 tokens of 16) and blocks of 4, so that more threads share the
         columns; from 64 tokens also 4 tokens per thread in phase 1, so that
-        each load (and conversion) of A serves four."""
+        each load (and conversion) of A serves four; and each of these with
+        ``preload`` where its threads suffice."""
         rank, tokens = shape.rank, shape.token_count
         if rank > WIDE_MAX_RANK or rank % 4 or shape.in_dim % 8 or shape.out_dim % 8:
             return []
@@ -490,7 +495,9 @@ class Tiled(Strategy):
                 out += [cls(threads, tile, token_block, wide=True, out_block=block)
                         for token_block in token_blocks
                         for block in dict.fromkeys((whole, 4)) if block < tile]
-        return out
+        return out + [replace(s, preload=True) for s in out  # where one item per thread
+                      if shape.out_dim // 8 * (s.tile_tokens // (s.out_block or s.tile_tokens))
+                      <= s.threads]
 
 
 @forward_strategy

@@ -119,58 +119,93 @@ def _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0, s
     return finish
 
 
-def _tile_columns(m, Bm, out, hw, rank, w, out_dim, tokens, tile_tokens, t0, vecs=0, block=0):
-    """Phase 2 for item i: a group of output columns (``vecs`` 0: column i;
-    1 (quad): columns 4i .. 4i + 3, out read and written as a vec4; 2 (wide):
-    8 columns as two adjacent vec4s) for ``block`` tokens of the tile (0: all;
-    else item i takes group i % groups and the block i // groups): B's rows
-    once, then every token of the block.
-    ``tokens``: an int, or the run-time count (then any tile may be the last)."""
-    ragged = not isinstance(tokens, int) or tokens % tile_tokens != 0
-    row_len = out_dim // 4 if vecs else out_dim
-    cols, per = (4 * vecs, vecs) if vecs else (1, 1)  # columns, output elements per token
-    groups = out_dim // cols
-    block = block or tile_tokens
+class TileColumns:
+    """Phase 2's items: item i is a group of output columns (``vecs`` 0: column
+    i; 1 (quad): columns 4i .. 4i + 3, out read and written as a vec4; 2
+    (wide): 8 columns as two adjacent vec4s) for ``block`` tokens of the tile
+    (the whole tile; or item i takes group i % groups and the block i // groups).
+    ``tokens``: an int, or the run-time count (then any tile may be the last).
+    ``column(i)`` loads the group's rows of B once, then every token's output
+    (all in flight together), then stores; ``outputs`` and ``update`` are its
+    halves, for a kernel that loads the outputs before phase 1 (``preload``)."""
 
-    def h_of(k):  # scale * h of token k, read once per token where eight columns use it
-        hs = [hw[k * (rank // w) + q] for q in range(rank // w)]
-        return [m.let(v, "hk") for v in hs] if vecs == 2 else hs
+    def __init__(self, m, Bm, out, hw, rank, out_dim, tokens, tile_tokens, t0, vecs, block):
+        self.m, self.Bm, self.out, self.hw, self.rank = m, Bm, out, hw, rank
+        self.tokens, self.tile_tokens, self.t0, self.vecs = tokens, tile_tokens, t0, vecs
+        self.w, self.block = width(rank), block
+        self.ragged = not isinstance(tokens, int) or tokens % tile_tokens != 0
+        self.row_len = out_dim // 4 if vecs else out_dim
+        self.cols, self.per = (4 * vecs, vecs) if vecs else (1, 1)  # columns, elements per token
+        self.groups = out_dim // self.cols
+        self.items = self.groups * (tile_tokens // block)
 
-    def dot_h(row, hs):
-        if w != 4:
+    def split(self, i):
+        """(column group, first token of the block within the tile) of item i."""
+        if self.block == self.tile_tokens:
+            return i, 0
+        return self.m.let(i % self.groups, "g"), self.m.let(i / self.groups * self.block, "k0")
+
+    def outputs(self, g, k0, wide_now=True, only=None):
+        """(index of each token's first output element, its values): widened
+        to f32 now, or (``wide_now`` False) kept as stored until used;
+        ``only``: a condition, where not met the values stay zero (not loaded)."""
+        m, t0, tokens = self.m, self.t0, self.tokens
+        dests = [m.let((B.min(t0 + k0 + k, tokens - 1) if self.ragged else t0 + k0 + k)
+                       * self.row_len + g * self.per, f"d{k}") for k in range(self.block)]
+        names = [[f"o{k}" + (f"_{q}" if self.per > 1 else "") for q in range(self.per)]
+                 for k in range(self.block)]
+        if only is None:
+            return dests, [[m.let(widen(self.out[d + q]) if wide_now else self.out[d + q],
+                                  names[k][q]) for q in range(self.per)]
+                           for k, d in enumerate(dests)]
+        olds = [[m.var(self.out.type.elem, None, name) for name in row] for row in names]
+        with m.if_(only):
+            for k, d in enumerate(dests):
+                for q in range(self.per):
+                    m.assign(olds[k][q], self.out[d + q])
+        return dests, olds
+
+    def rows(self, g):
+        """The rows of B of column group g."""
+        if not self.vecs:
+            return [b_row(self.m, self.Bm, g, self.rank)]
+        return [b_row(self.m, self.Bm, g * self.cols + c, self.rank) for c in range(self.cols)]
+
+    def column(self, i):
+        g, k0 = self.split(i)
+        rows = self.rows(g)
+        self.update(rows, k0, *self.outputs(g, k0))
+
+    def update(self, rows, k0, dests, olds):
+        """Store old + B @ (scale * h) for each token of the item (those < tokens)."""
+        for k in range(self.block):
+            hs = self._h_of(k0 + k)
+            totals = [vec4f(*[self._dot_h(row, hs) for row in rows[4 * q:4 * q + 4]])
+                      for q in range(self.per)] if self.vecs else [self._dot_h(rows[0], hs)]
+            if self.ragged:
+                with self.m.if_(self.t0 + k0 + k < self.tokens):
+                    self._store(dests[k], olds[k], totals)
+            else:
+                self._store(dests[k], olds[k], totals)
+
+    def _store(self, dest, olds, totals):
+        for q in range(self.per):
+            store_output(self.out, dest + q, widen(olds[q]) + totals[q])
+
+    def _h_of(self, k):
+        """scale * h of token k, in lets where eight columns read it."""
+        hs = [self.hw[k * (self.rank // self.w) + q] for q in range(self.rank // self.w)]
+        return [self.m.let(v, "hk") for v in hs] if self.vecs == 2 else hs
+
+    def _dot_h(self, row, hs):
+        if self.w != 4:
             return row_dot(row, hs)
         return sum_terms([B.dot(v, h) for v, h in zip(row, hs)])
-
-    def column(i):
-        g, k0 = i, 0
-        if block < tile_tokens:
-            g, k0 = m.let(i % groups, "g"), m.let(i / groups * block, "k0")
-        # All loads of this item first (B rows, then every token's output),
-        # so they are in flight together; then the stores.
-        rows = [b_row(m, Bm, g * cols + c, rank) for c in range(cols)] if vecs else \
-            [b_row(m, Bm, g, rank)]
-        ks = [k0 + k for k in range(block)]
-        dests = [m.let((B.min(t0 + k, tokens - 1) if ragged else t0 + k) * row_len + g * per,
-                       f"d{j}") for j, k in enumerate(ks)]
-        olds = [[m.let(widen(out[d + q]), f"o{j}" + (f"_{q}" if per > 1 else ""))
-                 for q in range(per)] for j, d in enumerate(dests)]
-        for j, k in enumerate(ks):
-            hs = h_of(k)
-            totals = [vec4f(*[dot_h(row, hs) for row in rows[4 * q:4 * q + 4]])
-                      for q in range(per)] if vecs else [dot_h(rows[0], hs)]
-            if ragged:
-                with m.if_(t0 + k < tokens):
-                    for q in range(per):
-                        store_output(out, dests[j] + q, olds[j][q] + totals[q])
-            else:
-                for q in range(per):
-                    store_output(out, dests[j] + q, olds[j][q] + totals[q])
-    return column
 
 
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
                   unroll=True, dtype="f32", token_block=1, save_h=False, quad=False,
-                  wide=False, out_block=0):
+                  wide=False, out_block=0, preload=False):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1 (``phase_h``): h = A @ x for the tile, left as scale * h in
@@ -188,6 +223,8 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     A and the output moves two adjacent vec4s (16 bytes of f16, 32 of f32):
     phase 1 steps over pairs and each thread of phase 2 owns eight adjacent
     columns, so the memory-bound forward issues half the loads and stores.
+    ``preload``: each thread (one item each) loads its outputs before phase 1,
+    so they are in flight with x's loads, and stores them after it.
     With ``save_h`` phase 1 also writes h (f32) for the backward.
     """
     tile_layout(rank, threads, tile_tokens, token_block)
@@ -200,10 +237,37 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     h = m.declare_output_buffer("h", f32, token_rows(tokens, rank)) if save_h else None
     n, t0 = tile_origin(m, tokens, tile_tokens)
     hw = tile_memory(m, rank, tile_tokens)
-    phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens, token_block, unroll, h,
-            span=2 if wide else 1)
+    def h_phase():
+        phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens, token_block, unroll,
+                h, 2 if wide else 1)
+
+    if preload:
+        cols = tile_columns(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, quad, wide,
+                            out_block)
+        preloaded(m, cols, threads, h_phase)
+        return
+    h_phase()
     phase_out(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, threads, quad, unroll, wide,
               out_block)
+
+
+def preloaded(m, cols, threads, h_phase):
+    """Phase 2 with each thread's outputs (one item per thread) loaded before
+    ``h_phase`` computes h, so they are in flight with its loads of x."""
+    if cols.items > threads:
+        raise ValueError(f"preload keeps one item of phase 2 per thread: {cols.items} items "
+                         f"({cols.groups} column groups x {cols.tile_tokens // cols.block} token "
+                         f"blocks) need at most {threads} threads; raise out_block or threads")
+    tid = m.local_index()
+    spare = cols.items < threads  # threads past the last item: load and store nothing
+    g, k0 = cols.split(m.let(B.min(tid, cols.items - 1), "item") if spare else tid)
+    dests, olds = cols.outputs(g, k0, False, tid < cols.items if spare else None)
+    h_phase()
+    if not spare:
+        cols.update(cols.rows(g), k0, dests, olds)
+        return
+    with m.if_(tid < cols.items):
+        cols.update(cols.rows(g), k0, dests, olds)
 
 
 def tile_memory(m, rank, tile_tokens):
@@ -247,12 +311,15 @@ def phase_out(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, threads, quad, 
     """Phase 2 of a tile: output[t0 + k, :] += B @ hw[k] for every token k < n of
     the tile, with ``hw`` (scale * h, in workgroup memory) complete; items of
     ``out_block`` tokens (0: the whole tile) and a group of columns."""
+    cols = tile_columns(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, quad, wide, out_block)
+    cost = (cols.block * 3 + rank // cols.w) * cols.cols
+    unrolled_or_loop(m, m.local_index(), cols.items, threads, cost, cols.column, "i", unroll)
+
+
+def tile_columns(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, quad, wide, out_block):
+    """Phase 2's TileColumns, after checking out_block."""
     if out_block < 0 or out_block and tile_tokens % out_block:
         raise ValueError(f"out_block ({out_block}) must be 0 (the whole tile) or divide "
                          f"tile_tokens ({tile_tokens})")
-    w, vecs = width(rank), 2 if wide else 1 if quad else 0
-    block = out_block or tile_tokens
-    column = _tile_columns(m, Bm, out, hw, rank, w, out_dim, n, tile_tokens, t0, vecs, block)
-    items = out_dim // (4 * vecs or 1) * (tile_tokens // block)
-    cost = (block * 3 + rank // w) * (4 * vecs or 1)
-    unrolled_or_loop(m, m.local_index(), items, threads, cost, column, "i", unroll)
+    return TileColumns(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0,
+                       2 if wide else 1 if quad else 0, out_block or tile_tokens)
