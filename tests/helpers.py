@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from numpy.typing import DTypeLike
 
 import shaderdsl as sd
 from lora import reference as R
@@ -58,7 +59,7 @@ def plan_lead(tokens):
 
 
 def problem(rng, rank, in_dim, out_dim, tokens, positive=False, *, rows=False,
-            dtype=np.float32):
+            dtype: DTypeLike = np.float32):
     """Random A [rank, in_dim], B [out_dim, rank], x [lead, in_dim] and base
     [lead, out_dim] for one forward, in ``dtype``: lead is ``plan_lead(tokens)``,
     or (tokens,) even for one token with ``rows`` (a runtime-token plan's buffers).

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_close, problem
+from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, WIDE_TEXTS, wide_plan_result
 
 import lora
 from lora import reference as R
-
-from helpers import problem
-from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS
 
 
 @pytest.mark.one_per_kind  # default tier: one strategy of each kind, the others slow
@@ -20,6 +19,16 @@ def test_forward_strategies(interp_device, strategy):
     a, b, x, base = problem(np.random.default_rng(1), 4, 12, 20, 3, rows=True)
     got = lora.forward(x, a, b, base, scale=1.5, device=interp_device, strategy=strategy)
     np.testing.assert_allclose(got, R.forward(x, a, b, 1.5, base), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", WIDE_TEXTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_wide_forward(interp_device, strategy, dtype):
+    """tiled's wide form (two vec4s per access, eight columns per thread) with
+    races checked: 37 tokens baked in and 5 read at run time, both ragged."""
+    for tokens, runtime in ((37, False), (5, True)):
+        got, want, tol = wide_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
+        assert_close(got, want, tol, f"{strategy} T={tokens}")
 
 
 @pytest.mark.parametrize("strategy", ["seed", "paired:64", "split:64", "split:64:0:4"])

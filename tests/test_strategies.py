@@ -30,21 +30,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
-
-import shaderdsl.compiler
-from shaderdsl.errors import AliasingError, BindingError, FeatureError, KernelBuildError
+from helpers import assert_close, check_result, normal, plan_lead, problem
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import lora
 import lora.kernels as K
-from lora import Weight, reference as R
+import shaderdsl.compiler
+from lora import BACKWARD, FORWARD, Backward, Strategy, Weight, forward, forward_plan
+from lora import reference as R
 from lora.core import tuning
-from lora import forward
-from lora.hesper import execute_lora_forward_auto
-from lora import BACKWARD, FORWARD, Backward, Strategy, forward_plan
 from lora.core.strategy import Seed, Single, Split, Tiled
-
-from helpers import assert_close, check_result, normal, plan_lead, problem
+from lora.hesper import execute_lora_forward_auto
+from shaderdsl.errors import AliasingError, BindingError, FeatureError, KernelBuildError
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -80,8 +78,8 @@ def run_plan(device, a, b, x, base, scale, tokens, strategy, one_row=False):
     """forward_plan(...)(x, out) on fresh buffers; returns (output, plan, dispatches recorded).
     ``one_row``: one token as (1, dim) buffers instead of (dim,)."""
     w = Weight.from_numpy(device, a, b)
-    plan = forward_plan(device, w, scale, tokens, Strategy.parse(strategy) if isinstance(strategy, str)
-                else strategy)
+    plan = forward_plan(device, w, scale, tokens,
+                        Strategy.parse(strategy) if isinstance(strategy, str) else strategy)
     x_buf = device.buffer(x.reshape(1, -1) if one_row else x)
     out = device.buffer(base.reshape(1, -1) if one_row else base)
     before = device.stats["dispatches"]
@@ -166,6 +164,11 @@ def test_gemm_saves_h(device, strategy, tokens):
     ("tiled:64:4:q", (4, 8, 6), "quad columns need out_dim divisible by 4 and rank at most 16 "
                                 "(four rows of B per thread), got out_dim 6, rank 4"),
     ("tiled:64:4:q", (20, 8, 8), "got out_dim 8, rank 20; the gemm strategy suits higher ranks"),
+    ("tiled:64:4:w", (4, 8, 12), "wide columns need out_dim divisible by 8 and rank at most 8 "
+                                 "(eight rows of B per thread), got out_dim 12, rank 4"),
+    ("tiled:64:4:w", (12, 8, 8), "got out_dim 8, rank 12; quad columns take up to rank 16"),
+    ("tiled:64:4:w", (4, 12, 8), "wide accesses need in_dim divisible by 8 (pairs of vec4), got "
+                                 "in_dim 12"),
 ])
 def test_aligned_strategies_refuse_other_shapes(device, strategy, shape, message):
     rank, in_dim, out_dim = shape
@@ -173,6 +176,73 @@ def test_aligned_strategies_refuse_other_shapes(device, strategy, shape, message
                           np.ones((out_dim, rank), np.float32))
     with pytest.raises(KernelBuildError, match=re.escape(message)):
         forward_plan(device, w, 1.0, 3, Strategy.parse(strategy))
+
+
+# wide: eight columns and two vec4s per access; whole tiles or blocks of tokens
+# per thread in phase 2, one token or a block per thread in phase 1, unrolled and looped.
+WIDE_TEXTS = ["tiled(threads=64, tile_tokens=4, wide=True)",
+              "tiled(threads=64, tile_tokens=8, wide=True, out_block=4)",
+              "tiled(threads=128, token_block=4, wide=True, out_block=2)",
+              "tiled(threads=32, tile_tokens=8, unroll=False, wide=True)",
+              "tiled(threads=64, tile_tokens=8, token_block=2, wide=True, out_block=4, "
+              "preload=True)"]
+
+
+def wide_plan_result(device, strategy, dtype, rank, tokens, runtime, positive=True, seed=8):
+    """One forward of ``strategy`` on a rank x 64 -> 48 problem of ``tokens``
+    tokens (baked in, or read at run time by a plan for up to 40); returns
+    (output as float64, the float64 reference, its tolerance)."""
+    npdt = np.dtype(dtype)
+    a, b, x, base = problem(np.random.default_rng(seed), rank, 64, 48, tokens, positive,
+                            rows=True, dtype=npdt)
+    w = Weight.from_numpy(device, a, b, dtype=npdt)
+    plan = forward_plan(device, w, -1.5, None if runtime else tokens, Strategy.parse(strategy),
+                        max_tokens=40 if runtime else None)
+    out = device.buffer(base)
+    plan(device.buffer(x), out)
+    got = device.read(out).astype(np.float64)
+    tol = (R.f16_tolerance if npdt == np.float16 else R.tolerance)(x, a, b, -1.5, base)
+    return got, R.forward(x, a, b, -1.5, base), tol
+
+
+@pytest.mark.parametrize("strategy", WIDE_TEXTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_wide_matches_numpy(device, strategy, dtype):
+    """wide in f32 and f16, rank 8 (two vec4s of B per row) and 3 (scalars),
+    37 tokens baked in (ragged for every tile) and 1, 5 and 37 read at run
+    time, against float64 numpy. All-positive inputs: an element a kernel
+    forgets stays at its base, far outside the bound; random signs once."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        pytest.skip("adapter lacks shader-f16")
+    cases = [(8, 37, False, True), (3, 37, False, False)] + \
+        [(8, t, True, True) for t in (1, 5, 37)]
+    for rank, tokens, runtime, positive in cases:
+        got, want, tol = wide_plan_result(device, strategy, dtype, rank, tokens, runtime,
+                                          positive)
+        assert_close(got, want, tol, f"{strategy} {np.dtype(dtype).name} rank {rank} "
+                                     f"T={tokens}{' at run time' if runtime else ''}")
+
+
+@pytest.mark.parametrize("strategy", ["tiled(threads=32, tile_tokens=4, wide=True, out_block=1, "
+                                      "preload=True)",
+                                      "tiled(threads=64, tile_tokens=4, quad=True, preload=True)",
+                                      "tiled(threads=64, tile_tokens=4, preload=True)"])
+def test_preload_matches_numpy(device, strategy):
+    """preload with exactly one item per thread (8 groups of 8 columns x 4
+    tokens on 32 threads), with quad columns (16 groups of 4 on 64 threads,
+    48 idle) and with one column each (64 on 64): 37 tokens, ragged."""
+    a, b, x, base = problem(np.random.default_rng(9), 8, 64, 64, 37, positive=True)
+    got, _, _ = run_plan(device, a, b, x, base, 0.5, 37, strategy)
+    check_result(got, a, b, x, base, 0.5, strategy)
+
+
+def test_preload_needs_a_thread_per_item(device):
+    w = Weight.from_numpy(device, np.ones((8, 64), np.float32), np.ones((64, 8), np.float32))
+    with pytest.raises(KernelBuildError, match=re.escape(
+            "preload keeps one item of phase 2 per thread: 64 items (8 column groups x 8 token "
+            "blocks) need at most 32 threads; raise out_block or threads")):
+        forward_plan(device, w, 1.0, 37, Strategy.parse(
+            "tiled(threads=32, tile_tokens=8, wide=True, out_block=1, preload=True)"))
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_TEXTS)
@@ -200,7 +270,7 @@ def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
     36). All-positive inputs and ragged tiles: a skipped element stays at its base."""
     a, b, x, base = problem(np.random.default_rng(rank), rank, 67, 70, 37, positive=True)
     got, plan, _ = run_plan(device, a, b, x, base, 0.25, 37, strategy)
-    assert plan.strategy.token_block > 1
+    assert isinstance(plan.strategy, Tiled) and plan.strategy.token_block > 1
     assert np.all(got > base + 0.1)
     check_result(got, a, b, x, base, 0.25, strategy)
 
@@ -274,9 +344,11 @@ def test_strategy_text_round_trip(device):
 
 def test_strategy_fields():
     s = Strategy.parse("single:128:2:loop:sg")
+    assert isinstance(s, Single)
     assert (s.name, s.threads, s.outputs_per_thread, s.unroll, s.subgroups) == \
         ("single", 128, 2, False, True)
     s = Strategy.parse("tiled:256:8:loop")
+    assert isinstance(s, Tiled)
     assert (s.name, s.threads, s.tile_tokens, s.unroll, s.subgroups) == \
         ("tiled", 256, 8, False, False)
     assert Strategy.parse("seed") == Seed()
@@ -346,8 +418,9 @@ def test_every_entry_round_trips(family, base):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("split(rank_grop=8)", "split has no field 'rank_grop'; its fields (defaults): split(threads=256, "
-                           "rank_group=0, projection=\"workgroup\", subgroups=False)"),
+    ("split(rank_grop=8)", "split has no field 'rank_grop'; its fields (defaults): "
+                           "split(threads=256, rank_group=0, projection=\"workgroup\", "
+                           "subgroups=False)"),
     ("seed(threads=64)", "seed has no field 'threads'; it has none"),
     ("split(256)", "expected split(field=value, ...), each field once and by name"),
     ("split(threads=64, threads=128)", "threads is given twice"),
@@ -355,7 +428,8 @@ def test_every_entry_round_trips(family, base):
     ("split(subgroups=1)", "split: subgroups must be True or False, got 1"),
     ("split(threads='64')", "split: threads must be an int, got '64'"),
     ("split(projection=True)", "split: projection must be a word (a str), got True"),
-    ("split(projection=\"seeds\")", "projection: expected one of ('workgroup', 'seed'), got 'seeds'"),
+    ("split(projection=\"seeds\")",
+     "projection: expected one of ('workgroup', 'seed'), got 'seeds'"),
     ("tiled(threads=x)", "threads= takes a number, True or False, or a quoted word"),
     ("tiled(threads=64, tile_tokens=3)", "tile_tokens must divide threads, got 3 and 64"),
     ("fused(threads=64)", "strategy 'fused' is now called 'single' (one dispatch); write "
@@ -382,8 +456,13 @@ def test_strategy_bad_keyed_text(text, message):
     ("single:64:0", "outputs_per_thread must be >= 1, got 0"),
     ("tiled:64:4:sg", "cannot parse strategy 'tiled:64:4:sg': 'tiled' takes no word 'sg'; it "
                       "belongs to three and split and single"),
-    ("tiled:64:4:zz", "cannot parse strategy 'tiled:64:4:zz': 'tiled' takes up to 3 number(s) "
-                      "(threads, tile_tokens, token_block) then any of the words ['loop', 'q']"),
+    ("tiled:64:4:zz", "cannot parse strategy 'tiled:64:4:zz': 'tiled' takes up to 4 number(s) "
+                      "(threads, tile_tokens, token_block, out_block) then any of the words "
+                      "['loop', 'q', 'w', 'pre']"),
+    ("tiled:64:4:1:0:q:w", "quad (four output columns per thread) and wide (eight) exclude each "
+                           "other: set one"),
+    ("tiled:64:8:1:3", "out_block must be 0 (the whole tile) or divide tile_tokens, got 3 with "
+                       "tile_tokens 8"),
     ("gemm:64:4:2:sg", "cannot parse strategy 'gemm:64:4:2:sg': 'gemm' takes no word 'sg'"),
     ("gemm:64:33:2", "tile_tokens must be 1 to 32"),
     ("gemm:64:4:0", "gemm: splits must be >= 1, got 0"),
@@ -403,7 +482,7 @@ def test_strategy_bad_text(text, message):
     assert len(str(info.value)) > 20
 
 
-@pytest.mark.parametrize("text", ["single:64:1:2", "tiled:64:4:2:1", "split:64:5:2", "seed:64",
+@pytest.mark.parametrize("text", ["single:64:1:2", "tiled:64:4:2:1:1", "split:64:5:2", "seed:64",
                                   "gemm:64:4:2:4:1"])
 def test_strategy_too_many_numbers(text):
     with pytest.raises(ValueError, match="takes up to"):
@@ -417,13 +496,13 @@ def test_strategy_bad_values():
         Single(48)
     with pytest.raises(ValueError, match="tile_tokens must divide threads, got 5 and 64"):
         Tiled(64, tile_tokens=5)
-    with pytest.raises(TypeError, match="token_block"):  # only tiled has the field
-        Single(64, token_block=2)
+    with pytest.raises(ValueError, match="single has no field 'token_block'"):  # tiled has
+        Strategy.parse("single(threads=64, token_block=2)")
     with pytest.raises(ValueError, match="token_block must divide tile_tokens, got 3 with "
                                          "tile_tokens 8"):
         Tiled(64, tile_tokens=8, token_block=3)
-    with pytest.raises(TypeError, match="rank_group"):  # only split has the field
-        Single(64, rank_group=4)
+    with pytest.raises(ValueError, match="single has no field 'rank_group'"):  # split has
+        Strategy.parse("single(threads=64, rank_group=4)")
     with pytest.raises(ValueError, match="rank_group must be >= 0, got -1"):
         Split(64, rank_group=-1)
 
@@ -458,7 +537,8 @@ def test_plan_refuses_bad_buffers_before_dispatch(device, strategy, tokens):
     device.sync()
     before = dict(device.stats)
     for what, (xb, ob) in bad.items():
-        with pytest.raises(BindingError, match=r"Plan .*(input|output) buffer must be (float32|a live Buffer)"):
+        with pytest.raises(BindingError, match=r"Plan .*(input|output) buffer must be "
+                                               r"(float32|a live Buffer)"):
             plan(xb, ob)
         with pytest.raises(BindingError):
             plan.check(xb, ob)

@@ -23,8 +23,9 @@ projection="workgroup", subgroups=False)``                            rank_group
 ``single(threads=256, outputs_per_thread=1,               1           fused_forward (h recomputed
 unroll=True, subgroups=False)``                                       by every workgroup)
 ``tiled(threads=256, tile_tokens=16, token_block=1,       1           tiled_forward (tile_tokens
-unroll=True, quad=False)``                                            per workgroup, token_block
-                                                                      per thread)
+unroll=True, quad=False, wide=False, out_block=0,                     per workgroup, token_block
+preload=False)``                                                      per thread in phase 1,
+                                                                      out_block in phase 2)
 ``gemm(threads=128, tile_tokens=16, splits=1, block=4)``  2           project_a_tiled (block = 4
                                                                       or 8 tokens x 4 ranks per
                                                                       thread, splits slices of
@@ -39,7 +40,9 @@ depth=32, direct=False, group=0, coalesce=False)``                    project_a_
 
 ``subgroups`` reduces with subgroup operations, ``unroll=False`` keeps
 column loops as WGSL loops, ``quad`` gives each thread four adjacent output
-columns (read and written as vec4), and ``projection="seed"`` computes h
+columns (read and written as vec4), ``wide`` eight (and every access of x, A
+and the output two adjacent vec4s), ``preload`` loads the outputs before h
+is computed, and ``projection="seed"`` computes h
 with Hesper's one-thread-per-element kernel (``seed`` is Hesper's whole
 design: that kernel, then fused_b_add with 256 threads). The older
 positional texts (``split:256:8:sg``, ``tiled:512:16:loop``) still parse.
@@ -48,13 +51,14 @@ from __future__ import annotations
 
 import ast
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Self, dataclass_transform
 
 import numpy as np
 
 from ..kernels import tiled_fits
 from ..kernels.gemm import GEMM_BLOCKS
+from ..kernels.tiled import WIDE_MAX_RANK
 from .shape import LayerShape
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
@@ -417,13 +421,17 @@ class Tiled(Strategy):
     """One dispatch, tiled_forward: a tile of tokens per workgroup, h in workgroup memory."""
 
     name: ClassVar[str] = "tiled"
-    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block")
-    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True))
+    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block", "out_block")
+    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True), ("w", "wide", True),
+                              ("pre", "preload", True))
     threads: int = 256
     tile_tokens: int = 16
     token_block: int = 1
     unroll: bool = True
     quad: bool = False  # four adjacent output columns per thread
+    wide: bool = False  # eight, and x, A and the output moved two vec4s at a time
+    out_block: int = 0  # tokens per thread while writing the output (0: the whole tile)
+    preload: bool = False  # the outputs loaded before h is computed (one item per thread)
 
     def validate(self) -> None:
         if self.tile_tokens < 1 or self.threads % self.tile_tokens:
@@ -432,11 +440,19 @@ class Tiled(Strategy):
         if self.token_block < 1 or self.tile_tokens % self.token_block:
             raise ValueError(f"token_block must divide tile_tokens, got {self.token_block} "
                              f"with tile_tokens {self.tile_tokens}")
+        if self.out_block < 0 or self.out_block and self.tile_tokens % self.out_block:
+            raise ValueError(f"out_block must be 0 (the whole tile) or divide tile_tokens, got "
+                             f"{self.out_block} with tile_tokens {self.tile_tokens}")
+        if self.quad and self.wide:
+            raise ValueError("quad (four output columns per thread) and wide (eight) exclude "
+                             "each other: set one")
 
     def kernels(self, shape, save_h=False):
         both = _both(shape, self.threads, self.unroll, save_h)
         return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
-                                       token_block=self.token_block, quad=self.quad))]
+                                       token_block=self.token_block, quad=self.quad,
+                                       wide=self.wide, out_block=self.out_block,
+                                       preload=self.preload))]
 
     @classmethod
     def candidates(cls, shape, subgroups, matrices=()):
@@ -455,7 +471,33 @@ class Tiled(Strategy):
         if rank <= 16 and not (rank % 4 or in_dim % 4 or out_dim % 4):
             out += [cls(threads, tile, quad=True) for threads in (256, 512) for tile in (8, 16)
                     if tile <= max(4, tokens)]
-        return out
+        return out + cls._wide_candidates(shape)
+
+    @classmethod
+    def _wide_candidates(cls, shape: LayerShape) -> list["Tiled"]:
+        """Eight output columns per thread and every access two vec4s (16 bytes
+        of f16), up to WIDE_MAX_RANK, where in_dim and out_dim are multiples of
+        8: the memory-bound forward at many tokens (f16 rank 8, 4096 tokens:
+        29.1 us with quad columns where a copy of its bytes takes 17.3). Whole
+        tiles per thread in phase 2 (in f32, whose registers hold twice the
+        bytes, 8 tokens of 16) and blocks of 4, so that more threads share the
+        columns; from 64 tokens also 4 tokens per thread in phase 1, so that
+        each load (and conversion) of A serves four; and each of these with
+        ``preload`` where its threads suffice."""
+        rank, tokens = shape.rank, shape.token_count
+        if rank > WIDE_MAX_RANK or rank % 4 or shape.in_dim % 8 or shape.out_dim % 8:
+            return []
+        out = []
+        for threads in (256, 512):
+            for tile in (t for t in (4, 8, 16) if t <= max(4, tokens)):
+                whole = 0 if tile < 16 or shape.dtype == "f16" else 8
+                token_blocks = (1, 4) if tile >= 8 and tokens >= 64 else (1,)
+                out += [cls(threads, tile, token_block, wide=True, out_block=block)
+                        for token_block in token_blocks
+                        for block in dict.fromkeys((whole, 4)) if block < tile]
+        return out + [replace(s, preload=True) for s in out  # where one item per thread
+                      if shape.out_dim // 8 * (s.tile_tokens // (s.out_block or s.tile_tokens))
+                      <= s.threads]
 
 
 @forward_strategy

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 
@@ -54,7 +55,7 @@ def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
 
 
 def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int,
-               dtype: np.typing.DTypeLike = np.float32) -> list[Strategy]:
+               dtype: DTypeLike = np.float32) -> list[Strategy]:
     """The strategies worth timing for this shape, storage dtype and device:
     what each registry entry (lora.core.strategy.FORWARD) offers."""
     shape = LayerShape(rank, in_dim, out_dim, tokens, wgsl_dtype(np.dtype(dtype)))

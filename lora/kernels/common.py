@@ -277,11 +277,13 @@ def unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=T
             body(c)
 
 
-def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None):
+def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, span=1):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
     for r < rank; ``rows``: the start of each row in A (default r * in_n).
     ``t`` is one token (returns one accumulator per rank) or a list of tokens
     (returns a list per token): each load of A then serves every token.
+    ``span``: adjacent elements of a row read per step (2: a pair of vec4s, 16
+    bytes of f16 or 32 of f32, in_n even); a lane's columns are then steps of span.
 
     With few iterations the loop is unrolled in Python, so every load is
     issued before the first multiply waits on memory.
@@ -290,17 +292,20 @@ def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None):
     tag = [""] if len(ts) == 1 else [f"{j}_" for j in range(len(ts))]
     accs = [[m.var(f32, 0.0, f"acc{tag[j]}{r}") for r in range(rank)] for j in range(len(ts))]
     rows = rows or [r * in_n for r in range(rank)]
+    part = [""] if span == 1 else [f"_{q}" for q in range(span)]
 
     def step(c):
-        xvs = [m.let(widen(x[tj * in_n + c]), f"xv{tag[j].rstrip('_')}") for j, tj in enumerate(ts)]
+        at = c if span == 1 else m.let(c * span, "cs")  # the step's first element
+        xvs = [[m.let(widen(x[tj * in_n + at + q]), f"xv{tag[j].rstrip('_')}{part[q]}")
+                for q in range(span)] for j, tj in enumerate(ts)]
         for r in range(rank):
-            a = widen(A[rows[r] + c])
+            a = [widen(A[rows[r] + at + q]) for q in range(span)]
             if len(ts) > 1:
-                a = m.let(a, f"a{r}")
+                a = [m.let(v, f"a{r}{part[q]}") for q, v in enumerate(a)]
             for j, xv in enumerate(xvs):
-                accs[j][r] += dot_or_mul(a, xv)
+                accs[j][r] += sum_terms([dot_or_mul(v, xq) for v, xq in zip(a, xv)])
 
-    unrolled_or_loop(m, lane, in_n, lanes, (rank + 1) * len(ts), step, "c", unroll)
+    unrolled_or_loop(m, lane, in_n // span, lanes, (rank + 1) * len(ts) * span, step, "c", unroll)
     return accs if isinstance(t, list) else accs[0]
 
 
