@@ -17,18 +17,16 @@ column block x, row block y):
 * the results leave through workgroup memory, one fragment at a time, to
   ``epilogue(row, col, value)``: four consecutive columns, a vec4<f32>, only
   inside the product; it writes them wherever it likes (a store, a scaled
-  add to the output, ...). With ``columns=8`` a whole row of fragments
-  leaves at once and every thread of the workgroup takes eight consecutive
-  columns (two vec4<f32>): room for 16-byte f16 accesses, contiguous across
-  the threads;
+  add to the output, ...);
 * ``tiling.group`` orders the workgroups in groups of row blocks (Triton's
   GROUP_SIZE_M), so that the workgroups running together share operand
-  blocks in L2.
+  blocks in L2 (on the H200, 1.7 % either way at 4096^3: note 37).
 
 Every workgroup-array index is built from ``local_index``, constants, ``/``,
 ``%`` and ``min``, which Tint's integer range analysis proves in bounds, so
 Dawn's robustness (with ``enable_integer_range_analysis_in_robustness``)
-leaves them unclamped (docs/optimisation-notes.md, note 37).
+leaves them unclamped: on the H200 the robust build runs as fast as one
+without robustness (docs/optimisation-notes.md, note 37).
 
 ``gemm(m, M, N, K, tiling)`` is a whole kernel on it: C = A @ B, f16 in,
 f32 out (examples/matrix_gemm.py, ``python -m lora bench --gemm``).
@@ -210,15 +208,12 @@ class _Slice:
 
 
 def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
-                  epilogue: Callable, columns: int = 4) -> None:
+                  epilogue: Callable) -> None:
     """Emit the product of ``a`` (M x K) and ``b`` (K x N) into the kernel being
     built with ``m`` (its workgroup size must be ``tiling.threads``); hand
-    each four result columns to ``epilogue(row, col, vec4<f32>)``, or, with
-    ``columns=8``, each eight to ``epilogue(row, col, (vec4<f32>, vec4<f32>))``
-    (``_drain_rows``). M, N and K are ints or u32 expressions uniform over the
-    dispatch; N must be a multiple of ``columns``."""
-    if columns not in (4, 8):
-        raise ValueError(f"tiled_product hands the epilogue 4 or 8 columns, got {columns}")
+    each four result columns to ``epilogue(row, col, vec4<f32>)``. M, N and K
+    are ints or u32 expressions uniform over the dispatch; N must be a
+    multiple of 4."""
     cfg = tiling.config
     left_t, right_t, result_t = cfg.types()
     (fr, fc), sgs = tiling.fragments, tiling.subgroup_size
@@ -251,10 +246,7 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
         sa.store(next_a, 1 - stage)
         sb.store(next_b, 1 - stage)
         m.barrier()
-    if columns == 8:
-        _drain_rows(m, tiling, acc, (row0, col0), (M, N), epilogue)
-    else:
-        _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
+    _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
 
 
 def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
@@ -278,38 +270,6 @@ def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
                     epilogue(row_i, col_i, T.vec4f(out[at], out[at + 1], out[at + 2],
                                                    out[at + 3]))
             m.barrier()
-
-
-def _drain_rows(m, tiling, acc, origin, extent, epilogue) -> None:
-    """Row i of every subgroup's fragments at once: into a band of workgroup
-    memory (f32) as wide as the block, then every thread of the workgroup
-    takes eight consecutive columns of it to ``epilogue``, so that a row of
-    the block leaves as one contiguous run (16 bytes per thread in f16);
-    ``origin``: the block's first result element. Two barriers per row of
-    fragments, where ``_drain`` takes two per fragment."""
-    cfg, (sr, sc), (fr, fc) = tiling.config, tiling.subgroups, tiling.fragments
-    threads, stride = tiling.threads, tiling.cols + tiling.pad
-    height, per_row = sr * cfg.m, tiling.cols // 8     # the band's rows; 8-column runs per row
-    if height * per_row % threads:
-        raise ValueError(f"columns=8: a band of {height} x {tiling.cols} results must split "
-                         f"into 8-column runs evenly over {threads} threads ({tiling})")
-    band = m.shared(T.SCALARS[cfg.result], height * stride, "band")
-    sg = m.local_index() / tiling.subgroup_size
-    corner = m.let(sg / sc * cfg.m * stride + sg % sc * (fc * cfg.n), "corner")
-    for i, row in enumerate(acc):
-        for j, value in enumerate(row):
-            B.subgroup_matrix_store(band, corner + j * cfg.n, value, stride)
-        m.barrier()
-        for q in range(0, height * per_row, threads):
-            e = m.let(m.local_index() + q, "e")
-            r, c = m.let(e / per_row, "r"), m.let(e % per_row * 8, "c")
-            row_i = m.let(origin[0] + r / cfg.m * (fr * cfg.m) + i * cfg.m + r % cfg.m, "row")
-            col_i = m.let(origin[1] + c, "col")
-            with m.if_((row_i < extent[0]) & (col_i < extent[1])):
-                at = m.let(r * stride + c, "at")
-                epilogue(row_i, col_i, tuple(T.vec4f(*(band[at + h + k] for k in range(4)))
-                                             for h in (0, 4)))
-        m.barrier()
 
 
 def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling) -> None:

@@ -22,7 +22,6 @@ from examples.matrix_gemm import CONFIG, SMALL, run
 from lora import reference as R
 from lora.kernels.registry import KERNELS
 from shaderdsl import interp, vec4f, vec4h
-from shaderdsl.errors import KernelBuildError
 from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
 from shaderdsl.types import MatrixConfig
 
@@ -38,9 +37,8 @@ def f32_steps_reference(a, b, step=16):
     return acc
 
 
-def product_kernel(m, M, N, K, tiling, a_t, b_t, columns=4):
-    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K];
-    the epilogue given ``columns`` (4 or 8) columns per call."""
+def product_kernel(m, M, N, K, tiling, a_t, b_t):
+    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K]."""
     A = m.declare_input_buffer("A", vec4h)
     Bm = m.declare_input_buffer("B", vec4h)
     C = m.declare_output_buffer("C", vec4f)
@@ -50,31 +48,27 @@ def product_kernel(m, M, N, K, tiling, a_t, b_t, columns=4):
         Operand(lambda k, j: Bm[(k * N + j) / 4])
 
     def store(row, col, value):
-        for q, quad in enumerate(value if columns == 8 else (value,)):
-            C[(row * N + col) / 4 + q] = quad
+        C[(row * N + col) / 4] = value
 
-    tiled_product(m, tiling, a, b, M, N, K, store, columns=columns)
+    tiled_product(m, tiling, a, b, M, N, K, store)
 
 
 @settings(max_examples=8, deadline=None)
 @given(dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 12)),
        a_t=st.booleans(), b_t=st.booleans(), k_step=st.sampled_from([16, 32]),
-       group=st.sampled_from([0, 0, 2, 3]), columns=st.sampled_from([4, 8]),
-       seed=st.integers(0, 2**32 - 1))
-def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, group, columns, seed):
-    """Any M, N, K multiples of 4 (N of ``columns``; so edges of every tile
-    are exercised), either factor stored transposed, one or several staged
-    slices, workgroups in grouped order or not (a last group of fewer row
-    blocks too), the epilogue by fragments or by rows of 8-column runs:
-    equal to the f16 products summed in f32 per 16 of K (fresh random
+       group=st.sampled_from([0, 0, 2, 3]), seed=st.integers(0, 2**32 - 1))
+def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, group, seed):
+    """Any M, N, K multiples of 4 (so edges of every tile are exercised),
+    either factor stored transposed, one or several staged slices,
+    workgroups in grouped order or not (a last group of fewer row blocks
+    too): equal to the f16 products summed in f32 per 16 of K (fresh random
     inputs: every element exactly, so no block is missed or written twice)."""
-    M, N, K = 4 * dims[0], columns * dims[1], 4 * dims[2]
+    M, N, K = 4 * dims[0], 4 * dims[1], 4 * dims[2]
     tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=k_step, group=group)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((K, N)).astype(np.float16)
-    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t,
-                   columns=columns)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t)
     dev = h200_interp()
     bufs = {"A": dev.buffer(np.ascontiguousarray(a.T if a_t else a).reshape(-1)),
             "B": dev.buffer(np.ascontiguousarray(b.T if b_t else b).reshape(-1)),
@@ -101,7 +95,7 @@ def test_tints_range_analysis_proves_every_workgroup_index():
                for t in (SMALL, MatrixTiling(CONFIG, (4, 2), (2, 4), k_step=32, group=8))
                for M, N, K in ((128, 128, 64), (72, 100, 48))]
     kernels.append(sd.compile(product_kernel, SMALL.threads, M=40, N=48, K=32, tiling=SMALL,
-                              a_t=True, b_t=True, columns=8))
+                              a_t=True, b_t=True))
     for name, params in [
             ("project_a_matrix", dict(rank=64, in_dim=256, tokens=100, splits=2)),
             ("project_a_matrix", dict(rank=24, in_dim=64, tokens=None, fragments=1,
@@ -109,7 +103,7 @@ def test_tints_range_analysis_proves_every_workgroup_index():
             ("b_add_matrix", dict(out_dim=136, rank=64, scale=0.5, tokens=70, splits=2,
                                   save_h=True)),
             ("b_add_matrix", dict(out_dim=136, rank=32, scale=0.5, tokens=None, rows=1, cols=2,
-                                  group=4, coalesce=True)),
+                                  group=4)),
             ("b_add_direct", dict(out_dim=128, rank=64, scale=0.5, tokens=70, splits=2,
                                   save_h=True)),
             ("grad_outer_matrix", dict(n=136, rank=64, scale=0.5, tokens=300, chunk=128)),
@@ -220,31 +214,25 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
 
 
 @settings(max_examples=4, deadline=None)
-@given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 20)),
+@given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 40)),
        tokens=st.integers(1, 100),
-       form=st.sampled_from(["matrix(coalesce=True)", "matrix(rows=1, cols=2, group=3)",
-                             "matrix(splits=2, rows=1, cols=1, group=2, coalesce=True)",
+       form=st.sampled_from(["matrix(rows=1, cols=2, group=3)",
+                             "matrix(splits=2, rows=1, cols=1, group=2)",
                              "matrix(splits=2, fragments=1, rows=2, cols=2, depth=64)"]),
        seed=st.integers(0, 2**32 - 1))
-def test_grouped_and_coalesced_matrix_forms_in_the_interpreter(rank, dims, tokens, form, seed):
+def test_grouped_and_deep_matrix_forms_in_the_interpreter(rank, dims, tokens, form, seed):
     """b_add_matrix in grouped workgroup order (h saved by the workgroups of
-    column block 0 wherever the order puts them) and with the epilogue of
-    8-column runs, and project_a with 64 columns per staged slice (the
-    candidates for few tokens): within f16 rounding of float64, like the
-    plain form."""
-    in_dim, out_dim = 16 * dims[0], 8 * dims[1]
+    column block 0 wherever the order puts them), and project_a with 64
+    columns per staged slice (the candidates for few tokens): within f16
+    rounding of float64, like the plain form."""
+    in_dim, out_dim = 16 * dims[0], 4 * dims[1]
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
-def test_matrix_group_and_coalesce_are_refused_where_they_cannot_apply():
-    with pytest.raises(ValueError, match="group and coalesce shape b_add_matrix"):
-        lora.Strategy.parse("matrix(direct=True, coalesce=True)")
-    with pytest.raises(KernelBuildError, match=r"out_dim \(132\) must be a multiple of 8"):
-        KERNELS["b_add_matrix"].kernel(out_dim=132, rank=16, scale=1.0, tokens=16,
-                                       coalesce=True)
-    with pytest.raises(KernelBuildError, match="4 or 8 columns, got 2"):
-        sd.compile(product_kernel, SMALL.threads, M=64, N=64, K=32, tiling=SMALL, a_t=False,
-                   b_t=False, columns=2)
+def test_matrix_group_is_refused_with_direct():
+    with pytest.raises(ValueError, match="group orders b_add_matrix's workgroups; direct runs "
+                                         "b_add_direct, which has no group"):
+        lora.Strategy.parse("matrix(direct=True, group=8)")
 
 
 @pytest.mark.slow
@@ -273,6 +261,27 @@ def test_matrix_is_offered_only_with_f16_fragments():
     assert not any(s.startswith("matrix") for s in f32)
     assert not any(str(s).startswith("matrix")
                    for s in tuning.candidates(none, 16, 256, 256, 64, np.float16))
+
+
+def test_the_model_starts_with_the_h200s_matrix_winners():
+    """f16 rank 64, 2560 -> 2560 on the H200 (optimisation note 37): matrix:2:1:2:2
+    from 2048 tokens, 8 slices at depth 64 up to 1024; where the shape does not
+    offer that form, the first candidate."""
+    from lora.core import tuning
+    from lora.core.strategy import Matrix
+    dev = h200_interp()
+
+    def first(tokens, in_dim=2560):
+        w = lora.Weight.from_numpy(dev, np.zeros((64, in_dim)), np.zeros((2560, 64)),
+                                   dtype=np.float16)
+        return tuning.model(dev, w, tokens)[0]
+    assert first(4096) == lora.Strategy.parse("matrix:2:1:2:2") == \
+        Matrix(splits=2, fragments=1, rows=2, cols=2)
+    assert first(2048) == Matrix(splits=2, fragments=1, rows=2, cols=2)
+    assert first(512) == lora.Strategy.parse("matrix:8:1:2:2:64") == \
+        Matrix(splits=8, fragments=1, rows=2, cols=2, depth=64)
+    assert first(8192) == Matrix(fragments=1, rows=2, cols=2)  # 2 slices of 8192: over 8192 rows
+    assert first(512, in_dim=2568) == Matrix(fragments=1, rows=2, cols=2)  # 8 slices: not x4
 
 
 def test_matrix_depth_must_be_a_multiple_of_16():

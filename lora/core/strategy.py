@@ -33,7 +33,7 @@ preload=False)``                                                      per thread
                                                                       (tile_tokens x 256 columns
                                                                       per workgroup)
 ``matrix(splits=1, fragments=2, rows=2, cols=4,           2           f16 on matrix units:
-depth=32, direct=False, group=0, coalesce=False)``                    project_a_matrix, then
+depth=32, direct=False, group=0)``                                    project_a_matrix, then
                                                                       b_add_matrix or (direct)
                                                                       b_add_direct
 ========================================================  ==========  =============================
@@ -560,16 +560,15 @@ class Matrix(Strategy):
     """f16 on matrix units, two dispatches: project_a_matrix (h in ``splits``
     slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup,
     ``depth`` columns of x per staged slice), then b_add_matrix (2 x 2
-    subgroups of ``rows`` x ``cols`` fragments) or, with ``direct``,
-    b_add_direct (``rows`` fragments of tokens per workgroup, ``cols``
-    fragments of columns per subgroup, the output's f16 fragments as the
-    accumulators). b_add_matrix's ``group`` (row blocks per group of the
-    workgroup order, 0: off) and ``coalesce`` (its epilogue 16 bytes per
-    thread, rows of the block by consecutive threads): lora.kernels.matrix."""
+    subgroups of ``rows`` x ``cols`` fragments; ``group``: row blocks per
+    group of its workgroup order, 0: off) or, with ``direct``, b_add_direct
+    (``rows`` fragments of tokens per workgroup, ``cols`` fragments of
+    columns per subgroup, the output's f16 fragments as the accumulators):
+    lora.kernels.matrix. What the autotuner tries, and why: ``candidates``."""
 
     name: ClassVar[str] = "matrix"
     numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth", "group")
-    flags: ClassVar[tuple] = (("direct", "direct", True), ("coalesce", "coalesce", True))
+    flags: ClassVar[tuple] = (("direct", "direct", True),)
     splits: int = 1
     fragments: int = 2
     rows: int = 2
@@ -577,7 +576,6 @@ class Matrix(Strategy):
     depth: int = 32
     direct: bool = False
     group: int = 0
-    coalesce: bool = False
 
     def validate(self) -> None:
         for f in ("splits", "fragments", "rows", "cols", "depth"):
@@ -588,9 +586,9 @@ class Matrix(Strategy):
                              f"got {self.depth}")
         if self.group < 0:
             raise ValueError(f"matrix: group must be >= 0 (0: off), got {self.group}")
-        if self.direct and (self.group or self.coalesce):
-            raise ValueError("matrix: group and coalesce shape b_add_matrix; direct runs "
-                             "b_add_direct, which has neither")
+        if self.direct and self.group:
+            raise ValueError("matrix: group orders b_add_matrix's workgroups; direct runs "
+                             "b_add_direct, which has no group")
 
     def kernels(self, shape, save_h=False):
         if shape.dtype != "f16":
@@ -604,8 +602,7 @@ class Matrix(Strategy):
                 (b_add, dict(out_dim=shape.out_dim, rank=shape.rank, scale=shape.scale,
                              tokens=shape.tokens, splits=self.splits, rows=self.rows,
                              cols=self.cols, save_h=save_h and self.splits > 1,
-                             **({} if self.direct else dict(group=self.group,
-                                                            coalesce=self.coalesce))), hp)]
+                             **({} if self.direct else dict(group=self.group))), hp)]
 
     scratch = Gemm.scratch
 
@@ -613,9 +610,14 @@ class Matrix(Strategy):
     def candidates(cls, shape, subgroups, matrices=()):
         """Where the adapter multiplies f16 16x16x16 into f32, from rank 16 and
         16 tokens (at rank 8 on the H200 they ran 45-200 us against tiled's
-        29 at T = 4096; optimisation note 30), then the direct forms where it
-        also has f16 results (on the H200 their b_add took 83 us against 55
-        at rank 64, 4096 tokens, and 14.4 against 16.3 at 512; note 34)."""
+        29 at T = 4096; optimisation note 30): one fragment of tokens per
+        project_a workgroup, every split of in_dim up to 8192 rows of hp, and
+        b_add tilings (rows, cols) = (2, 2), (1, 2), (1, 4), which measured
+        best (note 30); up to 1024 tokens also depth 64 (17.55 against 18.03
+        us at rank 64, T = 512; note 37); then the direct forms where it also
+        has f16 results (on the H200 their b_add took 83 us against 55 at
+        rank 64, 4096 tokens, and 14.4 against 16.3 at 512; note 34). Not
+        tried: ``group``, within 1.7 % either way on the H200 (note 37)."""
         from ..kernels.matrix import DIRECT, FRAGMENT
         rank, in_dim, out_dim, tokens = shape.rank, shape.in_dim, shape.out_dim, shape.token_count
         if FRAGMENT not in matrices or rank < 16 or tokens < 16 or rank % 4 or in_dim % 4 \
@@ -625,10 +627,8 @@ class Matrix(Strategy):
         direct = [cls(s, 1, r, c, direct=True) for s in splits for r, c in ((1, 2), (2, 2))
                   if DIRECT in matrices and rank % 16 == 0 and out_dim % (16 * c) == 0]
         tilings = ((2, 2), (1, 2), (1, 4))
-        coalesced = [cls(s, 1, r, c, coalesce=True) for s in splits for r, c in tilings] + \
-            [cls(s, 1, 2, 2, group=8, coalesce=True) for s in splits] if out_dim % 8 == 0 else []
         # few tokens: project_a's workgroups each walk a long slice; 64 columns per staged
-        # slice halve its barriers (note 30 measured it slower, before note 37's clamps fell)
+        # slice halve its barriers (faster at T = 512, slower at 4096: note 37)
         deep = [cls(s, 1, 2, 2, depth=64) for s in splits] if tokens <= 1024 else []
-        return [cls(s, 1, r, c) for s in splits for r, c in tilings] + coalesced + deep + direct
+        return [cls(s, 1, r, c) for s in splits for r, c in tilings] + deep + direct
 

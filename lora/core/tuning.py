@@ -251,8 +251,9 @@ def model(device, weight, tokens: int) -> list[Strategy]:
     """What ran fastest on the H200 for this kind of shape (docs/benchmarks.md),
     best first, then plainer forms and Hesper's seed, which runs anything. One
     token: single (rank 8) or split by rank groups; up to 64 tokens: split;
-    beyond, from rank 32: matrix (f16 with the adapter's f16 16x16x16 -> f32)
-    then gemm (8 tokens per thread from 512), where the shape allows; else tiled."""
+    beyond, from rank 32: matrix (f16 with the adapter's f16 16x16x16 -> f32;
+    the H200's fastest form for the token count) then gemm (8 tokens per thread
+    from 512), where the shape allows; else tiled."""
     shape = weight.layer_shape(tokens)
     if tokens > 64:
         return _model_many(device, shape) + [Seed()]
@@ -267,7 +268,7 @@ def _model_many(device, shape: LayerShape) -> list[Strategy]:
     wide = (device.limits.get("max-compute-invocations-per-workgroup") or 256) >= 512
     out = []
     if shape.rank >= 32:
-        out += Matrix.candidates(shape, False, _matrices(device, shape.dtype))[:1]
+        out += _model_matrix(device, shape)
         if Gemm.candidates(shape, False):
             many = tokens >= 2048  # rank 64, 2560: 153 / 141 us (naga / Tint) at 4096
             splits = 8 if many else 16  # tokens, 31.5 / 27.9 at 512 (optimisation note 33)
@@ -277,6 +278,18 @@ def _model_many(device, shape: LayerShape) -> list[Strategy]:
     threads = 512 if wide else 256  # past 1024 tokens the H200 chose looped output columns
     return out + [Tiled(threads, 4) if tokens <= 1024 else Tiled(threads, 16, unroll=False),
                   Tiled(256, 8)]
+
+
+def _model_matrix(device, shape: LayerShape) -> list[Strategy]:
+    """The matrix form that ran fastest on the H200 (f16 rank 64, 2560 -> 2560,
+    Dawn, robust or not alike; optimisation note 37) where the shape offers
+    it, else the first candidate; none where the adapter lacks the fragments."""
+    offered = Matrix.candidates(shape, False, _matrices(device, shape.dtype))
+    if shape.token_count > 1024:  # T = 4096: 80.8 us (splits=8: 105.3); 1025-2047 unmeasured
+        best = Matrix(splits=2, fragments=1, rows=2, cols=2)
+    else:  # T = 512: 17.55 us (depth 32: 18.03; splits=2: 22.8)
+        best = Matrix(splits=8, fragments=1, rows=2, cols=2, depth=64)
+    return [best if best in offered else offered[0]] if offered else []
 
 
 def default_strategy(device, weight, scale: float, tokens: int, make_plan) -> Strategy:

@@ -126,18 +126,10 @@ def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=
 
 
 def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save_h=False,
-                 group=0, coalesce=False):
+                 group=0):
     """output[t, o] += scale * sum_r h[t, r] B[o, r], h the sum of the slices.
-    ``group``: MatrixTiling's; ``coalesce``: the epilogue takes 8 halves (16
-    bytes) per thread, a row of the block by consecutive threads, after one
-    barrier pair per row of fragments (tiled_product's ``columns=8``; out_dim
-    a multiple of 8). The 8 halves are two adjacent vec4<f16>: the DSL binds
-    an f16 buffer only as f16 elements, so one vec4<u32> access is not
-    available here."""
+    ``group``: MatrixTiling's (the workgroup order)."""
     _check("b_add_matrix", rank=rank, out_dim=out_dim)
-    if coalesce and out_dim % 8:
-        raise ValueError(f"b_add_matrix: coalesce writes 8 halves at a time: out_dim "
-                         f"({out_dim}) must be a multiple of 8")
     tiling = b_tiling(rank, rows, cols, group)
     n, h_at = _hp_sum(m, rank, tokens, splits)
     Bm = m.declare_input_buffer("B", vec4h, out_dim * rank // 4)
@@ -150,13 +142,8 @@ def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save
         at = m.let((t * out_dim + o) / 4, "at")
         out[at] = vec4h(vec4f(out[at]) + scale * value)
 
-    def add8(t, o, values):
-        at = m.let((t * out_dim + o) / 8 * 2, "at")  # even: 16-byte aligned
-        for half, value in enumerate(values):
-            out[at + half] = vec4h(vec4f(out[at + half]) + scale * value)
-
     tiled_product(m, tiling, Operand(h_at), Operand(lambda r, o: Bm[(o * rank + r) / 4], axis=0),
-                  n, out_dim, rank, add8 if coalesce else add, columns=8 if coalesce else 4)
+                  n, out_dim, rank, add)
 
 
 def _save_h(m, h_at, rank, tokens, n, block, rows, threads) -> None:
