@@ -161,20 +161,27 @@ def test_profile_small(tmp_path, monkeypatch, device):
     from lora.apps import bench_profile
     monkeypatch.setattr(bench_profile, "DIM", 64)
     monkeypatch.setattr(bench_profile, "CASES", (
-        (8, 32, "f32", ("tiled:64:8", "gemm:64:8:2", "single:64:2", "tiled:8:8:too-many")),))
+        (8, 32, "f32", ("tiled:64:8", "gemm:64:8:2", "single:64:2", "tiled:8:8:too-many")),
+        (8, 32, "f16", (HALF_PAIRED,))))
     assert bench.main(["--profile", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / f"profile-{COMPILER}.json").read_text())
     assert result["adapter"] == device.name and result["build"] == WGPU_BUILD
     assert set(result["read"]) >= {"forward + read", "read alone", "sync alone",
                                    "read alone (map_sync)", "record + submit"}
     assert all(positive(v) for v in result["read"].values())
-    (case,) = result["cases"]
+    case = result["cases"][0]
     strategies = case["strategies"]
     assert set(strategies["tiled:64:8"]) == {"us", "phase h", "phase out"}
     assert set(strategies["gemm:64:8:2"]) == {"us", "0:project_a_tiled", "1:tiled_b_add"}
     assert set(strategies["single:64:2"]) == {"us"}
     assert "error" in strategies["tiled:8:8:too-many"]
     assert all(positive(v) for s in list(strategies.values())[:3] for v in s.values())
+    if device.has_feature("shader-f16"):  # half's phase h (f16 sums) timed alone too
+        half = result["cases"][1]["strategies"][HALF_PAIRED]
+        assert set(half) == {"us", "phase h", "phase out"} and all(map(positive, half.values()))
+
+
+HALF_PAIRED = "tiled(threads=64, tile_tokens=8, token_block=2, quad=True, half=True)"
 
 
 @pytest.mark.slow

@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import assert_close, problem
-from test_strategies import ALIGNED_TEXTS, STRATEGY_TEXTS, WIDE_TEXTS, wide_plan_result
+from test_strategies import (
+    ALIGNED_TEXTS,
+    STRATEGY_TEXTS,
+    STREAM_CASES,
+    WIDE_TEXTS,
+    wide_plan_result,
+)
 
 import lora
 from lora import reference as R
@@ -26,6 +32,15 @@ def test_forward_strategies(interp_device, strategy):
 def test_wide_forward(interp_device, strategy, dtype):
     """tiled's wide form (two vec4s per access, eight columns per thread) with
     races checked: 37 tokens baked in and 5 read at run time, both ragged."""
+    for tokens, runtime in ((37, False), (5, True)):
+        got, want, tol = wide_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
+        assert_close(got, want, tol, f"{strategy} T={tokens}")
+
+
+@pytest.mark.parametrize("strategy, dtype", STREAM_CASES)
+def test_streaming_forward(interp_device, strategy, dtype):
+    """tiled's paired and half forms with races checked: 37 tokens baked in
+    and 5 read at run time, both ragged."""
     for tokens, runtime in ((37, False), (5, True)):
         got, want, tol = wide_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
         assert_close(got, want, tol, f"{strategy} T={tokens}")

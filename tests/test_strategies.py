@@ -202,7 +202,15 @@ def wide_plan_result(device, strategy, dtype, rank, tokens, runtime, positive=Tr
     plan(device.buffer(x), out)
     got = device.read(out).astype(np.float64)
     tol = (R.f16_tolerance if npdt == np.float16 else R.tolerance)(x, a, b, -1.5, base)
+    if getattr(Strategy.parse(strategy), "half", False):  # plus h's error from its f16 sums
+        tol = tol + R.tolerance(x, a, b, -1.5, rtol=HALF_RTOL, atol=0.0)
     return got, R.forward(x, a, b, -1.5, base), tol
+
+
+# half's bound on h: each f16 dot of four products rounds each product and
+# each of its three sums, at most 2**-11 of the sum of the |terms| each time,
+# then the f16 store of the output scales that error by at most 1 + 2**-11.
+HALF_RTOL = 4 * 2.0 ** -11 * (1 + 2.0 ** -11)
 
 
 @pytest.mark.parametrize("strategy", WIDE_TEXTS)
@@ -221,6 +229,43 @@ def test_wide_matches_numpy(device, strategy, dtype):
                                           positive)
         assert_close(got, want, tol, f"{strategy} {np.dtype(dtype).name} rank {rank} "
                                      f"T={tokens}{' at run time' if runtime else ''}")
+
+
+# the streaming forms for the memory-bound forward: two tokens per thread in
+# phase 1 and blocks of tokens in phase 2 (f32 and f16), and half (f16 only):
+# A . x summed in f16 four products at a time, with whole-tile, blocked and looped phases.
+PAIRED_TEXTS = ["tiled(threads=64, tile_tokens=16, token_block=2, quad=True, out_block=4)",
+                "tiled(threads=64, tile_tokens=16, token_block=2, unroll=False, quad=True, "
+                "out_block=8)"]
+HALF_TEXTS = ["tiled(threads=64, tile_tokens=4, quad=True, half=True)",
+              "tiled(threads=64, tile_tokens=16, token_block=2, quad=True, out_block=4, "
+              "half=True)",
+              "tiled(threads=32, tile_tokens=8, unroll=False, half=True)"]
+STREAM_CASES = [(s, np.float32) for s in PAIRED_TEXTS] + \
+    [(s, np.float16) for s in PAIRED_TEXTS + HALF_TEXTS]
+
+
+@pytest.mark.parametrize("strategy, dtype", STREAM_CASES)
+def test_streaming_forms_match_numpy(device, strategy, dtype):
+    """As test_wide_matches_numpy: rank 8 (vec4 rows of B) and 3, 37 tokens
+    baked in and 1, 5, 37 read at run time (ragged tiles), against float64
+    numpy within the dtype's tolerance (for half, plus HALF_RTOL of |B| @ |A| @ |x|)."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        pytest.skip("adapter lacks shader-f16")
+    cases = [(8, 37, False, True), (3, 37, False, False)] + \
+        [(8, t, True, True) for t in (1, 5, 37)]
+    for rank, tokens, runtime, positive in cases:
+        got, want, tol = wide_plan_result(device, strategy, dtype, rank, tokens, runtime,
+                                          positive, seed=11)
+        assert_close(got, want, tol, f"{strategy} {np.dtype(dtype).name} rank {rank} "
+                                     f"T={tokens}{' at run time' if runtime else ''}")
+
+
+def test_half_needs_f16(device):
+    w = Weight.from_numpy(device, np.ones((8, 64), np.float32), np.ones((64, 8), np.float32))
+    with pytest.raises(KernelBuildError, match=re.escape(
+            "half sums products of f16 A and x in f16; the weight is f32 (leave half off)")):
+        forward_plan(device, w, 1.0, 37, Strategy.parse("tiled(threads=64, half=True)"))
 
 
 @pytest.mark.parametrize("strategy", ["tiled(threads=32, tile_tokens=4, wide=True, out_block=1, "
@@ -458,7 +503,7 @@ def test_strategy_bad_keyed_text(text, message):
                       "belongs to three and split and single"),
     ("tiled:64:4:zz", "cannot parse strategy 'tiled:64:4:zz': 'tiled' takes up to 4 number(s) "
                       "(threads, tile_tokens, token_block, out_block) then any of the words "
-                      "['loop', 'q', 'w', 'pre']"),
+                      "['loop', 'q', 'w', 'pre', 'half']"),
     ("tiled:64:4:1:0:q:w", "quad (four output columns per thread) and wide (eight) exclude each "
                            "other: set one"),
     ("tiled:64:8:1:3", "out_block must be 0 (the whole tile) or divide tile_tokens, got 3 with "

@@ -24,7 +24,7 @@ projection="workgroup", subgroups=False)``                            rank_group
 unroll=True, subgroups=False)``                                       by every workgroup)
 ``tiled(threads=256, tile_tokens=16, token_block=1,       1           tiled_forward (tile_tokens
 unroll=True, quad=False, wide=False, out_block=0,                     per workgroup, token_block
-preload=False)``                                                      per thread in phase 1,
+preload=False, half=False)``                                          per thread in phase 1,
                                                                       out_block in phase 2)
 ``gemm(threads=128, tile_tokens=16, splits=1, block=4)``  2           project_a_tiled (block = 4
                                                                       or 8 tokens x 4 ranks per
@@ -42,7 +42,8 @@ depth=32, direct=False, group=0)``                                    project_a_
 column loops as WGSL loops, ``quad`` gives each thread four adjacent output
 columns (read and written as vec4), ``wide`` eight (and every access of x, A
 and the output two adjacent vec4s), ``preload`` loads the outputs before h
-is computed, and ``projection="seed"`` computes h
+is computed, ``half`` (f16 weights; never a candidate) sums the products of
+A and x in f16 four at a time, and ``projection="seed"`` computes h
 with Hesper's one-thread-per-element kernel (``seed`` is Hesper's whole
 design: that kernel, then fused_b_add with 256 threads). The older
 positional texts (``split:256:8:sg``, ``tiled:512:16:loop``) still parse.
@@ -51,14 +52,14 @@ from __future__ import annotations
 
 import ast
 import numbers
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import ClassVar, Self, dataclass_transform
 
 import numpy as np
 
 from ..kernels import tiled_fits
 from ..kernels.gemm import GEMM_BLOCKS
-from ..kernels.tiled import WIDE_MAX_RANK
+from ..kernels.tiled import QUAD_MAX_RANK
 from .shape import LayerShape
 
 GEMM_TILE_TOKENS = 32  # gemm's tiled_b_add keeps a vec4 per token of its tile in registers
@@ -423,7 +424,7 @@ class Tiled(Strategy):
     name: ClassVar[str] = "tiled"
     numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block", "out_block")
     flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True), ("w", "wide", True),
-                              ("pre", "preload", True))
+                              ("pre", "preload", True), ("half", "half", True))
     threads: int = 256
     tile_tokens: int = 16
     token_block: int = 1
@@ -432,6 +433,7 @@ class Tiled(Strategy):
     wide: bool = False  # eight, and x, A and the output moved two vec4s at a time
     out_block: int = 0  # tokens per thread while writing the output (0: the whole tile)
     preload: bool = False  # the outputs loaded before h is computed (one item per thread)
+    half: bool = False  # f16 weights: A . x summed in f16 four products at a time
 
     def validate(self) -> None:
         if self.tile_tokens < 1 or self.threads % self.tile_tokens:
@@ -452,7 +454,7 @@ class Tiled(Strategy):
         return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
                                        token_block=self.token_block, quad=self.quad,
                                        wide=self.wide, out_block=self.out_block,
-                                       preload=self.preload))]
+                                       preload=self.preload, half=self.half))]
 
     @classmethod
     def candidates(cls, shape, subgroups, matrices=()):
@@ -471,33 +473,29 @@ class Tiled(Strategy):
         if rank <= 16 and not (rank % 4 or in_dim % 4 or out_dim % 4):
             out += [cls(threads, tile, quad=True) for threads in (256, 512) for tile in (8, 16)
                     if tile <= max(4, tokens)]
-        return out + cls._wide_candidates(shape)
+        return out + cls._streaming_candidates(shape)
 
     @classmethod
-    def _wide_candidates(cls, shape: LayerShape) -> list["Tiled"]:
-        """Eight output columns per thread and every access two vec4s (16 bytes
-        of f16), up to WIDE_MAX_RANK, where in_dim and out_dim are multiples of
-        8: the memory-bound forward at many tokens (f16 rank 8, 4096 tokens:
-        29.1 us with quad columns where a copy of its bytes takes 17.3). Whole
-        tiles per thread in phase 2 (in f32, whose registers hold twice the
-        bytes, 8 tokens of 16) and blocks of 4, so that more threads share the
-        columns; from 64 tokens also 4 tokens per thread in phase 1, so that
-        each load (and conversion) of A serves four; and each of these with
-        ``preload`` where its threads suffice."""
+    def _streaming_candidates(cls, shape: LayerShape) -> list[Self]:
+        """The memory-bound forward up to rank 16 from 64 tokens (f16 rank 8,
+        4096 tokens on the H200: 29.4 us with quad columns where a copy of its
+        bytes takes 15; phase 1 alone 16.1 us for 21 MB of x, bound by the
+        loads and f16 -> f32 conversions of A that every token repeats):
+        2 tokens per thread in phase 1, so that each load (and conversion) of
+        A serves two: in 16-token tiles (64 lanes per token at 512 threads, the
+        phase unrolled) and in 32-token tiles (32 lanes, as 16-token tiles of
+        one token have; blocks of 8 tokens in phase 2).
+        The wide forms (16-byte accesses) lost to quad columns on the H200
+        (f16: 39.1 us at best against 29.6; f32: 55.9 against 44.1) and are
+        not offered; nor is ``half``, whose f16 sums leave the f16 bound of
+        lora.core.reference (an explicit choice only)."""
         rank, tokens = shape.rank, shape.token_count
-        if rank > WIDE_MAX_RANK or rank % 4 or shape.in_dim % 8 or shape.out_dim % 8:
+        if rank > QUAD_MAX_RANK or tokens < 64 or rank % 4 or shape.in_dim % 4 \
+                or shape.out_dim % 4:
             return []
-        out = []
-        for threads in (256, 512):
-            for tile in (t for t in (4, 8, 16) if t <= max(4, tokens)):
-                whole = 0 if tile < 16 or shape.dtype == "f16" else 8
-                token_blocks = (1, 4) if tile >= 8 and tokens >= 64 else (1,)
-                out += [cls(threads, tile, token_block, wide=True, out_block=block)
-                        for token_block in token_blocks
-                        for block in dict.fromkeys((whole, 4)) if block < tile]
-        return out + [replace(s, preload=True) for s in out  # where one item per thread
-                      if shape.out_dim // 8 * (s.tile_tokens // (s.out_block or s.tile_tokens))
-                      <= s.threads]
+        return [cls(threads, tile, 2, quad=True, out_block=block)
+                for threads in (256, 512) for tile, block in ((16, 0), (32, 8))
+                if tiled_fits(rank, threads, tile, 2)]
 
 
 @forward_strategy

@@ -2,9 +2,10 @@
 
 ``dtype`` is the storage type of A, B, x and output: "f32", or "f16" (needs
 the adapter's shader-f16). Arithmetic is f32 either way: every f16 load is
-widened, and only a final store to f16 storage rounds. Loops over rank are
-unrolled in Python, so each accumulator is its own WGSL variable and stays
-in a register under both naga and Tint. Rows are read as vec4 when their
+widened, and only a final store to f16 storage rounds (except where a
+kernel asks for ``half``: products of A and x summed in f16, half_dot).
+Loops over rank are unrolled in Python, so each accumulator is its own WGSL
+variable and stays in a register under both naga and Tint. Rows are read as vec4 when their
 length is a multiple of 4.
 """
 from __future__ import annotations
@@ -233,6 +234,18 @@ def dot_or_mul(a, b):
     return B.dot(a, b) if a.type == vec4f else a * b
 
 
+def as_stored(e):
+    """e unchanged (the f16 kept as f16 for half_dot)."""
+    return e
+
+
+def half_dot(a, b):
+    """a . b (vec4<f16>) or a * b (f16) computed in f16, widened to f32."""
+    if a.type not in (f16, vec4h):
+        raise ValueError(f"half products need f16 storage of A and x, got {a.type}")
+    return f32(B.dot(a, b) if a.type == vec4h else a * b)
+
+
 
 def reduce_sum(m, accs, threads, subgroups):
     """Sum each accumulator over the workgroup (shaderdsl.collectives.reduce);
@@ -277,13 +290,18 @@ def unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=T
             body(c)
 
 
-def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, span=1):
+def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, span=1,
+                 half=False):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
     for r < rank; ``rows``: the start of each row in A (default r * in_n).
     ``t`` is one token (returns one accumulator per rank) or a list of tokens
     (returns a list per token): each load of A then serves every token.
     ``span``: adjacent elements of a row read per step (2: a pair of vec4s, 16
     bytes of f16 or 32 of f32, in_n even); a lane's columns are then steps of span.
+    ``half`` (f16 storage): each vec4 product of A and x is summed in f16 and
+    only that sum widened and added to the f32 accumulator, so no element of
+    A is converted; four products and three sums rounded to f16 bound h's error
+    by 2**-9 of |A| @ |x|, beyond the f32 sums' bound where terms cancel.
 
     With few iterations the loop is unrolled in Python, so every load is
     issued before the first multiply waits on memory.
@@ -294,16 +312,19 @@ def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, sp
     rows = rows or [r * in_n for r in range(rank)]
     part = [""] if span == 1 else [f"_{q}" for q in range(span)]
 
+    load = as_stored if half else widen
+    product = half_dot if half else dot_or_mul
+
     def step(c):
         at = c if span == 1 else m.let(c * span, "cs")  # the step's first element
-        xvs = [[m.let(widen(x[tj * in_n + at + q]), f"xv{tag[j].rstrip('_')}{part[q]}")
+        xvs = [[m.let(load(x[tj * in_n + at + q]), f"xv{tag[j].rstrip('_')}{part[q]}")
                 for q in range(span)] for j, tj in enumerate(ts)]
         for r in range(rank):
-            a = [widen(A[rows[r] + at + q]) for q in range(span)]
+            a = [load(A[rows[r] + at + q]) for q in range(span)]
             if len(ts) > 1:
                 a = [m.let(v, f"a{r}{part[q]}") for q, v in enumerate(a)]
             for j, xv in enumerate(xvs):
-                accs[j][r] += sum_terms([dot_or_mul(v, xq) for v, xq in zip(a, xv)])
+                accs[j][r] += sum_terms([product(v, xq) for v, xq in zip(a, xv)])
 
     unrolled_or_loop(m, lane, in_n // span, lanes, (rank + 1) * len(ts) * span, step, "c", unroll)
     return accs if isinstance(t, list) else accs[0]

@@ -64,7 +64,7 @@ def tile_layout(rank, threads, tile_tokens, token_block):
 
 
 def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, token_block, unroll,
-                   span=1):
+                   span=1, half=False):
     """Phase 1's partial sums: (accumulators, lane, first token of each block
     row within the tile, first rank r0 of the thread's group)."""
     tid = m.local_index()
@@ -72,7 +72,8 @@ def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, tok
         tl = m.let(tid / lanes, "tl")
         lane = m.let(tid % lanes, "lane")
         t = m.let(B.min(t0 + tl, tokens - 1), "t")  # a partial last tile recomputes a real token
-        return partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll, span=span), lane, [tl], 0
+        accs = partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll, span=span, half=half)
+        return accs, lane, [tl], 0
     group = m.let(tid / lanes, "group")
     lane = m.let(tid % lanes, "lane")
     tg = m.let(group / rank_groups if rank_groups > 1 else group, "tg")
@@ -83,8 +84,8 @@ def _tile_partials(m, A, x, rank, in_n, tokens, t0, lanes, per, rank_groups, tok
         rows = [m.let(B.min(r0 + q, rank - 1) * in_n, f"row{q}") for q in range(per)]
     else:
         r0, rows = 0, None
-    accs = [a for block in partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows, span)
-            for a in block]
+    accs = [a for block in partial_dots(m, A, x, per, in_n, ts, lane, lanes, unroll, rows, span,
+                                        half) for a in block]
     return accs, lane, [first + j for j in range(token_block)], r0
 
 
@@ -205,7 +206,7 @@ class TileColumns:
 
 def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
                   unroll=True, dtype="f32", token_block=1, save_h=False, quad=False,
-                  wide=False, out_block=0, preload=False):
+                  wide=False, out_block=0, preload=False, half=False):
     """The LoRA delta for many tokens in one dispatch, tile_tokens per workgroup.
 
     Phase 1 (``phase_h``): h = A @ x for the tile, left as scale * h in
@@ -225,9 +226,12 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     columns, so the memory-bound forward issues half the loads and stores.
     ``preload``: each thread (one item each) loads its outputs before phase 1,
     so they are in flight with x's loads, and stores them after it.
+    ``half`` (f16 only): phase 1's products of A and x summed in f16 four at
+    a time (lora.kernels.common.half_dot), so A is never converted to f32.
     With ``save_h`` phase 1 also writes h (f32) for the backward.
     """
     tile_layout(rank, threads, tile_tokens, token_block)
+    check_half(half, dtype)
     if wide and in_dim % 8:
         raise ValueError(f"wide accesses need in_dim divisible by 8 (pairs of vec4), got "
                          f"in_dim {in_dim}")
@@ -239,7 +243,7 @@ def tiled_forward(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tok
     hw = tile_memory(m, rank, tile_tokens)
     def h_phase():
         phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens, token_block, unroll,
-                h, 2 if wide else 1)
+                h, 2 if wide else 1, half)
 
     if preload:
         cols = tile_columns(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, quad, wide,
@@ -277,13 +281,20 @@ def tile_memory(m, rank, tile_tokens):
     return m.shared(vec4f if w == 4 else f32, tile_tokens * rank // w, "hw")
 
 
+def check_half(half, dtype):
+    if half and dtype != "f16":
+        raise ValueError(f"half sums products of f16 A and x in f16; the weight is {dtype} "
+                         f"(leave half off)")
+
+
 def phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens, token_block, unroll,
-            h=None, span=1):
+            h=None, span=1, half=False):
     """Phase 1 of a tile: hw = scale * A @ x for its tokens (and h = A @ x where
-    ``h``, the f32 buffer, is given); ``span``: vec4s of x and A per access."""
+    ``h``, the f32 buffer, is given); ``span``: vec4s of x and A per access;
+    ``half``: products summed in f16 four at a time."""
     w, per, rank_groups, lanes = tile_layout(rank, threads, tile_tokens, token_block)
     accs, lane, firsts, r0 = _tile_partials(m, A, x, rank, in_n, n, t0, lanes, per,
-                                            rank_groups, token_block, unroll, span)
+                                            rank_groups, token_block, unroll, span, half)
     finish = _tile_h_store(m, hw, rank, w, per, rank_groups, threads, lane, firsts, r0,
                            scale, (h, t0, n))
     tree_sum(m, accs, threads, lanes, lane, finish, SHARED_FLOATS - tile_tokens * rank)
