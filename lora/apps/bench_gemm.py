@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from shaderdsl.matmul import MatrixTiling, gemm
 from shaderdsl.runtime import COMPILER, get_device
 from shaderdsl.types import MatrixConfig
 
-from ..core.tuning import MIN_BATCH_NS
+from .bench_ceiling import batch_us
 from .bench_train import optional_torch
 
 CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
@@ -25,23 +24,6 @@ CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
 # workgroup order (MatrixTiling.group; 8 row blocks per group, Triton's usual GROUP_SIZE_M)
 TILINGS = (((2, 2), (2, 2), 16, 0), ((2, 2), (2, 4), 32, 0), ((2, 2), (4, 4), 32, 0),
            ((4, 2), (2, 4), 32, 0), ((2, 2), (4, 4), 32, 8), ((4, 2), (2, 4), 32, 8))
-
-
-def gemm_us(device, kernel, bufs, grid) -> float:
-    """Median microseconds per dispatch in batches of at least MIN_BATCH_NS: GPU
-    timestamps where the device has them, else wall time with a wait."""
-    def batch(n):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(n):
-                device.dispatch(kernel, bufs, grid)
-        if b.gpu_time_ns is None:
-            device.sync()
-            return (time.perf_counter() - t0) * 1e9
-        return b.gpu_time_ns
-
-    n = max(1, int(MIN_BATCH_NS / max(batch(2) / 2, 1.0)))
-    return statistics.median(batch(n) / n / 1e3 for _ in range(3))
 
 
 def torch_mm_us(size: int) -> float | None:
@@ -77,7 +59,7 @@ def gemm_case(device, size: int, log) -> dict:
         tiling = MatrixTiling(CONFIG, subgroups, fragments, k_step, group=group)
         kernel = compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling)
         try:
-            us = gemm_us(device, kernel, bufs, tiling.grid(size, size))
+            us = batch_us(device, kernel, bufs, tiling.grid(size, size))
         except DispatchError as e:  # over this device's workgroup memory
             log(f"  {tiling}: {e}")
             continue
