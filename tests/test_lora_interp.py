@@ -11,8 +11,7 @@ from test_strategies import (
     ALIGNED_TEXTS,
     STRATEGY_TEXTS,
     STREAM_CASES,
-    WIDE_TEXTS,
-    wide_plan_result,
+    streaming_plan_result,
 )
 
 import lora
@@ -27,22 +26,12 @@ def test_forward_strategies(interp_device, strategy):
     np.testing.assert_allclose(got, R.forward(x, a, b, 1.5, base), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", WIDE_TEXTS)
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_wide_forward(interp_device, strategy, dtype):
-    """tiled's wide form (two vec4s per access, eight columns per thread) with
-    races checked: 37 tokens baked in and 5 read at run time, both ragged."""
-    for tokens, runtime in ((37, False), (5, True)):
-        got, want, tol = wide_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
-        assert_close(got, want, tol, f"{strategy} T={tokens}")
-
-
 @pytest.mark.parametrize("strategy, dtype", STREAM_CASES)
 def test_streaming_forward(interp_device, strategy, dtype):
     """tiled's paired and half forms with races checked: 37 tokens baked in
     and 5 read at run time, both ragged."""
     for tokens, runtime in ((37, False), (5, True)):
-        got, want, tol = wide_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
+        got, want, tol = streaming_plan_result(interp_device, strategy, dtype, 8, tokens, runtime)
         assert_close(got, want, tol, f"{strategy} T={tokens}")
 
 

@@ -46,10 +46,10 @@ CASES = (  # (rank, tokens, dtype, strategies)
     (16, 4096, "f32", ("tiled(threads=512)", "gemm(threads=64, splits=8)", "gemm(splits=8)")),
     (8, 4096, "f32", ("tiled(threads=512, unroll=False)", "tiled(threads=512, quad=True)",
                       "tiled(threads=512, token_block=2, quad=True)",
-                      "tiled(threads=512, tile_tokens=32, token_block=2, quad=True, out_block=8)")),
+                      "tiled(token_block=2, quad=True)")),
     (8, 4096, "f16", ("tiled(threads=512, unroll=False)", "tiled(threads=512, quad=True)",
                       "tiled(threads=512, token_block=2, quad=True)",
-                      "tiled(threads=512, tile_tokens=32, token_block=2, quad=True, out_block=8)",
+                      "tiled(token_block=2, quad=True)",
                       "tiled(threads=512, quad=True, half=True)",
                       "tiled(threads=512, token_block=2, quad=True, half=True)")),
     (8, 1, "f32", ("single", "single(threads=512, subgroups=True)")),
@@ -57,11 +57,8 @@ CASES = (  # (rank, tokens, dtype, strategies)
 
 
 def tile_phase_h(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                 unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, wide=False,
-                 out_block=0, preload=False, half=False):
-    """tiled_forward's phase 1 alone: h of each tile computed and written out
-    (``preload``, which moves phase 2's loads into phase 1, is ignored: the
-    phases run apart here)."""
+                 unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, half=False):
+    """tiled_forward's phase 1 alone: h of each tile computed and written out."""
     tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
     x, _ = input_matrix(m, "x", tokens, in_dim, dtype)
@@ -69,24 +66,23 @@ def tile_phase_h(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_toke
     n, t0 = tile_origin(m, tokens, tile_tokens)
     hw = tiled_kernels.tile_memory(m, rank, tile_tokens)
     tiled_kernels.phase_h(m, hw, A, x, in_n, n, t0, rank, scale, threads, tile_tokens,
-                          token_block, unroll, h, span=2 if wide else 1, half=half)
+                          token_block, unroll, h, half)
 
 
 def tile_phase_out(m, rank, in_dim, out_dim, scale, tokens, threads=256, tile_tokens=16,
-                   unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, wide=False,
-                   out_block=0, preload=False, half=False):
+                   unroll=True, dtype="f32", token_block=1, save_h=False, quad=False, half=False):
     """tiled_forward's phase 2 alone, from a made-up h: scale * A's first elements
-    (``preload`` ignored, as in tile_phase_h; ``half`` shapes phase 1 only)."""
+    (``half`` shapes phase 1 only)."""
     w = tiled_kernels.tile_layout(rank, threads, tile_tokens, token_block)[0]
     A, in_n = input_matrix(m, "A", rank, in_dim, dtype)
-    Bm, out = tiled_kernels.tile_outputs(m, rank, out_dim, tokens, dtype, quad, wide)
+    Bm, out = tiled_kernels.tile_outputs(m, rank, out_dim, tokens, dtype, quad)
     n, t0 = tile_origin(m, tokens, tile_tokens)
     hw = tiled_kernels.tile_memory(m, rank, tile_tokens)
     with m.loop(m.local_index(), tile_tokens * rank // w, threads, name="j") as j:
         hw[j] = scale * widen(A[j % (rank * in_n // w)])
     m.barrier()
     tiled_kernels.phase_out(m, Bm, out, hw, rank, out_dim, n, tile_tokens, t0, threads, quad,
-                            unroll, wide, out_block)
+                            unroll)
 
 
 PHASES = {"h": tile_phase_h, "out": tile_phase_out}

@@ -23,9 +23,8 @@ projection="workgroup", subgroups=False)``                            rank_group
 ``single(threads=256, outputs_per_thread=1,               1           fused_forward (h recomputed
 unroll=True, subgroups=False)``                                       by every workgroup)
 ``tiled(threads=256, tile_tokens=16, token_block=1,       1           tiled_forward (tile_tokens
-unroll=True, quad=False, wide=False, out_block=0,                     per workgroup, token_block
-preload=False, half=False)``                                          per thread in phase 1,
-                                                                      out_block in phase 2)
+unroll=True, quad=False, half=False)``                                per workgroup, token_block
+                                                                      per thread in phase 1)
 ``gemm(threads=128, tile_tokens=16, splits=1, block=4)``  2           project_a_tiled (block = 4
                                                                       or 8 tokens x 4 ranks per
                                                                       thread, splits slices of
@@ -40,10 +39,9 @@ depth=32, direct=False, group=0)``                                    project_a_
 
 ``subgroups`` reduces with subgroup operations, ``unroll=False`` keeps
 column loops as WGSL loops, ``quad`` gives each thread four adjacent output
-columns (read and written as vec4), ``wide`` eight (and every access of x, A
-and the output two adjacent vec4s), ``preload`` loads the outputs before h
-is computed, ``half`` (f16 weights; never a candidate) sums the products of
-A and x in f16 four at a time, and ``projection="seed"`` computes h
+columns (read and written as vec4), ``half`` (f16 weights; never a
+candidate) sums the products of A and x in f16 four at a time, and
+``projection="seed"`` computes h
 with Hesper's one-thread-per-element kernel (``seed`` is Hesper's whole
 design: that kernel, then fused_b_add with 256 threads). The older
 positional texts (``split:256:8:sg``, ``tiled:512:16:loop``) still parse.
@@ -422,17 +420,14 @@ class Tiled(Strategy):
     """One dispatch, tiled_forward: a tile of tokens per workgroup, h in workgroup memory."""
 
     name: ClassVar[str] = "tiled"
-    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block", "out_block")
-    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True), ("w", "wide", True),
-                              ("pre", "preload", True), ("half", "half", True))
+    numbers: ClassVar[tuple] = ("threads", "tile_tokens", "token_block")
+    flags: ClassVar[tuple] = (("loop", "unroll", False), ("q", "quad", True),
+                              ("half", "half", True))
     threads: int = 256
     tile_tokens: int = 16
     token_block: int = 1
     unroll: bool = True
     quad: bool = False  # four adjacent output columns per thread
-    wide: bool = False  # eight, and x, A and the output moved two vec4s at a time
-    out_block: int = 0  # tokens per thread while writing the output (0: the whole tile)
-    preload: bool = False  # the outputs loaded before h is computed (one item per thread)
     half: bool = False  # f16 weights: A . x summed in f16 four products at a time
 
     def validate(self) -> None:
@@ -442,19 +437,12 @@ class Tiled(Strategy):
         if self.token_block < 1 or self.tile_tokens % self.token_block:
             raise ValueError(f"token_block must divide tile_tokens, got {self.token_block} "
                              f"with tile_tokens {self.tile_tokens}")
-        if self.out_block < 0 or self.out_block and self.tile_tokens % self.out_block:
-            raise ValueError(f"out_block must be 0 (the whole tile) or divide tile_tokens, got "
-                             f"{self.out_block} with tile_tokens {self.tile_tokens}")
-        if self.quad and self.wide:
-            raise ValueError("quad (four output columns per thread) and wide (eight) exclude "
-                             "each other: set one")
 
     def kernels(self, shape, save_h=False):
         both = _both(shape, self.threads, self.unroll, save_h)
         return [("tiled_forward", dict(both, tile_tokens=self.tile_tokens,
                                        token_block=self.token_block, quad=self.quad,
-                                       wide=self.wide, out_block=self.out_block,
-                                       preload=self.preload, half=self.half))]
+                                       half=self.half))]
 
     @classmethod
     def candidates(cls, shape, subgroups, matrices=()):
@@ -481,21 +469,17 @@ class Tiled(Strategy):
         4096 tokens on the H200: 29.4 us with quad columns where a copy of its
         bytes takes 15; phase 1 alone 16.1 us for 21 MB of x, bound by the
         loads and f16 -> f32 conversions of A that every token repeats):
-        2 tokens per thread in phase 1, so that each load (and conversion) of
-        A serves two: in 16-token tiles (64 lanes per token at 512 threads, the
-        phase unrolled) and in 32-token tiles (32 lanes, as 16-token tiles of
-        one token have; blocks of 8 tokens in phase 2).
-        The wide forms (16-byte accesses) lost to quad columns on the H200
-        (f16: 39.1 us at best against 29.6; f32: 55.9 against 44.1) and are
-        not offered; nor is ``half``, whose f16 sums leave the f16 bound of
-        lora.core.reference (an explicit choice only)."""
+        2 tokens per thread in phase 1 of 16-token tiles, so that each load
+        (and conversion) of A serves two (27.6 us at 256 threads, which the
+        autotuner chose; optimisation note 39). Not offered: ``half``, whose
+        f16 sums leave the f16 bound of lora.core.reference (an explicit
+        choice only)."""
         rank, tokens = shape.rank, shape.token_count
         if rank > QUAD_MAX_RANK or tokens < 64 or rank % 4 or shape.in_dim % 4 \
                 or shape.out_dim % 4:
             return []
-        return [cls(threads, tile, 2, quad=True, out_block=block)
-                for threads in (256, 512) for tile, block in ((16, 0), (32, 8))
-                if tiled_fits(rank, threads, tile, 2)]
+        return [cls(threads, 16, 2, quad=True) for threads in (256, 512)
+                if tiled_fits(rank, threads, 16, 2)]
 
 
 @forward_strategy

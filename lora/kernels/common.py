@@ -5,8 +5,8 @@ the adapter's shader-f16). Arithmetic is f32 either way: every f16 load is
 widened, and only a final store to f16 storage rounds (except where a
 kernel asks for ``half``: products of A and x summed in f16, half_dot).
 Loops over rank are unrolled in Python, so each accumulator is its own WGSL
-variable and stays in a register under both naga and Tint. Rows are read as vec4 when their
-length is a multiple of 4.
+variable and stays in a register under both naga and Tint. Rows are read as
+vec4 when their length is a multiple of 4.
 """
 from __future__ import annotations
 
@@ -246,7 +246,6 @@ def half_dot(a, b):
     return f32(B.dot(a, b) if a.type == vec4h else a * b)
 
 
-
 def reduce_sum(m, accs, threads, subgroups):
     """Sum each accumulator over the workgroup (shaderdsl.collectives.reduce);
     returns lets h0, h1, ... holding the sums.
@@ -290,14 +289,11 @@ def unrolled_or_loop(m, start, stop, stride, per_iteration, body, name, unroll=T
             body(c)
 
 
-def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, span=1,
-                 half=False):
+def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, half=False):
     """Each lane's partial sums of A[r] . x[t] over columns lane, lane + lanes, ...
     for r < rank; ``rows``: the start of each row in A (default r * in_n).
     ``t`` is one token (returns one accumulator per rank) or a list of tokens
     (returns a list per token): each load of A then serves every token.
-    ``span``: adjacent elements of a row read per step (2: a pair of vec4s, 16
-    bytes of f16 or 32 of f32, in_n even); a lane's columns are then steps of span.
     ``half`` (f16 storage): each vec4 product of A and x is summed in f16 and
     only that sum widened and added to the f32 accumulator, so no element of
     A is converted; four products and three sums rounded to f16 bound h's error
@@ -310,23 +306,19 @@ def partial_dots(m, A, x, rank, in_n, t, lane, lanes, unroll=True, rows=None, sp
     tag = [""] if len(ts) == 1 else [f"{j}_" for j in range(len(ts))]
     accs = [[m.var(f32, 0.0, f"acc{tag[j]}{r}") for r in range(rank)] for j in range(len(ts))]
     rows = rows or [r * in_n for r in range(rank)]
-    part = [""] if span == 1 else [f"_{q}" for q in range(span)]
-
     load = as_stored if half else widen
     product = half_dot if half else dot_or_mul
 
     def step(c):
-        at = c if span == 1 else m.let(c * span, "cs")  # the step's first element
-        xvs = [[m.let(load(x[tj * in_n + at + q]), f"xv{tag[j].rstrip('_')}{part[q]}")
-                for q in range(span)] for j, tj in enumerate(ts)]
+        xvs = [m.let(load(x[tj * in_n + c]), f"xv{tag[j].rstrip('_')}") for j, tj in enumerate(ts)]
         for r in range(rank):
-            a = [load(A[rows[r] + at + q]) for q in range(span)]
+            a = load(A[rows[r] + c])
             if len(ts) > 1:
-                a = [m.let(v, f"a{r}{part[q]}") for q, v in enumerate(a)]
+                a = m.let(a, f"a{r}")
             for j, xv in enumerate(xvs):
-                accs[j][r] += sum_terms([product(v, xq) for v, xq in zip(a, xv)])
+                accs[j][r] += product(a, xv)
 
-    unrolled_or_loop(m, lane, in_n // span, lanes, (rank + 1) * len(ts) * span, step, "c", unroll)
+    unrolled_or_loop(m, lane, in_n, lanes, (rank + 1) * len(ts), step, "c", unroll)
     return accs if isinstance(t, list) else accs[0]
 
 
