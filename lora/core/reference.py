@@ -214,3 +214,31 @@ __all__ += ["backward", "mse", "softmax_cross_entropy", "adamw_step", "sgd_step"
 def rel_error(got, want, magnitude) -> float:
     """The largest error relative to 1 + the result's magnitude (|B| |A| |x| summed)."""
     return float(np.max(np.abs(got - want) / (1.0 + magnitude)))
+
+
+def forward_many(x, layers, ids, base=None, dtype=F64) -> np.ndarray:
+    """``base + scale_i * B_i @ (A_i @ x)`` row by row, i = ``ids[row]`` (-1:
+    the base alone): the multi-adapter forward. ``x`` ``(tokens, in_dim)``;
+    ``layers``: (A, B, scale) triples; ``base`` default zeros."""
+    xs = _f(x, dtype).reshape(-1, np.shape(x)[-1])
+    ids = np.asarray(ids).reshape(-1)
+    out_dim = np.shape(layers[0][1])[0]
+    out = np.zeros((len(xs), out_dim), dtype) if base is None else \
+        _f(base, dtype).reshape(len(xs), out_dim).copy()
+    for i, (a, b, scale) in enumerate(layers):
+        rows = ids == i
+        out[rows] += lora_delta(xs[rows], a, b, scale, dtype)
+    return out
+
+
+def many_tolerance(x, layers, ids, base=None, rtol: float = RTOL_OUT) -> np.ndarray:
+    """:func:`tolerance` row by row, each with its adapter (rows of id -1: none)."""
+    xs = np.reshape(x, (-1, np.shape(x)[-1]))
+    ids = np.asarray(ids).reshape(-1)
+    mag = np.zeros((len(xs), np.shape(layers[0][1])[0]))
+    for i, (a, b, scale) in enumerate(layers):
+        rows = ids == i
+        mag[rows] = tolerance(xs[rows], a, b, scale, None, rtol, 0.0)
+    if base is not None:
+        mag += rtol * np.abs(np.reshape(base, mag.shape).astype(F64))
+    return mag + ATOL

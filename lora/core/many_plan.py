@@ -1,0 +1,280 @@
+"""The plan of a batch whose rows each name an adapter of a pool: the
+routes (host ids checked and sorted into tiles, or device ids read by the
+kernels) and ``ManyPlan``, which records the kernels of lora.kernels.many
+(made by ``AdapterPool.forward_plan``).
+
+Ids are slots of the pool; -1 gives a row no delta (peft's "__base__").
+Host ids are checked before anything runs. Device ids (an int32 buffer)
+are read by the kernels: a row naming no adapter gets no delta and is
+counted in the plan's sticky flags, reported (ValueError) at the next
+``plan.read`` or ``plan.check_ids``, as cross-entropy reports its labels.
+Host ids may be sorted into segments (tiles of up to ``tile_tokens`` rows of
+one adapter, so each tile reads its adapter once); device ids are taken row
+by row (no sort on the GPU yet).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shaderdsl import checks
+from shaderdsl.devicebuffer import DeviceBuffer
+from shaderdsl.errors import BindingError
+
+from ..kernels.many import FLAGS
+from . import checks as C
+from .checks import count
+from .plan import build_steps, launch, record_steps
+from .weight import wgsl_dtype
+
+ID_DTYPE = np.dtype(np.int32)
+
+
+def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
+    """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
+    flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
+    range [-1, bound) named in messages."""
+    arr = np.asarray(ids)
+    rows = int(np.prod(shape, dtype=np.int64))
+    if arr.dtype.kind not in "iu" and not (arr.dtype == bool and arr.size == 0):
+        raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
+                           f"dtype {arr.dtype.name}")
+    if arr.shape != shape and arr.shape != (rows,):
+        raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1]) "
+                           f"or ({rows},), got {arr.shape}")
+    flat = arr.reshape(-1).astype(np.int64)
+    known = np.zeros(max(bound, 1) + 1, bool)
+    known[0] = True  # -1, shifted to 0
+    known[np.asarray(slots, np.int64) + 1] = True
+    outside = (flat < -1) | (flat >= bound)
+    bad = np.flatnonzero(outside | ~known[np.clip(flat + 1, 0, bound)])
+    if bad.size:
+        r, v = int(bad[0]), int(flat[bad[0]])
+        why = (f"is outside [-1, {bound})" if outside[r] else
+               f"names slot {v}, which holds no adapter (slots in use: {list(slots)})")
+        raise ValueError(f"ids: id {v} at row {r} {why}; -1 means no adapter ({bad.size} "
+                         f"row(s) refused, nothing ran)")
+    return flat.astype(ID_DTYPE)
+
+
+def segments(ids: np.ndarray, tile_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows sorted by adapter (rows with -1 left out) and the tiles over them:
+    (order u32 [rows with an adapter], tiles u32 [n, 4] of (first index into
+    order, row count <= tile_tokens, slot, 0))."""
+    order = np.argsort(ids, kind="stable")
+    order = order[ids[order] >= 0]
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]]) if order.size \
+        else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], order.size].astype(np.int64)
+    tiles = [(first, min(tile_tokens, end - first), sorted_ids[start], 0)
+             for start, end in zip(starts, ends) for first in range(start, end, tile_tokens)]
+    return order.astype(np.uint32), np.array(tiles, np.uint32).reshape(-1, 4)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which rows go to which adapter for one record: ``items`` work items
+    (rows, or tiles with ``segments``), their buffers by role, the token count,
+    and whether the ids are checked on the device. A route from
+    ``ManyPlan.route`` is valid until that plan's next ``route``."""
+
+    tokens: int
+    items: int
+    segments: bool
+    buffers: dict
+    on_device: bool
+    generation: int = -1
+
+
+class ManyPlan:
+    """The pool's forward for batches of up to ``max_tokens`` rows, each row
+    naming an adapter: ``record(x, ids, output)`` adds each row's delta to
+    the output in place (x ``[T, in_dim]``, output ``[T, out_dim]``, the
+    pool's dtype). ``ids``: host ints (checked, then routed), a
+    :class:`Route` from :meth:`route` (route before opening a batch: a route
+    writes buffers, and a write ends the open batch's submit), or an int32
+    device buffer ``[T]`` (rows; checked on the device, :meth:`read`).
+    ``segments``: host ids sorted into tiles of ``tile_tokens`` rows of one
+    adapter; ``fused``: one dispatch, else shrink and expand. Token counts
+    are run-time values: a new count compiles nothing, nor does an adapter
+    added to the pool."""
+
+    def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
+                 fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
+                 unroll: bool = True):
+        self.pool, self.device = pool, pool.device
+        self.segments, self.fused, self.unroll = bool(segments), bool(fused), bool(unroll)
+        self.tile_tokens = count(tile_tokens, "tile_tokens")
+        self.threads, self.lanes = count(threads, "threads"), count(lanes, "lanes")
+        fit = most_tokens(self.device, pool)
+        self.max_tokens = fit if max_tokens is None else count(max_tokens, "max_tokens")
+        if self.max_tokens > fit:
+            raise BindingError(f"{self!r}: max_tokens {self.max_tokens} is over the {fit} rows "
+                               f"of x or output that fit max-storage-buffer-binding-size")
+        self._cap = self.device.limits["max-compute-workgroups-per-dimension"]
+        self._steps: dict = {}
+        self._owned: dict = {}  # role -> buffer the plan owns (route buffers, h, flags)
+        self._generation = 0
+        self.steps(self.segments, False)  # compile now: a bad layout is refused here
+
+    def __repr__(self) -> str:
+        form = ("fused" if self.fused else "split") + (" segments" if self.segments else " rows")
+        return f"<ManyPlan {form} tile_tokens={self.tile_tokens} of {self.pool!r}>"
+
+    def kernels(self, segments: bool, on_device: bool) -> list[tuple]:
+        """(kernel name, parameters) of each dispatch."""
+        p = self.pool
+        common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
+                      tile_tokens=self.tile_tokens if segments else 1, segments=segments,
+                      dtype=wgsl_dtype(p.dtype))
+        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes, check_ids=on_device,
+                      unroll=self.unroll)
+        if self.fused:
+            return [("many_fused", dict(shrink, out_dim=p.out_dim))]
+        return [("many_shrink", shrink), ("many_expand", dict(common, out_dim=p.out_dim))]
+
+    def steps(self, segments: bool, on_device: bool) -> list:
+        """The compiled steps of a route's kind (built once each)."""
+        key = (segments, on_device)
+        if key not in self._steps:
+            t, p, item = self.max_tokens, self.pool, self.dtype_size
+            sizes = {"x": t * p.in_dim * item, "output": t * p.out_dim * item, "ids": 4 * t,
+                     "order": 4 * t, "tiles": 16 * t, "h": 4 * t * p.max_rank,
+                     "flags": 4 * FLAGS, "A": p.a.bound_bytes, "B": p.b.bound_bytes,
+                     "table": p.table.bound_bytes}
+            self._steps[key] = build_steps(self.device, self.kernels(*key), sizes, t, self._cap)
+        return self._steps[key]
+
+    @property
+    def dtype_size(self) -> int:
+        return self.pool.dtype.itemsize
+
+    # ------------------------------------------------------------ routes
+
+    def route(self, ids) -> Route:
+        """Host ids checked (ValueError naming the first bad one, before
+        anything is written) and written to the plan's buffers: as rows, or
+        sorted into tiles (``segments``). Valid until the next route."""
+        arr = np.asarray(ids)
+        flat = host_ids(arr, arr.shape if arr.ndim else (1,), self.pool.slots,
+                        len(self.pool.host_table))
+        tokens = flat.size
+        if not 1 <= tokens <= self.max_tokens:
+            raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
+        self._generation += 1
+        if not self.segments:
+            self._put("ids", flat)
+            return Route(tokens, tokens, False, {"ids": self._owned["ids"]}, False,
+                         self._generation)
+        order, tiles = segments(flat, self.tile_tokens)
+        self._put("order", order)
+        self._put("tiles", tiles)
+        return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
+                     False, self._generation)
+
+    def _put(self, role: str, values: np.ndarray) -> None:
+        """Write ``values`` at the start of the plan's buffer for ``role``
+        (grown to the next power of two of rows where too small)."""
+        buf = self._owned.get(role)
+        rows = max(1, len(values))
+        if buf is None or buf.shape[0] < rows:
+            shape = (1 << (rows - 1).bit_length(),) + values.shape[1:]
+            if buf is not None:
+                self.device.release(buf)
+            buf = self._owned[role] = self.device.empty(shape, values.dtype, name=f"many.{role}")
+        padded = np.zeros(buf.shape, buf.dtype)
+        padded[:len(values)] = values
+        self.device.write(buf, padded)
+
+    def device_route(self, ids) -> Route:
+        """A route of device ids: an int32 buffer [T], read by the kernels row by row."""
+        checks.live_buffer(ids, self.device, "ids", "storage", ID_DTYPE,
+                           " (one id per row: int32, -1 for none)")
+        if ids.ndim != 1 or not 1 <= ids.shape[0] <= self.max_tokens:
+            raise BindingError(f"ids: expected an int32 buffer of shape (T,) with 1 <= T <= "
+                               f"{self.max_tokens}, got {ids.shape}")
+        if "flags" not in self._owned:
+            self._owned["flags"] = self.device.empty((FLAGS,), np.uint32, name="many.flags")
+        return Route(ids.shape[0], ids.shape[0], False,
+                     {"ids": ids, "flags": self._owned["flags"]}, True)
+
+    # ------------------------------------------------------------ recording
+
+    def check(self, x, ids, output) -> Route:
+        """Every buffer: live, on this device, the pool's dtype, T rows of
+        in_dim / out_dim as the route says, none aliasing another; the route."""
+        route = self._route_of(ids)
+        p, t = self.pool, route.tokens
+        for what, buf, dim in (("x", x, p.in_dim), ("output", output, p.out_dim)):
+            C.storage(self.device, buf, what, p.dtype, " (the pool's dtype)")
+            C.shaped(buf, t, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        checks.distinct(("x", x, False), ("output", output, True), ("pool A", p.a, False),
+                        ("pool B", p.b, False), ("pool table", p.table, False),
+                        *((role, b, False) for role, b in route.buffers.items()
+                          if role != "flags"))
+        return route
+
+    def _route_of(self, ids) -> Route:
+        if isinstance(ids, Route):
+            if not ids.on_device and ids.generation != self._generation:
+                raise BindingError(f"{self!r}: this route was replaced by a later route(); "
+                                   f"route the ids again")
+            return ids
+        return self.device_route(ids) if isinstance(ids, DeviceBuffer) else self.route(ids)
+
+    def record(self, x, ids, output) -> None:
+        """Check, then dispatch (joining the open batch, or one submit)."""
+        route = self.check(x, ids, output)
+        steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
+        p = self.pool
+        buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
+                   "tokens": np.uint32(route.items), **route.buffers}
+        if not self.fused:
+            buffers["h"] = self._scratch_h(route.tokens)
+        record_steps(self.device, steps, buffers)
+
+    __call__ = record
+
+    def _scratch_h(self, tokens: int):
+        """The f32 h of the two-dispatch form, [rows, max_rank], grown by doubling."""
+        h = self._owned.get("h")
+        if h is None or h.shape[0] < tokens:
+            if h is not None:
+                self.device.release(h)
+            rows = min(self.max_tokens, 1 << (tokens - 1).bit_length())
+            h = self._owned["h"] = self.device.empty((rows, self.pool.max_rank), np.float32,
+                                                     name="many.h")
+        return h
+
+    def check_ids(self) -> None:
+        """ValueError if a recorded row's device id named no adapter since the
+        last check (the flags are sticky until read; reading waits for the GPU)."""
+        flags = self._owned.get("flags")
+        if flags is None:
+            return
+        bad, row, bits = (int(v) for v in self.device.read(flags))
+        if bad:
+            self.device.write(flags, np.zeros(FLAGS, np.uint32))
+            ident = int(np.array([bits], np.uint32).view(np.int32)[0])
+            raise ValueError(f"ids: id {ident} at row {row} names no adapter of {self.pool!r} "
+                             f"(expected -1 or a slot in use: {self.pool.slots}); {bad} row(s) "
+                             f"got no delta")
+
+    def read(self, output) -> np.ndarray:
+        """``output`` read back, after :meth:`check_ids`."""
+        self.check_ids()
+        return self.device.read(output)
+
+    def release(self) -> None:
+        """Free the plan's own buffers (routes, h, flags)."""
+        for buf in self._owned.values():
+            self.device.release(buf)
+        self._owned = {}
+
+
+def most_tokens(device, pool) -> int:
+    """The rows of x and of the output that fit one storage binding."""
+    cap = device.limits.get("max-storage-buffer-binding-size") or (1 << 31)
+    return max(1, cap // (max(pool.in_dim, pool.out_dim) * pool.dtype.itemsize))
