@@ -37,7 +37,7 @@ def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     range [-1, bound) named in messages."""
     arr = np.asarray(ids)
     rows = int(np.prod(shape, dtype=np.int64))
-    if arr.dtype.kind not in "iu" and not (arr.dtype == bool and arr.size == 0):
+    if arr.size and arr.dtype.kind not in "iu":  # [] is float64 to numpy
         raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
                            f"dtype {arr.dtype.name}")
     if arr.shape != shape and arr.shape != (rows,):
@@ -192,7 +192,7 @@ class ManyPlan:
         """A route of device ids: an int32 buffer [T], read by the kernels row by row."""
         checks.live_buffer(ids, self.device, "ids", "storage", ID_DTYPE,
                            " (one id per row: int32, -1 for none)")
-        if ids.ndim != 1 or not 1 <= ids.shape[0] <= self.max_tokens:
+        if len(ids.shape) != 1 or not 1 <= ids.shape[0] <= self.max_tokens:
             raise BindingError(f"ids: expected an int32 buffer of shape (T,) with 1 <= T <= "
                                f"{self.max_tokens}, got {ids.shape}")
         if "flags" not in self._owned:

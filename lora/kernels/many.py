@@ -105,7 +105,7 @@ class Item:
         named = m.let((idv >= 0) & (u32(B.max(idv, 0)) < slots), "named")
         good = m.let(named & (table[slot].z > 0), "good")
         if flags is not None:
-            with m.if_((idv != -1) & ~good):
+            with m.if_((idv != -1) & ~good & (m.local_index() == 0)):  # once per row
                 seen = B.atomic_add(flags[0], 1)
                 with m.if_(seen == 0):
                     B.atomic_store(flags[1], w)
