@@ -254,13 +254,14 @@ class ManyPlan:
         flags = self._owned.get("flags")
         if flags is None:
             return
-        bad, row, bits = (int(v) for v in self.device.read(flags))
+        bad, first, bits = (int(v) for v in self.device.read(flags))
         if bad:
             self.device.write(flags, np.zeros(FLAGS, np.uint32))
             ident = int(np.array([bits], np.uint32).view(np.int32)[0])
-            raise ValueError(f"ids: id {ident} at row {row} names no adapter of {self.pool!r} "
-                             f"(expected -1 or a slot in use: {self.pool.slots}); {bad} row(s) "
-                             f"got no delta")
+            raise ValueError(f"ids: {bad} row(s) named no adapter of {self.pool!r} (expected -1 "
+                             f"or a slot in use: {self.pool.slots}), the first at row "
+                             f"{0xFFFFFFFF - first}, one of their ids {ident}; those rows got "
+                             f"no delta")
 
     def read(self, output) -> np.ndarray:
         """``output`` read back, after :meth:`check_ids`."""

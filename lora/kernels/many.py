@@ -16,7 +16,9 @@ delta; decode's scattered ids). ``segments=True``: item w is a tile
 0) of rows ``order[first + k]`` sharing one adapter (prefill, rows sorted by
 adapter), so each tile reads its adapter's A and B once. ``check_ids``
 (rows only): an id that names no adapter is counted in the sticky
-``flags`` (count of bad rows, a bad row, its id), and its row gets no delta.
+``flags`` (bad rows, the first one complemented, the largest of their ids
+as u32 bits: the same whatever order the rows run in), and its row gets no
+delta.
 
 Three kernels: ``many_fused`` (h of the item in workgroup memory, then the
 output), ``many_shrink`` (h = scale * A x into the f32 ``h``, ``max_rank``
@@ -41,7 +43,7 @@ from .common import (
     widen,
 )
 
-FLAGS = 3  # the flags buffer: bad rows seen, one such row, its id (bits of the i32)
+FLAGS = 3  # the flags buffer: bad rows seen, ~(the first), the largest of their ids as u32 bits
 
 
 def check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids):
@@ -106,10 +108,9 @@ class Item:
         good = m.let(named & (table[slot].z > 0), "good")
         if flags is not None:
             with m.if_((idv != -1) & ~good & (m.local_index() == 0)):  # once per row
-                seen = B.atomic_add(flags[0], 1)
-                with m.if_(seen == 0):
-                    B.atomic_store(flags[1], w)
-                    B.atomic_store(flags[2], B.bitcast(u32, idv))
+                B.atomic_add(flags[0], 1)  # max and min: the same flags in any order of rows
+                B.atomic_max(flags[1], ~w)  # the first bad row, complemented (flags start at 0)
+                B.atomic_max(flags[2], B.bitcast(u32, idv))
         with m.if_(~good):
             m.return_()
         return slot
