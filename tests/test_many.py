@@ -22,7 +22,9 @@ RANKS = (1, 3, 4, 13, 64, 8)
 FORMS = {"fused segments": dict(segments=True, fused=True, tile_tokens=4),
          "fused rows": dict(segments=False, fused=True, lanes=8),
          "split segments": dict(segments=True, fused=False, tile_tokens=3),
-         "split rows": dict(segments=False, fused=False, threads=64, lanes=4)}
+         "split rows": dict(segments=False, fused=False, threads=64, lanes=4),
+         "split rows in rank blocks": dict(segments=False, fused=False, threads=64, lanes=8,
+                                           rank_block=16)}
 
 
 def needs_f16(device, dtype):

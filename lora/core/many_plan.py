@@ -103,9 +103,14 @@ class ManyPlan:
 
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
-                 unroll: bool = True):
+                 unroll: bool = True, rank_block: int = 0):
         self.pool, self.device = pool, pool.device
         self.segments, self.fused, self.unroll = bool(segments), bool(fused), bool(unroll)
+        self.rank_block = count(rank_block, "rank_block", 0)
+        if self.rank_block and self.fused:
+            raise ValueError("rank_block splits the shrink of the two-dispatch form over "
+                             "workgroups; the fused form keeps h in one workgroup: give "
+                             "fused=False")
         self.tile_tokens = count(tile_tokens, "tile_tokens")
         self.threads, self.lanes = count(threads, "threads"), count(lanes, "lanes")
         fit = most_tokens(self.device, pool)
@@ -133,7 +138,8 @@ class ManyPlan:
                       unroll=self.unroll)
         if self.fused:
             return [("many_fused", dict(shrink, out_dim=p.out_dim))]
-        return [("many_shrink", shrink), ("many_expand", dict(common, out_dim=p.out_dim))]
+        return [("many_shrink", dict(shrink, rank_block=self.rank_block)),
+                ("many_expand", dict(common, out_dim=p.out_dim))]
 
     def steps(self, segments: bool, on_device: bool) -> list:
         """The compiled steps of a route's kind (built once each)."""

@@ -116,18 +116,20 @@ class Item:
         return slot
 
 
-def h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, store, unroll):
+def h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, store, unroll, ranks=None):
     """scale * A_slot @ x for every row of the item: ``lanes`` threads share a
     rank row (a strided slice of in_dim each, every load of A serving all the
     tile's rows), threads / lanes rank rows at a time, a runtime loop over the
     rank; the lanes' sums meet in workgroup memory and lane 0 calls
-    ``store(k, r, value)`` for row k of the tile and rank r < rank."""
+    ``store(k, r, value)`` for row k of the tile and rank r < rank.
+    ``ranks``: (first, end) of the ranks to compute, default all."""
     n4 = in_dim // (4 if in_dim % 4 == 0 else 1)
     groups = threads // lanes
     tid = m.local_index()
     group, lane = m.let(tid / lanes, "group"), m.let(tid % lanes, "lane")
     red = m.shared(f32, tile_tokens * threads, "red")
-    with m.loop(0, item.rank, groups, name="r0") as r0:
+    first, end = ranks or (0, item.rank)
+    with m.loop(first, end, groups, name="r0") as r0:
         r = m.let(r0 + group, "r")
         arow = m.let((item.a_row + B.min(r, item.rank - 1)) * n4, "arow")
         accs = [m.var(f32, 0.0, f"acc{k}") for k in range(tile_tokens)]
@@ -149,7 +151,7 @@ def h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, store, unroll):
                     red[k * threads + tid] += red[k * threads + tid + s]
             m.barrier()
             s //= 2
-        with m.if_((lane == 0) & (r < item.rank)):
+        with m.if_((lane == 0) & (r < end)):
             for k in range(tile_tokens):
                 store(k, r, item.scale * red[k * threads + tid])
 
@@ -230,11 +232,18 @@ def many_fused(m, in_dim, out_dim, max_rank=64, tokens=None, threads=256, lanes=
 
 
 def many_shrink(m, in_dim, max_rank=64, tokens=None, threads=256, lanes=16, tile_tokens=1,
-                segments=False, check_ids=False, dtype="f32", unroll=True):
+                segments=False, check_ids=False, dtype="f32", unroll=True, rank_block=0):
     """h[row, r] = scale_i (A_i x[row])[r] for r < rank_i (f32, rows of
-    ``max_rank``), one workgroup per item: the first of the two dispatches."""
+    ``max_rank``), one workgroup per item: the first of the two dispatches.
+    ``rank_block``: workgroup y computes ranks [y rank_block, (y + 1)
+    rank_block) only (grid y: max_rank / rank_block), so a high-rank
+    adapter's A is read by several workgroups at once; 0: all ranks."""
     _run_time(tokens)
     check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids)
+    if rank_block and (rank_block % (threads // lanes) or max_rank % rank_block):
+        raise ValueError(f"rank_block ({rank_block}) must be a multiple of threads / lanes "
+                         f"({threads // lanes}, the ranks of one step) and divide max_rank "
+                         f"({max_rank})")
     A, _ = input_matrix(m, "A", None, in_dim, dtype)
     x, _ = input_matrix(m, "x", None, in_dim, dtype)
     h = m.declare_output_buffer("h", f32, None)
@@ -250,7 +259,13 @@ def many_shrink(m, in_dim, max_rank=64, tokens=None, threads=256, lanes=16, tile
         with m.if_(u32(k) < item.count):
             h[item.rows[k] * max_rank + r] = value
 
-    h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, keep, unroll)
+    ranks = None
+    if rank_block:
+        first = m.let(m.workgroup_id().y * rank_block, "first")
+        with m.if_(first >= item.rank):
+            m.return_()
+        ranks = (first, B.min(first + rank_block, item.rank))
+    h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, keep, unroll, ranks)
 
 
 def many_expand(m, out_dim, max_rank=64, tokens=None, threads=256, tile_tokens=1,

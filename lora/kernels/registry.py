@@ -225,7 +225,9 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
     KernelSpec("many_fused", many_fused, _threads, lambda p: (p["tokens"], 1, 1),
                "output += scale_i B_i (A_i x) for each row's adapter i of a pool, one dispatch, "
                "a workgroup per row or tile of rows sharing an adapter"),
-    KernelSpec("many_shrink", many_shrink, _threads, lambda p: (p["tokens"], 1, 1),
+    KernelSpec("many_shrink", many_shrink, _threads,
+               lambda p: (p["tokens"], p["max_rank"] // p["rank_block"] if p["rank_block"] else 1,
+                          1),
                "h = scale_i A_i x for each row's adapter i of a pool (f32, max_rank per row)"),
     KernelSpec("many_expand", many_expand, _threads,
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
