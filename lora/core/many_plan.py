@@ -41,8 +41,9 @@ def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
         raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
                            f"dtype {arr.dtype.name}")
     if arr.shape != shape and arr.shape != (rows,):
-        raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1]) "
-                           f"or ({rows},), got {arr.shape}")
+        flat = "" if shape == (rows,) else f" or ({rows},)"
+        raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1])"
+                           f"{flat}, got {arr.shape}")
     flat = arr.reshape(-1).astype(np.int64)
     known = np.zeros(max(bound, 1) + 1, bool)
     known[0] = True  # -1, shifted to 0

@@ -75,8 +75,11 @@ def checked_layer(layer, what: str, pool) -> tuple[np.ndarray, np.ndarray, float
     if not all(hasattr(layer, k) for k in ("a", "b", "scale")):
         raise TypeError(f"{what}: expected a lora.LoraLayer (a, b, scale), got "
                         f"{type(layer).__name__}")
-    a = host_matrix(layer.a, f"{what}: A", "[rank, in_dim]", pool.dtype)
-    b = host_matrix(layer.b, f"{what}: B", "[out_dim, rank]", pool.dtype)
+    try:  # host_matrix's messages are a Weight's; here they name the layer
+        a = host_matrix(layer.a, f"{what}: A", "[rank, in_dim]", pool.dtype)
+        b = host_matrix(layer.b, f"{what}: B", "[out_dim, rank]", pool.dtype)
+    except BindingError as e:
+        raise BindingError(str(e).removeprefix("Weight: ")) from None
     rank = a.shape[0]
     if a.shape[1] != pool.in_dim or b.shape != (pool.out_dim, rank):
         raise BindingError(f"{what}: A {list(a.shape)} and B {list(b.shape)} do not fit "
