@@ -247,8 +247,9 @@ def test_host_ids_refused_before_anything(device):
     pool.release()
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
-def test_device_ids_are_reported_at_the_next_read(device, fused):
+@pytest.mark.parametrize("form", ["fused rows", "split rows", "fused segments",
+                                  "split segments"])
+def test_device_ids_are_reported_at_the_next_read(device, form):
     """Ids in a device buffer are checked by the kernels: a row naming no
     adapter (past the table, or a removed slot) gets no delta, the others
     are right, and plan.read raises once, naming the first and the largest
@@ -259,7 +260,7 @@ def test_device_ids_are_reported_at_the_next_read(device, fused):
     for layer in layers:
         pool.add(layer)
     pool.remove(1)
-    plan = pool.forward_plan(8, fused=fused)
+    plan = pool.forward_plan(8, **FORMS[form])
     x, base, _ = batch(rng, 6, 3)
     ids = np.array([0, 9, 2, -1, 1, 0], np.int32)
     x_buf, out_buf, ids_buf = device.buffer(x), device.buffer(base), device.buffer(ids)
@@ -335,3 +336,27 @@ def test_peft_mixed_batches(device):
     ids = [list(specs).index(n) if n in specs else -1 for n in names]
     got = lora.forward_many(x.numpy(), layers, ids, base, device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [5, 600], ids=["one block", "three blocks"])
+def test_the_gpu_sort_equals_the_host_sort(device, tokens):
+    """Device ids with segments: the GPU's counting sort (lora.kernels.many_sort)
+    gives the host's order and tiles exactly (it is stable), then tiles of 0
+    rows up to its bound, and the forward is right."""
+    rng = np.random.default_rng(9)
+    layers = adapters(rng, (3, 6, 1, 16, 4))
+    pool = lora.AdapterPool(device, IN, OUT, slots=8)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(tokens, tile_tokens=4, fused=False)
+    x, base, ids = batch(rng, tokens, len(layers))
+    x_buf, out_buf = device.buffer(x), device.buffer(base)
+    route = plan.device_route(device.buffer(ids.astype(np.int32)))
+    plan.record(x_buf, route, out_buf)
+    check(plan.read(out_buf), x, layers, ids, base, np.float32)
+    order, tiles = segments(ids.astype(np.int32), 4)
+    assert device.read(route.buffers["order"])[:len(order)].tolist() == order.tolist()
+    got = device.read(route.buffers["tiles"])
+    assert got[:len(tiles)].tolist() == tiles.tolist()
+    assert route.items <= len(got) and not got[len(tiles):route.items].any()
+    pool.release()

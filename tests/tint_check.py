@@ -194,6 +194,10 @@ def _many_entries(add) -> None:
         add("many_expand", out_dim=out_dim, **common)
     add("many_place", dtype="f32")
     add("many_place", dtype="f16", threads=64)
+    for threads in (64, 256):
+        add("many_sort_count", threads=threads)
+        add("many_sort_scan", threads=threads, tile_tokens=(3, 8)[threads == 256], block=threads)
+        add("many_sort_scatter", threads=threads)
 
 
 def _training_entries(add) -> None:

@@ -8,9 +8,9 @@ Host ids are checked before anything runs. Device ids (an int32 buffer)
 are read by the kernels: a row naming no adapter gets no delta and is
 counted in the plan's sticky flags, reported (ValueError) at the next
 ``plan.read`` or ``plan.check_ids``, as cross-entropy reports its labels.
-Host ids may be sorted into segments (tiles of up to ``tile_tokens`` rows of
-one adapter, so each tile reads its adapter once); device ids are taken row
-by row (no sort on the GPU yet).
+Ids may be sorted into segments (tiles of up to ``tile_tokens`` rows of one
+adapter, so each tile reads its adapter once): host ids on the host, device
+ids by a counting sort on the GPU (lora.kernels.many_sort) in the same submit.
 """
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ from shaderdsl.devicebuffer import DeviceBuffer
 from shaderdsl.errors import BindingError
 
 from ..kernels.many import FLAGS
+from ..kernels.many_sort import tile_bound
 from . import checks as C
 from .checks import count
 from .plan import build_steps, launch, record_steps
 from .weight import wgsl_dtype
 
 ID_DTYPE = np.dtype(np.int32)
+SORT_THREADS = 256  # rows per block of the GPU's sort (lora.kernels.many_sort)
 
 
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
@@ -87,6 +89,7 @@ class Route:
     buffers: dict
     on_device: bool
     generation: int = -1
+    sort: bool = False  # device ids sorted into segments on the GPU first
 
 
 class ManyPlan:
@@ -96,7 +99,8 @@ class ManyPlan:
     pool's dtype). ``ids``: host ints (checked, then routed), a
     :class:`Route` from :meth:`route` (route before opening a batch: a route
     writes buffers, and a write ends the open batch's submit), or an int32
-    device buffer ``[T]`` (rows; checked on the device, :meth:`read`).
+    device buffer ``[T]`` (checked on the device, :meth:`read`; sorted on
+    the GPU with ``segments``).
     ``segments``: host ids sorted into tiles of ``tile_tokens`` rows of one
     adapter; ``fused``: one dispatch, else shrink and expand. Token counts
     are run-time values: a new count compiles nothing, nor does an adapter
@@ -135,7 +139,8 @@ class ManyPlan:
         common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
                       tile_tokens=self.tile_tokens if segments else 1, segments=segments,
                       dtype=wgsl_dtype(p.dtype))
-        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes, check_ids=on_device,
+        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes,
+                      check_ids=on_device and not segments,
                       unroll=self.unroll)
         if self.fused:
             return [("many_fused", dict(shrink, out_dim=p.out_dim))]
@@ -153,6 +158,22 @@ class ManyPlan:
                      "table": p.table.bound_bytes}
             self._steps[key] = build_steps(self.device, self.kernels(*key), sizes, t, self._cap)
         return self._steps[key]
+
+    def sort_steps(self) -> list:
+        """The GPU's counting sort of device ids into segments (built once)."""
+        if "sort" not in self._steps:
+            t = self.max_tokens
+            blocks, slots = -(-t // SORT_THREADS), len(self.pool.host_table)
+            sizes = {"table": self.pool.table.bound_bytes, "ids": 4 * t, "local": 4 * t,
+                     "counts": 4 * blocks * slots, "flags": 4 * FLAGS, "order": 4 * t,
+                     "tiles": 16 * tile_bound(t, slots, self.tile_tokens)}
+            kernels = [("many_sort_count", dict(tokens=None, threads=SORT_THREADS)),
+                       ("many_sort_scan", dict(tokens=None, threads=256,
+                                               tile_tokens=self.tile_tokens,
+                                               block=SORT_THREADS)),
+                       ("many_sort_scatter", dict(tokens=None, threads=SORT_THREADS))]
+            self._steps["sort"] = build_steps(self.device, kernels, sizes, t, self._cap)
+        return self._steps["sort"]
 
     @property
     def dtype_size(self) -> int:
@@ -181,16 +202,21 @@ class ManyPlan:
         return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
                      False, self._generation)
 
-    def _put(self, role: str, values: np.ndarray) -> None:
-        """Write ``values`` at the start of the plan's buffer for ``role``
-        (grown to the next power of two of rows where too small)."""
+    def _buffer(self, role: str, rows: int, columns: tuple, dtype):
+        """The plan's buffer for ``role``, of at least ``rows`` rows (grown to
+        the next power of two where smaller)."""
         buf = self._owned.get(role)
-        rows = max(1, len(values))
+        rows = max(1, rows)
         if buf is None or buf.shape[0] < rows:
-            shape = (1 << (rows - 1).bit_length(),) + values.shape[1:]
             if buf is not None:
                 self.device.release(buf)
-            buf = self._owned[role] = self.device.empty(shape, values.dtype, name=f"many.{role}")
+            shape = (1 << (rows - 1).bit_length(),) + columns
+            buf = self._owned[role] = self.device.empty(shape, dtype, name=f"many.{role}")
+        return buf
+
+    def _put(self, role: str, values: np.ndarray) -> None:
+        """Write ``values`` at the start of the plan's buffer for ``role``."""
+        buf = self._buffer(role, len(values), values.shape[1:], values.dtype)
         padded = np.zeros(buf.shape, buf.dtype)
         padded[:len(values)] = values
         self.device.write(buf, padded)
@@ -204,8 +230,18 @@ class ManyPlan:
                                f"{self.max_tokens}, got {ids.shape}")
         if "flags" not in self._owned:
             self._owned["flags"] = self.device.empty((FLAGS,), np.uint32, name="many.flags")
-        return Route(ids.shape[0], ids.shape[0], False,
-                     {"ids": ids, "flags": self._owned["flags"]}, True)
+        t = ids.shape[0]
+        given = {"ids": ids, "flags": self._owned["flags"]}
+        if not self.segments:
+            return Route(t, t, False, given, True)
+        self._generation += 1  # the GPU rewrites order and tiles: earlier host routes go
+        slots = len(self.pool.host_table)
+        bound = tile_bound(t, slots, self.tile_tokens)
+        given.update(local=self._buffer("local", t, (), np.uint32),
+                     counts=self._buffer("counts", -(-t // SORT_THREADS) * slots, (), np.uint32),
+                     order=self._buffer("order", t, (), np.uint32),
+                     tiles=self._buffer("tiles", bound, (4,), np.uint32))
+        return Route(t, bound, True, given, True, sort=True)
 
     # ------------------------------------------------------------ recording
 
@@ -239,21 +275,16 @@ class ManyPlan:
         buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
                    "tokens": np.uint32(route.items), **route.buffers}
         if not self.fused:
-            buffers["h"] = self._scratch_h(route.tokens)
-        record_steps(self.device, steps, buffers)
+            buffers["h"] = self._buffer("h", route.tokens, (p.max_rank,), np.float32)
+        if not route.sort:
+            record_steps(self.device, steps, buffers)
+            return
+        with self.device.batch():  # the sort, then the forward: one submit
+            sort = launch(self.sort_steps(), route.tokens, self._cap)
+            record_steps(self.device, sort, dict(buffers, tokens=np.uint32(route.tokens)))
+            record_steps(self.device, steps, buffers)
 
     __call__ = record
-
-    def _scratch_h(self, tokens: int):
-        """The f32 h of the two-dispatch form, [rows, max_rank], grown by doubling."""
-        h = self._owned.get("h")
-        if h is None or h.shape[0] < tokens:
-            if h is not None:
-                self.device.release(h)
-            rows = min(self.max_tokens, 1 << (tokens - 1).bit_length())
-            h = self._owned["h"] = self.device.empty((rows, self.pool.max_rank), np.float32,
-                                                     name="many.h")
-        return h
 
     def check_ids(self) -> None:
         """ValueError if a recorded row's device id named no adapter since the

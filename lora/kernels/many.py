@@ -14,7 +14,8 @@ The work comes in items, as many as the u32 uniform ``tokens`` says:
 delta; decode's scattered ids). ``segments=True``: item w is a tile
 ``tiles[w]`` = (first index into ``order``, row count <= tile_tokens, slot,
 0) of rows ``order[first + k]`` sharing one adapter (prefill, rows sorted by
-adapter), so each tile reads its adapter's A and B once. ``check_ids``
+adapter), so each tile reads its adapter's A and B once (a tile of 0 rows
+does nothing: lora.kernels.many_sort pads its tiles so). ``check_ids``
 (rows only): an id that names no adapter is counted in the sticky
 ``flags`` (bad rows, the first one complemented, the largest of their ids
 as u32 bits: the same whatever order the rows run in), and its row gets no
@@ -79,6 +80,8 @@ class Item:
             self._past_the_end(m, w)
             tile = m.let(tiles[w], "tile")
             self.count = m.let(tile.y, "count")
+            with m.if_(self.count == 0):  # past the last tile the GPU's sort made
+                m.return_()
             last = self.count - 1
             self.rows = [m.let(order[tile.x + B.min(u32(k), last)], f"row{k}")
                          for k in range(tile_tokens)]

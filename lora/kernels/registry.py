@@ -16,6 +16,7 @@ from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
 from .many import many_expand, many_fused, many_place, many_shrink
+from .many_sort import many_sort_count, many_sort_scan, many_sort_scatter
 from .matrix import (
     OUTER,
     a_tiling,
@@ -235,6 +236,14 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
     KernelSpec("many_place", many_place, _threads,
                lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
                "dst[at + i] = src[i]: an adapter written into a pool at its offset"),
+    KernelSpec("many_sort_count", many_sort_count, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
+               "each row's rank among its block's rows of its adapter, and the block's counts"),
+    KernelSpec("many_sort_scan", many_sort_scan, _threads, lambda p: (1, 1, 1),
+               "the counts as first positions per block and adapter, and the tiles"),
+    KernelSpec("many_sort_scatter", many_sort_scatter, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
+               "each row put at its place in the order sorted by adapter"),
 )
 KERNELS.update({spec.name: spec for spec in MANY_KERNELS})
 
