@@ -134,6 +134,10 @@ def test_run_time_counts_share_one_plan(device):
         plan(x_buf, ids, out_buf)
         check(plan.read(out_buf), x, layers, ids, base, np.float32, f"{tokens} rows")
     assert {id(s.kernel) for s in plan.steps(True, False)} == kernels
+    fixed = plan.with_ids(ids)  # what lora.core.tuning.time_plan records
+    out_buf = device.buffer(base)
+    fixed.record(x_buf, out_buf)
+    check(plan.read(out_buf), x, layers, ids, base, np.float32, "with_ids")
     with pytest.raises(BindingError, match="1 to 40 rows"):
         plan.route(np.zeros(41, int))
 

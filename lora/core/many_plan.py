@@ -268,7 +268,12 @@ class ManyPlan:
         return self.device_route(ids) if isinstance(ids, DeviceBuffer) else self.route(ids)
 
     def record(self, x, ids, output) -> None:
-        """Check, then dispatch (joining the open batch, or one submit)."""
+        """Check, then dispatch (joining the open batch, or one submit). Holds
+        the device's lock: threads sharing the plan share its buffers."""
+        with self.device.lock:
+            self._record(x, ids, output)
+
+    def _record(self, x, ids, output) -> None:
         route = self.check(x, ids, output)
         steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
         p = self.pool
@@ -285,6 +290,12 @@ class ManyPlan:
             record_steps(self.device, steps, buffers)
 
     __call__ = record
+
+    def with_ids(self, ids) -> "WithIds":
+        """This plan with its ids fixed (a route of them, made now): something
+        that records ``(x, output)``, as ``lora.core.tuning.time_plan`` times."""
+        route = ids if isinstance(ids, Route) else self._route_of(ids)
+        return WithIds(self, route)
 
     def check_ids(self) -> None:
         """ValueError if a recorded row's device id named no adapter since the
@@ -317,3 +328,19 @@ def most_tokens(device, pool) -> int:
     """The rows of x and of the output that fit one storage binding."""
     cap = device.limits.get("max-storage-buffer-binding-size") or (1 << 31)
     return max(1, cap // (max(pool.in_dim, pool.out_dim) * pool.dtype.itemsize))
+
+
+class WithIds:
+    """A :class:`ManyPlan` and a route: ``record(x, output)``."""
+
+    def __init__(self, plan: ManyPlan, route: Route):
+        self.plan, self.route = plan, route
+        self.device, self.tokens = plan.device, route.tokens
+
+    def __repr__(self) -> str:
+        return f"<{self.plan!r} with the ids of {self.route.tokens} rows>"
+
+    def record(self, x, output) -> None:
+        self.plan.record(x, self.route, output)
+
+    __call__ = record
