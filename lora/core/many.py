@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.common import SHARED_FLOATS
 from . import checks as C
 from .many_plan import host_ids
 from .pool import AdapterPool, checked_layer
 from .weight import storage_dtype
+
+
+TILE_TOKENS, THREADS = 8, 256  # forward_many's plan: fused, tiles of rows sorted by adapter
 
 
 class _Shape:
@@ -66,7 +70,8 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     try:
         for k, layer in enumerate(layers):
             pool.add(layer, f"layers[{k}]")
-        plan = pool.forward_plan(max(1, p.tokens))
+        tile = max(1, min(TILE_TOKENS, SHARED_FLOATS // (THREADS + shape.max_rank)))
+        plan = pool.forward_plan(p.tokens, tile_tokens=tile, threads=THREADS)
         x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
         out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")
         plan.record(x_buf, flat, out_buf)
