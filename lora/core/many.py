@@ -11,7 +11,6 @@ from .many_plan import host_ids
 from .pool import AdapterPool, checked_layer
 from .weight import storage_dtype
 
-
 TILE_TOKENS, THREADS = 8, 256  # forward_many's plan: fused, tiles of rows sorted by adapter
 
 
