@@ -220,6 +220,25 @@ def test_a_refused_add_loses_nothing(device):
     pool.release()
 
 
+def test_a_pool_that_would_outgrow_a_binding_is_refused():
+    """Growth past max-storage-buffer-binding-size is refused before anything
+    changes (limit patched to 4 KiB: 64 rows of A at in_dim 16)."""
+    dev = interp.Device(limits={"max-storage-buffer-binding-size": 4096})
+    rng = np.random.default_rng(10)
+    pool = lora.AdapterPool(dev, 16, 8, slots=2, rows=16)
+    pool.add(adapters(rng, (16,), 16, 8)[0])
+    pool.add(adapters(rng, (16,), 16, 8)[0])  # grows A to 32 rows
+    kept, table = [pool.read(s) for s in (0, 1)], pool.host_table.copy()
+    buffers = (pool.a, pool.b, pool.table)
+    with pytest.raises(BindingError, match=r"no room for 40 more A rows: the buffer would grow "
+                                           r"to 8192 bytes, over max-storage-buffer-binding-size"):
+        pool.add(adapters(rng, (40,), 16, 8)[0], "big")
+    assert (pool.a, pool.b, pool.table) == buffers and np.array_equal(pool.host_table, table)
+    for s, (a, b) in enumerate(kept):
+        got_a, got_b = pool.read(s)
+        assert np.array_equal(got_a, a) and np.array_equal(got_b, b)
+
+
 # ---------------------------------------------------------------- bad ids
 
 
@@ -328,6 +347,7 @@ def test_peft_mixed_batches(device):
         else:
             model.add_adapter(name, cfg)
     assert model is not None
+    model.eval()  # peft refuses adapter_names in training mode
     x = torch.randn(6, IN)
     names = ["a", "__base__", "c", "b", "a", "c"]
     with torch.no_grad():
