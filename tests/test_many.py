@@ -15,7 +15,7 @@ import lora
 from lora import reference as R
 from lora.core.many_plan import segments
 from shaderdsl import interp
-from shaderdsl.errors import BindingError
+from shaderdsl.errors import BindingError, DispatchError
 
 IN, OUT = 40, 24
 RANKS = (1, 3, 4, 13, 64, 8)
@@ -140,6 +140,10 @@ def test_run_time_counts_share_one_plan(device):
     check(plan.read(out_buf), x, layers, ids, base, np.float32, "with_ids")
     with pytest.raises(BindingError, match="1 to 40 rows"):
         plan.route(np.zeros(41, int))
+    room = device.limits["max-compute-workgroup-storage-size"]
+    with pytest.raises(DispatchError, match=f"'many_fused' declares .* over max-compute-"
+                                            f"workgroup-storage-size = {room}"):
+        pool.forward_plan(8, tile_tokens=room // 4 // (256 + 64) + 1)
 
 
 def test_segments_sort_rows_into_tiles():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.common import SHARED_FLOATS
+from ..kernels.many import shared_floats
 from . import checks as C
 from .many_plan import host_ids
 from .pool import AdapterPool, checked_layer
@@ -69,7 +69,8 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     try:
         for k, layer in enumerate(layers):
             pool.add(layer, f"layers[{k}]")
-        tile = max(1, min(TILE_TOKENS, SHARED_FLOATS // (THREADS + shape.max_rank)))
+        room = dev.limits.get("max-compute-workgroup-storage-size", 16384) // 4
+        tile = max(1, min(TILE_TOKENS, room // shared_floats(THREADS, shape.max_rank, 1)))
         plan = pool.forward_plan(p.tokens, tile_tokens=tile, threads=THREADS)
         x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
         out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")

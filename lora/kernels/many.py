@@ -31,7 +31,6 @@ from shaderdsl import atomic, f32, i32, u32, vec4f, vec4u
 from shaderdsl import builtins as B
 
 from .common import (
-    SHARED_FLOATS,
     check_threads,
     dot_or_mul,
     input_matrix,
@@ -193,12 +192,11 @@ def out_column(m, Bm, out, out_dim, item, i, h_of, tile_tokens):
                 store()
 
 
-def _shared_h(m, max_rank, tile_tokens, threads):
-    if tile_tokens * (threads + max_rank) > SHARED_FLOATS:
-        raise ValueError(f"a tile of {tile_tokens} rows needs {tile_tokens} x ({threads} "
-                         f"threads + max_rank {max_rank}) floats of workgroup memory, over "
-                         f"{SHARED_FLOATS}; use fewer tile_tokens or threads")
-    return m.shared(f32, tile_tokens * max_rank, "hw")
+def shared_floats(threads, max_rank, tile_tokens, fused=True) -> int:
+    """The f32s of workgroup memory a many_fused (or many_shrink) kernel
+    declares: the lanes' sums and, fused, h of the tile. Over the device's
+    max-compute-workgroup-storage-size, a plan is refused when it is built."""
+    return tile_tokens * (threads + (max_rank if fused else 0))
 
 
 def _vec4_of(buf, at, rs):
@@ -218,7 +216,7 @@ def many_fused(m, in_dim, out_dim, max_rank=64, tokens=None, threads=256, lanes=
     Bm = m.declare_input_buffer("B", storage_scalar(dtype), None)
     x, _ = input_matrix(m, "x", None, in_dim, dtype)
     out = output_buffer(m, None, dtype)
-    hw = _shared_h(m, max_rank, tile_tokens, threads)
+    hw = m.shared(f32, tile_tokens * max_rank, "hw")
     item = Item(m, "x", segments, tile_tokens, check_ids)
 
     def keep(k, r, value):
@@ -250,9 +248,6 @@ def many_shrink(m, in_dim, max_rank=64, tokens=None, threads=256, lanes=16, tile
     A, _ = input_matrix(m, "A", None, in_dim, dtype)
     x, _ = input_matrix(m, "x", None, in_dim, dtype)
     h = m.declare_output_buffer("h", f32, None)
-    if tile_tokens * threads > SHARED_FLOATS:
-        raise ValueError(f"a tile of {tile_tokens} rows at {threads} threads needs more than "
-                         f"{SHARED_FLOATS} floats of workgroup memory")
     item = Item(m, "x", segments, tile_tokens, check_ids)
 
     def keep(k, r, value):
