@@ -134,6 +134,9 @@ def test_run_time_counts_share_one_plan(device):
         plan(x_buf, ids, out_buf)
         check(plan.read(out_buf), x, layers, ids, base, np.float32, f"{tokens} rows")
     assert {id(s.kernel) for s in plan.steps(True, False)} == kernels
+    out_buf = device.buffer(base[:1])
+    plan(device.buffer(x[:1]), np.int64(1), out_buf)  # one row: a scalar id
+    check(plan.read(out_buf), x[:1], layers, [1], base[:1], np.float32, "a scalar id")
     fixed = plan.with_ids(ids)  # what lora.core.tuning.time_plan records
     out_buf = device.buffer(base)
     fixed.record(x_buf, out_buf)

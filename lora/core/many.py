@@ -65,21 +65,19 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
         return p.out.reshape(p.shape).copy()
     pool = AdapterPool(dev, shape.in_dim, shape.out_dim, dtype=dt, max_rank=shape.max_rank,
                        slots=len(checked), rows=sum(a.shape[0] for a, _, _ in checked))
-    plan = None
+    made: list = [pool]  # what to free, whatever happens
     try:
         for k, layer in enumerate(layers):
             pool.add(layer, f"layers[{k}]")
         room = dev.limits.get("max-compute-workgroup-storage-size", 16384) // 4
         tile = max(1, min(TILE_TOKENS, room // shared_floats(THREADS, shape.max_rank, 1)))
         plan = pool.forward_plan(p.tokens, tile_tokens=tile, threads=THREADS)
+        made.append(plan)
         x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
         out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")
+        made += [x_buf, out_buf]
         plan.record(x_buf, flat, out_buf)
-        result = dev.read(out_buf).reshape(p.shape).copy()
-        dev.release(x_buf)
-        dev.release(out_buf)
-        return result
+        return dev.read(out_buf).reshape(p.shape).copy()
     finally:
-        if plan is not None:
-            plan.release()
-        pool.release()
+        for thing in reversed(made):  # buffers, the plan's own, the pool's
+            thing.release()

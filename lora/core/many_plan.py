@@ -186,8 +186,7 @@ class ManyPlan:
         anything is written) and written to the plan's buffers: as rows, or
         sorted into tiles (``segments``). Valid until the next route."""
         arr = np.asarray(ids)
-        flat = host_ids(arr, arr.shape if arr.ndim else (1,), self.pool.slots,
-                        len(self.pool.host_table))
+        flat = host_ids(arr, arr.shape, self.pool.slots, len(self.pool.host_table))
         tokens = flat.size
         if not 1 <= tokens <= self.max_tokens:
             raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
