@@ -24,7 +24,11 @@ FORMS = {"fused segments": dict(segments=True, fused=True, tile_tokens=4),
          "split segments": dict(segments=True, fused=False, tile_tokens=3),
          "split rows": dict(segments=False, fused=False, threads=64, lanes=4),
          "split rows in rank blocks": dict(segments=False, fused=False, threads=64, lanes=8,
-                                           rank_block=16)}
+                                           rank_block=16),
+         "fused segments, 4 rank rows": dict(segments=True, fused=True, tile_tokens=3,
+                                             rank_rows=4, lanes=32),
+         "split rows, 4 rank rows in blocks": dict(segments=False, fused=False, threads=64,
+                                                   lanes=16, rank_rows=4, rank_block=16)}
 
 
 def needs_f16(device, dtype):

@@ -191,6 +191,8 @@ def _many_entries(add) -> None:
             unroll=bool(n % 2), **dict(common, threads=256 if seg else common["threads"]))
         add("many_shrink", in_dim=in_dim, lanes=8, check_ids=not seg and n % 2 == 0,
             rank_block=(0, 32)[n % 2], **common)
+        add("many_fused", in_dim=in_dim, out_dim=out_dim, lanes=32, rank_rows=4,
+            check_ids=False, unroll=bool(n % 2), **common)
         add("many_expand", out_dim=out_dim, **common)
     add("many_place", dtype="f32")
     add("many_place", dtype="f16", threads=64)

@@ -108,10 +108,11 @@ class ManyPlan:
 
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
-                 unroll: bool = True, rank_block: int = 0):
+                 unroll: bool = True, rank_block: int = 0, rank_rows: int = 1):
         self.pool, self.device = pool, pool.device
         self.segments, self.fused, self.unroll = bool(segments), bool(fused), bool(unroll)
         self.rank_block = count(rank_block, "rank_block", 0)
+        self.rank_rows = count(rank_rows, "rank_rows")
         if self.rank_block and self.fused:
             raise ValueError("rank_block splits the shrink of the two-dispatch form over "
                              "workgroups; the fused form keeps h in one workgroup: give "
@@ -139,7 +140,7 @@ class ManyPlan:
         common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
                       tile_tokens=self.tile_tokens if segments else 1, segments=segments,
                       dtype=wgsl_dtype(p.dtype))
-        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes,
+        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes, rank_rows=self.rank_rows,
                       check_ids=on_device and not segments,
                       unroll=self.unroll)
         if self.fused:

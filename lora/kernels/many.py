@@ -46,9 +46,11 @@ from .common import (
 FLAGS = 3  # the flags buffer: bad rows seen, ~(the first), the largest of their ids as u32 bits
 
 
-def check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids):
+def check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids, rank_rows=1):
     """The parameters every many_* kernel shares, refused with what they must be."""
     check_threads(threads)
+    if rank_rows not in (1, 4):
+        raise ValueError(f"rank_rows must be 1 or 4, got {rank_rows!r}")
     if not isinstance(max_rank, int) or max_rank < 4 or max_rank % 4:
         raise ValueError(f"max_rank must be a multiple of 4 (h is read as vec4), got "
                          f"{max_rank!r}")
@@ -118,44 +120,62 @@ class Item:
         return slot
 
 
-def h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, store, unroll, ranks=None):
-    """scale * A_slot @ x for every row of the item: ``lanes`` threads share a
-    rank row (a strided slice of in_dim each, every load of A serving all the
-    tile's rows), threads / lanes rank rows at a time, a runtime loop over the
-    rank; the lanes' sums meet in workgroup memory and lane 0 calls
-    ``store(k, r, value)`` for row k of the tile and rank r < rank.
-    ``ranks``: (first, end) of the ranks to compute, default all."""
+def h_phase(m, A, x, in_dim, item, layout, store, unroll, ranks=None):
+    """scale * A_slot @ x for every row of the item. ``layout`` = (threads,
+    lanes, tile_tokens, rank_rows): ``lanes`` threads share ``rank_rows``
+    rank rows (a strided slice of in_dim each; every load of A serves all the
+    tile's rows, every load of x all the group's rank rows), threads / lanes
+    groups at a time, a runtime loop over the rank; the lanes' sums meet in
+    workgroup memory and lane 0 calls ``store(k, r, value)`` for row k of the
+    tile and rank r. ``ranks``: (first, end) of the ranks to compute, default all."""
+    threads, lanes, tile_tokens, rank_rows = layout
     n4 = in_dim // (4 if in_dim % 4 == 0 else 1)
-    groups = threads // lanes
     tid = m.local_index()
     group, lane = m.let(tid / lanes, "group"), m.let(tid % lanes, "lane")
     red = m.shared(f32, tile_tokens * threads, "red")
     first, end = ranks or (0, item.rank)
-    with m.loop(first, end, groups, name="r0") as r0:
-        r = m.let(r0 + group, "r")
-        arow = m.let((item.a_row + B.min(r, item.rank - 1)) * n4, "arow")
-        accs = [m.var(f32, 0.0, f"acc{k}") for k in range(tile_tokens)]
+    with m.loop(first, end, threads // lanes * rank_rows, name="r0") as r0:
+        rs = [m.let(r0 + group * rank_rows + j, f"r{j}") for j in range(rank_rows)]
+        arows = [m.let((item.a_row + B.min(r, item.rank - 1)) * n4, f"arow{j}")
+                 for j, r in enumerate(rs)]
+        accs = [[m.var(f32, 0.0, f"acc{k}_{j}") for j in range(rank_rows)]
+                for k in range(tile_tokens)]
         xrows = [m.let(row * n4, f"xrow{k}") for k, row in enumerate(item.rows)]
 
         def column(c):
-            a = m.let(widen(A[arow + c]), "a")
-            for k in range(tile_tokens):
-                accs[k] += dot_or_mul(a, widen(x[xrows[k] + c]))
-
-        unrolled_or_loop(m, lane, n4, lanes, tile_tokens + 1, column, "c", unroll)
-        for k in range(tile_tokens):
-            red[k * threads + tid] = accs[k]
-        m.barrier()
-        s = lanes // 2
-        while s:
-            with m.if_(lane < s):
+            xs = [widen(x[xrow + c]) for xrow in xrows]
+            if rank_rows > 1:
+                xs = [m.let(v, f"xv{k}") for k, v in enumerate(xs)]
+            for j, arow in enumerate(arows):
+                a = m.let(widen(A[arow + c]), f"a{j}")
                 for k in range(tile_tokens):
-                    red[k * threads + tid] += red[k * threads + tid + s]
-            m.barrier()
-            s //= 2
-        with m.if_((lane == 0) & (r < end)):
-            for k in range(tile_tokens):
-                store(k, r, item.scale * red[k * threads + tid])
+                    accs[k][j] += dot_or_mul(a, xs[k])
+
+        unrolled_or_loop(m, lane, n4, lanes, (tile_tokens + 1) * rank_rows + tile_tokens,
+                         column, "c", unroll)
+        for j, r in enumerate(rs):
+            sums = lanes_sum(m, red, [acc[j] for acc in accs], threads, lanes, lane)
+            with m.if_((lane == 0) & (r < end)):
+                for k in range(tile_tokens):
+                    store(k, r, item.scale * sums[k])
+
+
+def lanes_sum(m, red, accs, threads, lanes, lane):
+    """Each accumulator summed over the ``lanes`` threads of each group (a
+    tree in ``red``, one slot per thread and accumulator); the sums, as
+    lane 0 of the group reads them."""
+    tid = m.local_index()
+    for k, acc in enumerate(accs):
+        red[k * threads + tid] = acc
+    m.barrier()
+    s = lanes // 2
+    while s:
+        with m.if_(lane < s):
+            for k in range(len(accs)):
+                red[k * threads + tid] += red[k * threads + tid + s]
+        m.barrier()
+        s //= 2
+    return [red[k * threads + tid] for k in range(len(accs))]
 
 
 def out_column(m, Bm, out, out_dim, item, i, h_of, tile_tokens):
@@ -205,13 +225,16 @@ def _vec4_of(buf, at, rs):
 
 
 def many_fused(m, in_dim, out_dim, max_rank=64, tokens=None, threads=256, lanes=16,
-               tile_tokens=1, segments=False, check_ids=False, dtype="f32", unroll=True):
+               tile_tokens=1, segments=False, check_ids=False, dtype="f32", unroll=True,
+               rank_rows=1):
     """output += scale_i B_i (A_i x) for each row's adapter i, one dispatch:
     phase 1 (``h_phase``) leaves scale * h of the item in workgroup memory,
     phase 2 gives each thread output columns (strided by threads) of every
-    row of the item. ``tokens`` must be None: the item count is a uniform."""
+    row of the item. ``tokens`` must be None: the item count is a uniform.
+    ``rank_rows``: rank rows per group of lanes in phase 1 (1 or 4: each load
+    of x then serves four rows of A)."""
     _run_time(tokens)
-    check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids)
+    check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids, rank_rows)
     A, _ = input_matrix(m, "A", None, in_dim, dtype)
     Bm = m.declare_input_buffer("B", storage_scalar(dtype), None)
     x, _ = input_matrix(m, "x", None, in_dim, dtype)
@@ -222,7 +245,7 @@ def many_fused(m, in_dim, out_dim, max_rank=64, tokens=None, threads=256, lanes=
     def keep(k, r, value):
         hw[k * max_rank + r] = value
 
-    h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, keep, unroll)
+    h_phase(m, A, x, in_dim, item, (threads, lanes, tile_tokens, rank_rows), keep, unroll)
     m.barrier()
 
     def h_of(k, rs):
@@ -233,17 +256,20 @@ def many_fused(m, in_dim, out_dim, max_rank=64, tokens=None, threads=256, lanes=
 
 
 def many_shrink(m, in_dim, max_rank=64, tokens=None, threads=256, lanes=16, tile_tokens=1,
-                segments=False, check_ids=False, dtype="f32", unroll=True, rank_block=0):
+                segments=False, check_ids=False, dtype="f32", unroll=True, rank_block=0,
+                rank_rows=1):
     """h[row, r] = scale_i (A_i x[row])[r] for r < rank_i (f32, rows of
     ``max_rank``), one workgroup per item: the first of the two dispatches.
     ``rank_block``: workgroup y computes ranks [y rank_block, (y + 1)
     rank_block) only (grid y: max_rank / rank_block), so a high-rank
-    adapter's A is read by several workgroups at once; 0: all ranks."""
+    adapter's A is read by several workgroups at once; 0: all ranks.
+    ``rank_rows`` as for many_fused."""
     _run_time(tokens)
-    check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids)
-    if rank_block and (rank_block % (threads // lanes) or max_rank % rank_block):
-        raise ValueError(f"rank_block ({rank_block}) must be a multiple of threads / lanes "
-                         f"({threads // lanes}, the ranks of one step) and divide max_rank "
+    check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids, rank_rows)
+    step = threads // lanes * rank_rows
+    if rank_block and (rank_block % step or max_rank % rank_block):
+        raise ValueError(f"rank_block ({rank_block}) must be a multiple of threads / lanes x "
+                         f"rank_rows ({step}, the ranks of one step) and divide max_rank "
                          f"({max_rank})")
     A, _ = input_matrix(m, "A", None, in_dim, dtype)
     x, _ = input_matrix(m, "x", None, in_dim, dtype)
@@ -263,7 +289,8 @@ def many_shrink(m, in_dim, max_rank=64, tokens=None, threads=256, lanes=16, tile
         with m.if_(first >= item.rank):
             m.return_()
         ranks = (first, B.min(first + rank_block, item.rank))
-    h_phase(m, A, x, in_dim, item, threads, lanes, tile_tokens, keep, unroll, ranks)
+    h_phase(m, A, x, in_dim, item, (threads, lanes, tile_tokens, rank_rows), keep, unroll,
+            ranks)
 
 
 def many_expand(m, out_dim, max_rank=64, tokens=None, threads=256, tile_tokens=1,
