@@ -21,9 +21,10 @@ does nothing: lora.kernels.many_sort pads its tiles so). ``check_ids``
 as u32 bits: the same whatever order the rows run in), and its row gets no
 delta.
 
-Three kernels: ``many_fused`` (h of the item in workgroup memory, then the
-output), ``many_shrink`` (h = scale * A x into the f32 ``h``, ``max_rank``
-per row) and ``many_expand`` (output += B h) as the two-dispatch form.
+The forward is ``many_fused`` (h of the item in workgroup memory, then the
+output), or ``many_shrink`` (h = scale * A x into the f32 ``h``, ``max_rank``
+per row) and ``many_expand`` (output += B h) as the two-dispatch form;
+``many_place`` writes an adapter into the pool.
 """
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ def check_layout(max_rank, threads, lanes, tile_tokens, segments, check_ids, ran
         raise ValueError(f"tile_tokens must be 1 for rows (one row per item) and >= 1 for "
                          f"segments, got {tile_tokens!r} with segments={segments}")
     if check_ids and segments:
-        raise ValueError("check_ids applies to rows (ids read on the GPU); segments are "
-                         "built on the host from checked ids")
+        raise ValueError("check_ids applies to rows (ids read on the GPU); segments come "
+                         "from checked ids (the host's, or lora.kernels.many_sort's)")
 
 
 class Item:
@@ -112,7 +113,7 @@ class Item:
         good = m.let(named & (table[slot].z > 0), "good")
         if flags is not None:
             with m.if_((idv != -1) & ~good & (m.local_index() == 0)):  # once per row
-                B.atomic_add(flags[0], 1)  # max and min: the same flags in any order of rows
+                B.atomic_add(flags[0], 1)  # add and max: the same flags in any order of rows
                 B.atomic_max(flags[1], ~w)  # the first bad row, complemented (flags start at 0)
                 B.atomic_max(flags[2], B.bitcast(u32, idv))
         with m.if_(~good):
