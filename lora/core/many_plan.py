@@ -101,8 +101,10 @@ class ManyPlan:
     writes buffers, and a write ends the open batch's submit), or an int32
     device buffer ``[T]`` (checked on the device, :meth:`read`; sorted on
     the GPU with ``segments``).
-    ``segments``: host ids sorted into tiles of ``tile_tokens`` rows of one
-    adapter; ``fused``: one dispatch, else shrink and expand. Token counts
+    ``segments``: the rows sorted into tiles of ``tile_tokens`` rows of one
+    adapter (else one row per work item); ``fused``: one dispatch, else
+    shrink and expand; ``threads``, ``lanes``, ``unroll``, ``rank_block``,
+    ``rank_rows``: the kernels' (lora.kernels.many). Token counts
     are run-time values: a new count compiles nothing, nor does an adapter
     added to the pool."""
 
