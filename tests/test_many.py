@@ -13,7 +13,7 @@ import pytest
 
 import lora
 from lora import reference as R
-from lora.core.many_plan import segments
+from lora.core.many_plan import CANDIDATES, segments
 from shaderdsl import interp
 from shaderdsl.errors import BindingError, DispatchError
 
@@ -151,6 +151,29 @@ def test_run_time_counts_share_one_plan(device):
     with pytest.raises(DispatchError, match=f"'many_fused' declares .* over max-compute-"
                                             f"workgroup-storage-size = {room}"):
         pool.forward_plan(8, tile_tokens=room // 4 // (256 + 64) + 1)
+
+
+@pytest.mark.slow  # 16 plans' kernels: about 30 s of compiling on lavapipe
+def test_every_candidate_builds_or_names_the_limit(device):
+    """lora.core.many_plan.CANDIDATES (the bench's sweep): each builds and is
+    right here, or is refused for the device's workgroup memory."""
+    rng = np.random.default_rng(11)
+    layers = adapters(rng, (3, 64))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    x, base, ids = batch(rng, 20, 2)
+    x_buf = device.buffer(x)
+    for name, options in CANDIDATES.items():
+        try:
+            plan = pool.forward_plan(20, **options)
+        except DispatchError as e:
+            assert "max-compute-workgroup-storage-size" in str(e), name
+            continue
+        out_buf = device.buffer(base)
+        plan(x_buf, ids, out_buf)
+        check(plan.read(out_buf), x, layers, ids, base, np.float32, name)
+    pool.release()
 
 
 def test_segments_sort_rows_into_tiles():

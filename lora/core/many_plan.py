@@ -32,6 +32,31 @@ from .weight import wgsl_dtype
 ID_DTYPE = np.dtype(np.int32)
 SORT_THREADS = 256  # rows per block of the GPU's sort (lora.kernels.many_sort)
 
+# The ManyPlan options worth timing against each other (the bench's sweep):
+# fused or split, segments or rows, tiles, lanes, rank blocks and rank rows. Tiles
+# of 16 or more rows fit only where the device has over 16 KiB of workgroup memory.
+CANDIDATES = {
+    "fused segments t4": dict(segments=True, fused=True, tile_tokens=4),
+    "fused segments t8": dict(segments=True, fused=True, tile_tokens=8),
+    "fused segments t8 l32": dict(segments=True, fused=True, tile_tokens=8, lanes=32),
+    "fused segments t16": dict(segments=True, fused=True, tile_tokens=16),
+    "fused segments t32": dict(segments=True, fused=True, tile_tokens=32),
+    "fused segments t16 th128": dict(segments=True, fused=True, tile_tokens=16, threads=128),
+    "fused segments t8 rr4 l32": dict(segments=True, fused=True, tile_tokens=8, rank_rows=4,
+                                      lanes=32),
+    "fused segments t16 rr4 l64": dict(segments=True, fused=True, tile_tokens=16, rank_rows=4,
+                                       lanes=64),
+    "fused rows": dict(segments=False, fused=True),
+    "fused rows l64": dict(segments=False, fused=True, lanes=64),
+    "split segments t8": dict(segments=True, fused=False, tile_tokens=8),
+    "split segments t16": dict(segments=True, fused=False, tile_tokens=16),
+    "split segments t8 rb16": dict(segments=True, fused=False, tile_tokens=8, rank_block=16),
+    "split rows": dict(segments=False, fused=False),
+    "split rows rb16": dict(segments=False, fused=False, rank_block=16),
+    "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
+                                    rank_block=16),
+}
+
 
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
