@@ -12,6 +12,7 @@ command line, benchmarks, the web export, the digits example).
 
     import numpy as np, lora
     out = lora.forward(x, a, b, base, alpha=16.0)          # numpy in, numpy out
+    out = lora.forward_many(x, [layer0, layer1], ids, base) # each row its adapter (-1: none)
 
     from shaderdsl.runtime import get_device
     dev = get_device()
@@ -34,7 +35,10 @@ from .core.auto import auto_plan, forward
 from .core.cache import clear_plan_cache
 from .core.config import Config
 from .core.forward import forward_plan
+from .core.many import forward_many
+from .core.many_plan import ManyPlan, Route
 from .core.plan import Plan, PlanAt, Role
+from .core.pool import AdapterPool
 from .core.shape import LayerShape
 from .core.strategy import FORWARD, Strategy
 from .core.weight import Weight
@@ -75,6 +79,7 @@ if TYPE_CHECKING:  # for editors and the checker; at run time __getattr__ import
 
 __all__ = ["Config", "Weight", "LayerShape", "Plan", "PlanAt", "Role", "Strategy", "Backward",
            "FORWARD", "BACKWARD", "forward", "forward_plan", "auto_plan",
+           "forward_many", "AdapterPool", "ManyPlan", "Route",
            "backward", "backward_plan", "train_forward_plan", "loss_plan", "LOSSES",
            "LayerTrainer", "AdamW", "SGD", "clear_plan_cache", "kernels", "reference",
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",

@@ -175,7 +175,31 @@ def lora_entries() -> list[Entry]:
             add("tiled_forward", rank=rank, **s, threads=128, tile_tokens=4, quad=True,
                 unroll=bool(n % 2), dtype=dt)
     _training_entries(add)
+    _many_entries(add)
     return out
+
+
+def _many_entries(add) -> None:
+    """The kernels of many adapters in one batch (lora.kernels.many): rows and
+    segments, fused and split, ids checked on the device, f32 and f16."""
+    for n, ((in_dim, out_dim), seg, dt) in enumerate(
+            itertools.product(DIMS, (False, True), ("f32", "f16"))):
+        tile = 4 if seg else 1
+        common = dict(max_rank=64, threads=(64, 256)[n % 2], tile_tokens=tile, segments=seg,
+                      dtype=dt)
+        add("many_fused", in_dim=in_dim, out_dim=out_dim, lanes=16, check_ids=not seg,
+            unroll=bool(n % 2), **dict(common, threads=256 if seg else common["threads"]))
+        add("many_shrink", in_dim=in_dim, lanes=8, check_ids=not seg and n % 2 == 0,
+            rank_block=(0, 32)[n % 2], **common)
+        add("many_fused", in_dim=in_dim, out_dim=out_dim, lanes=32, rank_rows=4,
+            check_ids=False, unroll=bool(n % 2), **common)
+        add("many_expand", out_dim=out_dim, **common)
+    add("many_place", dtype="f32")
+    add("many_place", dtype="f16", threads=64)
+    for threads in (64, 256):
+        add("many_sort_count", threads=threads)
+        add("many_sort_scan", threads=threads, tile_tokens=(3, 8)[threads == 256], block=threads)
+        add("many_sort_scatter", threads=threads)
 
 
 def _training_entries(add) -> None:

@@ -95,9 +95,43 @@ def within(got, want, tol) -> bool:
     return bool(got.shape == np.shape(want) and np.all(np.abs(got - want) <= tol))
 
 
+def forward_many(x, layers, ids, base=None, dtype=F64) -> np.ndarray:
+    """``base + scale_i * B_i @ (A_i @ x)`` row by row, i = ``ids[row]`` (-1:
+    the base alone): the multi-adapter forward. ``x`` ``(tokens, in_dim)``;
+    ``layers``: (A, B, scale) triples; ``base`` default zeros."""
+    xs = _f(x, dtype).reshape(-1, np.shape(x)[-1])
+    ids = np.asarray(ids).reshape(-1)
+    out_dim = np.shape(layers[0][1])[0]
+    out = np.zeros((len(xs), out_dim), dtype) if base is None else \
+        _f(base, dtype).reshape(len(xs), out_dim).copy()
+    for i, (a, b, scale) in enumerate(layers):
+        rows = ids == i
+        out[rows] += lora_delta(xs[rows], a, b, scale, dtype)
+    return out
+
+
+def many_tolerance(x, layers, ids, base=None, f16: bool = False) -> np.ndarray:
+    """:func:`tolerance` row by row, each with its adapter (rows of id -1: none);
+    ``f16``: plus the rounding of the result to float16, as :func:`f16_tolerance`."""
+    rtol = RTOL_OUT
+    xs = np.reshape(x, (-1, np.shape(x)[-1]))
+    ids = np.asarray(ids).reshape(-1)
+    mag = np.zeros((len(xs), np.shape(layers[0][1])[0]))
+    for i, (a, b, scale) in enumerate(layers):
+        rows = ids == i
+        mag[rows] = tolerance(xs[rows], a, b, scale, None, rtol, 0.0)
+    if base is not None:
+        mag += rtol * np.abs(np.reshape(base, mag.shape).astype(F64))
+    tol = mag + ATOL
+    if not f16:
+        return tol
+    want = np.abs(forward_many(x, layers, ids, base))
+    return tol + F16_ROUNDING * (want + tol) + 2.0 ** -25
+
+
 __all__ = ["project_a", "project_b", "add_scaled", "fused_b_add", "lora_delta", "forward",
-           "tolerance", "f16_tolerance", "h_tolerance", "within", "RTOL_H", "RTOL_Y", "RTOL_ADD",
-           "RTOL_OUT", "ATOL", "F16_ROUNDING"]
+           "tolerance", "f16_tolerance", "h_tolerance", "within", "forward_many",
+           "many_tolerance", "RTOL_H", "RTOL_Y", "RTOL_ADD", "RTOL_OUT", "ATOL", "F16_ROUNDING"]
 
 
 # ================================================================ training
@@ -214,3 +248,4 @@ __all__ += ["backward", "mse", "softmax_cross_entropy", "adamw_step", "sgd_step"
 def rel_error(got, want, magnitude) -> float:
     """The largest error relative to 1 + the result's magnitude (|B| |A| |x| summed)."""
     return float(np.max(np.abs(got - want) / (1.0 + magnitude)))
+

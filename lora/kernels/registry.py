@@ -15,6 +15,8 @@ from . import backward, loss, network, optimizer
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
+from .many import many_expand, many_fused, many_place, many_shrink
+from .many_sort import many_sort_count, many_sort_scan, many_sort_scatter
 from .matrix import (
     OUTER,
     a_tiling,
@@ -219,4 +221,29 @@ TRAINING_KERNELS = (
                "h = f16(p) for one or two tensors: f16 copies of f32 parameters"),
 )
 KERNELS.update({spec.name: spec for spec in TRAINING_KERNELS})
+
+MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the work items
+    KernelSpec("many_fused", many_fused, _threads, lambda p: (p["tokens"], 1, 1),
+               "output += scale_i B_i (A_i x) for each row's adapter i of a pool, one dispatch, "
+               "a workgroup per row or tile of rows sharing an adapter"),
+    KernelSpec("many_shrink", many_shrink, _threads,
+               lambda p: (p["tokens"], p["max_rank"] // p["rank_block"] if p["rank_block"] else 1,
+                          1),
+               "h = scale_i A_i x for each row's adapter i of a pool (f32, max_rank per row)"),
+    KernelSpec("many_expand", many_expand, _threads,
+               lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
+               "output += B_i h for each row's adapter i of a pool, a thread per column"),
+    KernelSpec("many_place", many_place, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
+               "dst[at + i] = src[i]: an adapter written into a pool at its offset"),
+    KernelSpec("many_sort_count", many_sort_count, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
+               "each row's rank among its block's rows of its adapter, and the block's counts"),
+    KernelSpec("many_sort_scan", many_sort_scan, _threads, lambda p: (1, 1, 1),
+               "the counts as first positions per block and adapter, and the tiles"),
+    KernelSpec("many_sort_scatter", many_sort_scatter, _threads,
+               lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
+               "each row put at its place in the order sorted by adapter"),
+)
+KERNELS.update({spec.name: spec for spec in MANY_KERNELS})
 

@@ -1,0 +1,83 @@
+"""``forward_many``: the LoRA forward of a batch whose rows each name one of
+several adapters, numpy in and numpy out (a pool and its plan made, run and
+freed per call; a server keeps an ``AdapterPool`` instead)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.many import shared_floats
+from . import checks as C
+from .many_plan import host_ids
+from .pool import AdapterPool, checked_layer
+from .weight import storage_dtype
+
+TILE_TOKENS, THREADS = 8, 256  # forward_many's plan: fused, tiles of rows sorted by adapter
+
+
+class _Shape:
+    """What checked_layer reads of a pool, before the pool exists."""
+
+    def __init__(self, in_dim, out_dim, max_rank, dtype):
+        self.in_dim, self.out_dim, self.max_rank, self.dtype = in_dim, out_dim, max_rank, dtype
+
+    def __repr__(self) -> str:
+        return f"the first layer's shape {self.in_dim} -> {self.out_dim}"
+
+
+def checked_layers(layers, dtype) -> tuple[list, _Shape]:
+    """Each layer checked against the first one's in and out dims, naming it
+    ``layers[k]``; the shape the pool will have (max_rank: the largest rank,
+    rounded up to 4)."""
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or not len(layers):
+        raise TypeError(f"layers: expected a non-empty sequence of lora.LoraLayer, got "
+                        f"{type(layers).__name__}")
+    first = layers[0]
+    if not hasattr(first, "a") or not hasattr(first, "b"):
+        raise TypeError(f"layers[0]: expected a lora.LoraLayer (a, b, scale), got "
+                        f"{type(first).__name__}")
+    ranks = [np.shape(getattr(layer, "a", ()))[:1] or (1,) for layer in layers]
+    top = max(int(r[0]) for r in ranks)
+    shape = _Shape(np.shape(first.a)[-1], np.shape(first.b)[0], max(4, -(-top // 4) * 4), dtype)
+    return [checked_layer(layer, f"layers[{k}]", shape) for k, layer in enumerate(layers)], shape
+
+
+def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.ndarray:
+    """``base + scale_i * B_i @ (A_i @ x)`` for each row of x, i = its id.
+
+    ``x``: ``(in_dim,)``, ``(tokens, in_dim)`` or with more leading dimensions,
+    as :func:`lora.forward` takes it; ``layers``: a sequence of
+    ``lora.LoraLayer`` (each its own rank and scale: alpha / rank, or rslora's
+    alpha / sqrt(rank)), all of one in_dim and out_dim; ``ids``: one int per
+    row (shaped ``x.shape[:-1]``, or flat), an index into ``layers`` or -1
+    for no delta (peft's "__base__"); ``base``: shaped like the result
+    (``x.shape[:-1] + (out_dim,)``), default zeros. Stored on the GPU and
+    returned as ``dtype`` (float32 by default, or float16); sums are f32.
+    Everything is checked before any GPU buffer exists."""
+    from shaderdsl.runtime import get_device
+
+    dt = storage_dtype(np.float32 if dtype is None else dtype)
+    checked, shape = checked_layers(layers, dt)
+    first = checked[0]
+    p = C.host_problem(x, first[0], first[1], base, dt)
+    flat = host_ids(ids, p.shape[:-1], list(range(len(checked))), len(checked))
+    dev = get_device() if device is None else C.device_of(device)
+    if p.tokens == 0:
+        return p.out.reshape(p.shape).copy()
+    pool = AdapterPool(dev, shape.in_dim, shape.out_dim, dtype=dt, max_rank=shape.max_rank,
+                       slots=len(checked), rows=sum(a.shape[0] for a, _, _ in checked))
+    made: list = [pool]  # what to free, whatever happens
+    try:
+        for k, layer in enumerate(layers):
+            pool.add(layer, f"layers[{k}]")
+        room = dev.limits.get("max-compute-workgroup-storage-size", 16384) // 4
+        tile = max(1, min(TILE_TOKENS, room // shared_floats(THREADS, shape.max_rank, 1)))
+        plan = pool.forward_plan(p.tokens, tile_tokens=tile, threads=THREADS)
+        made.append(plan)
+        x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
+        out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")
+        made += [x_buf, out_buf]
+        plan.record(x_buf, flat, out_buf)
+        return dev.read(out_buf).reshape(p.shape).copy()
+    finally:
+        for thing in reversed(made):  # buffers, the plan's own, the pool's
+            thing.release()

@@ -1,0 +1,373 @@
+"""The plan of a batch whose rows each name an adapter of a pool: the
+routes (host ids checked and sorted into tiles, or device ids read by the
+kernels) and ``ManyPlan``, which records the kernels of lora.kernels.many
+(made by ``AdapterPool.forward_plan``).
+
+Ids are slots of the pool; -1 gives a row no delta (peft's "__base__").
+Host ids are checked before anything runs. Device ids (an int32 buffer)
+are read by the kernels: a row naming no adapter gets no delta and is
+counted in the plan's sticky flags, reported (ValueError) at the next
+``plan.read`` or ``plan.check_ids``, as cross-entropy reports its labels.
+Ids may be sorted into segments (tiles of up to ``tile_tokens`` rows of one
+adapter, so each tile reads its adapter once): host ids on the host, device
+ids by a counting sort on the GPU (lora.kernels.many_sort) in the same submit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shaderdsl import checks
+from shaderdsl.devicebuffer import DeviceBuffer
+from shaderdsl.errors import BindingError
+
+from ..kernels.many import FLAGS
+from ..kernels.many_sort import tile_bound
+from . import checks as C
+from .checks import count
+from .plan import build_steps, launch, record_steps
+from .weight import wgsl_dtype
+
+ID_DTYPE = np.dtype(np.int32)
+SORT_THREADS = 256  # rows per block of the GPU's sort (lora.kernels.many_sort)
+
+# The ManyPlan options worth timing against each other (the bench's sweep):
+# fused or split, segments or rows, tiles, lanes, rank blocks and rank rows. Tiles
+# of 16 or more rows fit only where the device has over 16 KiB of workgroup memory.
+CANDIDATES = {
+    "fused segments t4": dict(segments=True, fused=True, tile_tokens=4),
+    "fused segments t8": dict(segments=True, fused=True, tile_tokens=8),
+    "fused segments t8 l32": dict(segments=True, fused=True, tile_tokens=8, lanes=32),
+    "fused segments t16": dict(segments=True, fused=True, tile_tokens=16),
+    "fused segments t32": dict(segments=True, fused=True, tile_tokens=32),
+    "fused segments t16 th128": dict(segments=True, fused=True, tile_tokens=16, threads=128),
+    "fused segments t8 rr4 l32": dict(segments=True, fused=True, tile_tokens=8, rank_rows=4,
+                                      lanes=32),
+    "fused segments t16 rr4 l64": dict(segments=True, fused=True, tile_tokens=16, rank_rows=4,
+                                       lanes=64),
+    "fused rows": dict(segments=False, fused=True),
+    "fused rows l64": dict(segments=False, fused=True, lanes=64),
+    "split segments t8": dict(segments=True, fused=False, tile_tokens=8),
+    "split segments t16": dict(segments=True, fused=False, tile_tokens=16),
+    "split segments t8 rb16": dict(segments=True, fused=False, tile_tokens=8, rank_block=16),
+    "split rows": dict(segments=False, fused=False),
+    "split rows rb16": dict(segments=False, fused=False, rank_block=16),
+    "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
+                                    rank_block=16),
+}
+
+
+def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
+    """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
+    flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
+    range [-1, bound) named in messages."""
+    arr = np.asarray(ids)
+    rows = int(np.prod(shape, dtype=np.int64))
+    if arr.size and arr.dtype.kind not in "iu":  # [] is float64 to numpy
+        raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
+                           f"dtype {arr.dtype.name}")
+    if arr.shape != shape and arr.shape != (rows,):
+        flat = "" if shape == (rows,) else f" or ({rows},)"
+        raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1])"
+                           f"{flat}, got {arr.shape}")
+    flat = arr.reshape(-1).astype(np.int64)
+    known = np.zeros(max(bound, 1) + 1, bool)
+    known[0] = True  # -1, shifted to 0
+    known[np.asarray(slots, np.int64) + 1] = True
+    outside = (flat < -1) | (flat >= bound)
+    bad = np.flatnonzero(outside | ~known[np.clip(flat + 1, 0, bound)])
+    if bad.size:
+        r, v = int(bad[0]), int(flat[bad[0]])
+        why = (f"is outside [-1, {bound})" if outside[r] else
+               f"names slot {v}, which holds no adapter (slots in use: {list(slots)})")
+        raise ValueError(f"ids: id {v} at row {r} {why}; -1 means no adapter ({bad.size} "
+                         f"row(s) refused, nothing ran)")
+    return flat.astype(ID_DTYPE)
+
+
+def segments(ids: np.ndarray, tile_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows sorted by adapter (rows with -1 left out) and the tiles over them:
+    (order u32 [rows with an adapter], tiles u32 [n, 4] of (first index into
+    order, row count <= tile_tokens, slot, 0))."""
+    order = np.argsort(ids, kind="stable")
+    order = order[ids[order] >= 0]
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]]) if order.size \
+        else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], order.size].astype(np.int64)
+    tiles = [(first, min(tile_tokens, end - first), sorted_ids[start], 0)
+             for start, end in zip(starts, ends) for first in range(start, end, tile_tokens)]
+    return order.astype(np.uint32), np.array(tiles, np.uint32).reshape(-1, 4)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which rows go to which adapter for one record: ``items`` work items
+    (rows, or tiles with ``segments``), their buffers by role, the token count,
+    and whether the ids are checked on the device. A route from
+    ``ManyPlan.route`` is valid until that plan's next ``route``."""
+
+    tokens: int
+    items: int
+    segments: bool
+    buffers: dict
+    on_device: bool
+    generation: int = -1
+    sort: bool = False  # device ids sorted into segments on the GPU first
+
+
+class ManyPlan:
+    """The pool's forward for batches of up to ``max_tokens`` rows, each row
+    naming an adapter: ``record(x, ids, output)`` adds each row's delta to
+    the output in place (x ``[T, in_dim]``, output ``[T, out_dim]``, the
+    pool's dtype). ``ids``: host ints (checked, then routed), a
+    :class:`Route` from :meth:`route` (route before opening a batch: a route
+    writes buffers, and a write ends the open batch's submit), or an int32
+    device buffer ``[T]`` (checked on the device, :meth:`read`; sorted on
+    the GPU with ``segments``).
+    ``segments``: the rows sorted into tiles of ``tile_tokens`` rows of one
+    adapter (else one row per work item); ``fused``: one dispatch, else
+    shrink and expand; ``threads``, ``lanes``, ``unroll``, ``rank_block``,
+    ``rank_rows``: the kernels' (lora.kernels.many). Token counts
+    are run-time values: a new count compiles nothing, nor does an adapter
+    added to the pool."""
+
+    def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
+                 fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
+                 unroll: bool = True, rank_block: int = 0, rank_rows: int = 1):
+        self.pool, self.device = pool, pool.device
+        self.segments, self.fused, self.unroll = bool(segments), bool(fused), bool(unroll)
+        self.rank_block = count(rank_block, "rank_block", 0)
+        self.rank_rows = count(rank_rows, "rank_rows")
+        if self.rank_block and self.fused:
+            raise ValueError("rank_block splits the shrink of the two-dispatch form over "
+                             "workgroups; the fused form keeps h in one workgroup: give "
+                             "fused=False")
+        self.tile_tokens = count(tile_tokens, "tile_tokens")
+        self.threads, self.lanes = count(threads, "threads"), count(lanes, "lanes")
+        fit = most_tokens(self.device, pool)
+        self.max_tokens = fit if max_tokens is None else count(max_tokens, "max_tokens")
+        if self.max_tokens > fit:
+            raise BindingError(f"{self!r}: max_tokens {self.max_tokens} is over the {fit} rows "
+                               f"of x or output that fit max-storage-buffer-binding-size")
+        self._cap = self.device.limits["max-compute-workgroups-per-dimension"]
+        self._steps: dict = {}
+        self._owned: dict = {}  # role -> buffer the plan owns (route buffers, h, flags)
+        self._generation = 0
+        self.steps(self.segments, False)  # compile now: a bad layout is refused here
+
+    def __repr__(self) -> str:
+        form = ("fused" if self.fused else "split") + (" segments" if self.segments else " rows")
+        return f"<ManyPlan {form} tile_tokens={self.tile_tokens} of {self.pool!r}>"
+
+    def kernels(self, segments: bool, on_device: bool) -> list[tuple]:
+        """(kernel name, parameters) of each dispatch."""
+        p = self.pool
+        common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
+                      tile_tokens=self.tile_tokens if segments else 1, segments=segments,
+                      dtype=wgsl_dtype(p.dtype))
+        shrink = dict(common, in_dim=p.in_dim, lanes=self.lanes, rank_rows=self.rank_rows,
+                      check_ids=on_device and not segments,
+                      unroll=self.unroll)
+        if self.fused:
+            return [("many_fused", dict(shrink, out_dim=p.out_dim))]
+        return [("many_shrink", dict(shrink, rank_block=self.rank_block)),
+                ("many_expand", dict(common, out_dim=p.out_dim))]
+
+    def steps(self, segments: bool, on_device: bool) -> list:
+        """The compiled steps of a route's kind (built once each)."""
+        key = (segments, on_device)
+        if key not in self._steps:
+            t, p, item = self.max_tokens, self.pool, self.dtype_size
+            sizes = {"x": t * p.in_dim * item, "output": t * p.out_dim * item, "ids": 4 * t,
+                     "order": 4 * t, "tiles": 16 * t, "h": 4 * t * p.max_rank,
+                     "flags": 4 * FLAGS, "A": p.a.bound_bytes, "B": p.b.bound_bytes,
+                     "table": p.table.bound_bytes}
+            self._steps[key] = build_steps(self.device, self.kernels(*key), sizes, t, self._cap)
+        return self._steps[key]
+
+    def sort_steps(self) -> list:
+        """The GPU's counting sort of device ids into segments (built once)."""
+        if "sort" not in self._steps:
+            t = self.max_tokens
+            blocks, slots = -(-t // SORT_THREADS), len(self.pool.host_table)
+            sizes = {"table": self.pool.table.bound_bytes, "ids": 4 * t, "local": 4 * t,
+                     "counts": 4 * blocks * slots, "flags": 4 * FLAGS, "order": 4 * t,
+                     "tiles": 16 * tile_bound(t, slots, self.tile_tokens)}
+            kernels = [("many_sort_count", dict(tokens=None, threads=SORT_THREADS)),
+                       ("many_sort_scan", dict(tokens=None, threads=256,
+                                               tile_tokens=self.tile_tokens,
+                                               block=SORT_THREADS)),
+                       ("many_sort_scatter", dict(tokens=None, threads=SORT_THREADS))]
+            self._steps["sort"] = build_steps(self.device, kernels, sizes, t, self._cap)
+        return self._steps["sort"]
+
+    @property
+    def dtype_size(self) -> int:
+        return self.pool.dtype.itemsize
+
+    # ------------------------------------------------------------ routes
+
+    def route(self, ids) -> Route:
+        """Host ids checked (ValueError naming the first bad one, before
+        anything is written) and written to the plan's buffers: as rows, or
+        sorted into tiles (``segments``). Valid until the next route."""
+        arr = np.asarray(ids)
+        flat = host_ids(arr, arr.shape, self.pool.slots, len(self.pool.host_table))
+        tokens = flat.size
+        if not 1 <= tokens <= self.max_tokens:
+            raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
+        self._generation += 1
+        if not self.segments:
+            self._put("ids", flat)
+            return Route(tokens, tokens, False, {"ids": self._owned["ids"]}, False,
+                         self._generation)
+        order, tiles = segments(flat, self.tile_tokens)
+        self._put("order", order)
+        self._put("tiles", tiles)
+        return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
+                     False, self._generation)
+
+    def _buffer(self, role: str, rows: int, columns: tuple, dtype):
+        """The plan's buffer for ``role``, of at least ``rows`` rows (grown to
+        the next power of two where smaller)."""
+        buf = self._owned.get(role)
+        rows = max(1, rows)
+        if buf is None or buf.shape[0] < rows:
+            if buf is not None:
+                self.device.release(buf)
+            shape = (1 << (rows - 1).bit_length(),) + columns
+            buf = self._owned[role] = self.device.empty(shape, dtype, name=f"many.{role}")
+        return buf
+
+    def _put(self, role: str, values: np.ndarray) -> None:
+        """Write ``values`` at the start of the plan's buffer for ``role``."""
+        buf = self._buffer(role, len(values), values.shape[1:], values.dtype)
+        padded = np.zeros(buf.shape, buf.dtype)
+        padded[:len(values)] = values
+        self.device.write(buf, padded)
+
+    def device_route(self, ids) -> Route:
+        """A route of device ids: an int32 buffer [T], read by the kernels row by row."""
+        checks.live_buffer(ids, self.device, "ids", "storage", ID_DTYPE,
+                           " (one id per row: int32, -1 for none)")
+        if len(ids.shape) != 1 or not 1 <= ids.shape[0] <= self.max_tokens:
+            raise BindingError(f"ids: expected an int32 buffer of shape (T,) with 1 <= T <= "
+                               f"{self.max_tokens}, got {ids.shape}")
+        if "flags" not in self._owned:
+            self._owned["flags"] = self.device.empty((FLAGS,), np.uint32, name="many.flags")
+        t = ids.shape[0]
+        given = {"ids": ids, "flags": self._owned["flags"]}
+        if not self.segments:
+            return Route(t, t, False, given, True)
+        self._generation += 1  # the GPU rewrites order and tiles: earlier host routes go
+        slots = len(self.pool.host_table)
+        bound = tile_bound(t, slots, self.tile_tokens)
+        given.update(local=self._buffer("local", t, (), np.uint32),
+                     counts=self._buffer("counts", -(-t // SORT_THREADS) * slots, (), np.uint32),
+                     order=self._buffer("order", t, (), np.uint32),
+                     tiles=self._buffer("tiles", bound, (4,), np.uint32))
+        return Route(t, bound, True, given, True, sort=True)
+
+    # ------------------------------------------------------------ recording
+
+    def check(self, x, ids, output) -> Route:
+        """Every buffer: live, on this device, the pool's dtype, T rows of
+        in_dim / out_dim as the route says, none aliasing another; the route."""
+        route = self._route_of(ids)
+        p, t = self.pool, route.tokens
+        for what, buf, dim in (("x", x, p.in_dim), ("output", output, p.out_dim)):
+            C.storage(self.device, buf, what, p.dtype, " (the pool's dtype)")
+            C.shaped(buf, t, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        checks.distinct(("x", x, False), ("output", output, True), ("pool A", p.a, False),
+                        ("pool B", p.b, False), ("pool table", p.table, False),
+                        *((role, b, False) for role, b in route.buffers.items()
+                          if role != "flags"))
+        return route
+
+    def _route_of(self, ids) -> Route:
+        if isinstance(ids, Route):
+            if not ids.on_device and ids.generation != self._generation:
+                raise BindingError(f"{self!r}: this route was replaced by a later route(); "
+                                   f"route the ids again")
+            return ids
+        return self.device_route(ids) if isinstance(ids, DeviceBuffer) else self.route(ids)
+
+    def record(self, x, ids, output) -> None:
+        """Check, then dispatch (joining the open batch, or one submit). Holds
+        the device's lock: threads sharing the plan share its buffers."""
+        with self.device.lock:
+            self._record(x, ids, output)
+
+    def _record(self, x, ids, output) -> None:
+        route = self.check(x, ids, output)
+        steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
+        p = self.pool
+        buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
+                   "tokens": np.uint32(route.items), **route.buffers}
+        if not self.fused:
+            buffers["h"] = self._buffer("h", route.tokens, (p.max_rank,), np.float32)
+        if not route.sort:
+            record_steps(self.device, steps, buffers)
+            return
+        with self.device.batch():  # the sort, then the forward: one submit
+            sort = launch(self.sort_steps(), route.tokens, self._cap)
+            record_steps(self.device, sort, dict(buffers, tokens=np.uint32(route.tokens)))
+            record_steps(self.device, steps, buffers)
+
+    __call__ = record
+
+    def with_ids(self, ids) -> "WithIds":
+        """This plan with its ids fixed (a route of them, made now): something
+        that records ``(x, output)``, as ``lora.core.tuning.time_plan`` times."""
+        route = ids if isinstance(ids, Route) else self._route_of(ids)
+        return WithIds(self, route)
+
+    def check_ids(self) -> None:
+        """ValueError if a recorded row's device id named no adapter since the
+        last check (the flags are sticky until read; reading waits for the GPU)."""
+        flags = self._owned.get("flags")
+        if flags is None:
+            return
+        bad, first, bits = (int(v) for v in self.device.read(flags))
+        if bad:
+            self.device.write(flags, np.zeros(FLAGS, np.uint32))
+            ident = int(np.array([bits], np.uint32).view(np.int32)[0])
+            raise ValueError(f"ids: {bad} row(s) named no adapter of {self.pool!r} (expected -1 "
+                             f"or a slot in use: {self.pool.slots}), the first at row "
+                             f"{0xFFFFFFFF - first}, one of their ids {ident}; those rows got "
+                             f"no delta")
+
+    def read(self, output) -> np.ndarray:
+        """``output`` read back, after :meth:`check_ids`."""
+        self.check_ids()
+        return self.device.read(output)
+
+    def release(self) -> None:
+        """Free the plan's own buffers (routes, h, flags)."""
+        for buf in self._owned.values():
+            self.device.release(buf)
+        self._owned = {}
+
+
+def most_tokens(device, pool) -> int:
+    """The rows of x and of the output that fit one storage binding."""
+    cap = device.limits.get("max-storage-buffer-binding-size") or (1 << 31)
+    return max(1, cap // (max(pool.in_dim, pool.out_dim) * pool.dtype.itemsize))
+
+
+class WithIds:
+    """A :class:`ManyPlan` and a route: ``record(x, output)``."""
+
+    def __init__(self, plan: ManyPlan, route: Route):
+        self.plan, self.route = plan, route
+        self.device, self.tokens = plan.device, route.tokens
+
+    def __repr__(self) -> str:
+        return f"<{self.plan!r} with the ids of {self.route.tokens} rows>"
+
+    def record(self, x, output) -> None:
+        self.plan.record(x, self.route, output)
+
+    __call__ = record

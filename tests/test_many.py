@@ -1,0 +1,420 @@
+"""Many adapters in one batch (lora.forward_many, AdapterPool, ManyPlan):
+every form of the kernels against the float64 reference
+(``reference.forward_many``, bound ``reference.many_tolerance``: the
+single-adapter forward's bound row by row, plus f16's rounding of the
+result), mixed ranks 1..64 (multiples of 4 and not), plain and rslora
+scales, rows with no adapter (-1), decode and prefill shapes; the pool's
+add and remove leaving the other adapters bit-equal; bad input refused
+before anything runs, or (device ids) reported at the next read."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lora
+from lora import reference as R
+from lora.core.many_plan import CANDIDATES, segments
+from shaderdsl import interp
+from shaderdsl.errors import BindingError, DispatchError
+
+IN, OUT = 40, 24
+RANKS = (1, 3, 4, 13, 64, 8)
+FORMS = {"fused segments": dict(segments=True, fused=True, tile_tokens=4),
+         "fused rows": dict(segments=False, fused=True, lanes=8),
+         "split segments": dict(segments=True, fused=False, tile_tokens=3),
+         "split rows": dict(segments=False, fused=False, threads=64, lanes=4),
+         "split rows in rank blocks": dict(segments=False, fused=False, threads=64, lanes=8,
+                                           rank_block=16),
+         "fused segments, 4 rank rows": dict(segments=True, fused=True, tile_tokens=3,
+                                             rank_rows=4, lanes=32),
+         "split rows, 4 rank rows in blocks": dict(segments=False, fused=False, threads=64,
+                                                   lanes=16, rank_rows=4, rank_block=16)}
+
+
+def needs_f16(device, dtype):
+    if np.dtype(dtype) == np.float16 and not device.has_feature("shader-f16"):
+        pytest.skip(f"adapter {device.name!r} ({device.backend}) lacks shader-f16")
+
+
+def adapters(rng, ranks, in_dim=IN, out_dim=OUT, dtype=np.float32):
+    """Fresh LoraLayers of these ranks, every other one rslora, alphas not the rank."""
+    out = []
+    for k, r in enumerate(ranks):
+        a = rng.standard_normal((r, in_dim)) / np.sqrt(in_dim)
+        b = rng.standard_normal((out_dim, r))
+        out.append(lora.LoraLayer(a.astype(dtype), b.astype(dtype), alpha=1.5 * r + k,
+                                  use_rslora=bool(k % 2)))
+    return out
+
+
+def triples(layers):
+    return [(layer.a, layer.b, layer.scale) for layer in layers]
+
+
+def check(got, x, layers, ids, base, dtype, what=""):
+    """got within many_tolerance of float64 numpy (inputs as stored)."""
+    f16 = np.dtype(dtype) == np.float16
+    assert got.dtype == dtype, what
+    x64 = np.asarray(x, dtype).astype(np.float64)
+    base64 = None if base is None else np.asarray(base, dtype).astype(np.float64)
+    trip = [(np.asarray(a, dtype), np.asarray(b, dtype), s) for a, b, s in triples(layers)]
+    want = R.forward_many(x64, trip, ids, base64).reshape(got.shape)
+    tol = R.many_tolerance(x64, trip, ids, base64, f16=f16).reshape(got.shape)
+    bad = np.argwhere(~(np.abs(got.astype(np.float64) - want) <= tol))
+    assert bad.size == 0, (f"{what}: {len(bad)} element(s) out of tolerance, first at "
+                           f"{bad[0].tolist()}: got {got[tuple(bad[0])]}, want "
+                           f"{want[tuple(bad[0])]}")
+
+
+def batch(rng, tokens, n, dtype=np.float32, none=True):
+    x = rng.standard_normal((tokens, IN)).astype(dtype)
+    base = rng.standard_normal((tokens, OUT)).astype(dtype)
+    ids = rng.integers(-1 if none else 0, n, tokens)
+    return x, base, ids
+
+
+# ---------------------------------------------------------------- against float64
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("tokens", [1, 7, 45], ids=["one", "decode", "prefill"])
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_matches_float64(device, form, tokens, dtype):
+    needs_f16(device, dtype)
+    rng = np.random.default_rng(tokens)
+    layers = adapters(rng, RANKS, dtype=dtype)
+    pool = lora.AdapterPool(device, IN, OUT, dtype=dtype, slots=2, rows=8)
+    slots = [pool.add(layer, f"layers[{k}]") for k, layer in enumerate(layers)]
+    assert slots == list(range(len(layers)))
+    plan = pool.forward_plan(64, **FORMS[form])
+    x, base, ids = batch(rng, tokens, len(layers), dtype)
+    x_buf, out_buf = device.buffer(x), device.buffer(base)
+    plan.record(x_buf, ids, out_buf)
+    check(plan.read(out_buf), x, layers, ids, base, dtype, form)
+    for buf in (x_buf, out_buf):
+        device.release(buf)
+    plan.release()
+    pool.release()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_forward_many_numpy_in_and_out(device, dtype):
+    """Leading dimensions as lora.forward takes them, ids shaped like them, and no base."""
+    needs_f16(device, dtype)
+    rng = np.random.default_rng(1)
+    layers = adapters(rng, (2, 64, 5), dtype=dtype)
+    x = rng.standard_normal((2, 3, IN))
+    ids = np.array([[0, -1, 2], [1, 1, 0]])
+    got = lora.forward_many(x, layers, ids, dtype=dtype, device=device)
+    assert got.shape == (2, 3, OUT)
+    check(got.reshape(6, OUT), x.reshape(6, IN), layers, ids, None, dtype)
+    assert np.all(got[0, 1] == 0)  # id -1: the base (zeros) alone
+    one = lora.forward_many(x[0, 0], layers, 1, device=device)
+    check(one.reshape(1, OUT), x[0, :1], layers, [1], None, np.float32)
+    assert lora.forward_many(np.zeros((0, IN)), layers, [], device=device).shape == (0, OUT)
+
+
+def test_one_adapter_on_every_row_is_lora_forward(device):
+    rng = np.random.default_rng(2)
+    (layer,) = adapters(rng, (12,))
+    x, base, _ = batch(rng, 9, 1)
+    got = lora.forward_many(x, [layer], np.zeros(9, int), base, device=device)
+    want = lora.forward(x, layer.a, layer.b, base, scale=layer.scale, device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    check(got, x, [layer], np.zeros(9, int), base, np.float32)
+
+
+def test_run_time_counts_share_one_plan(device):
+    """One plan, any row count up to max_tokens: nothing compiled after the first."""
+    rng = np.random.default_rng(3)
+    layers = adapters(rng, (4, 9))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(40, tile_tokens=2)
+    kernels = {id(s.kernel) for s in plan.steps(True, False)}
+    for tokens in (1, 2, 17, 40):
+        x, base, ids = batch(rng, tokens, 2)
+        x_buf, out_buf = device.buffer(x), device.buffer(base)
+        plan(x_buf, ids, out_buf)
+        check(plan.read(out_buf), x, layers, ids, base, np.float32, f"{tokens} rows")
+    assert {id(s.kernel) for s in plan.steps(True, False)} == kernels
+    out_buf = device.buffer(base[:1])
+    plan(device.buffer(x[:1]), np.int64(1), out_buf)  # one row: a scalar id
+    check(plan.read(out_buf), x[:1], layers, [1], base[:1], np.float32, "a scalar id")
+    fixed = plan.with_ids(ids)  # what lora.core.tuning.time_plan records
+    out_buf = device.buffer(base)
+    fixed.record(x_buf, out_buf)
+    check(plan.read(out_buf), x, layers, ids, base, np.float32, "with_ids")
+    with pytest.raises(BindingError, match="1 to 40 rows"):
+        plan.route(np.zeros(41, int))
+    room = device.limits["max-compute-workgroup-storage-size"]
+    with pytest.raises(DispatchError, match=f"'many_fused' declares .* over max-compute-"
+                                            f"workgroup-storage-size = {room}"):
+        pool.forward_plan(8, tile_tokens=room // 4 // (256 + 64) + 1)
+
+
+@pytest.mark.slow  # 16 plans' kernels: about 30 s of compiling on lavapipe
+def test_every_candidate_builds_or_names_the_limit(device):
+    """lora.core.many_plan.CANDIDATES (the bench's sweep): each builds and is
+    right here, or is refused for the device's workgroup memory."""
+    rng = np.random.default_rng(11)
+    layers = adapters(rng, (3, 64))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    x, base, ids = batch(rng, 20, 2)
+    x_buf = device.buffer(x)
+    for name, options in CANDIDATES.items():
+        try:
+            plan = pool.forward_plan(20, **options)
+        except DispatchError as e:
+            assert "max-compute-workgroup-storage-size" in str(e), name
+            continue
+        out_buf = device.buffer(base)
+        plan(x_buf, ids, out_buf)
+        check(plan.read(out_buf), x, layers, ids, base, np.float32, name)
+    pool.release()
+
+
+def test_segments_sort_rows_into_tiles():
+    ids = np.array([2, -1, 0, 2, 2, 0, -1, 2], np.int32)
+    order, tiles = segments(ids, 2)
+    assert order.tolist() == [2, 5, 0, 3, 4, 7]
+    assert tiles.tolist() == [[0, 2, 0, 0], [2, 2, 2, 0], [4, 2, 2, 0]]
+    order, tiles = segments(np.full(3, -1, np.int32), 4)
+    assert order.size == 0 and tiles.shape == (0, 4)
+
+
+# ---------------------------------------------------------------- the pool
+
+
+def test_add_and_remove_leave_the_others_bit_equal(device):
+    """Removing an adapter, reusing its room with another rank and growing the
+    buffers (a device copy) move no other adapter: their A, B and outputs are
+    bit-equal; nothing is recompiled (the plan made first still serves)."""
+    rng = np.random.default_rng(4)
+    layers = adapters(rng, (3, 8, 5))
+    pool = lora.AdapterPool(device, IN, OUT, slots=1, rows=4)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(16, tile_tokens=4)
+    x, base, _ = batch(rng, 12, 3)
+    ids = np.array([0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2])
+    x_buf = device.buffer(x)
+
+    def run(ids):
+        out_buf = device.buffer(base)
+        plan(x_buf, ids, out_buf)
+        return plan.read(out_buf)
+
+    before, kept = run(ids), {s: pool.read(s) for s in (0, 2)}
+    pool.remove(1)
+    assert pool.slots == [0, 2] and len(pool) == 2
+    new = adapters(rng, (2, 30))
+    assert pool.add(new[0]) == 1 and pool.add(new[1]) == 3  # the freed slot, then a new one
+    after = run(ids)
+    assert after.tobytes() == before.tobytes()
+    for s, (a, b) in kept.items():
+        got_a, got_b = pool.read(s)
+        assert got_a.tobytes() == a.tobytes() and got_b.tobytes() == b.tobytes()
+    mixed = np.array([0, 1, 2, 3, -1, 3, 1, 0, 2, 3, 1, 0])
+    check(run(mixed), x, [layers[0], new[0], layers[2], new[1]], mixed, base, np.float32)
+    with pytest.raises(ValueError, match="slot 7 holds no adapter"):
+        pool.remove(7)
+    pool.release()
+
+
+def test_a_refused_add_loses_nothing(device):
+    rng = np.random.default_rng(5)
+    layers = adapters(rng, (4, 6))
+    pool = lora.AdapterPool(device, IN, OUT, max_rank=8)
+    for layer in layers:
+        pool.add(layer)
+    kept = {s: pool.read(s) for s in pool.slots}
+    table = pool.host_table.copy()
+    device.sync()
+    dispatches = device.stats["dispatches"]
+    wrong = adapters(rng, (4,), in_dim=IN + 1)[0]
+    with pytest.raises(BindingError, match=r"adapter 'q': A \[4, 41\] and B \[24, 4\] do not "
+                                           r"fit <AdapterPool 2 adapter\(s\) in=40 out=24"):
+        pool.add(wrong, "adapter 'q'")
+    with pytest.raises(ValueError, match="rank 12 is over the pool's max_rank 8"):
+        pool.add(adapters(rng, (12,))[0])
+    nan = adapters(rng, (4,))[0]
+    nan.a[0, 0] = np.nan
+    with pytest.raises(BindingError, match="NaN"):
+        pool.add(nan)
+    with pytest.raises(TypeError, match="expected a lora.LoraLayer"):
+        pool.add((layers[0].a, layers[0].b))
+    assert device.stats["dispatches"] == dispatches
+    assert np.array_equal(pool.host_table, table) and pool.slots == [0, 1]
+    for s, (a, b) in kept.items():
+        got_a, got_b = pool.read(s)
+        assert np.array_equal(got_a, a) and np.array_equal(got_b, b)
+    pool.release()
+
+
+def test_a_pool_that_would_outgrow_a_binding_is_refused():
+    """Growth past max-storage-buffer-binding-size is refused before anything
+    changes (limit patched to 4 KiB: 64 rows of A at in_dim 16)."""
+    dev = interp.Device(limits={"max-storage-buffer-binding-size": 4096})
+    rng = np.random.default_rng(10)
+    pool = lora.AdapterPool(dev, 16, 8, slots=2, rows=16)
+    pool.add(adapters(rng, (16,), 16, 8)[0])
+    pool.add(adapters(rng, (16,), 16, 8)[0])  # grows A to 32 rows
+    kept, table = [pool.read(s) for s in (0, 1)], pool.host_table.copy()
+    buffers = (pool.a, pool.b, pool.table)
+    with pytest.raises(BindingError, match=r"no room for 40 more A rows: the buffer would grow "
+                                           r"to 8192 bytes, over max-storage-buffer-binding-size"):
+        pool.add(adapters(rng, (40,), 16, 8)[0], "big")
+    assert (pool.a, pool.b, pool.table) == buffers and np.array_equal(pool.host_table, table)
+    for s, (a, b) in enumerate(kept):
+        got_a, got_b = pool.read(s)
+        assert np.array_equal(got_a, a) and np.array_equal(got_b, b)
+
+
+# ---------------------------------------------------------------- bad ids
+
+
+def test_host_ids_refused_before_anything(device):
+    rng = np.random.default_rng(6)
+    layers = adapters(rng, (2, 3, 4))
+    x, base, _ = batch(rng, 4, 3)
+    device.sync()
+    dispatches = device.stats["dispatches"]
+    for ids, match in (([0, 3, 1, 0], r"ids: id 3 at row 1 is outside \[-1, 3\)"),
+                       ([0, -2, 1, 0], r"id -2 at row 1 is outside \[-1, 3\)"),
+                       ([0, 1.0, 1, 0], "expected integers"),
+                       ([0, 1, 1], r"one id per row of x, shape \(4,\)")):
+        with pytest.raises((ValueError, BindingError), match=match):
+            lora.forward_many(x, layers, ids, base, device=device)
+    bad = adapters(rng, (2,), out_dim=OUT + 2)
+    with pytest.raises(BindingError, match=r"layers\[3\]: A \[2, 40\] and B \[26, 2\] do not "
+                                           r"fit the first layer's shape 40 -> 24"):
+        lora.forward_many(x, layers + bad, [0, 1, 2, 3], device=device)
+    assert device.stats["dispatches"] == dispatches
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    pool.remove(1)
+    plan = pool.forward_plan(8)
+    with pytest.raises(ValueError, match=r"id 1 at row 2 names slot 1, which holds no adapter "
+                                         r"\(slots in use: \[0, 2\]\)"):
+        plan.route([0, 2, 1, -1])
+    pool.release()
+
+
+@pytest.mark.parametrize("form", ["fused rows", "split rows", "fused segments",
+                                  "split segments"])
+def test_device_ids_are_reported_at_the_next_read(device, form):
+    """Ids in a device buffer are checked by the kernels: a row naming no
+    adapter (past the table, or a removed slot) gets no delta, the others
+    are right, and plan.read raises once, naming the first and the largest
+    id; the flags then start afresh."""
+    rng = np.random.default_rng(7)
+    layers = adapters(rng, (5, 16, 2))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    pool.remove(1)
+    plan = pool.forward_plan(8, **FORMS[form])
+    x, base, _ = batch(rng, 6, 3)
+    ids = np.array([0, 9, 2, -1, 1, 0], np.int32)
+    x_buf, out_buf, ids_buf = device.buffer(x), device.buffer(base), device.buffer(ids)
+    with device.batch():  # one submit, as with a base layer's dispatches
+        plan.record(x_buf, ids_buf, out_buf)
+    with pytest.raises(ValueError, match=r"ids: 2 row\(s\) named no adapter of <AdapterPool "
+                                         r".*\[0, 2\]\), the first at row 1, one of their ids "
+                                         r"9; those rows got no delta"):
+        plan.read(out_buf)
+    got = device.read(out_buf)
+    good = np.where(np.isin(ids, [0, 2]), ids, -1)
+    check(got, x, layers, good, base, np.float32)
+    assert np.array_equal(got[[1, 3, 4]], base[[1, 3, 4]])
+    out2 = device.buffer(base)
+    plan.record(x_buf, device.buffer(good.astype(np.int32)), out2)
+    check(plan.read(out2), x, layers, good, base, np.float32)  # no error: flags were reset
+    with pytest.raises(BindingError, match="int32"):
+        plan.record(x_buf, device.buffer(ids.astype(np.float32)), out2)
+    pool.release()
+
+
+# ---------------------------------------------------------------- the interpreter, peft
+
+
+@pytest.mark.parametrize("form", ["fused segments", "split rows"])
+def test_interpreter_small_shapes(form):
+    """Under the interpreter's race, uninitialised-read and bounds checks."""
+    dev = interp.Device()
+    rng = np.random.default_rng(8)
+    layers = adapters(rng, (1, 5, 8), in_dim=12, out_dim=8)
+    pool = lora.AdapterPool(dev, 12, 8, max_rank=8, slots=1, rows=2)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(8, **dict(FORMS[form], threads=16, lanes=4))
+    x = rng.standard_normal((5, 12)).astype(np.float32)
+    base = rng.standard_normal((5, 8)).astype(np.float32)
+    ids = np.array([2, -1, 0, 2, 1])
+    out_buf = dev.buffer(base)
+    plan(dev.buffer(x), ids if form == "fused segments" else dev.buffer(ids.astype(np.int32)),
+         out_buf)
+    got = plan.read(out_buf)
+    trip = triples(layers)
+    assert np.all(np.abs(got - R.forward_many(x, trip, ids, base)) <=
+                  R.many_tolerance(x, trip, ids, base))
+
+
+def test_peft_mixed_batches(device):
+    """peft's ``model(x, adapter_names=[...])`` on a Linear with three adapters
+    (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    torch.manual_seed(0)
+    base_layer = torch.nn.Sequential(torch.nn.Linear(IN, OUT))
+    specs = {"a": (4, 8.0, False), "b": (13, 16.0, True), "c": (64, 32.0, False)}
+    model = None
+    for name, (r, alpha, rs) in specs.items():
+        cfg = peft.LoraConfig(r=r, lora_alpha=alpha, use_rslora=rs, target_modules=["0"],
+                              init_lora_weights=False)
+        if model is None:
+            model = peft.get_peft_model(base_layer, cfg, adapter_name=name)
+        else:
+            model.add_adapter(name, cfg)
+    assert model is not None
+    model.eval()  # peft refuses adapter_names in training mode
+    x = torch.randn(6, IN)
+    names = ["a", "__base__", "c", "b", "a", "c"]
+    with torch.no_grad():
+        want = model(x, adapter_names=names).numpy()
+        base = model.base_model.model[0].base_layer(x).numpy()
+    module = model.base_model.model[0]
+    layers = [lora.LoraLayer(module.lora_A[n].weight.detach().numpy(),
+                             module.lora_B[n].weight.detach().numpy(), specs[n][1],
+                             use_rslora=specs[n][2]) for n in specs]
+    ids = [list(specs).index(n) if n in specs else -1 for n in names]
+    got = lora.forward_many(x.numpy(), layers, ids, base, device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [5, 600], ids=["one block", "three blocks"])
+def test_the_gpu_sort_equals_the_host_sort(device, tokens):
+    """Device ids with segments: the GPU's counting sort (lora.kernels.many_sort)
+    gives the host's order and tiles exactly (it is stable), then tiles of 0
+    rows up to its bound, and the forward is right."""
+    rng = np.random.default_rng(9)
+    layers = adapters(rng, (3, 6, 1, 16, 4))
+    pool = lora.AdapterPool(device, IN, OUT, slots=8)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(tokens, tile_tokens=4, fused=False)
+    x, base, ids = batch(rng, tokens, len(layers))
+    x_buf, out_buf = device.buffer(x), device.buffer(base)
+    route = plan.device_route(device.buffer(ids.astype(np.int32)))
+    plan.record(x_buf, route, out_buf)
+    check(plan.read(out_buf), x, layers, ids, base, np.float32)
+    order, tiles = segments(ids.astype(np.int32), 4)
+    assert device.read(route.buffers["order"])[:len(order)].tolist() == order.tolist()
+    got = device.read(route.buffers["tiles"])
+    assert got[:len(tiles)].tolist() == tiles.tolist()
+    assert route.items <= len(got) and not got[len(tiles):route.items].any()
+    pool.release()
