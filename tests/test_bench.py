@@ -332,3 +332,41 @@ def test_tables_put_pytorch_beside_ours():
     assert lines[5].split() == ["f16", "4096", "64", "2560->2560", "314.4", "395.8", "1.26x",
                                 "155.5", "0.49x"]
     assert len(lines) == 6
+
+
+@pytest.mark.slow  # about a minute on lavapipe: every form of every quick case built and timed
+def test_many_quick(tmp_path, device):
+    """``--many --quick``: every case's fastest form matches float64, each row
+    has its floor, its best form among CANDIDATES, and says why PyTorch is
+    missing where it is."""
+    from lora.core.many_plan import CANDIDATES
+
+    assert bench.main(["--many", "--quick", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / f"many-{COMPILER}.json") as f:
+        rows = json.load(f)["rows"]
+    assert {(r["kind"], r["adapters"]) for r in rows} == \
+        {(k, n) for k in ("decode", "prefill") for n in (1, 4)}
+    for r in rows:
+        assert r["correct"] and r["best"] in CANDIDATES and positive(r["floor_us"]), r
+        assert positive(r["us"]) and ("loop_us" in r or r["why"]), r
+        assert ("one_adapter_us" in r) == (r["adapters"] == 1), r
+
+
+def test_many_torch_baselines_say_why_they_are_missing(monkeypatch):
+    """Without PyTorch, or with PyTorch but no CUDA, the baselines are a reason."""
+    from lora.apps import bench_many, bench_many_torch
+
+    case = bench_many.make_case("f32", "decode", [4, 8], bench_many.QUICK_DIM)
+    monkeypatch.setattr(bench_many_torch, "optional_torch", lambda: None)
+    assert bench_many_torch.torch_many_us(case) == {"why": "torch is not installed"}
+
+    class NoCuda:
+        __version__ = "9.9"
+
+        class cuda:
+            @staticmethod
+            def is_available():
+                return False
+
+    monkeypatch.setattr(bench_many_torch, "optional_torch", lambda: NoCuda)
+    assert bench_many_torch.torch_many_us(case) == {"why": "torch 9.9 without CUDA"}

@@ -19,7 +19,8 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_sweep); ``--profile`` splits forwards into dispatches and phases
 (lora.apps.bench_profile); ``--gemm`` times the matrix-unit GEMM
 (lora.apps.bench_gemm); ``--ceiling`` what the hardware gives any kernel
-(lora.apps.bench_ceiling).
+(lora.apps.bench_ceiling); ``--many`` many adapters in one batch
+(lora.apps.bench_many).
 """
 from __future__ import annotations
 
@@ -41,11 +42,12 @@ from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 from ..core import reference
 from ..core.forward import forward_plan
 from ..core.strategy import Strategy
-from ..core.tuning import MIN_BATCH_NS, autotune, time_plan
+from ..core.tuning import autotune, time_plan
 from ..core.weight import Weight
 from . import bench_table, bench_train
-from .bench_ceiling import ceiling_main, copy_kernel, grid_of
+from .bench_ceiling import ceiling_main, copy_bandwidth
 from .bench_gemm import gemm_main
+from .bench_many import many_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
 from .bench_train import NUMPY_DTYPES, SCALE, optional_torch
@@ -53,41 +55,6 @@ from .bench_train import NUMPY_DTYPES, SCALE, optional_torch
 FULL = {"tokens": (1, 16, 512, 4096), "ranks": (8, 16, 64),
         "dims": ((2560, 2560), (4096, 4096), (2560, 10240)), "dtypes": ("f32", "f16")}
 QUICK = {"tokens": (1, 16), "ranks": (8,), "dims": ((256, 320),), "dtypes": ("f32", "f16")}
-
-
-def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
-    """GB/s (read + write) of a vec4 copy over ``mib`` MiB (bench_ceiling's: a
-    grid of exactly the work, no bounds test; the earlier kernel's 65535 x 3
-    grid left a third of its workgroups idle and measured 12 % less on the
-    H200, docs/benchmarks.md "Ceilings"), after ``warm_up_s`` seconds of
-    copies (an idle GPU's clocks take a while to rise: optimisation notes 16
-    and 27)."""
-    n4 = mib * (1 << 20) // 16
-    k = sd.compile(copy_kernel, 256, n4=n4, threads=256, per=1)
-    src = device.buffer(np.ones(n4 * 4, np.float32))
-    dst = device.empty(n4 * 4, np.float32)
-    grid = grid_of(n4 // 256)
-
-    def batch(copies):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(copies):
-                device.dispatch(k, [src, dst], grid)
-        ns = b.gpu_time_ns
-        if ns is None:
-            device.sync()
-            ns = (time.perf_counter() - t0) * 1e9
-        return ns / copies
-
-    per_copy = batch(4)
-    copies = max(4, min(200, int(MIN_BATCH_NS / max(per_copy, 1.0)) + 1))  # Dawn's 65.5 us quanta
-    until = time.perf_counter() + warm_up_s
-    while time.perf_counter() < until:
-        batch(copies)
-    gbps = 2 * src.nbytes / statistics.median([batch(copies) for _ in range(5)])
-    device.release(src)
-    device.release(dst)
-    return gbps
 
 
 def bump(m, n):
@@ -407,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ceiling", action="store_true",
                    help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
                         "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")
+    p.add_argument("--many", action="store_true",
+                   help="many adapters in one batch (AdapterPool): 1-100 adapters, decode and "
+                        "prefill, beside PyTorch's loop and padded bmm (lora.apps.bench_many)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -438,6 +408,8 @@ def main(argv=None) -> int:
         return gemm_main(args.out, args.gemm, log)
     if args.ceiling:
         return ceiling_main(args.out, log)
+    if args.many:
+        return many_main(args.out, log, args.quick)
 
     grid = dict(QUICK if args.quick else FULL)
     train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)

@@ -226,6 +226,41 @@ def copy_rows(device, mib: float, log) -> list[dict]:
     return rows
 
 
+def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
+    """GB/s (read + write) of a vec4 copy over ``mib`` MiB (copy_kernel: a
+    grid of exactly the work, no bounds test; the earlier kernel's 65535 x 3
+    grid left a third of its workgroups idle and measured 12 % less on the
+    H200, docs/benchmarks.md "Ceilings"), after ``warm_up_s`` seconds of
+    copies (an idle GPU's clocks take a while to rise: optimisation notes 16
+    and 27)."""
+    n4 = mib * (1 << 20) // 16
+    k = compile_kernel(copy_kernel, 256, n4=n4, threads=256, per=1)
+    src = device.buffer(np.ones(n4 * 4, np.float32))
+    dst = device.empty(n4 * 4, np.float32)
+    grid = grid_of(n4 // 256)
+
+    def batch(copies):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(copies):
+                device.dispatch(k, [src, dst], grid)
+        ns = b.gpu_time_ns
+        if ns is None:
+            device.sync()
+            ns = (time.perf_counter() - t0) * 1e9
+        return ns / copies
+
+    per_copy = batch(4)
+    copies = max(4, min(200, int(MIN_BATCH_NS / max(per_copy, 1.0)) + 1))  # Dawn's 65.5 us quanta
+    until = time.perf_counter() + warm_up_s
+    while time.perf_counter() < until:
+        batch(copies)
+    gbps = 2 * src.nbytes / statistics.median([batch(copies) for _ in range(5)])
+    device.release(src)
+    device.release(dst)
+    return gbps
+
+
 def torch_copy_gbps(mib: int) -> float | None:
     """torch's copy_ of ``mib`` MiB in a CUDA graph (None without CUDA)."""
     torch = optional_torch()
