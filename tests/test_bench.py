@@ -370,3 +370,27 @@ def test_many_torch_baselines_say_why_they_are_missing(monkeypatch):
 
     monkeypatch.setattr(bench_many_torch, "optional_torch", lambda: NoCuda)
     assert bench_many_torch.torch_many_us(case) == {"why": "torch 9.9 without CUDA"}
+
+
+def test_torch_copy_asks_torch_for_a_whole_count(monkeypatch):
+    """A fractional MiB (the tests' small ceilings) reaches torch.ones as an
+    int: with CUDA present the H200 raised TypeError for a float count."""
+    from lora.apps import bench_ceiling
+
+    class Stop(Exception):
+        pass
+
+    class FakeTorch:
+        class cuda:
+            @staticmethod
+            def is_available():
+                return True
+
+        @staticmethod
+        def ones(n, device):
+            assert isinstance(n, int) and n == (1 << 18) // 16, n
+            raise Stop
+
+    monkeypatch.setattr(bench_ceiling, "optional_torch", lambda: FakeTorch)
+    with pytest.raises(Stop):
+        bench_ceiling.torch_copy_gbps(1 / 16)

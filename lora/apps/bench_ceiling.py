@@ -261,12 +261,12 @@ def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
     return gbps
 
 
-def torch_copy_gbps(mib: int) -> float | None:
+def torch_copy_gbps(mib: float) -> float | None:
     """torch's copy_ of ``mib`` MiB in a CUDA graph (None without CUDA)."""
     torch = optional_torch()
     if torch is None or not torch.cuda.is_available():
         return None
-    src = torch.ones(mib * (1 << 18), device="cuda")
+    src = torch.ones(int(mib * (1 << 18)), device="cuda")  # float32s
     dst = torch.empty_like(src)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
