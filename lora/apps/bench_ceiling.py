@@ -238,24 +238,10 @@ def copy_bandwidth(device, mib: int, warm_up_s: float = 0.0) -> float:
     src = device.buffer(np.ones(n4 * 4, np.float32))
     dst = device.empty(n4 * 4, np.float32)
     grid = grid_of(n4 // 256)
-
-    def batch(copies):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(copies):
-                device.dispatch(k, [src, dst], grid)
-        ns = b.gpu_time_ns
-        if ns is None:
-            device.sync()
-            ns = (time.perf_counter() - t0) * 1e9
-        return ns / copies
-
-    per_copy = batch(4)
-    copies = max(4, min(200, int(MIN_BATCH_NS / max(per_copy, 1.0)) + 1))  # Dawn's 65.5 us quanta
     until = time.perf_counter() + warm_up_s
     while time.perf_counter() < until:
-        batch(copies)
-    gbps = 2 * src.nbytes / statistics.median([batch(copies) for _ in range(5)])
+        batch_us(device, k, [src, dst], grid)
+    gbps = 2 * src.nbytes / batch_us(device, k, [src, dst], grid) / 1e3
     device.release(src)
     device.release(dst)
     return gbps
