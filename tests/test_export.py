@@ -111,6 +111,26 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
     assert "strategy" in capsys.readouterr().err
 
 
+def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
+    """--many: one fused kernel with a run-time item count, its grid one workgroup
+    per tile along x; shapes the pool or the page cannot take are refused."""
+    assert lora_main(["export", "--many", str(tmp_path), "--in-dim", "64", "--out-dim", "48",
+                      "--max-rank", "32", "--dtype", "f16"]) == 0
+    js = (tmp_path / "lora_many.js").read_text()
+    assert ('export const config = {"inDim": 64, "outDim": 48, "dtype": "f16", "maxRank": 32, '
+            '"tileTokens": 8, "form": "fused segments", "features": ["shader-f16"]};') in js
+    assert '{"kernel": 0, "grid": [1, 1, 1], "items": 0, "buffers": {"A": "A"' in js
+    assert js.count("  {\n    name: ") == 1 and 'name: "many_fused_f16"' in js
+    assert "createPool(device: GPUDevice" in (tmp_path / "lora_many.d.ts").read_text()
+    assert (tmp_path / "lora_adapter.js").exists()
+    capsys.readouterr()
+    for argv, why in [(["--dtype", "f16", "--in-dim", "63"], "must be even"),
+                      (["--max-rank", "6"], "max_rank must be a multiple of 4")]:
+        assert lora_main(["export", "--many", str(tmp_path / "no"), *argv]) == 1
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+
 # ---------------------------------------------------------------- in the page
 
 @needs_browser
