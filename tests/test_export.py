@@ -538,7 +538,9 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
       for (const attempt of [() => pool.add(layers[4], "other dims"),
                              () => pool.record({{x: up("{b64(x)}"), output: up("{b64(base)}")}},
                                                [0, 1, 7]),
-                             () => pool.remove(9)])
+                             () => pool.remove(9),
+                             () => pool.record({{x: up("{b64(x[:-1])}"), output: up("{b64(base)}")}},
+                                               ids)])
         try {{ attempt(); refused.push(null); }} catch (e) {{ refused.push(e.message); }}
       const again = await run();
       const X = new Float32Array(Uint8Array.fromBase64("{b64(x)}").buffer);
@@ -561,7 +563,9 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
     for name in ("again", "after"):  # the refusals changed nothing; the re-added adapter serves
         np.testing.assert_array_equal(unb64(got[name], np.float32, first.size), first.ravel())
     np.testing.assert_array_equal(unb64(got["host"], np.float32, first.size), first.ravel())
-    dims, bad_id, bad_slot = got["refused"]
+    dims, bad_id, bad_slot, short = got["refused"]
+    assert short.startswith(f"pool.record: x has {(rows - 1) * in_dim * 4} bytes, needs "
+                            f"{rows * in_dim * 4} ({rows} row(s) of {in_dim} f32)")
     assert dims == (f"other dims: A [3, {in_dim + 2}] and B [{out_dim}, 3] ({3 * (in_dim + 2)} "
                     f"and {out_dim * 3} values) do not fit the pool: expected A [rank, {in_dim}] "
                     f"and B [{out_dim}, rank]")

@@ -29,15 +29,16 @@ globalThis.GPUBufferUsage = {STORAGE: 128, COPY_DST: 8, COPY_SRC: 4, UNIFORM: 64
 const writes = [];
 const dev = {features: new Set(), limits: {maxComputeWorkgroupsPerDimension: 65535},
              createBuffer: d => ({...d, destroy() {}}),
-             queue: {writeBuffer: (buf, at, data) => writes.push([buf.label, at, data.length])}};
+             queue: {writeBuffer: (buf, at, data) => writes.push([buf.label, at, data])}};
 """
 
 
-def run_node(tmp_path, body: str, in_dim=42, out_dim=36):
-    """``body`` (returns a JSON-able value) in Node with the exported module as ``m``."""
+def run_node(tmp_path, body: str, dtype="f32"):
+    """``body`` (returns a JSON-able value) in Node with the exported module (42 -> 36,
+    max_rank 16) as ``m``."""
     if not (tmp_path / "lora_many.js").exists():
-        assert lora_main(["export", "--many", str(tmp_path), "--in-dim", str(in_dim),
-                          "--out-dim", str(out_dim), "--max-rank", "16"]) == 0
+        assert lora_main(["export", "--many", str(tmp_path), "--in-dim", "42", "--out-dim", "36",
+                          "--max-rank", "16", "--dtype", dtype]) == 0
     script = tmp_path / "run.mjs"
     script.write_text(f"import * as m from {json.dumps((tmp_path / 'lora_many.js').as_uri())};\n"
                       f"{FAKE_DEVICE}\nconst result = (() => {{ {body} }})();\n"
@@ -146,3 +147,34 @@ def test_adapters_go_where_the_python_pool_puts_them(tmp_path):
     assert wide.startswith("wide: A [3, 44] and B [36, 3]")
     assert big.startswith("big: rank 20 is over the pool's max_rank 16")
     assert got["badOption"].startswith("createPool: inDim 40 is not this module's 42")
+
+
+def test_f16_adapters_are_written_as_numpy_rounds_them(tmp_path):
+    """An f16 pool needs shader-f16, and writes each adapter's A and B as float16
+    bits (numpy's rounding) at the byte offsets of its rows and elements."""
+    rng = np.random.default_rng()
+    a = rng.standard_normal((5, 42)).astype(np.float32)
+    b = rng.standard_normal((36, 5)).astype(np.float32)
+    layer = {"a": a.ravel().tolist(), "b": b.ravel().tolist(), "rank": 5, "scale": 0.5}
+    got = run_node(tmp_path, f"""
+      let refused = null;
+      try {{ m.createPool(dev); }} catch (e) {{ refused = e.message; }}
+      dev.features.add("shader-f16");
+      const pool = m.createPool(dev, {{slots: 2, rows: 16}});
+      pool.add({json.dumps(layer)});
+      pool.add({json.dumps(layer)});
+      return {{refused, writes: writes.map(([label, at, data]) =>
+        [label, at, data.constructor.name, Array.from(data)])}};""", dtype="f16")
+    assert got["refused"].startswith("createPool: this module needs the WebGPU feature(s) "
+                                     "shader-f16")
+    got = got["writes"]
+    bits = [a.astype(np.float16).view(np.uint16).ravel().tolist(),
+            b.astype(np.float16).view(np.uint16).ravel().tolist()]
+    assert [w[:3] for w in got] == [["pool.A", 0, "Uint16Array"], ["pool.B", 0, "Uint16Array"],
+                                    ["pool.table", 0, "Uint32Array"],
+                                    ["pool.A", 5 * 42 * 2, "Uint16Array"],
+                                    ["pool.B", 36 * 5 * 2, "Uint16Array"],
+                                    ["pool.table", 0, "Uint32Array"]]
+    assert [got[k][3] for k in (0, 1, 3, 4)] == bits * 2
+    assert got[5][3] == [0, 0, 5, int(np.float32(0.5).view(np.uint32)),
+                         5, 180, 5, int(np.float32(0.5).view(np.uint32))]

@@ -242,12 +242,14 @@ class AdapterPool {
   record({x, output}, ids, {encoder = null} = {}) {
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4);
     if (!flat.length) throw new RangeError("ids: a batch has at least 1 row, got 0 ids");
+    const most = this.device.limits.maxStorageBufferBindingSize;
     for (const [name, buf, dim] of [["x", x, config.inDim], ["output", output, config.outDim]]) {
       if (!(buf instanceof GPUBuffer))
         throw new TypeError(`pool.record: ${name} must be a GPUBuffer`);
-      if (buf.size < flat.length * dim * ITEM) throw new RangeError(`pool.record: ${name} has ` +
-        `${buf.size} bytes, needs ${flat.length * dim * ITEM} (${flat.length} row(s) of ${dim} ` +
-        `${config.dtype})`);
+      if (buf.size < flat.length * dim * ITEM || buf.size > most)
+        throw new RangeError(`pool.record: ${name} has ${buf.size} bytes, needs ` +
+          `${flat.length * dim * ITEM} (${flat.length} row(s) of ${dim} ${config.dtype}), at ` +
+          `most maxStorageBufferBindingSize = ${most} (it is bound whole)`);
     }
     if (x === output) throw new RangeError("pool.record: output is also the x buffer");
     const {order, tiles} = segments(flat, config.tileTokens), items = tiles.length / 4;
