@@ -111,6 +111,26 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
     assert "strategy" in capsys.readouterr().err
 
 
+def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
+    """--many: one fused kernel with a run-time item count, its grid one workgroup
+    per tile along x; shapes the pool or the page cannot take are refused."""
+    assert lora_main(["export", "--many", str(tmp_path), "--in-dim", "64", "--out-dim", "48",
+                      "--max-rank", "32", "--dtype", "f16"]) == 0
+    js = (tmp_path / "lora_many.js").read_text()
+    assert ('export const config = {"inDim": 64, "outDim": 48, "dtype": "f16", "maxRank": 32, '
+            '"tileTokens": 8, "form": "fused segments", "features": ["shader-f16"]};') in js
+    assert '{"kernel": 0, "grid": [1, 1, 1], "items": 0, "buffers": {"A": "A"' in js
+    assert js.count("  {\n    name: ") == 1 and 'name: "many_fused_f16"' in js
+    assert "createPool(device: GPUDevice" in (tmp_path / "lora_many.d.ts").read_text()
+    assert (tmp_path / "lora_adapter.js").exists()
+    capsys.readouterr()
+    for argv, why in [(["--dtype", "f16", "--in-dim", "63"], "must be even"),
+                      (["--max-rank", "6"], "max_rank must be a multiple of 4")]:
+        assert lora_main(["export", "--many", str(tmp_path / "no"), *argv]) == 1
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+
 # ---------------------------------------------------------------- in the page
 
 @needs_browser
@@ -458,3 +478,97 @@ def test_the_training_page_trains_as_python_does(tmp_path, capsys):
     got = D.accuracy(base, adapters, layers["fc1"].scale, data.test_x, data.test_y)
     assert got == pytest.approx(result["accuracyAfter"], abs=1 / 297)
     assert result["accuracyAfter"] == pytest.approx(summary["accuracy_after"], abs=1 / 297)
+
+
+# ---------------------------------------------------------------- many adapters in the page
+
+MANY_RANKS = (3, 16, 5, 8)  # mixed, two not multiples of 4; the third adapter uses rslora
+
+
+def _many_adapters(tmp_path, rng, in_dim, out_dim) -> list:
+    """Adapters of MANY_RANKS saved as peft directories (one module each):
+    (directory, A, B, scale) per adapter."""
+    from lora.training.adapter_io import save_adapter
+
+    adapters = []
+    for k, rank in enumerate(MANY_RANKS):
+        a = rng.standard_normal((rank, in_dim)).astype(np.float32)
+        b = rng.standard_normal((out_dim, rank)).astype(np.float32)
+        alpha, rslora = 2.0 * rank + k, k == 2
+        folder = save_adapter(tmp_path / f"adapter{k}", {"layers.0.q_proj": (a, b)},
+                              alpha=alpha, use_rslora=rslora)
+        adapters.append((folder, a, b, alpha / (np.sqrt(rank) if rslora else rank)))
+    return adapters
+
+
+@needs_browser
+def test_many_adapters_in_the_page_match_float64(tmp_path):
+    """lora_many.js in Chromium: adapters of mixed ranks read from peft files by
+    readPeftAdapter into a pool, rows of scattered ids (-1 among them, runs longer
+    than a tile) give float64 forward_many within lora.reference.many_tolerance,
+    by the buffer form and by forward(); an adapter of other dims and a bad id are
+    refused by name, and the pool's next forward is unchanged."""
+    in_dim, out_dim, rows = 42, 36, 37
+    assert lora_main(["export", "--many", str(tmp_path / "web"), "--in-dim", str(in_dim),
+                      "--out-dim", str(out_dim), "--max-rank", "16"]) == 0
+    rng = np.random.default_rng()
+    adapters = _many_adapters(tmp_path, rng, in_dim, out_dim)
+    other = _many_adapters(tmp_path / "other", rng, in_dim + 2, out_dim)[0][0]
+    ids = rng.integers(-1, len(MANY_RANKS), rows).astype(np.int32)
+    ids[:3], ids[3:14] = -1, 1  # rows without an adapter; one adapter over two tiles
+    x = rng.standard_normal((rows, in_dim)).astype(np.float32)
+    base = rng.standard_normal((rows, out_dim)).astype(np.float32)
+    files = [_files(folder) for folder, *_ in adapters] + [_files(other)]
+    got = in_page(f"""
+      const m = await import("{(tmp_path / 'web' / 'lora_many.js').as_uri()}");
+      const io = await import("{(tmp_path / 'web' / 'lora_adapter.js').as_uri()}");
+      const read = ([config, tensors]) =>
+        io.readPeftAdapter(config, Uint8Array.fromBase64(tensors)).layers["layers.0.q_proj"];
+      const layers = {json.dumps(files)}.map(read);
+      await m.prepare(dev);
+      const pool = m.createPool(dev, {{slots: 4, rows: 32}});
+      const slots = layers.slice(0, 4).map((layer, k) => pool.add(layer, `adapter ${{k}}`));
+      const ids = Int32Array.from({ids.tolist()});
+      const run = async () => {{
+        const output = up("{b64(base)}");
+        pool.record({{x: up("{b64(x)}"), output}}, ids);
+        return await down(output); }};
+      const first = await run();
+      const refused = [];
+      for (const attempt of [() => pool.add(layers[4], "other dims"),
+                             () => pool.record({{x: up("{b64(x)}"), output: up("{b64(base)}")}},
+                                               [0, 1, 7]),
+                             () => pool.remove(9),
+                             () => pool.record({{x: up("{b64(x[:-1])}"), output: up("{b64(base)}")}},
+                                               ids)])
+        try {{ attempt(); refused.push(null); }} catch (e) {{ refused.push(e.message); }}
+      const again = await run();
+      const X = new Float32Array(Uint8Array.fromBase64("{b64(x)}").buffer);
+      const BASE = new Float32Array(Uint8Array.fromBase64("{b64(base)}").buffer);
+      const host = await pool.forward(X, ids, BASE);
+      pool.remove(1);
+      const reused = pool.add(layers[1], "adapter 1 again");
+      const after = await run();
+      return {{slots, first, again, after, reused, refused, poolSlots: pool.slots,
+               host: new Uint8Array(host.buffer).toBase64(),
+               scales: slots.map(s => pool.scale(s))}};""")
+    assert got["slots"] == [0, 1, 2, 3] and got["poolSlots"] == [0, 1, 2, 3] and got["reused"] == 1
+    np.testing.assert_allclose(got["scales"], [s for *_, s in adapters], rtol=1e-7)
+    layers = [(a, b, s) for _, a, b, s in adapters]
+    want = R.forward_many(x, layers, ids, base)
+    tol = R.many_tolerance(x, layers, ids, base)
+    first = unb64(got["first"], np.float32, rows * out_dim).reshape(rows, out_dim)
+    assert np.all(np.abs(first - want) <= tol), np.max(np.abs(first - want) / tol)
+    np.testing.assert_array_equal(first[ids == -1], base[ids == -1])
+    for name in ("again", "after"):  # the refusals changed nothing; the re-added adapter serves
+        np.testing.assert_array_equal(unb64(got[name], np.float32, first.size), first.ravel())
+    np.testing.assert_array_equal(unb64(got["host"], np.float32, first.size), first.ravel())
+    dims, bad_id, bad_slot, short = got["refused"]
+    assert short.startswith(f"pool.record: x has {(rows - 1) * in_dim * 4} bytes, needs "
+                            f"{rows * in_dim * 4} ({rows} row(s) of {in_dim} f32)")
+    assert dims == (f"other dims: A [3, {in_dim + 2}] and B [{out_dim}, 3] ({3 * (in_dim + 2)} "
+                    f"and {out_dim * 3} values) do not fit the pool: expected A [rank, {in_dim}] "
+                    f"and B [{out_dim}, rank]")
+    assert bad_id == ("ids: id 7 at row 2 is outside [-1, 4); -1 means no adapter (1 row(s) "
+                      "refused, nothing ran)")
+    assert bad_slot == "pool: slot 9 holds no adapter (slots in use: [0, 1, 2, 3])"

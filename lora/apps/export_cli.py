@@ -1,5 +1,6 @@
-"""``python -m lora export``: the forward and the training step as ES modules for
-web pages (lora.apps.web, lora.apps.web_train), the peft adapter-file module
+"""``python -m lora export``: the forward, the forward of many adapters in one
+batch and the training step as ES modules for web pages (lora.apps.web,
+lora.apps.web_many, lora.apps.web_train), the peft adapter-file module
 beside them (web_assets/adapter.mjs), and the demo and digits pages; ``--open``
 and ``--screenshot`` run a page in headless Chromium and print its verdict.
 """
@@ -27,6 +28,11 @@ def add_parser(sub) -> None:
                    help="storage of A, B, x and output (f16 needs shader-f16 in the browser)")
     e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here "
                    "(and lora_adapter.js: peft files in the page)")
+    e.add_argument("--many", metavar="DIR", help="write lora_many.js and lora_many.d.ts here "
+                   "(and lora_adapter.js): a pool of adapters of one layer (--in-dim, --out-dim, "
+                   "--dtype, --max-rank) and the forward of a batch whose rows name them")
+    e.add_argument("--max-rank", type=int, default=64,
+                   help="--many: the largest rank the pool takes (a multiple of 4, default 64)")
     e.add_argument("--train", metavar="DIR", help="write lora_train.js and lora_train.d.ts here "
                    "(and lora_adapter.js): the whole training step, one submit a step")
     e.add_argument("--loss", choices=("mse", "xent"), default="mse", help="--train: the loss")
@@ -65,7 +71,7 @@ def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
 
 def _files(args) -> dict:
     """{file name: (folder, text)} of every file the arguments ask for."""
-    from . import web, web_train
+    from . import web, web_many, web_train
     from .web_export import asset
 
     shape, strategy, adapter = _shape(args)
@@ -74,13 +80,17 @@ def _files(args) -> dict:
     if args.out:
         files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
         files["lora_forward.d.ts"] = (args.out, web.module_dts(command))
+    if args.many:
+        shape_many = web_many.ManyShape(args.in_dim, args.out_dim, args.dtype, args.max_rank)
+        files[f"{args.many}/lora_many.js"] = (args.many, web_many.module_js(shape_many, command))
+        files[f"{args.many}/lora_many.d.ts"] = (args.many, web_many.module_dts(command))
     if args.train:
         setup = web_train.TrainSetup(shape, args.loss, args.optimizer, args.lr,
                                      args.max_grad_norm, args.seed)
         files["lora_train.js"] = (args.train,
                                   web_train.module_js(web_train.record_layer(setup), command))
         files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
-    for folder in {args.out, args.train} - {None}:
+    for folder in {args.out, args.train, args.many} - {None}:
         files[f"{folder}/lora_adapter.js"] = (folder, asset("adapter.mjs"))
         files[f"{folder}/lora_adapter.d.ts"] = (folder, asset("adapter.d.ts"))
     if args.demo:
@@ -105,8 +115,9 @@ def cmd_export(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not files:
-        print("error: give --out DIR (the forward), --train DIR (the training step), --demo "
-              "DIR (the forward's page) and/or --train-demo DIR (the training page)",
+        print("error: give --out DIR (the forward), --many DIR (many adapters in one batch), "
+              "--train DIR (the training step), --demo DIR (the forward's page) and/or "
+              "--train-demo DIR (the training page)",
               file=sys.stderr)
         return 2
     for name, (folder, text) in files.items():
