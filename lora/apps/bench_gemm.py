@@ -47,7 +47,8 @@ def torch_mm_us(size: int) -> float | None:
     return statistics.median(times)
 
 
-def gemm_case(device, size: int, log) -> dict:
+def gemm_case(device, size: int, log, tilings=TILINGS) -> dict:
+    """``size``^3 at each of ``tilings`` (TILINGS' form), checked on 64 rows."""
     rng = np.random.default_rng(size)
     a, b = (rng.standard_normal((size, size)).astype(np.float16) for _ in range(2))
     bufs = {"A": device.buffer(a), "B": device.buffer(b),
@@ -55,7 +56,7 @@ def gemm_case(device, size: int, log) -> dict:
     row = {"size": size, "tilings": {}, "torch_mm_us": torch_mm_us(size)}
     check = slice(0, 64)  # rows checked against float64 (the whole product is slow in numpy)
     want = a[check].astype(np.float64) @ b.astype(np.float64)
-    for subgroups, fragments, k_step, group in TILINGS:
+    for subgroups, fragments, k_step, group in tilings:
         tiling = MatrixTiling(CONFIG, subgroups, fragments, k_step, group=group)
         kernel = compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling)
         try:

@@ -7,9 +7,10 @@ adapter: rank 64), scale alpha / rank with alpha = 2 rank; decode: 64 rows of
 scattered ids; prefill: 4096 rows (4000 at 100 adapters) in equal segments of
 one adapter each. Then the no-padding cases: 31 adapters of rank 4 and one of
 rank 64, against the same adapters zero-padded to rank 64 (as vLLM's stacked
-layout pads them). Every form of ``lora.core.many_plan.CANDIDATES`` is built
-first, then timed (GPU timestamps, median; compiles between timings would let
-the GPU's clocks fall); the fastest is checked against float64 and reported.
+layout pads them). Every form of ``lora.core.many_plan.CANDIDATES`` (with
+``--quick``: the four that won a case on the H200) is built first, then
+timed (GPU timestamps, median; compiles between timings would let the GPU's
+clocks fall); the fastest is checked against float64 and reported.
 The floor: x, the output read and written, and the A and B of the adapters the
 batch uses, at the copy bandwidth measured in the same run. With one adapter,
 ``lora.forward``'s own plan on the same rows is timed too. Writes
@@ -37,6 +38,9 @@ from .bench_many_torch import torch_many_us
 
 DIM, RANKS = 2560, (4, 8, 16, 32, 64)
 QUICK_DIM = 64
+# --quick times only the forms that won some case on the H200 (docs/benchmarks.md)
+QUICK_FORMS = ("fused segments t16", "split rows rb16", "split rows rr4 l64 rb16",
+               "split segments t8 rb16")
 
 
 def make_case(dtype: str, kind: str, ranks: list[int], dim: int, seed: int = 0) -> dict:
@@ -60,10 +64,11 @@ def make_case(dtype: str, kind: str, ranks: list[int], dim: int, seed: int = 0) 
 
 
 def cases(dim: int, quick: bool) -> list[tuple[str, dict]]:
-    """(label, case) of the sweep: adapter counts, then the no-padding pair."""
+    """(label, case) of the sweep: adapter counts, then the no-padding pair
+    (``quick``: f32, 1 and 4 adapters, small shapes)."""
     out = []
     counts = (1, 4) if quick else (1, 4, 32, 100)
-    for dtype in ("f32", "f16"):
+    for dtype in ("f32",) if quick else ("f32", "f16"):
         for kind in ("decode", "prefill"):
             for n in counts:
                 ranks = [64] if n == 1 else [RANKS[k % len(RANKS)] for k in range(n)]
@@ -87,8 +92,8 @@ def _padded(case: dict) -> dict:
                 floor_bytes=case["floor_bytes"] + item * extra)
 
 
-def ours(device, case: dict, log) -> dict:
-    """Every candidate form built, then timed; the fastest checked."""
+def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
+    """Each of ``forms`` (CANDIDATES' names) built, then timed; the fastest checked."""
     dim, rows = case["x"].shape[1], len(case["ids"])
     pool = AdapterPool(device, dim, dim, dtype=case["x"].dtype, slots=len(case["ranks"]),
                        rows=sum(case["ranks"]), max_rank=max(64, max(case["ranks"])))
@@ -96,9 +101,9 @@ def ours(device, case: dict, log) -> dict:
         pool.add(LoraLayer(a, b, alpha=s * a.shape[0]))
     x, out = device.buffer(case["x"]), device.buffer(case["base"])
     plans = {}
-    for name, options in CANDIDATES.items():
+    for name in forms:
         try:
-            plans[name] = pool.forward_plan(rows, **options).with_ids(case["ids"])
+            plans[name] = pool.forward_plan(rows, **CANDIDATES[name]).with_ids(case["ids"])
         except DispatchError as e:  # tiles over this device's workgroup memory
             log(f"    {name}: not built: {e}")
     times = {name: time_plan(device, p, x, out, 20) for name, p in plans.items()}
@@ -139,15 +144,15 @@ def many_main(out_dir: str, log, quick: bool = False) -> int:
     for label, case in cases(dim, quick):
         if case["dtype"] == "f16" and not device.has_feature("shader-f16"):
             continue
-        row = _row(device, label, case, copy, log)
+        row = _row(device, label, case, copy, log, QUICK_FORMS if quick else tuple(CANDIDATES))
         result["rows"].append(row)
         with open(os.path.join(out_dir, f"many-{COMPILER}.json"), "w") as f:
             json.dump(result, f, indent=1)
     return 0 if all(r["correct"] for r in result["rows"]) else 1
 
 
-def _row(device, label: str, case: dict, copy: float, log) -> dict:
-    mine = ours(device, case, log)
+def _row(device, label: str, case: dict, copy: float, log, forms) -> dict:
+    mine = ours(device, case, log, forms)
     floor_us = case["floor_bytes"] / copy / 1e3
     row = {"label": label, "dtype": case["dtype"], "kind": case["kind"],
            "rows": len(case["ids"]), "adapters": len(case["ranks"]), "used": case["used"],
