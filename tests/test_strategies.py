@@ -23,9 +23,11 @@ the unrolled tiled kernels slowly (seconds per kernel at rank 16, 600 wide).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -600,6 +602,20 @@ def test_cache_path(monkeypatch, tmp_path):
     monkeypatch.delenv("SHADERDSL_CACHE_DIR")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert tuning.cache_path() == Path(tmp_path) / ".cache" / "shaderdsl" / "lora_tuning.json"
+
+
+def test_a_batch_timed_at_zero_grows_to_at_most_max_batch():
+    """Dawn rounds timestamps to 65.5 us, so a short batch reads 0 ns: the
+    batch grows to MAX_BATCH records, not to MIN_BATCH_NS of them (20 million
+    dispatches in one submit, which never returned on the H200)."""
+    class ZeroTimestamps:  # stands in for a device whose timestamps read 0 ns
+        def batch(self, timestamps):
+            return contextlib.nullcontext(types.SimpleNamespace(gpu_time_ns=0))
+
+    records = []
+    us = tuning.median_us(ZeroTimestamps(), lambda: records.append(1), 2, repeats=1)
+    assert us == 0.0
+    assert len(records) == 2 + 2 + tuning.MAX_BATCH  # warm-up, estimate, the timed batch
 
 
 def test_autotune_measures_once_then_reads_the_cache(device, cache_dir, monkeypatch):

@@ -33,7 +33,7 @@ from shaderdsl.matmul import MatrixTiling, gemm
 from shaderdsl.runtime import COMPILER, get_device
 from shaderdsl.types import MatrixConfig
 
-from ..core.tuning import MIN_BATCH_NS
+from ..core.tuning import median_us
 from .bench_train import optional_torch
 
 CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
@@ -47,20 +47,8 @@ CEILING_SIZES = {"mib": 256, "rows": 4096, "cols": 8192, "loops": 256, "groups":
 
 
 def batch_us(device, kernel, bufs, grid) -> float:
-    """Median microseconds per dispatch in batches of at least MIN_BATCH_NS
-    (GPU timestamps where the device has them, else wall time after a wait)."""
-    def batch(n):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(n):
-                device.dispatch(kernel, bufs, grid)
-        if b.gpu_time_ns is None:
-            device.sync()
-            return (time.perf_counter() - t0) * 1e9
-        return b.gpu_time_ns
-
-    n = max(1, int(MIN_BATCH_NS / max(batch(2) / 2, 1.0)))
-    return statistics.median(batch(n) / n / 1e3 for _ in range(5))
+    """Median microseconds per dispatch of ``kernel`` (tuning.median_us)."""
+    return median_us(device, lambda: device.dispatch(kernel, bufs, grid), 2)
 
 
 def grid_of(groups: int) -> tuple[int, int, int]:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ..core import reference
-from ..core.tuning import MIN_BATCH_NS
+from ..core.tuning import median_us
 from ..core.weight import Weight
 from ..training.optim import AdamW
 from ..training.trainer import LayerTrainer
@@ -73,23 +73,9 @@ def _check_one_step(device, trainer, a, b, x, base, target, bufs) -> float:
 
 
 def _time_steps(device, trainer, bufs, steps: int, repeats: int) -> float:
-    """Median GPU microseconds per step, batches of at least MIN_BATCH_NS."""
-    def batch(n):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(n):
-                trainer.record(bufs["x"], bufs["out"], bufs["target"], bufs["base"])
-        ns = b.gpu_time_ns
-        if ns is None:
-            device.sync()
-            ns = (time.perf_counter() - t0) * 1e9
-        return ns
-
-    batch(min(steps, 5))
-    ns = batch(steps)
-    if ns < MIN_BATCH_NS:
-        steps = min(20_000, int(steps * MIN_BATCH_NS / max(ns, 1.0)) + 1)
-    return statistics.median(batch(steps) / steps / 1e3 for _ in range(repeats))
+    """Median GPU microseconds per step (tuning.median_us, at most 20 000 a batch)."""
+    return median_us(device, lambda: trainer.record(bufs["x"], bufs["out"], bufs["target"],
+                                                    bufs["base"]), steps, repeats, most=20_000)
 
 
 def profile_step(device, trainer, bufs, repeats: int) -> dict:

@@ -71,6 +71,9 @@ def _matrices(device, dtype: str) -> tuple:
 
 
 MIN_BATCH_NS = 20e6  # time a batch of at least 20 ms: Dawn rounds timestamps to 65.5 us
+# the most items in one timed batch: a quantised timestamp reads 0 ns for a short
+# batch, which asked for 20 million dispatches in one submit (Dawn never returned)
+MAX_BATCH = 50_000
 
 
 class Recordable(Protocol):
@@ -79,29 +82,35 @@ class Recordable(Protocol):
     def record(self, x_buf, out_buf, /) -> None: ...
 
 
-def time_plan(device, plan: Recordable, x_buf, out_buf, forwards: int,
-              repeats: int = 5) -> float:
-    """Median time of one forward in microseconds: GPU timestamps around a batch
-    of forwards where the device has them, else wall time with a wait. The
-    batch grows from ``forwards`` until it lasts MIN_BATCH_NS, so quantised
-    timestamps (Dawn's) and timer resolution cost under a percent."""
-    def batch(n):
+def median_us(device, record: Callable[[], None], n: int, repeats: int = 5,
+              most: int = MAX_BATCH) -> float:
+    """Median microseconds of one ``record()`` (a forward, a dispatch, a step):
+    GPU timestamps around a batch of them where the device has them, else wall
+    time with a wait. The batch grows from ``n`` (at most to ``most``) until it
+    lasts MIN_BATCH_NS, so quantised timestamps (Dawn's) and timer resolution
+    cost under a percent."""
+    def batch(count):
         t0 = time.perf_counter()
         with device.batch(timestamps=True) as b:
-            for _ in range(n):
-                plan.record(x_buf, out_buf)
+            for _ in range(count):
+                record()
         ns = b.gpu_time_ns
         if ns is None:
             device.sync()
             ns = (time.perf_counter() - t0) * 1e9
         return ns
 
-    batch(min(forwards, 10))  # warm-up: pipelines, bind groups, caches
-    ns = batch(forwards)
+    batch(min(n, 10))  # warm-up: pipelines, bind groups, caches
+    ns = batch(n)
     if ns < MIN_BATCH_NS:
-        forwards = min(50_000, int(forwards * MIN_BATCH_NS / max(ns, 1.0)) + 1)
-    times = [batch(forwards) / forwards / 1000.0 for _ in range(repeats)]
-    return statistics.median(times)
+        n = min(most, int(n * MIN_BATCH_NS / max(ns, 1.0)) + 1)
+    return statistics.median(batch(n) / n / 1000.0 for _ in range(repeats))
+
+
+def time_plan(device, plan: Recordable, x_buf, out_buf, forwards: int,
+              repeats: int = 5) -> float:
+    """Median time of one forward in microseconds (median_us)."""
+    return median_us(device, lambda: plan.record(x_buf, out_buf), forwards, repeats)
 
 
 _FILE_LOCK = threading.Lock()  # one thread at a time reads, changes and writes the file
