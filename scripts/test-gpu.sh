@@ -3,7 +3,7 @@
 # or `scripts/test-gpu.sh dawn` (SHADERDSL_WGPU=dawn). No set-up: it runs the
 # python3 it finds, which must already have numpy, wgpu (and wgpudawn),
 # hypothesis, pytest and pytest-xdist (the H200 machine reaches no registry; see
-# README "Tests on a real GPU"). Runs WORKERS (default 8) pytest-xdist workers;
+# README "Tests on a real GPU"). Runs WORKERS (default 14) pytest-xdist workers;
 # the report goes to stdout and to ${OUT:-.}/pytest-<build>.txt.
 # Other arguments go to pytest.
 set -euo pipefail
@@ -15,4 +15,4 @@ case $build in
     *) echo "scripts/test-gpu.sh: the build is native or dawn, not '$build'" >&2; exit 2 ;;
 esac
 report=${OUT:-.}/pytest-$build.txt
-python3 -m pytest tests -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEX "$@" 2>&1 | tee "$report"
+python3 -m pytest tests -q -p no:cacheprovider -n "${WORKERS:-14}" -rfEX "$@" 2>&1 | tee "$report"
