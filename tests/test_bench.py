@@ -341,7 +341,8 @@ def test_many_quick(tmp_path, device):
     """``--many --quick``: every case's fastest form matches float64, each row
     has its floor, its best form among QUICK_FORMS, and says why PyTorch is
     missing where it is."""
-    from lora.apps.bench_many import QUICK_FORMS
+    from lora.apps.bench_many import ONE_ADAPTER, QUICK_FORMS
+    from lora.core.many_plan import CANDIDATES
 
     assert bench.main(["--many", "--quick", "--out", str(tmp_path)]) == 0
     with open(tmp_path / f"many-{COMPILER}.json") as f:
@@ -349,9 +350,10 @@ def test_many_quick(tmp_path, device):
     assert {(r["kind"], r["adapters"]) for r in rows} == \
         {(k, n) for k in ("decode", "prefill") for n in (1, 4)}
     for r in rows:
-        assert r["correct"] and r["best"] in QUICK_FORMS and positive(r["floor_us"]), r
-        assert positive(r["us"]) and ("loop_us" in r or r["why"]), r
-        assert ("one_adapter_us" in r) == (r["adapters"] == 1), r
+        assert r["correct"] and r["best"] in QUICK_FORMS + (ONE_ADAPTER,), r
+        assert positive(r["us"]) and positive(r["floor_us"]) and ("loop_us" in r or r["why"]), r
+        assert ("one_adapter_us" in r) == (r["adapters"] == 1) == (ONE_ADAPTER in r["forms"]), r
+        assert r["chosen"] in CANDIDATES, r
 
 
 def test_many_torch_baselines_say_why_they_are_missing(monkeypatch):

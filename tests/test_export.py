@@ -506,8 +506,9 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
     """lora_many.js in Chromium: adapters of mixed ranks read from peft files by
     readPeftAdapter into a pool, rows of scattered ids (-1 among them, runs longer
     than a tile) give float64 forward_many within lora.reference.many_tolerance,
-    by the buffer form and by forward(); an adapter of other dims and a bad id are
-    refused by name, and the pool's next forward is unchanged."""
+    by the buffer form and by forward() (the pool grown from one slot and 4 rows); an
+    adapter of other dims and a bad id are refused by name, and the pool's next
+    forward is unchanged."""
     in_dim, out_dim, rows = 42, 36, 37
     assert lora_main(["export", "--many", str(tmp_path / "web"), "--in-dim", str(in_dim),
                       "--out-dim", str(out_dim), "--max-rank", "16"]) == 0
@@ -526,7 +527,7 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
         io.readPeftAdapter(config, Uint8Array.fromBase64(tensors)).layers["layers.0.q_proj"];
       const layers = {json.dumps(files)}.map(read);
       await m.prepare(dev);
-      const pool = m.createPool(dev, {{slots: 4, rows: 32}});
+      const pool = m.createPool(dev, {{slots: 1, rows: 4}});  // grows: table, A and B
       const slots = layers.slice(0, 4).map((layer, k) => pool.add(layer, `adapter ${{k}}`));
       const ids = Int32Array.from({ids.tolist()});
       const run = async () => {{

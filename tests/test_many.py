@@ -8,12 +8,17 @@ add and remove leaving the other adapters bit-equal; bad input refused
 before anything runs, or (device ids) reported at the next read."""
 from __future__ import annotations
 
+import json
+import pathlib
+
 import numpy as np
 import pytest
 
 import lora
 from lora import reference as R
-from lora.core.many_plan import CANDIDATES, segments
+from lora.core import many as many_module
+from lora.core.auto import auto_plan
+from lora.core.many_plan import CANDIDATES, chosen_form, segments
 from shaderdsl import interp
 from shaderdsl.errors import BindingError, DispatchError
 
@@ -85,7 +90,7 @@ def test_every_form_matches_float64(device, form, tokens, dtype):
     pool = lora.AdapterPool(device, IN, OUT, dtype=dtype, slots=2, rows=8)
     slots = [pool.add(layer, f"layers[{k}]") for k, layer in enumerate(layers)]
     assert slots == list(range(len(layers)))
-    plan = pool.forward_plan(64, **FORMS[form])
+    plan = pool.forward_plan(64, one_adapter=False, **FORMS[form])  # one row: the kernels
     x, base, ids = batch(rng, tokens, len(layers), dtype)
     x_buf, out_buf = device.buffer(x), device.buffer(base)
     plan.record(x_buf, ids, out_buf)
@@ -113,14 +118,111 @@ def test_forward_many_numpy_in_and_out(device, dtype):
     assert lora.forward_many(np.zeros((0, IN)), layers, [], device=device).shape == (0, OUT)
 
 
-def test_one_adapter_on_every_row_is_lora_forward(device):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_one_adapter_on_every_row_is_lora_forward(device, dtype, monkeypatch):
+    """Every row naming one adapter: lora.forward itself (its autotuned plan
+    and baked rank), bit for bit; a -1 among them: the many kernels."""
+    needs_f16(device, dtype)
     rng = np.random.default_rng(2)
-    (layer,) = adapters(rng, (12,))
-    x, base, _ = batch(rng, 9, 1)
-    got = lora.forward_many(x, [layer], np.zeros(9, int), base, device=device)
-    want = lora.forward(x, layer.a, layer.b, base, scale=layer.scale, device=device)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    check(got, x, [layer], np.zeros(9, int), base, np.float32)
+    layers = adapters(rng, (12, 5), dtype=dtype)
+    x, base, _ = batch(rng, 9, 1, dtype)
+    ran = []
+
+    def many(*args):
+        ran.append(args[4])
+        return real(*args)
+
+    real = many_module._many
+    monkeypatch.setattr(many_module, "_many", many)
+    got = lora.forward_many(x, layers, np.ones(9, int), base, dtype=dtype, device=device)
+    want = lora.forward(x, layers[1].a, layers[1].b, base, scale=layers[1].scale,
+                        dtype=dtype, device=device)
+    assert np.array_equal(got, want) and not ran
+    ids = np.r_[np.ones(8, int), -1]
+    got = lora.forward_many(x, layers, ids, base, dtype=dtype, device=device)
+    assert len(ran) == 1 and list(ran[0]) == list(ids)
+    check(got, x, layers, ids, base, dtype)
+
+
+def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
+    """ManyPlan with host ids all naming one slot: lora.forward's plan (the
+    same strategy, on a copy of the adapter), not the many kernels; a slot
+    refilled since gets a new copy, an emptied one no delta."""
+    rng = np.random.default_rng(12)
+    layers = adapters(rng, (4, 64, 9))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for layer in layers:
+        pool.add(layer)
+    plan = pool.forward_plan(32)
+    x, base, _ = batch(rng, 20, 1)
+    x_buf = device.buffer(x)
+    route = plan.route(np.full(20, 1))
+    assert route.single == 1 and plan.route(np.r_[np.full(19, 1), -1]).single == -1
+    weight = lora.Weight.from_numpy(device, layers[1].a, layers[1].b)
+    own = auto_plan(device, weight, layers[1].scale, 20)
+    single = plan.single_plan(1, 20)
+    assert single is not None and single.strategy == own.strategy
+    monkeypatch.setattr(plan, "steps", None)  # the many kernels are not recorded
+    out_buf = device.buffer(base)
+    plan.record(x_buf, np.full(20, 1), out_buf)
+    want = lora.forward(x, layers[1].a, layers[1].b, base, scale=layers[1].scale, device=device)
+    assert np.array_equal(plan.read(out_buf), want)
+    pool.remove(1)
+    assert pool.add(layers[2]) == 1  # slot 1 now holds the rank-9 adapter
+    out_buf = device.buffer(base)
+    plan.record(x_buf, np.full(20, 1), out_buf)
+    want = lora.forward(x, layers[2].a, layers[2].b, base, scale=layers[2].scale, device=device)
+    assert np.array_equal(plan.read(out_buf), want)
+    route = plan.route(np.full(20, 0))
+    pool.remove(0)
+    out_buf = device.buffer(base)
+    plan.record(x_buf, route, out_buf)
+    assert np.array_equal(plan.read(out_buf), base)
+    plan.release()
+    assert not plan._weights
+    pool.release()
+
+
+def test_the_form_rule_follows_the_h200_table():
+    """chosen_form picks, on every batch of the H200's table, a form within
+    1.13x of the fastest there."""
+    path = pathlib.Path(__file__).parent.parent / "docs" / "bench" / "h200-many-tint.json"
+    cycle = (4, 8, 16, 32, 64)
+    for row in json.loads(path.read_text())["rows"]:
+        n, label = row["adapters"], row["label"]
+        ranks = ([64] * n if n == 1 or "padded" in label else
+                 [4] * 31 + [64] if label.startswith("31") else [cycle[k % 5] for k in range(n)])
+        form = chosen_form(row["rows"], row["used"], float(np.mean(ranks)))
+        best = min(row["forms"].values())
+        assert row["forms"][form] <= 1.13 * best, (label, row["dtype"], row["kind"], form)
+    assert chosen_form(64, 4, 24.8) == "split rows rr4 l64 rb16"
+    assert chosen_form(4096, 4, 24.8) == "split segments t8 rb16"
+    assert chosen_form(4096, 1, 64.0) == "fused segments t16"
+
+
+@pytest.mark.parametrize("rows, ranks, ids, form", [
+    (24, (4, 13, 8), "scattered", "split rows rr4 l64 rb16"),
+    (96, (4, 13, 8), "segments", "split segments t8 rb16"),
+    (2200, (64,), "every other", "fused segments t16"),
+])
+def test_forward_many_takes_the_chosen_form(device, monkeypatch, rows, ranks, ids, form):
+    """Each form the rule can choose, chosen and right against float64."""
+    chosen = []
+
+    def rule(*args):
+        chosen.append(chosen_form(*args))
+        return chosen[-1]
+
+    monkeypatch.setattr(many_module, "chosen_form", rule)
+    rng = np.random.default_rng(rows)
+    layers = adapters(rng, ranks)
+    x, base, _ = batch(rng, rows, len(ranks))
+    ids = {"scattered": rng.integers(-1, len(ranks), rows),
+           "segments": np.repeat(np.arange(len(ranks)), rows // len(ranks)),
+           "every other": np.tile([0, -1], rows // 2)}[ids]
+    got = lora.forward_many(x, layers, ids, base, device=device)
+    assert chosen == [form]
+    check(got, x, layers, ids, base, np.float32, form)
 
 
 def test_run_time_counts_share_one_plan(device):

@@ -27,9 +27,14 @@ pytestmark = pytest.mark.skipif(not NODE, reason="JavaScript tests need node (No
 FAKE_DEVICE = """
 globalThis.GPUBufferUsage = {STORAGE: 128, COPY_DST: 8, COPY_SRC: 4, UNIFORM: 64, MAP_READ: 1};
 const writes = [];
-const dev = {features: new Set(), limits: {maxComputeWorkgroupsPerDimension: 65535},
+const dev = {features: new Set(),
+             limits: {maxComputeWorkgroupsPerDimension: 65535,
+                      maxStorageBufferBindingSize: 1 << 20},
              createBuffer: d => ({...d, destroy() {}}),
-             queue: {writeBuffer: (buf, at, data) => writes.push([buf.label, at, data])}};
+             createCommandEncoder: () => ({finish: () => null, copyBufferToBuffer:
+               (src, from, dst, at, n) => writes.push([`${src.label} -> ${dst.label}`, at, n])}),
+             queue: {writeBuffer: (buf, at, data) => writes.push([buf.label, at, data]),
+                     submit() {}}};
 """
 
 
@@ -99,8 +104,9 @@ def test_float16_rounds_as_numpy(tmp_path):
 
 def test_adapters_go_where_the_python_pool_puts_them(tmp_path):
     """add, remove, add: the JS pool's table (A row, B element, rank, scale bits) is
-    the Python pool's; refused adds (no free slot, other dims, rank over max_rank,
-    no room) write nothing and change no slot."""
+    the Python pool's, growing as it does (a fifth slot, and A rows where no run
+    fits: doubled, the others not moved); refused adds (other dims, rank over
+    max_rank, a buffer over one binding) write nothing and change no slot."""
     in_dim, out_dim, ranks = 42, 36, [3, 16, 5, 8, 4, 12]
     rng = np.random.default_rng()
     layers = [lora.LoraLayer(rng.standard_normal((r, in_dim)).astype(np.float32),
@@ -112,6 +118,9 @@ def test_adapters_go_where_the_python_pool_puts_them(tmp_path):
     pool.remove(1)
     pool.add(layers[4])
     pool.add(layers[5])  # into the rest of the room adapter 1 left
+    pool.add(layers[3])  # a sixth slot and no run of 8 rows: table, A and B double
+    pool.remove(0)
+    pool.add(layers[3])  # into the room the doubling left
     js_layers = [{"a": layer.a.ravel().tolist(), "b": layer.b.ravel().tolist(),
                   "rank": layer.rank, "inDim": in_dim, "outDim": out_dim,
                   "alpha": 2.0 * layer.rank} for layer in layers]
@@ -122,28 +131,42 @@ def test_adapters_go_where_the_python_pool_puts_them(tmp_path):
       pool.remove(1);
       pool.add(layers[4]);
       const slot = pool.add(layers[5]);
-      const table = Array.from(pool.hostTable), refused = [];
+      const before = writes.length;
+      pool.add(layers[3]);
+      pool.remove(0);
+      pool.add(layers[3]);
+      const grown = writes.slice(before).filter(([what]) => what.includes("->"));
+      const table = Array.from(pool.hostTable), slots = pool.slots, refused = [];
       let refusedWrites = -writes.length;
       const wide = {{...layers[0], inDim: 44, a: new Float32Array(3 * 44)}};
       const big = {{...layers[0], rank: 20, a: new Float32Array(20 * 42),
                     b: new Float32Array(20 * 36)}};
-      for (const [layer, name] of [[layers[3], "fifth"], [wide, "wide"], [big, "big"]])
+      dev.limits.maxStorageBufferBindingSize = 64 * 42 * 4;  // A holds 64 rows: no more growth
+      for (const [layer, name] of [[wide, "wide"], [big, "big"]])
         try {{ pool.add(layer, name); }} catch (e) {{ refused.push(e.message); }}
-      const unchanged = Array.from(pool.hostTable).every((v, k) => v === table[k]);
+      let unchanged = Array.from(pool.hostTable).every((v, k) => v === table[k]);
       refusedWrites += writes.length;
-      pool.remove(0);  // 3 rows free: no room for 8
-      refusedWrites -= writes.length;
-      try {{ pool.add(layers[3], "no room"); }} catch (e) {{ refused.push(e.message); }}
-      refusedWrites += writes.length;
+      for (let k = 0; refused.length < 3; k++) {{  // rank 16 until no run of A fits one
+        const now = Array.from(pool.hostTable), at = writes.length;
+        try {{ pool.add(layers[1], `rank 16 #${{k}}`); }} catch (e) {{
+          refused.push(e.message);
+          refusedWrites += writes.length - at;
+          unchanged &&= Array.from(pool.hostTable).every((v, j) => v === now[j]);
+        }}
+      }}
       let badOption = null;
       try {{ m.createPool(dev, {{inDim: 40}}); }} catch (e) {{ badOption = e.message; }}
-      return {{table, slot, refused, badOption, unchanged, refusedWrites, slots: pool.slots}};""")
+      return {{table, slot, refused, badOption, unchanged, refusedWrites, slots,
+               grown}};""")
     assert got["table"] == pool.host_table.ravel().tolist() and got["slot"] == 4
+    assert got["slots"] == [0, 1, 2, 3, 4, 5] == pool.slots
+    assert got["grown"] == [["pool.A -> pool.A", 0, 32 * in_dim * 4],
+                            ["pool.B -> pool.B", 0, 32 * out_dim * 4]]
     assert got["refusedWrites"] == 0 and got["unchanged"]
-    assert got["slots"] == [1, 2, 3, 4]
-    full, wide, big, room = got["refused"]
-    assert room.startswith("no room: no room for 8 more A rows in the pool (3 of 32 free")
-    assert full.startswith("fifth: the pool's 5 slots are in use")
+    wide, big, room = got["refused"]
+    assert room.endswith(": no room for 16 more A rows: the buffer would grow to 21504 "
+                         "bytes, over maxStorageBufferBindingSize = 10752; remove adapters or "
+                         "create another pool")
     assert wide.startswith("wide: A [3, 44] and B [36, 3]")
     assert big.startswith("big: rank 20 is over the pool's max_rank 16")
     assert got["badOption"].startswith("createPool: inDim 40 is not this module's 42")

@@ -374,9 +374,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ceiling", action="store_true",
                    help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
                         "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")
-    p.add_argument("--many", action="store_true",
+    p.add_argument("--many", nargs="?", const="all", metavar="COUNTS",
                    help="many adapters in one batch (AdapterPool): 1-100 adapters, decode and "
-                        "prefill, beside PyTorch's loop and padded bmm (lora.apps.bench_many)")
+                        "prefill, beside PyTorch's loop and padded bmm (lora.apps.bench_many); "
+                        "COUNTS: comma-separated adapter counts alone (e.g. 1)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -409,7 +410,8 @@ def main(argv=None) -> int:
     if args.ceiling:
         return ceiling_main(args.out, log)
     if args.many:
-        return many_main(args.out, log, args.quick)
+        counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
+        return many_main(args.out, log, args.quick, counts)
 
     grid = dict(QUICK if args.quick else FULL)
     train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)

@@ -13,7 +13,9 @@ timed (GPU timestamps, median; compiles between timings would let the GPU's
 clocks fall); the fastest is checked against float64 and reported.
 The floor: x, the output read and written, and the A and B of the adapters the
 batch uses, at the copy bandwidth measured in the same run. With one adapter,
-``lora.forward``'s own plan on the same rows is timed too. Writes
+``lora.forward``'s own plan on the same rows is timed too, beside the path
+ManyPlan takes where every row names that adapter (its copy of it under
+``lora.forward``'s plan: the form named ONE_ADAPTER). Writes
 ``many-<compiler>.json`` to ``--out`` after every case.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from shaderdsl.runtime import COMPILER, get_device
 
 from ..core import reference as R
 from ..core.auto import auto_plan
-from ..core.many_plan import CANDIDATES
+from ..core.many_plan import CANDIDATES, chosen_form
 from ..core.pool import AdapterPool
 from ..core.tuning import time_plan
 from ..core.weight import Weight
@@ -41,6 +43,7 @@ QUICK_DIM = 64
 # --quick times only the forms that won some case on the H200 (docs/benchmarks.md)
 QUICK_FORMS = ("fused segments t16", "split rows rb16", "split rows rr4 l64 rb16",
                "split segments t8 rb16")
+ONE_ADAPTER = "one adapter: lora.forward's plan"  # ManyPlan's path where all ids name one
 
 
 def make_case(dtype: str, kind: str, ranks: list[int], dim: int, seed: int = 0) -> dict:
@@ -63,17 +66,19 @@ def make_case(dtype: str, kind: str, ranks: list[int], dim: int, seed: int = 0) 
             "x": x, "base": base, "used": len(used), "floor_bytes": floor_bytes}
 
 
-def cases(dim: int, quick: bool) -> list[tuple[str, dict]]:
+def cases(dim: int, quick: bool, counts=None) -> list[tuple[str, dict]]:
     """(label, case) of the sweep: adapter counts, then the no-padding pair
-    (``quick``: f32, 1 and 4 adapters, small shapes)."""
+    (``quick``: f32, 1 and 4 adapters, small shapes; ``counts`` given: those
+    adapter counts alone, f32 and f16)."""
     out = []
-    counts = (1, 4) if quick else (1, 4, 32, 100)
+    given = counts is not None
+    counts = counts or ((1, 4) if quick else (1, 4, 32, 100))
     for dtype in ("f32",) if quick else ("f32", "f16"):
         for kind in ("decode", "prefill"):
             for n in counts:
                 ranks = [64] if n == 1 else [RANKS[k % len(RANKS)] for k in range(n)]
                 out.append((f"{n} adapters", make_case(dtype, kind, ranks, dim)))
-    if not quick:
+    if not quick and not given:
         for kind in ("decode", "prefill"):
             mixed = make_case("f16", kind, [4] * 31 + [64], dim)
             out.append(("31 x rank 4 + 1 x rank 64", mixed))
@@ -103,9 +108,12 @@ def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
     plans = {}
     for name in forms:
         try:
-            plans[name] = pool.forward_plan(rows, **CANDIDATES[name]).with_ids(case["ids"])
+            plans[name] = pool.forward_plan(rows, one_adapter=False,
+                                            **CANDIDATES[name]).with_ids(case["ids"])
         except DispatchError as e:  # tiles over this device's workgroup memory
             log(f"    {name}: not built: {e}")
+    if case["used"] == 1 and min(case["ids"]) >= 0:  # what ManyPlan records for such ids
+        plans[ONE_ADAPTER] = pool.forward_plan(rows).with_ids(case["ids"])
     times = {name: time_plan(device, p, x, out, 20) for name, p in plans.items()}
     best = min(times, key=times.__getitem__)
     device.write(out, case["base"])
@@ -135,13 +143,13 @@ def one_adapter_us(device, case: dict) -> float:
     return us
 
 
-def many_main(out_dir: str, log, quick: bool = False) -> int:
+def many_main(out_dir: str, log, quick: bool = False, counts=None) -> int:
     device = get_device()
     dim = QUICK_DIM if quick else DIM
     copy = copy_bandwidth(device, 16 if quick else 256, 0.0 if quick else 3.0)
     log(f"adapter: {device.name}, {COMPILER}; copy bandwidth {copy:.0f} GB/s")
     result = {"adapter": device.name, "compiler": COMPILER, "copy_gbps": copy, "rows": []}
-    for label, case in cases(dim, quick):
+    for label, case in cases(dim, quick, counts):
         if case["dtype"] == "f16" and not device.has_feature("shader-f16"):
             continue
         row = _row(device, label, case, copy, log, QUICK_FORMS if quick else tuple(CANDIDATES))
@@ -157,6 +165,9 @@ def _row(device, label: str, case: dict, copy: float, log, forms) -> dict:
     row = {"label": label, "dtype": case["dtype"], "kind": case["kind"],
            "rows": len(case["ids"]), "adapters": len(case["ranks"]), "used": case["used"],
            "floor_us": floor_us, **mine, **torch_many_us(case)}
+    named = case["ids"][case["ids"] >= 0]  # forward_many's choice (where not one adapter)
+    row["chosen"] = chosen_form(named.size, case["used"],
+                                float(np.mean(np.asarray(case["ranks"])[named])))
     if len(case["ranks"]) == 1:
         row["one_adapter_us"] = one_adapter_us(device, case)
     extra = [f"lora.forward {row['one_adapter_us']:.1f}"] if "one_adapter_us" in row else []
@@ -164,5 +175,6 @@ def _row(device, label: str, case: dict, copy: float, log, forms) -> dict:
         if "loop_us" in row else [f"torch: {row['why']}"]
     log(f"{case['dtype']} {case['kind']:7s} {row['rows']:4d} rows, {label} ({row['used']} used): "
         f"{mine['us']:.1f} us ({mine['us'] / floor_us:.2f}x the floor {floor_us:.1f}) "
-        f"{mine['best']}{'' if mine['correct'] else ' WRONG'}; " + "; ".join(extra))
+        f"{mine['best']}{'' if mine['correct'] else ' WRONG'}, the rule's {row['chosen']}; "
+        + "; ".join(extra))
     return row

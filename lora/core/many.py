@@ -7,11 +7,10 @@ import numpy as np
 
 from ..kernels.many import shared_floats
 from . import checks as C
-from .many_plan import host_ids
+from .auto import forward
+from .many_plan import CANDIDATES, chosen_form, host_ids
 from .pool import AdapterPool, checked_layer
 from .weight import storage_dtype
-
-TILE_TOKENS, THREADS = 8, 256  # forward_many's plan: fused, tiles of rows sorted by adapter
 
 
 class _Shape:
@@ -27,7 +26,7 @@ class _Shape:
 def checked_layers(layers, dtype) -> tuple[list, _Shape]:
     """Each layer checked against the first one's in and out dims, naming it
     ``layers[k]``; the shape the pool will have (max_rank: the largest rank,
-    rounded up to 4)."""
+    rounded up to 16, which the chosen forms' rank blocks divide)."""
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or not len(layers):
         raise TypeError(f"layers: expected a non-empty sequence of lora.LoraLayer, got "
                         f"{type(layers).__name__}")
@@ -37,7 +36,7 @@ def checked_layers(layers, dtype) -> tuple[list, _Shape]:
                         f"{type(first).__name__}")
     ranks = [np.shape(getattr(layer, "a", ()))[:1] or (1,) for layer in layers]
     top = max(int(r[0]) for r in ranks)
-    shape = _Shape(np.shape(first.a)[-1], np.shape(first.b)[0], max(4, -(-top // 4) * 4), dtype)
+    shape = _Shape(np.shape(first.a)[-1], np.shape(first.b)[0], max(16, -(-top // 16) * 16), dtype)
     return [checked_layer(layer, f"layers[{k}]", shape) for k, layer in enumerate(layers)], shape
 
 
@@ -52,7 +51,9 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     for no delta (peft's "__base__"); ``base``: shaped like the result
     (``x.shape[:-1] + (out_dim,)``), default zeros. Stored on the GPU and
     returned as ``dtype`` (float32 by default, or float16); sums are f32.
-    Everything is checked before any GPU buffer exists."""
+    Everything is checked before any GPU buffer exists. Where every row names
+    one adapter this is ``lora.forward`` of it; else the many kernels in the
+    form :func:`lora.core.many_plan.chosen_form` picks."""
     from shaderdsl.runtime import get_device
 
     dt = storage_dtype(np.float32 if dtype is None else dtype)
@@ -63,15 +64,37 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     dev = get_device() if device is None else C.device_of(device)
     if p.tokens == 0:
         return p.out.reshape(p.shape).copy()
-    pool = AdapterPool(dev, shape.in_dim, shape.out_dim, dtype=dt, max_rank=shape.max_rank,
-                       slots=len(checked), rows=sum(a.shape[0] for a, _, _ in checked))
+    if flat[0] >= 0 and np.all(flat == flat[0]):
+        a, b, scale = checked[int(flat[0])]
+        return forward(x, a, b, base, scale=scale, device=dev, dtype=dt.type)
+    return _many(dev, p, checked, layers, flat, shape)
+
+
+def plan_options(device, flat: np.ndarray, ranks: list[int], max_rank: int) -> dict:
+    """ManyPlan's options for these ids (of adapters of ``ranks``): the form
+    chosen_form names, its tiles cut to fit the device's workgroup memory."""
+    named = flat[flat >= 0]
+    rank = float(np.mean(np.asarray(ranks)[named])) if named.size else 0.0
+    options = dict(CANDIDATES[chosen_form(named.size, np.unique(named).size, rank)])
+    if options["segments"]:
+        room = device.limits.get("max-compute-workgroup-storage-size", 16384) // 4
+        threads = options.get("threads", 256)
+        per_tile = shared_floats(threads, max_rank, 1, options["fused"])
+        options["tile_tokens"] = max(1, min(options["tile_tokens"], room // per_tile))
+    return options
+
+
+def _many(dev, p, checked, layers, flat, shape) -> np.ndarray:
+    """The many kernels on a pool made, run and freed for this call."""
+    pool = AdapterPool(dev, shape.in_dim, shape.out_dim, dtype=shape.dtype,
+                       max_rank=shape.max_rank, slots=len(checked),
+                       rows=sum(a.shape[0] for a, _, _ in checked))
     made: list = [pool]  # what to free, whatever happens
     try:
         for k, layer in enumerate(layers):
             pool.add(layer, f"layers[{k}]")
-        room = dev.limits.get("max-compute-workgroup-storage-size", 16384) // 4
-        tile = max(1, min(TILE_TOKENS, room // shared_floats(THREADS, shape.max_rank, 1)))
-        plan = pool.forward_plan(p.tokens, tile_tokens=tile, threads=THREADS)
+        ranks = [a.shape[0] for a, _, _ in checked]
+        plan = pool.forward_plan(p.tokens, **plan_options(dev, flat, ranks, shape.max_rank))
         made.append(plan)
         x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
         out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")

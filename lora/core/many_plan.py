@@ -25,6 +25,8 @@ from shaderdsl.errors import BindingError
 from ..kernels.many import FLAGS
 from ..kernels.many_sort import tile_bound
 from . import checks as C
+from .auto import auto_plan
+from .cache import clear_plan_cache
 from .checks import count
 from .plan import build_steps, launch, record_steps
 from .weight import wgsl_dtype
@@ -56,6 +58,25 @@ CANDIDATES = {
     "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
                                     rank_block=16),
 }
+
+# The rule forward_many follows (chosen_form), read off the H200's table
+# (docs/benchmarks.md, docs/bench/h200-many-tint.json): the same forms won in f16 and
+# f32, and at 4, 32 and 100 adapters; the rows per adapter, the batch's rows and the
+# ranks the rows read pick one.
+SEGMENT_ROWS = 32  # rows per adapter from which segments won (decode: <= 16, prefill: >= 40)
+FUSED_ROWS, FUSED_RANK = 1024, 40  # fused tiles of 16 won at 4096 rows of rank 64, not at 64
+# rows (4 tiles: too few workgroups) nor where the ranks cycle 4-64 (a mean of 25)
+
+
+def chosen_form(rows: int, used: int, rank: float) -> str:
+    """The name in CANDIDATES of the form fastest on the H200 for a batch of
+    ``rows`` rows with an adapter, of ``used`` distinct adapters, whose rows'
+    mean rank is ``rank`` (within 1.13x of the fastest on every batch there)."""
+    if rows < SEGMENT_ROWS * max(used, 1):
+        return "split rows rr4 l64 rb16"  # decode: 19.7-46.4 us, fused segments t8 74-166
+    if rows >= FUSED_ROWS and rank >= FUSED_RANK:
+        return "fused segments t16"  # rank 64: 409-434 us, split segments t8 rb16 590-666
+    return "split segments t8 rb16"  # prefill: 137-334 us, fused segments t8 145-439
 
 
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
@@ -115,6 +136,7 @@ class Route:
     on_device: bool
     generation: int = -1
     sort: bool = False  # device ids sorted into segments on the GPU first
+    single: int = -1  # the slot every row names (host ids): lora.forward's own plan for it
 
 
 class ManyPlan:
@@ -129,14 +151,19 @@ class ManyPlan:
     ``segments``: the rows sorted into tiles of ``tile_tokens`` rows of one
     adapter (else one row per work item); ``fused``: one dispatch, else
     shrink and expand; ``threads``, ``lanes``, ``unroll``, ``rank_block``,
-    ``rank_rows``: the kernels' (lora.kernels.many). Token counts
-    are run-time values: a new count compiles nothing, nor does an adapter
-    added to the pool."""
+    ``rank_rows``: the kernels' (lora.kernels.many). ``one_adapter``: where
+    every host id names one adapter, record ``lora.forward``'s own plan for it
+    (:func:`lora.core.auto.auto_plan` on a copy of it, kept per slot) instead
+    of the many kernels. Token counts are run-time values: a new count
+    compiles nothing, nor does an adapter added to the pool."""
 
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
-                 unroll: bool = True, rank_block: int = 0, rank_rows: int = 1):
+                 unroll: bool = True, rank_block: int = 0, rank_rows: int = 1,
+                 one_adapter: bool = True):
         self.pool, self.device = pool, pool.device
+        self.one_adapter = bool(one_adapter)
+        self._weights: dict = {}  # slot -> (the pool's serial of it, its Weight copy)
         self.segments, self.fused, self.unroll = bool(segments), bool(fused), bool(unroll)
         self.rank_block = count(rank_block, "rank_block", 0)
         self.rank_rows = count(rank_rows, "rank_rows")
@@ -219,6 +246,10 @@ class ManyPlan:
         if not 1 <= tokens <= self.max_tokens:
             raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
         self._generation += 1
+        if self.one_adapter and flat[0] >= 0 and np.all(flat == flat[0]):
+            self.single_plan(int(flat[0]), tokens)  # copied and compiled now, not in a batch
+            return Route(tokens, tokens, False, {}, False, self._generation,
+                         single=int(flat[0]))
         if not self.segments:
             self._put("ids", flat)
             return Route(tokens, tokens, False, {"ids": self._owned["ids"]}, False,
@@ -228,6 +259,26 @@ class ManyPlan:
         self._put("tiles", tiles)
         return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
                      False, self._generation)
+
+    def single_plan(self, slot: int, tokens: int):
+        """``lora.forward``'s own plan (``auto_plan``: the tuned or the model's
+        strategy) for the adapter in ``slot`` on ``tokens`` rows, on a copy of
+        it made once per adapter (a slot refilled since gets a new copy); None
+        where the slot holds no adapter now."""
+        serial = int(self.pool.serials[slot]) if slot < len(self.pool.serials) else 0
+        for old in [k for k, (s, _) in self._weights.items() if s != self.pool.serials[k]]:
+            self._drop_weight(old)
+        if not serial:
+            return None
+        if slot not in self._weights:
+            self._weights[slot] = (serial, self.pool.weight(slot))
+        return auto_plan(self.device, self._weights[slot][1], self.pool.scale(slot), tokens)
+
+    def _drop_weight(self, slot: int) -> None:
+        weight = self._weights.pop(slot)[1]
+        clear_plan_cache(weight)
+        for buf in (weight.a, weight.b):
+            self.device.release(buf)
 
     def _buffer(self, role: str, rows: int, columns: tuple, dtype):
         """The plan's buffer for ``role``, of at least ``rows`` rows (grown to
@@ -302,6 +353,11 @@ class ManyPlan:
 
     def _record(self, x, ids, output) -> None:
         route = self.check(x, ids, output)
+        if route.single >= 0:
+            plan = self.single_plan(route.single, route.tokens)
+            if plan is not None:  # else the slot was emptied since: no delta, as the kernels
+                plan(x, output)
+            return
         steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
         p = self.pool
         buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
@@ -345,10 +401,12 @@ class ManyPlan:
         return self.device.read(output)
 
     def release(self) -> None:
-        """Free the plan's own buffers (routes, h, flags)."""
+        """Free the plan's own buffers (routes, h, flags, adapter copies)."""
         for buf in self._owned.values():
             self.device.release(buf)
         self._owned = {}
+        for slot in list(self._weights):
+            self._drop_weight(slot)
 
 
 def most_tokens(device, pool) -> int:

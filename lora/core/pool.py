@@ -22,7 +22,7 @@ from shaderdsl.errors import BindingError
 from .checks import check_f16, count, host_matrix, scale_value
 from .many_plan import ManyPlan
 from .plan import build_steps, launch
-from .weight import storage_dtype, wgsl_dtype
+from .weight import Weight, storage_dtype, wgsl_dtype
 
 TABLE_COLUMNS = 4  # a slot: first row of A, first element of B, rank (0: free), f32 bits of scale
 
@@ -118,6 +118,8 @@ class AdapterPool:
         self.a = device.empty((rows, in_dim), self.dtype, name="pool.A")
         self.b = device.empty((rows * out_dim,), self.dtype, name="pool.B")
         self.table = device.buffer(self.host_table, name="pool.table")
+        self.serials = np.zeros(slots, np.int64)  # which add put a slot's adapter (0: free)
+        self._adds = 0
         self._place = None
 
     def __repr__(self) -> str:
@@ -163,6 +165,8 @@ class AdapterPool:
         entry = np.array([a_at, b_at, rank, 0], np.uint32)
         entry[3:4] = np.array([scale], np.float32).view(np.uint32)
         self.host_table[slot] = entry
+        self._adds += 1
+        self.serials[slot] = self._adds
         self.device.write(self.table, self.host_table)
         return slot
 
@@ -173,6 +177,7 @@ class AdapterPool:
         self._rows.give(a_at, rank)
         self._elems.give(b_at, rank * self.out_dim)
         self.host_table[slot] = 0
+        self.serials[slot] = 0
         self.device.write(self.table, self.host_table)
 
     def read(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -181,6 +186,16 @@ class AdapterPool:
         a = self.device.read(self.a)[a_at:a_at + rank]
         b = self.device.read(self.b)[b_at:b_at + rank * self.out_dim]
         return a.copy(), b.reshape(self.out_dim, rank).copy()
+
+    def weight(self, slot: int) -> Weight:
+        """A new ``Weight`` holding a copy of the adapter in ``slot`` (copied on
+        the device), for ``lora.forward``'s own plans; the caller releases it."""
+        a_at, b_at, rank, _ = (int(v) for v in self.host_table[self._used(slot)])
+        a = self.device.empty((rank, self.in_dim), self.dtype, name="pool.weight.A")
+        b = self.device.empty((self.out_dim, rank), self.dtype, name="pool.weight.B")
+        self._place_run(self.a, a, a_at * self.in_dim, 0, rank * self.in_dim)
+        self._place_run(self.b, b, b_at, 0, rank * self.out_dim)
+        return Weight(self.device, a, b, self.in_dim, self.out_dim, rank)
 
     def forward_plan(self, max_tokens: int | None = None, **options) -> ManyPlan:
         """The plan of this pool's forward (:class:`lora.core.many_plan.ManyPlan`:
@@ -224,6 +239,7 @@ class AdapterPool:
 
     def _grow_table(self) -> None:
         self.host_table = np.concatenate([self.host_table, np.zeros_like(self.host_table)])
+        self.serials = np.concatenate([self.serials, np.zeros_like(self.serials)])
         old, self.table = self.table, self.device.buffer(self.host_table, name="pool.table")
         self.device.release(old)
 
@@ -236,15 +252,19 @@ class AdapterPool:
         return new
 
     def _write(self, dst, values: np.ndarray, at: int) -> None:
-        """dst[at:at + n] = values, by the many_place kernel (no other element moves)."""
+        """dst[at:at + n] = values (no other element moves)."""
+        src = self.device.buffer(values, name="pool.staging")
+        self._place_run(src, dst, 0, at, values.size)
+        self.device.release(src)
+
+    def _place_run(self, src, dst, src_at: int, at: int, n: int) -> None:
+        """dst[at:at + n] = src[src_at:src_at + n], by the many_place kernel."""
         if self._place is None:
             params = dict(tokens=None, dtype=wgsl_dtype(self.dtype))
             self._place = build_steps(self.device, [("many_place", params)],
                                       {"src": 4, "dst": 4}, 1 << 30)[0]
-        src = self.device.buffer(values, name="pool.staging")
-        step = launch([self._place], values.size, self.device.limits[
+        step = launch([self._place], n, self.device.limits[
             "max-compute-workgroups-per-dimension"])[0]
-        given = {"src": src, "dst": dst, "at": np.uint32(at), "tokens": np.uint32(values.size)}
+        given = {"src": src, "dst": dst, "at": np.uint32(at), "src_at": np.uint32(src_at),
+                 "tokens": np.uint32(n)}
         self.device.dispatch(step.kernel, [given[r] for r in step.roles], step.grid)
-        self.device.release(src)
-

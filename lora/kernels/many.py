@@ -24,7 +24,7 @@ delta.
 The forward is ``many_fused`` (h of the item in workgroup memory, then the
 output), or ``many_shrink`` (h = scale * A x into the f32 ``h``, ``max_rank``
 per row) and ``many_expand`` (output += B h) as the two-dispatch form;
-``many_place`` writes an adapter into the pool.
+``many_place`` writes an adapter into the pool (or copies one out of it).
 """
 from __future__ import annotations
 
@@ -320,14 +320,16 @@ def _run_time(tokens):
 
 
 def many_place(m, tokens=None, threads=256, dtype="f32"):
-    """dst[at + i] = src[i] for i < tokens (the uniform: the element count):
-    an adapter's A rows or B block written into the pool at its offset (the
-    host API writes whole buffers only), leaving the other adapters alone."""
+    """dst[at + i] = src[src_at + i] for i < tokens (the uniform: the element
+    count): an adapter's A rows or B block written into the pool at its
+    offset, leaving the other adapters alone, or copied out of it (the host
+    API writes and copies whole buffers only)."""
     _run_time(tokens)
     check_threads(threads)
     src = m.declare_input_buffer("src", storage_scalar(dtype), None)
     dst = m.declare_output_buffer("dst", storage_scalar(dtype), None)
     at = m.declare_uniform("at", u32)
+    src_at = m.declare_uniform("src_at", u32)
     i = m.let(split_index(m, "x", "block") * threads + m.local_index(), "i")
     with m.if_(i < token_count(m, None)):
-        dst[at + i] = src[i]
+        dst[at + i] = src[src_at + i]

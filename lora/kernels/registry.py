@@ -235,7 +235,7 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
                "output += B_i h for each row's adapter i of a pool, a thread per column"),
     KernelSpec("many_place", many_place, _threads,
                lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
-               "dst[at + i] = src[i]: an adapter written into a pool at its offset"),
+               "dst[at + i] = src[src_at + i]: an adapter written into a pool, or copied out"),
     KernelSpec("many_sort_count", many_sort_count, _threads,
                lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
                "each row's rank among its block's rows of its adapter, and the block's counts"),

@@ -88,8 +88,8 @@ function stored(values) {
   return config.dtype === "f16" ? Uint16Array.from(values, halfBits) : Float32Array.from(values);
 }
 
-/** Free room of one buffer as sorted [start, length] runs: first fit (pool.py's
- *  Extents, without growth: a full pool refuses). */
+/** Free room of one buffer as sorted [start, length] runs: first fit, grown at
+ *  the end by doubling (pool.py's Extents). */
 class Extents {
   constructor(size) { this.size = size; this.runs = [[0, size]]; }
   find(n) { return this.runs.find(([, length]) => length >= n)?.[0] ?? null; }
@@ -108,7 +108,15 @@ class Extents {
     }
     this.runs = merged;
   }
-  free() { return this.runs.reduce((n, [, length]) => n + length, 0); }
+  grow(size) { this.give(this.size, size - this.size); this.size = size; }
+  /** The size the buffer must grow to (doubling) for a run of n at its end. */
+  fit(n) {
+    const last = this.runs[this.runs.length - 1];
+    const tail = last && last[0] + last[1] === this.size ? last[1] : 0;
+    let size = Math.max(this.size, 1);
+    while (size - this.size + tail < n) size *= 2;
+    return size;
+  }
 }
 
 /** The layer's A and B as the pool stores them, its rank and scale; throws,
@@ -145,9 +153,10 @@ function checkedLayer(layer, what) {
   return {a, b, rank, scale};
 }
 
-/** A pool of adapters of this module's layer on ``device``: ``slots`` adapters
- *  at most, ``rows`` A rows (the sum of their ranks) at most. inDim, outDim,
- *  dtype and maxRank are the module's (config); given, they must match. */
+/** A pool of adapters of this module's layer on ``device``: room for ``slots``
+ *  adapters and ``rows`` A rows (the sum of their ranks) to start with, doubled
+ *  as adds need. inDim, outDim, dtype and maxRank are the module's (config);
+ *  given, they must match. */
 export function createPool(device, options = {}) {
   return new AdapterPool(device, options);
 }
@@ -170,7 +179,7 @@ class AdapterPool {
     this.hostTable = new Uint32Array(slots * 4);  // per slot: A row, B element, rank, scale bits
     this.aRoom = new Extents(rows);  // A rows
     this.bRoom = new Extents(rows * config.outDim);  // B elements
-    const store = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+    const store = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
     this.buffers = {A: this.make("pool.A", rows * config.inDim * ITEM, store),
                     B: this.make("pool.B", rows * config.outDim * ITEM, store),
                     table: this.make("pool.table", slots * 16, store),
@@ -203,17 +212,25 @@ class AdapterPool {
   }
 
   /** Put ``layer`` (readPeftAdapter's {a, b, rank, inDim, outDim, scale}) in the
-   *  first free slot, its A and B at the first free room that holds them;
-   *  returns the slot. Refused, naming ``name``, before anything is written. */
+   *  first free slot, its A and B at the first free room that holds them (the
+   *  table, A or B doubled where full, the others not moved); returns the slot.
+   *  Refused, naming ``name``, before anything is written. */
   add(layer, name = "the adapter") {
     const {a, b, rank, scale} = checkedLayer(layer, name);
-    const slot = this.hostTable.findIndex((v, k) => k % 4 === 2 && v === 0) >> 2;
+    let slot = this.hostTable.findIndex((v, k) => k % 4 === 2 && v === 0) >> 2;
+    const rows = this.growth(this.aRoom, rank, "A rows", config.inDim, name);
+    const elems = this.growth(this.bRoom, b.length, "B elements", 1, name);
+    if (slot < 0) {  // from here on the device changes
+      slot = this.hostTable.length / 4;
+      const table = new Uint32Array(2 * this.hostTable.length);
+      table.set(this.hostTable);
+      this.hostTable = table;
+      this.buffers.table = this.make("pool.table", table.byteLength,
+                                     GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
+    }
+    if (rows !== null) this.bigger("A", rows * config.inDim * ITEM, this.aRoom, rows);
+    if (elems !== null) this.bigger("B", elems * ITEM, this.bRoom, elems);
     const aAt = this.aRoom.find(rank), bAt = this.bRoom.find(b.length);
-    if (slot < 0) throw new RangeError(`${name}: the pool's ${this.hostTable.length / 4} slots ` +
-      `are in use; remove an adapter or create the pool with more slots`);
-    if (aAt === null || bAt === null) throw new RangeError(`${name}: no room for ${rank} more ` +
-      `A rows in the pool (${this.aRoom.free()} of ${this.aRoom.size} free, in runs ` +
-      `${JSON.stringify(this.aRoom.runs)}); remove adapters or create the pool with more rows`);
     this.aRoom.take(aAt, rank);
     this.bRoom.take(bAt, b.length);
     const queue = this.device.queue;
@@ -223,6 +240,31 @@ class AdapterPool {
                        4 * slot);
     queue.writeBuffer(this.buffers.table, 0, this.hostTable);
     return slot;
+  }
+
+  /** The size ``extents`` must grow to for ``n`` more, or null where it has room;
+   *  throws (naming ``name``) where the buffer would outgrow one binding. */
+  growth(extents, n, what, width, name) {
+    if (extents.find(n) !== null) return null;
+    const size = extents.fit(n), bytes = size * width * ITEM;
+    const most = this.device.limits.maxStorageBufferBindingSize;
+    if (bytes > most) throw new RangeError(`${name}: no room for ${n} more ${what}: the buffer ` +
+      `would grow to ${bytes} bytes, over maxStorageBufferBindingSize = ${most}; remove ` +
+      `adapters or create another pool`);
+    return size;
+  }
+
+  /** The pool's ``role`` buffer replaced by one of ``bytes`` holding it at its
+   *  start (a copy on the GPU, submitted now); the old one is left to the
+   *  garbage collector, as an encoder not yet submitted may hold it. */
+  bigger(role, bytes, extents, size) {
+    const old = this.buffers[role], store = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST |
+      GPUBufferUsage.COPY_SRC;
+    this.buffers[role] = this.make(`pool.${role}`, bytes, store);
+    const enc = this.device.createCommandEncoder({label: `lora many pool.${role} growth`});
+    enc.copyBufferToBuffer(old, 0, this.buffers[role], 0, old.size);
+    this.device.queue.submit([enc.finish()]);
+    extents.grow(size);
   }
 
   /** Free ``slot`` and its room; the other adapters stay where they are. */
