@@ -28,13 +28,15 @@ RESERVED = "__proto__, constructor, prototype are refused in module names"
 class AdapterCase:
     """A peft adapter's two files and what both readers make of them: ``layers``
     ({module: [rank, in_dim, out_dim, scale]}) when accepted, else ``refused``, a
-    fragment of the AdapterFileError's message."""
+    fragment of the AdapterFileError's message; ``values`` ({module: [A's values, B's
+    values]}, row-major, as float32) where the case checks the values read."""
 
     name: str
     config: str
     tensors: bytes
     layers: dict | None = None
     refused: str | None = None
+    values: dict | None = None
 
     def as_js(self) -> list[str]:
         """[name, config text, tensors as base64]: what RUN_CASES_JS takes."""
@@ -105,8 +107,6 @@ def _hostile_cases() -> list[AdapterCase]:
 
 def _header_cases() -> list[AdapterCase]:
     """Broken safetensors files: duplicates, truncation, dtypes, offsets."""
-    f64 = pair_entries()
-    f64[1] = (KEY_B, "F64", [5, 2], bytes(80))
     return [
         AdapterCase("duplicate header key", config(), raw_safetensors(
             pair_entries(), header_text=_duplicate),
@@ -121,11 +121,55 @@ def _header_cases() -> list[AdapterCase]:
             pair_entries(), header_text=lambda t: t.replace('"data_offsets": [0, 24]',
                                                             '"data_offsets": 5')),
             refused="not a readable safetensors file"),
-        AdapterCase("F64", config(), raw_safetensors(f64),
-                    refused=f"{KEY_B} has dtype F64; float32 (F32) or float16 (F16) expected"),
+        AdapterCase("I32", config(), raw_safetensors(
+            [(KEY_A, "I32", [2, 3], bytes(24))] + pair_entries()[1:]),
+            refused=f"{KEY_A} has dtype I32; F32, F16, BF16 or F64 expected"),
+    ]
+
+
+# Values a bfloat16 holds exactly (a float32 whose low 16 bits are zero), over its range:
+# beyond float16's 65504, a float32 subnormal, signs, zero.
+BF16_A = np.array([[1.0, -2.5, 2.0 ** 100], [2.0 ** -130, 0.0, -(2.0 ** -20)]], np.float32)
+# Values float32 rounds (0.1, 1/3), its largest finite, and -0.0: F64's narrowing.
+F64_B = np.array([0.1, 1 / 3, -7.0, float(np.finfo(np.float32).max), -0.0, 1e-3, 2.0, 3.0,
+                  -1e30, 5.0]).reshape(5, 2)
+
+
+def bf16_bytes(values: np.ndarray) -> bytes:
+    """float32 values a bfloat16 holds exactly, as bfloat16's little-endian bytes."""
+    bits = values.astype(np.float32).view(np.uint32)
+    assert not (bits & 0xFFFF).any(), "not a bfloat16 value"
+    return (bits >> 16).astype("<u2").tobytes()
+
+
+def _dtype_cases() -> list[AdapterCase]:
+    """BF16 widened and F64 narrowed to float32; F64 refused where a value does not fit."""
+    f32_a, f32_b = pair_entries()
+    beyond = F64_B.copy()
+    beyond[1, 1], beyond[3, 0] = 1e39, -4e38
+    nonfinite = F64_B.copy()
+    nonfinite[0] = [np.inf, np.nan]
+    inf_bf16 = BF16_A.copy()
+    inf_bf16[0, 0] = np.inf
+    read = {MODULE: [BF16_A.ravel().tolist(), np.frombuffer(f32_b[3], np.float32).tolist()]}
+    return [
         AdapterCase("BF16", config(), raw_safetensors(
-            [(KEY_A, "BF16", [2, 3], bytes(12))] + pair_entries()[1:]),
-            refused=f"{KEY_A} has dtype BF16; float32 (F32) or float16 (F16) expected"),
+            [(KEY_A, "BF16", [2, 3], bf16_bytes(BF16_A)), f32_b]),
+            layers=ACCEPTED, values=read),
+        AdapterCase("F64", config(), raw_safetensors(
+            [f32_a, (KEY_B, "F64", [5, 2], F64_B.tobytes())]), layers=ACCEPTED,
+            values={MODULE: [np.frombuffer(f32_a[3], np.float32).tolist(),
+                             F64_B.astype(np.float32).ravel().tolist()]}),
+        AdapterCase("F64 beyond float32", config(), raw_safetensors(
+            [f32_a, (KEY_B, "F64", [5, 2], beyond.tobytes())]),
+            refused=f"{KEY_B} holds 1e+39, which does not fit float32 (largest finite "
+                    f"3.4028234663852886e+38); 2 of 10 values are beyond it"),
+        AdapterCase("F64 NaN and inf", config(), raw_safetensors(
+            [f32_a, (KEY_B, "F64", [5, 2], nonfinite.tobytes())]),
+            refused=f"{KEY_B}: 2 of 10 values are NaN or infinite"),
+        AdapterCase("BF16 inf", config(), raw_safetensors(
+            [(KEY_A, "BF16", [2, 3], bf16_bytes(inf_bf16)), f32_b]),
+            refused=f"{KEY_A}: 1 of 6 values are NaN or infinite"),
     ]
 
 
@@ -199,8 +243,8 @@ def _tensor_cases() -> list[AdapterCase]:
     ]
 
 
-CASES = (_tensor_cases() + _config_cases() + _target_cases() + _header_cases()
-         + _hostile_cases())
+CASES = (_tensor_cases() + _dtype_cases() + _config_cases() + _target_cases()
+         + _header_cases() + _hostile_cases())
 
 
 def check_outcome(case: AdapterCase, outcome: dict, reader: str) -> None:
@@ -211,6 +255,8 @@ def check_outcome(case: AdapterCase, outcome: dict, reader: str) -> None:
         assert outcome["layers"].keys() == want_layers.keys(), (case.name, outcome)
         for module, want in want_layers.items():
             assert outcome["layers"][module] == list(want), (reader, case.name, outcome)
+        for module, want in (case.values or {}).items():
+            assert outcome["values"][module] == want, (reader, case.name, outcome["values"])
     else:
         assert "refused" in outcome, f"{reader} accepted {case.name}: {outcome}"
         assert case.refused in outcome["refused"], (reader, case.name, outcome["refused"])
@@ -232,10 +278,12 @@ const changes = before => {
 const bytesOf = text => Uint8Array.from(atob(text), c => c.charCodeAt(0));
 const read = (m, config, bytes) => {
   try {
-    const {layers} = m.readPeftAdapter(config, bytesOf(bytes)), out = {};
-    for (const [module, l] of Object.entries(layers))
+    const {layers} = m.readPeftAdapter(config, bytesOf(bytes)), out = {}, values = {};
+    for (const [module, l] of Object.entries(layers)) {
       out[module] = [l.rank, l.inDim, l.outDim, l.scale];
-    return {layers: out};
+      values[module] = [Array.from(l.a), Array.from(l.b)];
+    }
+    return {layers: out, values};
   } catch (e) { return {refused: `${e.name}: ${e.message}`}; }
 };
 const run = (m, cases) => {

@@ -16,15 +16,36 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from adapter_cases import CASES, AdapterCase, check_outcome
+from adapter_cases import (
+    CASES,
+    KEY_A,
+    KEY_B,
+    AdapterCase,
+    bf16_bytes,
+    check_outcome,
+    config,
+    pair_entries,
+    raw_safetensors,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from lora.training.adapter_io import (CONFIG_NAME, HESPER_HEADER, REGEX_SECONDS, WEIGHTS_NAME,
-                                      AdapterExtrasWarning, AdapterFileError, LoraLayer,
-                                      adapter_extras, load_adapter, load_hesper, save_adapter,
-                                      save_hesper)
+from lora.training.adapter_io import (
+    CONFIG_NAME,
+    HESPER_HEADER,
+    REGEX_SECONDS,
+    WEIGHTS_NAME,
+    AdapterExtrasWarning,
+    AdapterFileError,
+    LoraLayer,
+    adapter_extras,
+    load_adapter,
+    load_hesper,
+    save_adapter,
+    save_hesper,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BITS = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16}
@@ -106,18 +127,61 @@ def test_hesper_round_trip_is_bit_exact(tmp_path, dtype, count, rank, dim, kv_di
     assert loaded["layers.0.v"].out_dim == kv_dim and loaded["layers.0.q"].out_dim == dim
 
 
+# Names where one is a dotted suffix of another, so that a pattern key of one matches both.
+NESTED_NAMES = ["q_proj", "attn.q_proj", "model.attn.q_proj", "v_proj", "x.v_proj", "l.0.q_proj"]
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 9), st.integers(1, 9)),
-                min_size=1, max_size=3),
-       st.sampled_from([np.float32, np.float16]), st.integers(0, 2**32 - 1))
-def test_peft_round_trip_property(shapes, dtype, seed):
-    rank = shapes[0][0]
-    shapes = [(rank, n, m) for _, n, m in shapes]  # one r per adapter, as peft's config has
-    layers = random_layers(np.random.default_rng(seed), shapes, dtype)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 9), st.integers(1, 9),
+                          st.sampled_from([1, 2, 8, 16.5])),
+                min_size=1, max_size=len(NESTED_NAMES)),
+       st.sampled_from([np.float32, np.float16]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_peft_round_trip_property(shapes, dtype, use_rslora, seed):
+    """Any ranks and alphas, on names nested in each other: the patterns written give
+    each module its own rank and alpha back (and so its scale)."""
+    rng = np.random.default_rng(seed)
+    names = NESTED_NAMES[:len(shapes)]
+    layers = {name: (random_finite(rng, (r, n), dtype), random_finite(rng, (m, r), dtype))
+              for name, (r, n, m, _) in zip(names, shapes)}
+    alphas = {name: alpha for name, (*_, alpha) in zip(names, shapes)}
     with tempfile.TemporaryDirectory() as d:
-        save_adapter(d, layers, alpha=rank * 2)
+        save_adapter(d, layers, alpha=alphas, use_rslora=use_rslora)
         loaded = load_adapter(d)
     assert_round_trip(layers, loaded, dtype)
+    for name, layer in loaded.items():
+        assert (layer.rank, layer.alpha, layer.use_rslora) == (
+            layers[name][0].shape[0], alphas[name], use_rslora), name
+
+
+def test_mixed_ranks_are_written_as_peft_writes_them(tmp_path):
+    """The issue's example: r is the most common rank (the largest on a tie), the others
+    in rank_pattern by their escaped names; one alpha for all leaves alpha_pattern empty."""
+    rng = np.random.default_rng(0)
+    layers = {"q_proj": (rng.standard_normal((8, 4)), rng.standard_normal((4, 8))),
+              "v_proj": (rng.standard_normal((4, 4)), rng.standard_normal((4, 4)))}
+    save_adapter(tmp_path, layers, alpha=16)
+    config = json.loads((tmp_path / CONFIG_NAME).read_text())
+    assert (config["r"], config["lora_alpha"]) == (8, 16.0)
+    assert config["rank_pattern"] == {"v_proj": 4} and config["alpha_pattern"] == {}
+    got = load_adapter(tmp_path)
+    assert (got["q_proj"].scale, got["v_proj"].scale) == (2.0, 4.0)
+
+
+def test_patterns_keep_their_order_in_the_file(tmp_path):
+    """peft takes the first matching key: the longer name must come first in the JSON,
+    and a default-rank module that a shorter key would match gets its own key."""
+    rng = np.random.default_rng(0)
+    shapes = {"a.q_proj": 2, "q_proj": 4, "b.q_proj": 2, "m.a.q_proj": 4}
+    layers = {m: (rng.standard_normal((r, 3)), rng.standard_normal((3, r)))
+              for m, r in shapes.items()}
+    save_adapter(tmp_path, layers, alpha={"a.q_proj": 1, "q_proj": 1, "b.q_proj": 1,
+                                          "m.a.q_proj": 3})
+    config = json.loads((tmp_path / CONFIG_NAME).read_text())
+    assert config["r"] == 4  # two of each: the larger
+    assert list(config["rank_pattern"].items()) == [(r"m\.a\.q_proj", 4), (r"a\.q_proj", 2),
+                                                    (r"b\.q_proj", 2)]
+    assert list(config["alpha_pattern"]) == [r"m\.a\.q_proj"]
+    assert {m: layer.rank for m, layer in load_adapter(tmp_path).items()} == shapes
 
 
 @settings(max_examples=100, deadline=None)
@@ -199,7 +263,7 @@ def write_peft(path: Path, tensors: dict, **config) -> Path:
 
 
 def pair(r, n, m, prefix="base_model.model.", module="model.layers.0.mlp.down_proj",
-         infix=""):
+         infix="") -> dict[str, np.ndarray]:
     return {f"{prefix}{module}.lora_A{infix}.weight": np.ones((r, n), np.float32),
             f"{prefix}{module}.lora_B{infix}.weight": np.ones((m, r), np.float32)}
 
@@ -212,7 +276,7 @@ def test_rank_and_alpha_patterns(tmp_path):
                                                 "model.layers.11.self_attn.q_proj": 8},
                alpha_pattern={"layers.11.self_attn.q_proj": 2})
     got = load_adapter(tmp_path)
-    ranks = {m.split(".")[2]: (l.rank, l.alpha, l.scale) for m, l in got.items()}
+    ranks = {m.split(".")[2]: (ly.rank, ly.alpha, ly.scale) for m, ly in got.items()}
     assert ranks == {"0": (2, 4.0, 2.0), "1": (4, 4.0, 1.0), "11": (8, 2.0, 0.25)}
 
 
@@ -344,7 +408,7 @@ def write_raw_safetensors(file: Path, tensors: dict[str, tuple[str, tuple, bytes
     file.write_bytes(struct.pack("<Q", len(text)) + text + data)
 
 
-@pytest.mark.parametrize("dtype, size", [("I32", 4), ("BF16", 2)])
+@pytest.mark.parametrize("dtype, size", [("I32", 4), ("I64", 8)])
 def test_unknown_dtype(tmp_path, dtype, size):
     write_peft(tmp_path, {})
     key = "base_model.model.x.q_proj.lora_A.weight"
@@ -352,7 +416,7 @@ def test_unknown_dtype(tmp_path, dtype, size):
         key: (dtype, (2, 3), bytes(6 * size)),
         "base_model.model.x.q_proj.lora_B.weight": ("F32", (3, 2), bytes(24))})
     msg = refused(tmp_path, match=f"dtype {dtype}", naming=tmp_path / WEIGHTS_NAME)
-    assert key in msg and "float32 (F32) or float16 (F16) expected" in msg
+    assert key in msg and "F32, F16, BF16 or F64 expected" in msg
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -447,6 +511,9 @@ def python_outcome(folder: Path, case: AdapterCase) -> dict:
     except AdapterFileError as e:
         return {"refused": str(e)}
     return {"layers": {module: [layer.rank, layer.in_dim, layer.out_dim, layer.scale]
+                       for module, layer in layers.items()},
+            "values": {module: [layer.a.astype(np.float32).ravel().tolist(),
+                                layer.b.astype(np.float32).ravel().tolist()]
                        for module, layer in layers.items()}}
 
 
@@ -473,7 +540,7 @@ def hesper_file(tmp_path, **header) -> tuple[Path, bytearray]:
     return tmp_path / "lora.bin", bytearray(HESPER_HEADER.pack(*fields.values()) + body)
 
 
-def hesper_refused(path: Path, data: bytes, match: str) -> str:
+def hesper_refused(path: Path, data: bytes | bytearray, match: str) -> str:
     path.write_bytes(bytes(data))
     with pytest.raises(AdapterFileError, match=match) as info:
         load_hesper(path, 4, 2)
@@ -560,13 +627,19 @@ def test_save_adapter_refuses_before_writing(tmp_path, a, b, match):
     assert not target.exists()
 
 
-def test_save_adapter_refuses_mixed_ranks_and_foreign_targets(tmp_path):
+def test_save_adapter_refuses_foreign_targets_and_bad_alphas(tmp_path):
     layers = random_layers(np.random.default_rng(0), [(2, 3, 3), (4, 3, 3)], np.float32)
-    with pytest.raises(AdapterFileError, match="one r for every module"):
-        save_adapter(tmp_path / "a", layers, alpha=1)
     with pytest.raises(AdapterFileError, match="does not match target_modules"):
         save_adapter(tmp_path / "a", dict(list(layers.items())[:1]), alpha=1,
                      target_modules=["v_proj"])
+    first = next(iter(layers))
+    with pytest.raises(AdapterFileError, match=re.escape(
+            "alpha as a dict must name every module of layers and no other; missing "
+            "['model.layers.1.self_attn.k_proj'], extra ['x']")):
+        save_adapter(tmp_path / "a", layers, alpha={first: 1, "x": 2})
+    with pytest.raises(AdapterFileError, match=re.escape(
+            f"alpha['{first}'] must be a finite number, got nan")):
+        save_adapter(tmp_path / "a", layers, alpha={m: math.nan for m in layers})
     assert not (tmp_path / "a").exists()
 
 
@@ -622,3 +695,64 @@ def test_tensors_beside_the_lora_pairs_are_left_out_with_a_warning(tmp_path):
     refused(tmp_path, match=r"unexpected key .*lora_magnitude_vector; only <module>.lora_A.weight "
                             r"and <module>.lora_B.weight are supported \(not DoRA's magnitudes",
             naming=tmp_path)
+
+
+# ---------------------------------------------------------------- stored dtypes
+
+def write_case(folder: Path, name: str) -> Path:
+    """The shared case ``name``'s two files in ``folder``."""
+    case = next(c for c in CASES if c.name == name)
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(case.config)
+    (folder / WEIGHTS_NAME).write_bytes(case.tensors)
+    return folder
+
+
+def test_bfloat16_widens_to_float32_exactly(tmp_path):
+    """Every bfloat16 bit pattern but NaN and inf reads as the float32 with those top bits."""
+    bits = np.arange(0x10000, dtype=np.uint32)
+    values = (bits << 16).view(np.float32)
+    values = values[np.isfinite(values)].reshape(1, -1)
+    (key_a, _, _, _), b = pair_entries(rank=1)[0], pair_entries(rank=1)[1]
+    folder = tmp_path / "a"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(config(r=1))
+    (folder / WEIGHTS_NAME).write_bytes(raw_safetensors(
+        [(key_a, "BF16", list(values.shape), bf16_bytes(values)), b]))
+    (layer,) = load_adapter(folder).values()
+    assert same_bits(layer.a, values)
+
+
+@pytest.mark.parametrize("name, value, beyond", [("BF16", 2.0 ** 100, "1 of 6"),
+                                                 ("F64", float(np.finfo(np.float32).max),
+                                                  "2 of 10")])
+def test_float16_is_refused_where_a_value_does_not_fit(tmp_path, name, value, beyond):
+    """dtype=float16 rounds every tensor to float16: a value beyond its 65504 (bfloat16
+    has float32's range) is refused, naming the first, rather than made infinite."""
+    folder = write_case(tmp_path / "a", name)
+    key = KEY_A if name == "BF16" else KEY_B
+    with pytest.raises(AdapterFileError, match=re.escape(
+            f"{folder / WEIGHTS_NAME}: {key} holds {value!r}, which does not fit float16 "
+            f"(largest finite 65504.0); {beyond} values are beyond it")):
+        load_adapter(folder, dtype=np.float16)
+
+
+@pytest.mark.parametrize("name, dtype", [("good f32", "float16"), ("good f16", np.float32),
+                                         ("BF16", None), ("F64", None), ("good f16", None)])
+def test_dtype_of_what_is_loaded(tmp_path, name, dtype):
+    """F32 and F16 as stored, BF16 and F64 as float32, or every tensor as ``dtype``."""
+    folder = write_case(tmp_path / "a", name)
+    (layer,) = load_adapter(folder, dtype=dtype).values()
+    want = np.dtype(dtype or (np.float16 if name == "good f16" else np.float32))
+    assert layer.a.dtype == layer.b.dtype == want
+    with safe_open(str(folder / WEIGHTS_NAME), framework="np") as f:
+        stored = {f.get_slice(k).get_dtype() for k in f.keys()}
+    if stored <= {"F32", "F16"}:  # read by safetensors, then rounded by numpy
+        assert np.array_equal(layer.a, load_file(folder / WEIGHTS_NAME)[KEY_A].astype(want))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", np.float64, int, "x"])
+def test_load_dtype_must_be_float32_or_float16(tmp_path, dtype):
+    with pytest.raises(AdapterFileError, match=re.escape(
+            f"load_adapter: dtype {dtype!r}; None (as stored), float32 or float16 expected")):
+        load_adapter(write_case(tmp_path / "a", "good f32"), dtype=dtype)

@@ -1,6 +1,11 @@
 """Every Python block of README.md and docs/*.md runs as written, in reading
-order: the blocks of one file share one namespace, as a reader's session
-would, run in a fresh folder with the project root importable (``examples``)."""
+order, in a fresh folder with the project root importable (``examples``).
+
+In the files of ``RUN_ALONE`` each block runs alone, in a namespace and folder of its
+own, unless the paragraph just before it says it "continues the block above": then
+it runs in the namespace and folder of the Python block above it (and so of every
+block that one continued). In the other files the blocks of a file share one
+namespace, as a reader's session would."""
 import re
 from pathlib import Path
 
@@ -10,36 +15,67 @@ from shaderdsl.errors import BrowserError, FeatureError
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+CONTINUES = re.compile(r"\bcontinues\s+the\s+block\s+above\b", re.I)
+RUN_ALONE = {"lora.md", "adapter-files.md", "README.md", "architecture.md"}
 FILES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
          if BLOCK.search(p.read_text())]
 
 
+def blocks(text: str) -> list[tuple[str, bool]]:
+    """Each Python block of ``text`` and whether the paragraph before it says it
+    continues the block above."""
+    out = []
+    for match in BLOCK.finditer(text):
+        paragraph = text[:match.start()].rstrip().rpartition("\n\n")[2]
+        out.append((match.group(1), bool(CONTINUES.search(paragraph))))
+    return out
+
+
 def test_the_files_with_blocks_are_found():
-    assert {p.name for p in FILES} >= {"README.md", "dsl.md", "lora.md", "training.md",
-                                        "interpreter.md", "adapter-files.md"}
+    names = {p.name for p in FILES}
+    assert names >= {"README.md", "dsl.md", "lora.md", "training.md", "interpreter.md",
+                     "adapter-files.md"} and names >= RUN_ALONE
+
+
+def test_continuing_blocks_are_found():
+    """The rule's marker is seen where it is written, and only there."""
+    text = ("Alone:\n\n```python\nx = 1\n```\n\nThis continues the block\nabove:\n\n"
+            "```python\nx += 1\n```\n\nContinues the block above? No: a new paragraph.\n\n"
+            "Alone again:\n\n```python\ny = 2\n```\n")
+    assert [c for _, c in blocks(text)] == [False, True, False]
+    assert [c for _, c in blocks((ROOT / "docs" / "lora.md").read_text())].count(True) >= 3
+
+
+def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> None:
+    where = f"{doc.name}, Python block {k + 1} of {count}"
+    try:
+        exec(compile(block, where, "exec"), namespace)
+    except FeatureError as e:  # an f16 block on llvmpipe: the device, not the doc
+        pytest.skip(f"{where} needs what the device lacks: {e}")
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        pytest.skip(f"{where} needs torch, which is not in the test extras (its Linux wheels "
+                    f"bring CUDA)")
+    except Exception as e:
+        if isinstance(e, BrowserError) and "no Chromium found" in str(e):
+            pytest.skip(f"{where} needs Chromium, which this machine lacks (scripts/setup.sh "
+                        f"installs it)")
+        raise AssertionError(f"{where} raised {type(e).__name__}: {e}\n{block}") from e
 
 
 @pytest.mark.parametrize("doc", FILES, ids=lambda p: p.name)
-def test_every_python_block_runs(doc, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_every_python_block_runs(doc, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
-    namespace = {"__name__": "__doc_block__"}
-    blocks = BLOCK.findall(doc.read_text())
-    for k, block in enumerate(blocks):
-        try:
-            exec(compile(block, f"{doc.name}, Python block {k + 1} of {len(blocks)}", "exec"),
-                 namespace)
-        except FeatureError as e:  # an f16 block on llvmpipe: the adapter, not the doc
-            pytest.skip(f"{doc.name}, Python block {k + 1} of {len(blocks)} needs what the "
-                        f"adapter lacks: {e}")
-        except ModuleNotFoundError as e:
-            if e.name != "torch":
-                raise
-            pytest.skip(f"{doc.name}, Python block {k + 1} of {len(blocks)} needs torch, "
-                        f"which is not in the test extras (its Linux wheels bring CUDA)")
-        except Exception as e:
-            if isinstance(e, BrowserError) and "no Chromium found" in str(e):
-                pytest.skip(f"{doc.name}, Python block {k + 1} of {len(blocks)} needs Chromium, "
-                            f"which this machine lacks (scripts/setup.sh installs it)")
-            raise AssertionError(f"{doc.name}, Python block {k + 1} of {len(blocks)} raised "
-                                 f"{type(e).__name__}: {e}\n{block}") from e
+    found = blocks(doc.read_text())
+    alone = doc.name in RUN_ALONE
+    namespace: dict = {}
+    for k, (block, continues) in enumerate(found):
+        if alone and continues and k == 0:
+            raise AssertionError(f"{doc.name}: the first block cannot continue a block above")
+        if k == 0 or (alone and not continues):
+            namespace = {"__name__": "__doc_block__"}
+            folder = tmp_path / f"block{k + 1}"
+            folder.mkdir()
+            monkeypatch.chdir(folder)
+        run_block(doc, k, len(found), block, namespace)

@@ -45,7 +45,12 @@ HESPER_MAGIC = 0x4C4F5241  # "LORA" as a little-endian u32: bytes 41 52 4F 4C
 HESPER_VERSION = 1
 HESPER_HEADER = struct.Struct("<IIIfII")  # magic, version, rank, alpha, numLayers, reserved
 
-_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
+# Stored dtypes read as they are (F32, F16) and those converted to float32 as they are read:
+# BF16 widened exactly (numpy has no bfloat16: its bits are the top half of a float32's),
+# F64 narrowed to the nearest float32, refused where a value is beyond float32's range.
+_KEPT_DTYPES = {"F32": np.float32, "F16": np.float16}
+_CONVERTED_DTYPES = ("BF16", "F64")
+_DTYPES_EXPECTED = "F32, F16, BF16 or F64 expected"
 _KEY = re.compile(r"(?P<module>.+?)\.lora_(?P<part>[AB])(?:\.(?P<adapter>[^.]+))?\.weight")
 _HESPER_PARTS = ("q", "v")
 # Names that reach the objects every script shares in JavaScript (Object.prototype,
@@ -266,10 +271,10 @@ def _read_config(file: Path) -> dict:
 
 # ---------------------------------------------------------------- peft: tensors
 
-def _refuse_duplicate_keys(file: Path) -> None:
-    """The safetensors format forbids a key twice in the header, but the reader keeps
-    the last silently: read the header's JSON here and refuse one. A header that is
-    not readable at all is left to safetensors' own message."""
+def _read_header(file: Path) -> tuple[int, dict]:
+    """(the header's length, the header) of a safetensors file, refusing a key named
+    twice: the format forbids it, but the reader keeps the last silently. A header that
+    is not readable at all gives (0, {}), left to safetensors' own message."""
     twice: list[str] = []
 
     def pairs_to_dict(pairs: list) -> dict:
@@ -279,14 +284,40 @@ def _refuse_duplicate_keys(file: Path) -> None:
     with open(file, "rb") as f:
         length = int.from_bytes(f.read(8), "little")
         if length > file.stat().st_size - 8:
-            return
+            return 0, {}
         try:
-            json.loads(f.read(length), object_pairs_hook=pairs_to_dict)
+            header = json.loads(f.read(length), object_pairs_hook=pairs_to_dict)
         except (ValueError, RecursionError):
-            return
+            return 0, {}
     if twice:
         raise AdapterFileError(f"{file}: the header names {min(twice)!r} twice (duplicate keys "
                                f"are not allowed in safetensors)")
+    return length, header if isinstance(header, dict) else {}
+
+
+def _bfloat16_values(file: Path, start: int, shape: list) -> np.ndarray:
+    """A BF16 tensor's values as float32, exactly: each value's 16 bits are the top
+    half of the float32 of the same value (numpy has no bfloat16 to read them as)."""
+    size = math.prod(shape)
+    with open(file, "rb") as f:
+        f.seek(start)
+        bits = np.frombuffer(f.read(2 * size), "<u2").astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(shape)
+
+
+def _narrowed(file: Path, key: str, values: np.ndarray, dtype) -> np.ndarray:
+    """``values`` rounded to ``dtype``; refused, naming the first value, where a finite
+    value is beyond the dtype's range (it would become infinite)."""
+    with np.errstate(over="ignore"):
+        out = values.astype(dtype)
+    lost = np.isfinite(values) & ~np.isfinite(out)
+    if lost.any():
+        value = float(values[lost].flat[0])
+        raise AdapterFileError(f"{file}: {key} holds {value!r}, which does not fit "
+                               f"{np.dtype(dtype).name} (largest finite "
+                               f"{float(np.finfo(dtype).max)!r}); {int(lost.sum())} of "
+                               f"{values.size} values are beyond it")
+    return out
 
 
 def _reserved_message(name: str, what: str = "key") -> str | None:
@@ -305,22 +336,30 @@ def _refuse_reserved_names(file: Path, keys) -> None:
             raise AdapterFileError(f"{file}: {why}")
 
 
-def _read_tensors(file: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the safetensors file, after checking each dtype from the
-    header (numpy cannot even hold bfloat16, so check before reading)."""
+def _read_tensors(file: Path, dtype=None) -> dict[str, np.ndarray]:
+    """Every tensor of the safetensors file, after checking each dtype from the header:
+    F32 and F16 as stored, BF16 and F64 as float32, or every one as ``dtype`` if given."""
     if not file.is_file():
         raise AdapterFileError(f"{file}: missing; a peft adapter directory holds "
                                f"{CONFIG_NAME} and {WEIGHTS_NAME}")
-    _refuse_duplicate_keys(file)
+    length, header = _read_header(file)
     try:
         with safe_open(str(file), framework="np") as f:
             _refuse_reserved_names(file, sorted(f.keys()))
-            for key in f.keys():
-                dtype = f.get_slice(key).get_dtype()
-                if dtype not in _SAFETENSORS_DTYPES:
-                    raise AdapterFileError(f"{file}: {key} has dtype {dtype}; float32 (F32) "
-                                           f"or float16 (F16) expected")
-            return {key: f.get_tensor(key) for key in f.keys()}
+            stored = {key: f.get_slice(key).get_dtype() for key in f.keys()}
+            for key, name in stored.items():
+                if name not in _KEPT_DTYPES and name not in _CONVERTED_DTYPES:
+                    raise AdapterFileError(f"{file}: {key} has dtype {name}; "
+                                           f"{_DTYPES_EXPECTED}")
+            tensors = {}
+            for key, name in stored.items():
+                values = (_bfloat16_values(file, 8 + length + header[key]["data_offsets"][0],
+                                           f.get_slice(key).get_shape())
+                          if name == "BF16" else f.get_tensor(key))
+                target = dtype or _KEPT_DTYPES.get(name, np.float32)
+                tensors[key] = values if values.dtype == target else \
+                    _narrowed(file, key, values, target)
+            return tensors
     except SafetensorError as e:
         raise AdapterFileError(f"{file}: not a readable safetensors file ({e})") from e
 
@@ -404,8 +443,26 @@ def _peft_layer(file: Path, module: str, keys: dict, tensors: dict, config: dict
                      fan_in_fan_out=bool(config.get("fan_in_fan_out")))
 
 
-def load_adapter(path) -> dict[str, LoraLayer]:
+def _load_dtype(dtype):
+    """load_adapter's ``dtype``: None, or float32/float16 in any spelling numpy takes."""
+    if dtype is None:
+        return None
+    try:
+        out = np.dtype(dtype)
+    except TypeError:
+        out = None
+    if out not in (np.float32, np.float16):
+        raise AdapterFileError(f"load_adapter: dtype {dtype!r}; None (as stored), float32 or "
+                               f"float16 expected")
+    return out.type
+
+
+def load_adapter(path, dtype=None) -> dict[str, LoraLayer]:
     """A peft LoRA adapter directory as ``{module name: LoraLayer}``.
+
+    F32 and F16 tensors are kept as stored, BF16 ones widened to float32 exactly and
+    F64 ones narrowed to float32; ``dtype`` (float32 or float16) makes every tensor
+    that dtype instead. A finite value beyond the dtype's range is refused, naming it.
 
     Module names lose peft's ``base_model.model.`` prefix (keys without it are
     accepted too, as some tools write them), and the ``.default`` adapter-name
@@ -418,9 +475,10 @@ def load_adapter(path) -> dict[str, LoraLayer]:
     returns them); DoRA and other LoRA kinds are refused.
     """
     path = _adapter_dir(path)
+    dtype = _load_dtype(dtype)
     config = _read_config(path / CONFIG_NAME)
     file = path / WEIGHTS_NAME
-    tensors = _read_tensors(file)
+    tensors = _read_tensors(file, dtype)
     extras = [key for key in sorted(tensors) if _is_extra(file, key)]
     if extras:
         shown = ", ".join(extras[:4]) + (f", … ({len(extras)} in all)" if len(extras) > 4 else "")
@@ -450,11 +508,11 @@ def _adapter_dir(path) -> Path:
 
 # ---------------------------------------------------------------- peft: saving
 
-def _peft_tensors(path: Path, layers: dict, rank) -> tuple[dict, int]:
-    """The safetensors dict peft writes, and the one rank every module shares."""
+def _peft_tensors(path: Path, layers: dict) -> tuple[dict, dict[str, int]]:
+    """The safetensors dict peft writes, and each module's rank."""
     if not isinstance(layers, dict) or not layers:
         raise AdapterFileError(f"{path}: layers must be a non-empty dict {{module: (A, B)}}")
-    tensors = {}
+    tensors, ranks = {}, {}
     for module, value in layers.items():
         where = f"{path}: module {module}"
         if not isinstance(module, str) or not all(module.split(".")) or \
@@ -465,25 +523,61 @@ def _peft_tensors(path: Path, layers: dict, rank) -> tuple[dict, int]:
         if reserved:
             raise AdapterFileError(f"{path}: {reserved}")
         a, b = _host_pair(where, value)
-        rank = a.shape[0] if rank is None else rank
-        if a.shape[0] != rank:
-            raise AdapterFileError(f"{where}: rank {a.shape[0]}, but the adapter's r is {rank}; "
-                                   f"peft's config has one r for every module")
+        ranks[module] = a.shape[0]
         tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a
         tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b
-    return tensors, rank
+    return tensors, ranks
 
 
-def _peft_config(rank: int, alpha: float, target_modules, use_rslora: bool,
+def _alphas(path: Path, layers: dict, alpha) -> dict[str, float]:
+    """Each module's alpha: ``alpha`` one number for all, or ``{module: number}`` for each."""
+    if not isinstance(alpha, dict):
+        value = _finite_real(alpha, str(path), "alpha")
+        return {module: value for module in layers}
+    if set(alpha) != set(layers):
+        raise AdapterFileError(f"{path}: alpha as a dict must name every module of layers and "
+                               f"no other; missing {sorted(set(layers) - set(alpha))}, extra "
+                               f"{sorted(set(alpha) - set(layers), key=str)}")
+    return {module: _finite_real(alpha[module], str(path), f"alpha[{module!r}]")
+            for module in layers}
+
+
+def _most_common(values: dict):
+    """The value most modules have (the largest on a tie): the config's r or lora_alpha."""
+    counts = Counter(values.values())
+    return max(counts, key=lambda value: (counts[value], value))
+
+
+def _pattern(values: dict, default) -> dict:
+    """peft's rank_pattern or alpha_pattern for ``values`` ({module: value}): the escaped
+    name of each module whose value is not ``default``, longest first. peft takes the
+    first key matching a dotted suffix of a module's name, so a module's own key comes
+    before any shorter key that matches it too, and a module of the default value that
+    another module's key would match gets its own key."""
+    keyed = {module for module, value in values.items() if value != default}
+    caught = True
+    while caught:
+        caught = {module for module in values if module not in keyed
+                  and any(module.endswith(f".{other}") for other in keyed)}
+        keyed |= caught
+    return {re.escape(module): values[module]
+            for module in sorted(keyed, key=lambda module: (-len(module), module))}
+
+
+def _peft_config(ranks: dict, alphas: dict, rank, target_modules, use_rslora: bool,
                  fan_in_fan_out: bool, base_model_name_or_path) -> dict:
-    """The adapter_config.json fields peft's LoraConfig writes that matter here."""
-    return {"peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": alpha,
-            "target_modules": target_modules, "use_rslora": bool(use_rslora),
-            "fan_in_fan_out": bool(fan_in_fan_out), "lora_dropout": 0.0, "bias": "none",
-            "init_lora_weights": True, "inference_mode": True, "use_dora": False,
-            "base_model_name_or_path": base_model_name_or_path, "modules_to_save": None,
-            "revision": None, "layers_to_transform": None, "layers_pattern": None,
-            "rank_pattern": {}, "alpha_pattern": {}}
+    """The adapter_config.json fields peft's LoraConfig writes that matter here: r and
+    lora_alpha the most common values (or ``rank``), the others in the patterns."""
+    r = _most_common(ranks) if rank is None else rank
+    lora_alpha = _most_common(alphas)
+    config = {"peft_type": "LORA", "task_type": None, "r": r, "lora_alpha": lora_alpha,
+              "target_modules": target_modules, "use_rslora": bool(use_rslora),
+              "fan_in_fan_out": bool(fan_in_fan_out), "lora_dropout": 0.0, "bias": "none",
+              "init_lora_weights": True, "inference_mode": True, "use_dora": False,
+              "base_model_name_or_path": base_model_name_or_path, "modules_to_save": None,
+              "revision": None, "layers_to_transform": None, "layers_pattern": None,
+              "rank_pattern": _pattern(ranks, r), "alpha_pattern": _pattern(alphas, lora_alpha)}
+    return dict(sorted(config.items()))  # the patterns keep their order: it is their meaning
 
 
 def _target_list(path: Path, layers: dict, target_modules):
@@ -507,18 +601,20 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
 
     Arrays are stored as float32, or float16 when they are float16; every
     shape, dtype and value is checked before anything is written, and both files
-    are written under temporary names and renamed into place. ``rank`` defaults
-    to the A's row count, which every module must share.
+    are written under temporary names and renamed into place. ``alpha`` is one
+    number or ``{module: number}``. Modules may differ in rank and alpha: the config's
+    ``r`` (``rank`` if given) and ``lora_alpha`` are the most common values, and the
+    other modules are named in ``rank_pattern`` and ``alpha_pattern``, as peft writes them.
     """
     path = Path(path)
     if rank is not None:
         rank = _positive_int(rank, str(path), "rank")
-    tensors, rank = _peft_tensors(path, layers, rank)
-    alpha = _finite_real(alpha, str(path), "alpha")
+    tensors, ranks = _peft_tensors(path, layers)
+    alphas = _alphas(path, layers, alpha)
     targets = _target_list(path, layers, target_modules)
-    config = _peft_config(rank, alpha, targets, use_rslora, fan_in_fan_out,
+    config = _peft_config(ranks, alphas, rank, targets, use_rslora, fan_in_fan_out,
                           base_model_name_or_path)
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(config, indent=2) + "\n"
     path.mkdir(parents=True, exist_ok=True)
     _commit({path / WEIGHTS_NAME: lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}),
              path / CONFIG_NAME: lambda tmp: tmp.write_text(text, encoding="utf-8")})

@@ -5,7 +5,10 @@ export class AdapterFileError extends Error {
   constructor(message) { super(message); this.name = "AdapterFileError"; }
 }
 
-const ITEM = new Map([["F32", 4], ["F16", 2]]);   // the dtypes read and written
+const ITEM = new Map([["F32", 4], ["F16", 2]]);   // the dtypes written
+// The dtypes read: F32 and F16, and BF16 (widened) and F64 (narrowed) as float32.
+const READ_ITEM = new Map([...ITEM, ["BF16", 2], ["F64", 8]]);
+const DTYPES_EXPECTED = "F32, F16, BF16 or F64 expected";
 const PREFIX = "base_model.model.";
 const LORA_KEY = /^(.+?)\.lora_([AB])(?:\.([^.]+))?\.weight$/;
 // Names that reach the objects every script shares (Object.prototype, Object): a file
@@ -45,7 +48,8 @@ function reservedMessage(key, part) {
 }
 
 /** {metadata, tensors: {key: {dtype, shape, data}}} of a safetensors file's bytes
- * (data: Float32Array for F32, Uint16Array of the bits for F16); ``tensors`` has no
+ * (data: Float32Array for F32, Float64Array for F64, Uint16Array of the bits for F16 and
+ * BF16); ``tensors`` has no
  * prototype, and keys naming __proto__, constructor or prototype are refused. */
 export function readSafetensors(bytes, name = "adapter_model.safetensors") {
   const u8 = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
@@ -71,8 +75,8 @@ export function readSafetensors(bytes, name = "adapter_model.safetensors") {
   }
   const data = u8.subarray(8 + n), tensors = Object.create(null), spans = [];
   for (const key of keys) {
-    const info = header[key], item = ITEM.get(info?.dtype);
-    if (!item) fail(`${key} has dtype ${info?.dtype}; float32 (F32) or float16 (F16) expected`);
+    const info = header[key], item = READ_ITEM.get(info?.dtype);
+    if (!item) fail(`${key} has dtype ${info?.dtype}; ${DTYPES_EXPECTED}`);
     const shape = info.shape, offsets = info.data_offsets;
     if (!Array.isArray(shape) || !shape.every(d => Number.isInteger(d) && d >= 0))
       fail(`${key}: shape ${JSON.stringify(shape)} is not a list of sizes`);
@@ -85,9 +89,8 @@ export function readSafetensors(bytes, name = "adapter_model.safetensors") {
            `within the ${data.length} bytes of data (truncated?)`);
     spans.push([begin, end, key]);
     const copy = data.slice(begin, end);   // a fresh, aligned buffer
-    tensors[key] = {dtype: info.dtype, shape,
-                    data: info.dtype === "F32" ? new Float32Array(copy.buffer)
-                                               : new Uint16Array(copy.buffer)};
+    const View = {F32: Float32Array, F64: Float64Array}[info.dtype] ?? Uint16Array;
+    tensors[key] = {dtype: info.dtype, shape, data: new View(copy.buffer)};
   }
   spans.sort((p, q) => p[0] - q[0]);
   let at = 0;
@@ -143,8 +146,19 @@ export function halfToFloat(bits) {
   return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
-function float32Of(t) {
-  return t.dtype === "F32" ? t.data : Float32Array.from(t.data, halfToFloat);
+/** A tensor's values as a Float32Array: F16 and BF16 widened exactly (a bfloat16's bits
+ * are the top half of the float32's), F64 rounded to the nearest float32 and refused,
+ * naming the first, where a finite value is beyond float32's range (as Python's reader). */
+function float32Of(t, key, fail) {
+  if (t.dtype === "F32") return t.data;
+  if (t.dtype === "F16") return Float32Array.from(t.data, halfToFloat);
+  if (t.dtype === "BF16") return new Float32Array(Uint32Array.from(t.data, h => h << 16).buffer);
+  const out = Float32Array.from(t.data);
+  const lost = t.data.filter((v, i) => Number.isFinite(v) && !Number.isFinite(out[i]));
+  if (lost.length)
+    fail(`${key} holds ${lost[0]}, which does not fit float32 (largest finite ` +
+         `${2 ** 128 - 2 ** 104}); ${lost.length} of ${t.data.length} values are beyond it`);
+  return out;
 }
 
 /** The config's target_modules as a test of a module name, by peft's rule (as
@@ -238,7 +252,7 @@ export function readPeftAdapter(configText, tensorBytes, names = {}) {
       fail(`${found.get("A")} has shape [${A.shape}]; lora_A must be [r, in] with r = ${r}`);
     if (B.shape.length !== 2 || B.shape[1] !== r)
       fail(`${found.get("B")} has shape [${B.shape}]; lora_B must be [out, r] with r = ${r}`);
-    const a = float32Of(A), b = float32Of(B);
+    const a = float32Of(A, found.get("A"), fail), b = float32Of(B, found.get("B"), fail);
     for (const [key, values] of [[found.get("A"), a], [found.get("B"), b]]) {
       const bad = values.reduce((n, v) => n + !Number.isFinite(v), 0);
       if (bad) fail(`${key}: ${bad} of ${values.length} values are NaN or infinite`);
