@@ -10,7 +10,7 @@ from ..core.checks import check_f16
 from ..core.plan import Plan, Role
 from ..core.weight import wgsl_dtype
 from .backward import backward_plan, train_forward_plan
-from .losses import LOSSES, loss_plan, loss_value, mse_parts
+from .losses import LOSSES, loss_plan, loss_value, mse_parts, report_labels
 
 
 class LayerTrainer:
@@ -36,7 +36,7 @@ class LayerTrainer:
         if loss not in LOSSES:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
         check_f16(device, weight.dtype, "LayerTrainer")
-        self.device, self.tokens, self.kind = device, tokens, loss
+        self.device, self.tokens, self.kind, self.weight = device, tokens, loss, weight
         self.h = device.empty((tokens, weight.rank), np.float32, name="lora.h")
         self.forward = train_forward_plan(device, weight, scale, tokens, forward)
         try:  # the base copy folded into the forward (one dispatch fewer), where it can be
@@ -52,7 +52,8 @@ class LayerTrainer:
         optimizer.attach(device, [(self.masters[0], self.grad_a), (self.masters[1], self.grad_b)])
         self._begin = optimizer.folded_begin()  # the optimizer's begin, in the loss's dispatch
         self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype, self._begin,
-                                   dh)
+                                   dh, seen=loss == "xent")
+        weight.on_read = self.report_labels  # weight.numpy() reports them first
         self._copy = None  # (plan or None, bytes) of the base copy
         self._steps = 0    # steps recorded
 
@@ -130,10 +131,26 @@ class LayerTrainer:
             plan.record(src=base_buf, dst=out_buf)
 
     def loss(self) -> float:
-        """The last step's loss (reads back a small buffer: waits for the GPU)."""
+        """The last step's loss (reads back a small buffer: waits for the GPU).
+        Labels outside the classes in any step since the last report raise
+        here first (:meth:`report_labels`)."""
         if not self._steps:
             raise RuntimeError("LayerTrainer.loss: no step recorded yet; call record(...) first")
+        self.report_labels()
         return loss_value(self.device, self.loss_plan)
+
+    def gradients(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dA, dB) of the last step, read back (after :meth:`report_labels`)."""
+        self.report_labels()
+        return self.device.read(self.grad_a), self.device.read(self.grad_b)
+
+    def report_labels(self) -> None:
+        """With loss="xent": ValueError naming the first step and token whose
+        label was outside the classes since the last report, which clears the
+        record (a sticky record on the GPU, written by the loss's dispatch: no
+        read-back a step). :meth:`loss`, :meth:`gradients` and the weight's
+        ``numpy()`` (and so saving it) call this first."""
+        report_labels(self.device, self.loss_plan)
 
 
 def _backward(device, weight, scale, tokens, strategy, loss) -> tuple:
