@@ -367,6 +367,135 @@ def test_f16_layer_trainer_is_mixed_precision(device, forward):
     assert np.array_equal(device.read(w.a), stepped.astype(np.float16))
 
 
+# ---------------------------------------------------------------- LoRA dropout
+
+def _dropout_trainer(device, p, seed=0, dtype=np.float32, tokens=64, in_dim=40, loss="mse"):
+    """A trainer with lora_dropout=p on a fixed weight and batch; (trainer, x, buffers)."""
+    rng = np.random.default_rng(30)
+    a, b = R.init_lora(in_dim, 6, 4, seed=1)
+    b = normal(rng, b.shape) * np.float32(0.1)
+    w = lora.Weight.from_numpy(device, a, b, dtype=dtype)
+    trainer = LayerTrainer(device, w, 2.0, tokens, AdamW(lr=1e-2), loss=loss, lora_dropout=p,
+                           dropout_seed=seed)
+    x = normal(rng, (tokens, in_dim)).astype(dtype)
+    target = (normal(rng, (tokens, 6)) if loss == "mse"
+              else rng.integers(0, 6, tokens).astype(np.uint32))
+    bufs = [device.buffer(v) for v in (x, np.zeros((tokens, 6), dtype),
+                                       target.astype(dtype) if loss == "mse" else target,
+                                       normal(rng, (tokens, 6)).astype(dtype))]
+    return trainer, x, bufs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_dropout_draws_the_hash_of_seed_step_and_index(device, dtype):
+    """The mask is the numpy hash's (lora.kernels.dropout.keep_mask), the kept
+    values x / (1 - p) within one rounding; about 1 - p of them are kept, a
+    new mask each step, the same one for the same seed."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16")
+    from lora.kernels.dropout import keep_mask
+    p, tokens, in_dim = 0.3, 256, 64
+    trainer, x, bufs = _dropout_trainer(device, p, seed=11, dtype=dtype, tokens=tokens,
+                                        in_dim=in_dim)
+    masks = []
+    for step in range(3):
+        trainer.record(*bufs)
+        got = device.read(trainer.x_dropped).astype(np.float64)
+        mask = keep_mask(11, step, x.shape, p)
+        want = np.where(mask, x.astype(np.float64) / (1 - p), 0.0)
+        eps = 2.0 ** -10 if dtype == np.float16 else 2.0 ** -23
+        assert np.all(np.abs(got - want) <= eps * np.abs(want))
+        assert np.array_equal(got != 0, mask & (x != 0))
+        kept, sigma = mask.mean(), np.sqrt(p * (1 - p) / mask.size)
+        assert abs(kept - (1 - p)) <= 5 * sigma, (step, kept)
+        masks.append(mask)
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+    assert abs((masks[0] == masks[1]).mean() - (p * p + (1 - p) ** 2)) <= 0.02  # independent
+    again, _, bufs2 = _dropout_trainer(device, p, seed=11, dtype=dtype, tokens=tokens,
+                                       in_dim=in_dim)
+    again.record(*bufs2)
+    assert np.array_equal(device.read(again.x_dropped) != 0, masks[0] & (x != 0))
+    assert not np.array_equal(keep_mask(12, 0, x.shape, p), masks[0])
+
+
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_layer_trainer_with_dropout_matches_float64(device, loss):
+    """peft's lora_B(lora_A(dropout(x))) * scaling, base undropped: 12 AdamW
+    steps against float64 numpy given the same masks."""
+    from lora.kernels.dropout import keep_mask
+    p, s = 0.2, 2.0
+    trainer, x, bufs = _dropout_trainer(device, p, seed=3, loss=loss)
+    w = trainer.weight
+    (a, b), target, base = w.numpy(), device.read(bufs[2]), device.read(bufs[3])
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
+    for step in range(12):
+        trainer.record(*bufs)
+        xd = np.where(keep_mask(3, step, x.shape, p), x / (1 - p), 0.0)
+        out = R.forward(xd, ar, br, s, base)
+        want, g = R.mse(out, target) if loss == "mse" else R.softmax_cross_entropy(out, target)
+        d = R.backward(xd, ar, br, g, s)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1],
+                                                  step + 1, 1e-2)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3],
+                                                  step + 1, 1e-2)
+        assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
+    got_a, got_b = w.numpy()
+    assert np.abs(got_a - ar).max() <= 1e-4 * np.abs(ar).max()
+    assert np.abs(got_b - br).max() <= 1e-4 * np.abs(br).max()
+
+
+def test_no_dropout_is_the_step_without_it(device):
+    """lora_dropout=0: no dispatch more, and A and B bit for bit those of a
+    trainer made without the option; p > 0 adds one dispatch."""
+    plain, _, bufs = _dropout_trainer(device, 0.0)
+    names = [st.kernel.name for plan in plain.plans() for st in plan.steps]
+    assert plain.dropout is None and "dropout" not in names
+    rng = np.random.default_rng(30)
+    a, b = R.init_lora(40, 6, 4, seed=1)
+    w = lora.Weight.from_numpy(device, a, normal(rng, b.shape) * np.float32(0.1))
+    today = LayerTrainer(device, w, 2.0, 64, AdamW(lr=1e-2))
+    assert [st.kernel.name for plan in today.plans() for st in plan.steps] == names
+    for _ in range(3):
+        plain.record(*bufs)
+        today.record(*bufs)
+    for got, want in zip(plain.weight.numpy(), w.numpy()):
+        assert np.array_equal(got, want)
+    dropped, _, _ = _dropout_trainer(device, 0.1)
+    assert [st.kernel.name for plan in dropped.plans() for st in plan.steps] == ["dropout", *names]
+
+
+def test_the_exported_step_carries_the_dropout():
+    """The web export records LayerTrainer's step: replayed as the JS trainer
+    replays it (the recorded dispatches in order, twice), its dropout draws
+    keep_mask's masks, a new one each step (the optimizer's state advances)."""
+    from lora.apps.web_export import InterpDevice
+    from lora.apps.web_train import TrainSetup, record_layer
+    from lora.core.shape import LayerShape
+    from lora.kernels.dropout import keep_mask
+    rec = record_layer(TrainSetup(LayerShape(4, 24, 8, 16, "f32", 2.0), lora_dropout=0.4,
+                                  seed=5))
+    dev, x = rec.device, normal(np.random.default_rng(2), (16, 24))
+    dev.write(rec.named["x"], x)
+    dropped = next(op[2][1] for op in dev.ops if op[0] == "dispatch" and
+                   op[1].name == "dropout")
+    for step in range(2):
+        for op in dev.ops:
+            if op[0] == "dispatch":
+                InterpDevice.dispatch(dev, op[1], op[2], op[3])
+            else:
+                InterpDevice._copy(dev, *op[1:])
+        assert np.array_equal(dev.read(dropped) != 0, keep_mask(5, step, x.shape, 0.4))
+
+
+@pytest.mark.parametrize("p", [1.0, -0.1, float("nan"), "0.1", True])
+def test_a_dropout_outside_zero_to_one_is_refused(device, p):
+    with pytest.raises(ValueError, match=r"lora_dropout: expected a probability in \[0, 1\)"):
+        _dropout_trainer(device, p)
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\^32\), got -1"):
+        _dropout_trainer(device, 0.5, seed=-1)
+
+
 def test_init_is_peft_like_and_seeded():
     a, b = R.init_lora(2560, 64, 8, seed=3)
     assert a.shape == (8, 2560) and not b.any() and np.abs(a).max() <= 1 / np.sqrt(2560)
