@@ -75,7 +75,8 @@ class LayerTrainer:
         """The plans of a step given a base buffer, in order (the base copy, where
         there is one, aside)."""
         optimizer = self.optimizer._plans[0 if self._begin is None else 1:]
-        return [*([self.dropout] if self.dropout else []), self._forward_base or self.forward, self.loss_plan, self.backward, *optimizer,
+        return [*([self.dropout] if self.dropout else []), self._forward_base or self.forward,
+                self.loss_plan, self.backward, *optimizer,
                 *([self._to_f16] if self._to_f16 else [])]
 
     @property
