@@ -8,19 +8,17 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_lora_errors import NoDispatch
 
 import lora
+from lora import SGD, AdamW, Backward, LayerTrainer, backward_plan
 from lora import reference as R
 from lora.core import tuning
 from lora.training import strategy
-from lora import SGD, AdamW
-from lora import Backward
 from lora.training.strategy import Split
-from lora import LayerTrainer, backward_plan
 from shaderdsl.errors import AliasingError, BindingError
-
-from test_lora_errors import NoDispatch
 
 SETTINGS = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -54,7 +52,7 @@ def run_backward(device, x, a, b, g, scale, strategy, accumulate=False, start=No
             "grad_x": device.read(bufs["dx"]), "dh": device.read(plan.scratch["dh"])}
 
 
-def fitted(strategy, *dims):
+def fitted(strategy, *dims) -> tuple:
     """The dims rounded up to multiples of 4 for gemm (its tiles are vec4s)."""
     return tuple(-(-d // 4) * 4 for d in dims) if strategy.name == "gemm" else dims
 
@@ -110,7 +108,8 @@ def test_reference_backward_against_finite_differences():
     rng = np.random.default_rng(8)
     x, a, b, g = (rng.standard_normal(s) for s in ((3, 5), (2, 5), (4, 2), (3, 4)))
     d = R.backward(x, a, b, g, 1.5)
-    loss = lambda xx, aa, bb: float(np.sum(g * R.forward(xx, aa, bb, 1.5)))  # noqa: E731
+    def loss(xx, aa, bb):
+        return float(np.sum(g * R.forward(xx, aa, bb, 1.5)))
     for key, arr, which in (("grad_a", a, 1), ("grad_b", b, 2), ("grad_x", x, 0)):
         numeric = np.zeros_like(arr)
         for i in np.ndindex(arr.shape):
@@ -128,7 +127,8 @@ def test_gpu_gradients_against_finite_differences(device):
     x, g = normal(rng, (2, 6)), normal(rng, (2, 5))
     a, b = normal(rng, (3, 6)), normal(rng, (5, 3))
     got = run_backward(device, x, a, b, g, 2.0, "split:64")
-    loss = lambda aa, bb: float(np.sum(g * R.forward(x, aa, bb, 2.0)))  # noqa: E731
+    def loss(aa, bb):
+        return float(np.sum(g * R.forward(x, aa, bb, 2.0)))
     for key, arr in (("grad_a", a), ("grad_b", b)):
         numeric = np.zeros(arr.shape)
         for i in np.ndindex(arr.shape):
@@ -144,7 +144,8 @@ def test_gpu_gradients_against_finite_differences(device):
 @pytest.mark.parametrize("strategy", ["seed", "split"])
 def test_execute_functions_one_kernel_each(device, strategy):
     rng = np.random.default_rng(10)
-    x, g, a, b = normal(rng, (70, 40)), normal(rng, (70, 24)), normal(rng, (4, 40)), normal(rng, (24, 4))
+    x, g = normal(rng, (70, 40)), normal(rng, (70, 24))
+    a, b = normal(rng, (4, 40)), normal(rng, (24, 4))
     w = lora.Weight.from_numpy(device, a, b)
     ref = R.backward(x, a, b, g, 1.5)
     tol = grad_tolerance(x, a, b, g, 1.5)
@@ -175,7 +176,8 @@ def test_forward_train_saves_h(device, forward):
 
 def test_numpy_backward(device):
     rng = np.random.default_rng(12)
-    x, g, a, b = normal(rng, (5, 33)), normal(rng, (5, 21)), normal(rng, (4, 33)), normal(rng, (21, 4))
+    x, g = normal(rng, (5, 33)), normal(rng, (5, 21))
+    a, b = normal(rng, (4, 33)), normal(rng, (21, 4))
     gx, ga, gb = lora.backward(x, a, b, g, alpha=8.0, device=device)
     want, tol = R.backward(x, a, b, g, 2.0), grad_tolerance(x, a, b, g, 2.0)
     assert_within(gx, want["grad_x"], tol["grad_x"], "grad_x")
@@ -191,11 +193,14 @@ def test_backward_refuses_bad_buffers_before_dispatch(device):
     bufs = {"g": device.buffer(normal(rng, (2, 8))), "x": device.buffer(normal(rng, (2, 16))),
             "h": device.buffer(normal(rng, (2, 3))), "dA": device.empty((3, 16), np.float32),
             "dB": device.empty((8, 3), np.float32)}
-    call = lambda **kw: lora.execute_lora_backward(  # noqa: E731
-        device, w, 1.0, *(kw.get(k, bufs[k]) for k in ("g", "x", "h", "dA", "dB")))
-    with NoDispatch(device, BindingError, r"grad_b_buf must be float32 \(8, 3\), got float32 \(3, 8\)"):
+    def call(**kw):
+        lora.execute_lora_backward(
+            device, w, 1.0, *(kw.get(k, bufs[k]) for k in ("g", "x", "h", "dA", "dB")))
+    with NoDispatch(device, BindingError,
+                    r"grad_b_buf must be float32 \(8, 3\), got float32 \(3, 8\)"):
         call(dB=device.empty((3, 8), np.float32))
-    with NoDispatch(device, BindingError, r"x_buf must be float32 \(2, 16\) \(the weight's dtype\), got int32"):
+    with NoDispatch(device, BindingError,
+                    r"x_buf must be float32 \(2, 16\) \(the weight's dtype\), got int32"):
         call(x=device.buffer(np.ones((2, 16), np.int32)))
     with NoDispatch(device, AliasingError, r"x_buf and grad_x_buf are the same buffer"):
         lora.execute_lora_backward(device, w, 1.0, bufs["g"], bufs["x"], bufs["h"], bufs["dA"],
@@ -240,7 +245,8 @@ def test_optimizer_against_the_formula(device, kind):
     p0 = [normal(rng, (3, 50)), normal(rng, (50, 3))]
     grads = []
     for step in range(40):
-        scale = [1.0, 0.0, 1e-30, 1e30][step % 4] if kind == "adamw" else [1.0, 0.0, 1e-30, 1e3][step % 4]
+        big = 1e30 if kind == "adamw" else 1e3
+        scale = [1.0, 0.0, 1e-30, big][step % 4]
         grads.append([normal(rng, p.shape) * np.float32(scale) for p in p0])
     kw = dict(lr=1e-2, weight_decay=0.1) | ({} if kind == "adamw" else {"momentum": 0.9})
     opt = AdamW(**kw, device=device) if kind == "adamw" else SGD(**kw, device=device)
@@ -274,8 +280,9 @@ def test_adamw_schedule_clip_and_settings_without_recompiling(device):
         c = R.clip_scale([g], 0.5)
         pr, m, v = R.adamw_step(pr, c * g.astype(np.float64), m, v, step, lr,
                                 weight_decay=0.05 if step >= 7 else 0.01)
-        np.testing.assert_allclose(opt.last_norm(), np.sqrt(np.sum(g.astype(np.float64) ** 2)),
-                                   rtol=1e-5)
+        norm = opt.last_norm()
+        assert norm is not None  # clipping keeps the norm
+        np.testing.assert_allclose(norm, np.sqrt(np.sum(g.astype(np.float64) ** 2)), rtol=1e-5)
     np.testing.assert_allclose(p[0], pr, rtol=1e-4, atol=1e-6)
 
 
@@ -288,7 +295,8 @@ def test_optimizer_refusals(device):
         AdamW(schedule="cosine", warmup=10, total=5)
     opt = SGD(lr=0.1, device=device)
     opt.step([np.ones(3)], [np.ones(3)])
-    with pytest.raises(ValueError, match=r"shapes \[\(4,\)\] differ from the first call's \[\(3,\)\]"):
+    with pytest.raises(ValueError,
+                       match=r"shapes \[\(4,\)\] differ from the first call's \[\(3,\)\]"):
         opt.step([np.ones(4)], [np.ones(4)])
     with pytest.raises(ValueError, match="unknown setting 'beta3'"):
         opt.set(beta3=0.5)
@@ -301,11 +309,12 @@ def test_layer_trainer_matches_float64(device, loss):
     """30 steps of forward, loss, backward and AdamW, one submit each, against
     the same training in float64 numpy."""
     rng = np.random.default_rng(16)
-    T, I, O, r, s = 6, 48, 10, 4, 2.0
-    a, b = R.init_lora(I, O, r, seed=1)
+    T, n_in, n_out, r, s = 6, 48, 10, 4, 2.0
+    a, b = R.init_lora(n_in, n_out, r, seed=1)
     b = normal(rng, b.shape) * np.float32(0.1)
-    x, base = normal(rng, (T, I)), normal(rng, (T, O))
-    target = normal(rng, (T, O)) if loss == "mse" else rng.integers(0, O, T).astype(np.uint32)
+    x, base = normal(rng, (T, n_in)), normal(rng, (T, n_out))
+    target = (normal(rng, (T, n_out)) if loss == "mse"
+              else rng.integers(0, n_out, T).astype(np.uint32))
     w = lora.Weight.from_numpy(device, a, b)
     trainer = LayerTrainer(device, w, s, T, AdamW(lr=1e-2), loss=loss)
     xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
@@ -318,8 +327,10 @@ def test_layer_trainer_matches_float64(device, loss):
         out = R.forward(x, ar, br, s, base)
         want, g = R.mse(out, target) if loss == "mse" else R.softmax_cross_entropy(out, target)
         d = R.backward(x, ar, br, g, s)
-        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1], step, 1e-2)
-        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3], step, 1e-2)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1],
+                                                  step, 1e-2)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3],
+                                                  step, 1e-2)
         assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
 
 
@@ -332,16 +343,17 @@ def test_f16_layer_trainer_is_mixed_precision(device, forward):
     if not device.has_feature("shader-f16"):
         pytest.skip(f"{device.name} lacks shader-f16")
     rng = np.random.default_rng(21)
-    T, I, O, r, s, lr = 24, 64, 40, 8, 2.0, 0.5
-    a, b = R.init_lora(I, O, r, seed=3)
+    T, n_in, n_out, r, s, lr = 24, 64, 40, 8, 2.0, 0.5
+    a, b = R.init_lora(n_in, n_out, r, seed=3)
     b = (normal(rng, b.shape) * np.float32(0.1)).astype(np.float16)
     a = a.astype(np.float16)
-    x, base, target = (normal(rng, shape).astype(np.float16) for shape in ((T, I), (T, O), (T, O)))
+    x, base, target = (normal(rng, shape).astype(np.float16)
+                       for shape in ((T, n_in), (T, n_out), (T, n_out)))
     w = lora.Weight.from_numpy(device, a, b, dtype=np.float16)
     trainer = LayerTrainer(device, w, s, T, SGD(lr=lr), loss="mse", forward=forward)
     xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
     ar, br = a.astype(np.float64), b.astype(np.float64)
-    first = None
+    first = 0.0
     for _ in range(8):
         trainer.record(xb, ob, tb, bb)
         out = R.forward(x, ar.astype(np.float16), br.astype(np.float16), s, base)
@@ -365,6 +377,135 @@ def test_f16_layer_trainer_is_mixed_precision(device, forward):
     stepped = device.read(trainer.masters[0])
     assert np.abs(stepped - new_a).max() < np.abs(stepped - old_a).max()
     assert np.array_equal(device.read(w.a), stepped.astype(np.float16))
+
+
+# ---------------------------------------------------------------- LoRA dropout
+
+def _dropout_trainer(device, p, seed=0, dtype=np.float32, tokens=64, in_dim=40, loss="mse"):
+    """A trainer with lora_dropout=p on a fixed weight and batch; (trainer, x, buffers)."""
+    rng = np.random.default_rng(30)
+    a, b = R.init_lora(in_dim, 6, 4, seed=1)
+    b = normal(rng, b.shape) * np.float32(0.1)
+    w = lora.Weight.from_numpy(device, a, b, dtype=dtype)
+    trainer = LayerTrainer(device, w, 2.0, tokens, AdamW(lr=1e-2), loss=loss, lora_dropout=p,
+                           dropout_seed=seed)
+    x = normal(rng, (tokens, in_dim)).astype(dtype)
+    target = (normal(rng, (tokens, 6)) if loss == "mse"
+              else rng.integers(0, 6, tokens).astype(np.uint32))
+    bufs = [device.buffer(v) for v in (x, np.zeros((tokens, 6), dtype),
+                                       target.astype(dtype) if loss == "mse" else target,
+                                       normal(rng, (tokens, 6)).astype(dtype))]
+    return trainer, x, bufs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_dropout_draws_the_hash_of_seed_step_and_index(device, dtype):
+    """The mask is the numpy hash's (lora.kernels.dropout.keep_mask), the kept
+    values x / (1 - p) within one rounding; about 1 - p of them are kept, a
+    new mask each step, the same one for the same seed."""
+    if dtype == np.float16 and not device.has_feature("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16")
+    from lora.kernels.dropout import keep_mask
+    p, tokens, in_dim = 0.3, 256, 64
+    trainer, x, bufs = _dropout_trainer(device, p, seed=11, dtype=dtype, tokens=tokens,
+                                        in_dim=in_dim)
+    masks = []
+    for step in range(3):
+        trainer.record(*bufs)
+        got = device.read(trainer.x_dropped).astype(np.float64)
+        mask = keep_mask(11, step, x.shape, p)
+        want = np.where(mask, x.astype(np.float64) / (1 - p), 0.0)
+        eps = 2.0 ** -10 if dtype == np.float16 else 2.0 ** -23
+        assert np.all(np.abs(got - want) <= eps * np.abs(want))
+        assert np.array_equal(got != 0, mask & (x != 0))
+        kept, sigma = mask.mean(), np.sqrt(p * (1 - p) / mask.size)
+        assert abs(kept - (1 - p)) <= 5 * sigma, (step, kept)
+        masks.append(mask)
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+    assert abs((masks[0] == masks[1]).mean() - (p * p + (1 - p) ** 2)) <= 0.02  # independent
+    again, _, bufs2 = _dropout_trainer(device, p, seed=11, dtype=dtype, tokens=tokens,
+                                       in_dim=in_dim)
+    again.record(*bufs2)
+    assert np.array_equal(device.read(again.x_dropped) != 0, masks[0] & (x != 0))
+    assert not np.array_equal(keep_mask(12, 0, x.shape, p), masks[0])
+
+
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_layer_trainer_with_dropout_matches_float64(device, loss):
+    """peft's lora_B(lora_A(dropout(x))) * scaling, base undropped: 12 AdamW
+    steps against float64 numpy given the same masks."""
+    from lora.kernels.dropout import keep_mask
+    p, s = 0.2, 2.0
+    trainer, x, bufs = _dropout_trainer(device, p, seed=3, loss=loss)
+    w = trainer.weight
+    (a, b), target, base = w.numpy(), device.read(bufs[2]), device.read(bufs[3])
+    ar, br = a.astype(np.float64), b.astype(np.float64)
+    moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
+    for step in range(12):
+        trainer.record(*bufs)
+        xd = np.where(keep_mask(3, step, x.shape, p), x / (1 - p), 0.0)
+        out = R.forward(xd, ar, br, s, base)
+        want, g = R.mse(out, target) if loss == "mse" else R.softmax_cross_entropy(out, target)
+        d = R.backward(xd, ar, br, g, s)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1],
+                                                  step + 1, 1e-2)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3],
+                                                  step + 1, 1e-2)
+        assert abs(trainer.loss() - want) <= 1e-4 * abs(want), (step, trainer.loss(), want)
+    got_a, got_b = w.numpy()
+    assert np.abs(got_a - ar).max() <= 1e-4 * np.abs(ar).max()
+    assert np.abs(got_b - br).max() <= 1e-4 * np.abs(br).max()
+
+
+def test_no_dropout_is_the_step_without_it(device):
+    """lora_dropout=0: no dispatch more, and A and B bit for bit those of a
+    trainer made without the option; p > 0 adds one dispatch."""
+    plain, _, bufs = _dropout_trainer(device, 0.0)
+    names = [st.kernel.name for plan in plain.plans() for st in plan.steps]
+    assert plain.dropout is None and "dropout" not in names
+    rng = np.random.default_rng(30)
+    a, b = R.init_lora(40, 6, 4, seed=1)
+    w = lora.Weight.from_numpy(device, a, normal(rng, b.shape) * np.float32(0.1))
+    today = LayerTrainer(device, w, 2.0, 64, AdamW(lr=1e-2))
+    assert [st.kernel.name for plan in today.plans() for st in plan.steps] == names
+    for _ in range(3):
+        plain.record(*bufs)
+        today.record(*bufs)
+    for got, want in zip(plain.weight.numpy(), w.numpy()):
+        assert np.array_equal(got, want)
+    dropped, _, _ = _dropout_trainer(device, 0.1)
+    assert [st.kernel.name for plan in dropped.plans() for st in plan.steps] == ["dropout", *names]
+
+
+def test_the_exported_step_carries_the_dropout():
+    """The web export records LayerTrainer's step: replayed as the JS trainer
+    replays it (the recorded dispatches in order, twice), its dropout draws
+    keep_mask's masks, a new one each step (the optimizer's state advances)."""
+    from lora.apps.web_export import InterpDevice
+    from lora.apps.web_train import TrainSetup, record_layer
+    from lora.core.shape import LayerShape
+    from lora.kernels.dropout import keep_mask
+    rec = record_layer(TrainSetup(LayerShape(4, 24, 8, 16, "f32", 2.0), lora_dropout=0.4,
+                                  seed=5))
+    dev, x = rec.device, normal(np.random.default_rng(2), (16, 24))
+    dev.write(rec.named["x"], x)
+    dropped = next(op[2][1] for op in dev.ops if op[0] == "dispatch" and
+                   op[1].name == "dropout")
+    for step in range(2):
+        for op in dev.ops:
+            if op[0] == "dispatch":
+                InterpDevice.dispatch(dev, op[1], op[2], op[3])
+            else:
+                InterpDevice._copy(dev, *op[1:])
+        assert np.array_equal(dev.read(dropped) != 0, keep_mask(5, step, x.shape, 0.4))
+
+
+@pytest.mark.parametrize("p", [1.0, -0.1, float("nan"), "0.1", True])
+def test_a_dropout_outside_zero_to_one_is_refused(device, p):
+    with pytest.raises(ValueError, match=r"lora_dropout: expected a probability in \[0, 1\)"):
+        _dropout_trainer(device, p)
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\^32\), got -1"):
+        _dropout_trainer(device, 0.5, seed=-1)
 
 
 def test_init_is_peft_like_and_seeded():
@@ -465,16 +606,17 @@ def test_one_token_steps_fold_dispatches(device, clip):
     12 AdamW steps against float64, with base_buf given and with out
     holding the base; out_dim 2100 makes three parts of dh."""
     rng = np.random.default_rng(8)
-    I, O, r, s = 40, 2100, 8, 2.0
-    a, b = R.init_lora(I, O, r, seed=2)
+    n_in, n_out, r, s = 40, 2100, 8, 2.0
+    a, b = R.init_lora(n_in, n_out, r, seed=2)
     b = normal(rng, b.shape) * np.float32(0.1)
     w = lora.Weight.from_numpy(device, a, b)
-    trainer = LayerTrainer(device, w, s, 1, AdamW(lr=1e-2, max_grad_norm=clip), forward="single:64:1")
+    trainer = LayerTrainer(device, w, s, 1, AdamW(lr=1e-2, max_grad_norm=clip),
+                           forward="single:64:1")
     names = [st.kernel.name for plan in trainer.plans() for st in plan.steps]
     folded = ["fused_forward", "mse", "grad_outer_pair", "adamw_update"]
     assert names == (folded if clip is None else folded[:3] + ["optim_begin", "adamw_update"])
     assert trainer.backward.scratch["dh"].shape == (3, r)
-    x, base, target = normal(rng, (1, I)), normal(rng, (1, O)), normal(rng, (1, O))
+    x, base, target = normal(rng, (1, n_in)), normal(rng, (1, n_out)), normal(rng, (1, n_out))
     xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))
     ar, br = a.astype(np.float64), b.astype(np.float64)
     moments = [np.zeros_like(ar)] * 2 + [np.zeros_like(br)] * 2
@@ -525,16 +667,67 @@ def test_clipping_cannot_be_turned_on_after_attach(device):
     opt.set(lr=1e-2)  # other settings change freely
 
 
+def _xent_steps(device, labels_per_step, tokens=4, classes=3, trainer=None):
+    """A xent trainer (``trainer`` or a new one) after one record per labels array."""
+    rng = np.random.default_rng(1)
+    if trainer is None:
+        weight = lora.Weight.from_numpy(device, normal(rng, (2, 8)), normal(rng, (classes, 2)))
+        trainer = LayerTrainer(device, weight, 1.0, tokens, AdamW(), loss="xent")
+    x, base = device.buffer(normal(rng, (tokens, 8))), device.buffer(normal(rng, (tokens, 3)))
+    out = device.empty((tokens, classes), np.float32)
+    for labels in labels_per_step:
+        trainer.record(x, out, device.buffer(np.array(labels, np.uint32)), base)
+    return trainer
+
+
+LABEL_7 = (r"labels: label 7 at token 2 of step 1 \(counting this trainer's steps from 1\) is "
+           r"outside 0..2 \(the output has 3 classes\); that step trained without the token")
+
+
 def test_a_label_outside_the_classes_is_reported(device):
-    trainer, rng, _ = _trainer(device, "xent", tokens=4, classes=3)
-    x, base = device.buffer(normal(rng, (4, 8))), device.buffer(normal(rng, (4, 3)))
-    labels = device.buffer(np.array([0, 2, 7, 1], np.uint32))
-    trainer.record(x, device.empty((4, 3), np.float32), labels, base)
-    with pytest.raises(ValueError, match=r"labels: label 7 at token 2 is outside 0..2 \(the "
-                                         r"output has 3 classes; 1 token\(s\) out of range, "
-                                         r"their gradient was zero\)"):
+    trainer = _xent_steps(device, [[0, 2, 7, 1]])
+    with pytest.raises(ValueError, match=LABEL_7 + r".*1 token\(s\) had a label out of range"):
         trainer.loss()
     assert not device.read(trainer.g)[2].any()
+    assert np.isfinite(trainer.loss())  # reported once: the mean over the tokens in range
+
+
+def test_a_bad_label_in_a_step_whose_loss_is_not_read_is_reported(device):
+    """The user's case: bad labels, then good ones, then loss(). It returned
+    1.2989 and raised nothing; the sticky record on the GPU names step 1."""
+    trainer = _xent_steps(device, [[0, 2, 7, 1], [0, 1, 2, 1]])
+    with pytest.raises(ValueError, match=LABEL_7):
+        trainer.loss()
+    assert np.isfinite(trainer.loss())  # cleared when reported
+
+
+@pytest.mark.parametrize("read", ["weight", "gradients", "save"])
+def test_a_bad_label_is_reported_at_the_next_read_of_a_result(device, tmp_path, read):
+    trainer = _xent_steps(device, [[0, 1, 2, 1], [5, 2, 9, 1], [0, 8, 2, 1]])
+    weight = trainer.weight
+    first = r"labels: label 5 at token 0 of step 2 .* 3 token\(s\) had a label out of range"
+    with pytest.raises(ValueError, match=first):
+        if read == "weight":
+            weight.numpy()
+        elif read == "gradients":
+            trainer.gradients()
+        else:
+            lora.save_adapter(tmp_path / "a", {"m": weight.numpy()}, alpha=2)
+    assert not (tmp_path / "a").exists()
+    weight.numpy()  # cleared: nothing more to report
+    trainer.gradients()
+    assert np.isfinite(trainer.loss())
+
+
+def test_the_label_record_is_read_only_with_a_result(device, monkeypatch):
+    """Steps read nothing back: the record rides on the reads the user makes."""
+    trainer, reads = _xent_steps(device, []), []
+    real = device.read
+    monkeypatch.setattr(device, "read", lambda buf: reads.append(buf) or real(buf))
+    _xent_steps(device, [[0, 1, 2, 1]] * 3, trainer=trainer)
+    assert reads == []
+    trainer.loss()
+    assert any(buf is trainer.loss_plan.scratch["seen"] for buf in reads)
 
 
 @pytest.mark.parametrize("make", [lambda: AdamW(betas=(0.9, 1.0)), lambda: AdamW(betas=(1.0, 0.9)),

@@ -250,6 +250,8 @@ def _training_entries(add) -> None:
             dh_rank=(4, 3)[n % 2], dh_scale=0.5, subgroups=bool(n % 2))  # folded dispatches
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt)
         add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt, begin="linear")
+        add("softmax_xent", classes=classes, tokens=3, threads=64, dtype=dt, seen=True)
+        add("dropout", n=classes * 3 + n % 2, keep_from=1 << 30, scale=4 / 3, seed=n, dtype=dt)
         add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt)
         add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
             dtype=dt)

@@ -42,6 +42,7 @@ class TrainSetup:
     lr: float = 1e-3
     max_grad_norm: float | None = None
     seed: int = 0
+    lora_dropout: float = 0.0  # LayerTrainer's: its dispatch is recorded with the step
 
     @property
     def alpha(self) -> float:
@@ -82,7 +83,8 @@ def record_layer(setup: TrainSetup) -> Recording:
     weight = Weight.from_numpy(dev, a, b)
     make = AdamW if setup.optimizer == "adamw" else SGD
     opt = make(lr=setup.lr, max_grad_norm=setup.max_grad_norm)
-    trainer = LayerTrainer(dev, weight, shape.scale, shape.tokens, opt, loss=setup.loss)
+    trainer = LayerTrainer(dev, weight, shape.scale, shape.tokens, opt, loss=setup.loss,
+                           lora_dropout=setup.lora_dropout, dropout_seed=setup.seed)
     f32, t, mse = np.float32, shape.tokens, setup.loss == "mse"
     given = {"x": dev.empty((t, shape.in_dim), f32), "base": dev.empty((t, shape.out_dim), f32),
              "target": dev.empty((t, shape.out_dim), f32) if mse else dev.empty(t, np.uint32)}

@@ -11,6 +11,7 @@ GPU result and this reference (see docs/lora.md, "Accuracy").
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 F64 = np.float64
 
@@ -175,7 +176,7 @@ def softmax_cross_entropy(logits, labels, dtype=F64) -> tuple[float, np.ndarray]
 
 
 def adamw_step(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-               dtype=F64):
+               dtype: DTypeLike = F64):
     """One step of torch.optim.AdamW (decoupled weight decay, bias correction),
     in the order its implementation computes it:
 
@@ -197,7 +198,7 @@ def adamw_step(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=
     return p - (lr_ / bc1) * m / denom, m, v
 
 
-def sgd_step(p, g, buf, step, lr, momentum=0.0, weight_decay=0.0, dtype=F64):
+def sgd_step(p, g, buf, step, lr, momentum=0.0, weight_decay=0.0, dtype: DTypeLike = F64):
     """One step of torch.optim.SGD (dampening 0, no Nesterov): g += wd p;
     buf = g on the first step, else momentum buf + g; p -= lr buf. Returns (p, buf)."""
     p, g, buf = (_f(z, dtype) for z in (p, g, buf))

@@ -42,7 +42,7 @@ class Weight:
     """
 
     __slots__ = ("device", "a", "b", "in_dim", "out_dim", "rank", "plans", "masters",
-                 "__weakref__")
+                 "on_read", "__weakref__")
 
     def __init__(self, device, a, b, in_dim: int, out_dim: int, rank: int):
         """Wrap existing buffers (both float32 or both float16, shaped
@@ -60,6 +60,7 @@ class Weight:
                                    f"{buf.dtype.name}{list(buf.shape)}")
         self.device, self.a, self.b = device, a, b
         self.masters = None  # f32 copies an f16 weight trains from (set by LayerTrainer)
+        self.on_read = None  # called before numpy() reads (LayerTrainer: its label report)
         # The plans of this weight (lora.core.cache): they
         # hold its buffers, not the Weight, so they go when the weight goes.
         self.plans: dict = {}
@@ -117,6 +118,8 @@ class Weight:
     def numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) read back from the GPU."""
         self._check_device()
+        if self.on_read is not None:
+            self.on_read()
         return self.device.read(self.a), self.device.read(self.b)
 
     def _check_device(self) -> None:

@@ -6,7 +6,8 @@ only when the value is asked for.
     softmax_xent: L = mean over tokens of -log softmax(logits)[label];
                   g = (softmax(logits) - onehot(label)) / tokens; a label
                   outside the classes gets g = 0 and -1 - label as its loss,
-                  which the host reports when it reads the value
+                  which the host reports when it reads the value; with
+                  ``seen``, also kept per token until the host clears it
 """
 from __future__ import annotations
 
@@ -102,11 +103,12 @@ def _workgroup_fold(m, value, threads, combine, name):
     return result
 
 
-def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None):
+def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=False):
     """Softmax cross-entropy, one workgroup per token (grid tokens): the row's
     max and sum of exponentials by workgroup reductions, then every thread
     writes its columns of g; thread 0 writes the token's loss to ``losses``.
-    ``begin``: see _begin."""
+    ``begin``: see _begin. ``seen``: labels outside the classes are also kept
+    in a sticky record (see _record_label)."""
     check_threads(threads)
     _begin(m, begin)
     logits = m.declare_input_buffer("logits", storage_scalar(dtype), tokens * classes)
@@ -133,3 +135,19 @@ def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None):
     with m.if_(tid == 0):
         loss = m.let(B.log(norm) - (widen(logits[row + B.min(label, classes - 1)]) - top), "loss")
         losses[t] = B.select(-1.0 - f32(label), loss, valid)
+        if seen:
+            _record_label(m, tokens, t, label, valid)
+
+
+def _record_label(m, tokens, t, label, valid) -> None:
+    """``seen`` u32 [3, tokens], column t written only by token t's thread 0
+    (no atomics): row 0 counts the steps this token has seen, rows 1 and 2
+    hold its first bad step since the host last cleared them (counted from
+    1; 0: none) and that step's label. One dispatch a step, so the count is
+    the step number without a host write."""
+    seen = m.declare_output_buffer("seen", u32, 3 * tokens)
+    step = m.let(seen[t] + 1, "step")
+    seen[t] = step
+    with m.if_(~valid & (seen[tokens + t] == 0)):
+        seen[tokens + t] = step
+        seen[2 * tokens + t] = label

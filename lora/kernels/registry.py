@@ -11,7 +11,7 @@ from typing import Callable
 
 import shaderdsl as sd
 
-from . import backward, loss, network, optimizer
+from . import backward, dropout, loss, network, optimizer
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -215,6 +215,9 @@ TRAINING_KERNELS = (
     KernelSpec("relu", network.relu, _threads, _elements(lambda p: p["n"]), "y = max(z, 0)"),
     KernelSpec("relu_grad", network.relu_grad, _threads, _elements(lambda p: p["n"]),
                "dz = dy where z > 0"),
+    KernelSpec("dropout", dropout.dropout, _threads,
+               _elements(lambda p: ceil_div(p["n"], width(p["n"]))),
+               "LoRA dropout of x: a hash of (seed, step, index) keeps each element"),
     KernelSpec("copy", network.copy, _threads, _elements(lambda p: p["n4"]),
                "dst = src, a vec4 at a time"),
     KernelSpec("to_f16", network.to_f16, _threads, _elements(lambda p: sum(p["sizes"])),

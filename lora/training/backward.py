@@ -18,7 +18,8 @@ from ..core.checks import check_f16
 from ..core.forward import LIKE_WEIGHT, forward_plan
 from ..core.plan import Plan, Role
 from ..core.strategy import Strategy
-from ..core.weight import Weight
+from ..core.weight import Weight, wgsl_dtype
+from ..kernels.dropout import threshold
 from ..kernels.matrix import FRAGMENT
 from .strategy import Backward
 
@@ -96,6 +97,27 @@ def train_forward_plan(device, weight, scale: float, tokens: int, strategy=None,
                         from_base=from_base)
 
 
+def dropout_plan(device, weight, tokens: int, p: float, seed: int, state) -> Plan:
+    """LoRA dropout of the adapter's input, as peft applies it: given x and xd
+    [tokens, in_dim] (stored like the weight), xd = x with each element zeroed
+    with probability ``p`` and the rest scaled by 1 / (1 - p); the mask is
+    lora.kernels.dropout's hash of (``seed``, the step count in the
+    optimizer's ``state``, the element's index). The forward and backward of
+    the adapter then read xd for x; the base layer sees x."""
+    keep_from = threshold(p)  # ValueError outside [0, 1)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not 0 <= seed < 2**32:
+        raise ValueError(f"seed: expected an int in [0, 2^32), got {seed!r}")
+    dt, n = weight.dtype, tokens * weight.in_dim
+    params = dict(n=n, keep_from=keep_from, scale=1.0 / (1.0 - p), seed=int(seed),
+                  dtype=wgsl_dtype(dt))
+    return Plan(device, f"dropout p={p} seed={seed} tokens={tokens} in={weight.in_dim}",
+                [("dropout", params)],
+                {"x": Role("x_buf", dt, (weight.in_dim,), why=LIKE_WEIGHT),
+                 "xd": Role("dropped x", dt, (weight.in_dim,), writes=True, why=LIKE_WEIGHT)},
+                bound={"state": state}, tokens=tokens)
+
+
 def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | None = None,
              device=None, strategy=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grad_x, grad_a, grad_b) of ``out = base + scale * B @ (A @ x)`` for the
@@ -135,4 +157,5 @@ def backward(x, a, b, grad_out, *, alpha: float | None = None, scale: float | No
             dev.release(buf)
 
 
-__all__ = ["Backward", "Strategy", "backward", "backward_plan", "train_forward_plan"]
+__all__ = ["Backward", "Strategy", "backward", "backward_plan", "dropout_plan",
+           "train_forward_plan"]

@@ -9,8 +9,9 @@ from shaderdsl.errors import BindingError
 from ..core.checks import check_f16
 from ..core.plan import Plan, Role
 from ..core.weight import wgsl_dtype
-from .backward import backward_plan, train_forward_plan
-from .losses import LOSSES, loss_plan, loss_value, mse_parts
+from ..kernels.dropout import threshold
+from .backward import backward_plan, dropout_plan, train_forward_plan
+from .losses import LOSSES, loss_plan, loss_value, mse_parts, report_labels
 
 
 class LayerTrainer:
@@ -29,14 +30,21 @@ class LayerTrainer:
     while the optimizer updates f32 copies (``masters``, made from the
     weight's values) and each step ends by writing their f16 rounding into
     the weight. Gradients, h and every sum are f32.
+
+    ``lora_dropout``: peft's option of that name: the adapter's input is
+    dropped (probability p, the rest scaled by 1 / (1 - p)) by a dispatch
+    before the forward, the base output is not; the mask is a hash of
+    (``dropout_seed``, the optimizer's step count, the element's index)
+    (:func:`lora.training.backward.dropout_plan`). 0: no dispatch, the step
+    of a trainer without it.
     """
 
     def __init__(self, device, weight, scale: float, tokens: int, optimizer, *, loss="mse",
-                 forward=None, backward=None):
+                 forward=None, backward=None, lora_dropout: float = 0.0, dropout_seed: int = 0):
         if loss not in LOSSES:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
         check_f16(device, weight.dtype, "LayerTrainer")
-        self.device, self.tokens, self.kind = device, tokens, loss
+        self.device, self.tokens, self.kind, self.weight = device, tokens, loss, weight
         self.h = device.empty((tokens, weight.rank), np.float32, name="lora.h")
         self.forward = train_forward_plan(device, weight, scale, tokens, forward)
         try:  # the base copy folded into the forward (one dispatch fewer), where it can be
@@ -51,8 +59,15 @@ class LayerTrainer:
         self.optimizer = optimizer
         optimizer.attach(device, [(self.masters[0], self.grad_a), (self.masters[1], self.grad_b)])
         self._begin = optimizer.folded_begin()  # the optimizer's begin, in the loss's dispatch
+        self.dropout, self.x_dropped = None, None  # the plan and its xd, with lora_dropout
+        if threshold(lora_dropout):  # (ValueError outside [0, 1); 0: nothing is dropped)
+            self.dropout = dropout_plan(device, weight, tokens, lora_dropout, dropout_seed,
+                                        optimizer.state)
+            self.x_dropped = device.empty((tokens, weight.in_dim), weight.dtype,
+                                          name="lora.x_dropped")
         self.loss_plan = loss_plan(device, loss, tokens, weight.out_dim, weight.dtype, self._begin,
-                                   dh)
+                                   dh, seen=loss == "xent")
+        weight.on_read = self.report_labels  # weight.numpy() reports them first
         self._copy = None  # (plan or None, bytes) of the base copy
         self._steps = 0    # steps recorded
 
@@ -60,7 +75,8 @@ class LayerTrainer:
         """The plans of a step given a base buffer, in order (the base copy, where
         there is one, aside)."""
         optimizer = self.optimizer._plans[0 if self._begin is None else 1:]
-        return [self._forward_base or self.forward, self.loss_plan, self.backward, *optimizer,
+        return [*([self.dropout] if self.dropout else []), self._forward_base or self.forward,
+                self.loss_plan, self.backward, *optimizer,
                 *([self._to_f16] if self._to_f16 else [])]
 
     @property
@@ -88,6 +104,9 @@ class LayerTrainer:
         if from_base is not None:
             from_base.check(x_buf, out_buf, base_buf, self.h)
         with self.device.batch():
+            if self.dropout is not None:  # the adapter reads the dropped x from here on
+                self.dropout.record(x_buf, self.x_dropped)
+                x_buf = self.x_dropped
             if from_base is not None:
                 from_base.record(x_buf, out_buf, base_buf, self.h)
             else:
@@ -130,10 +149,26 @@ class LayerTrainer:
             plan.record(src=base_buf, dst=out_buf)
 
     def loss(self) -> float:
-        """The last step's loss (reads back a small buffer: waits for the GPU)."""
+        """The last step's loss (reads back a small buffer: waits for the GPU).
+        Labels outside the classes in any step since the last report raise
+        here first (:meth:`report_labels`)."""
         if not self._steps:
             raise RuntimeError("LayerTrainer.loss: no step recorded yet; call record(...) first")
+        self.report_labels()
         return loss_value(self.device, self.loss_plan)
+
+    def gradients(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dA, dB) of the last step, read back (after :meth:`report_labels`)."""
+        self.report_labels()
+        return self.device.read(self.grad_a), self.device.read(self.grad_b)
+
+    def report_labels(self) -> None:
+        """With loss="xent": ValueError naming the first step and token whose
+        label was outside the classes since the last report, which clears the
+        record (a sticky record on the GPU, written by the loss's dispatch: no
+        read-back a step). :meth:`loss`, :meth:`gradients` and the weight's
+        ``numpy()`` (and so saving it) call this first."""
+        report_labels(self.device, self.loss_plan)
 
 
 def _backward(device, weight, scale, tokens, strategy, loss) -> tuple:
