@@ -212,10 +212,11 @@ def test_ceilings_in_the_interpreter(tmp_path):
     """``--ceiling``'s kernels on the interpreter device (the H200's matrix
     shapes): each runs and its output checks against float64 (a copy equal to
     its source, sums equal to their value); the JSON names the robustness."""
-    from lora.apps.bench_ceiling import COPY_SHAPES, ceiling_main
+    from lora.apps.bench_ceiling import COPY_SHAPES, ceiling_main, robustness_label
 
     assert ceiling_main(str(tmp_path), lambda *a: None, SMALL_CEILINGS, h200_interp()) == 0
-    with open(tmp_path / f"ceiling-{COMPILER}-naga.json") as f:
+    # the name says the process's build (under Dawn: its toggles), not the interpreter's
+    with open(tmp_path / f"ceiling-{COMPILER}-{robustness_label()}.json") as f:
         result = json.load(f)
     assert len(result["copy"]) == sum(t <= 256 for t, _ in COPY_SHAPES)  # its workgroup cap
     names = [r["kernel"] for r in result["fragments"]]
