@@ -104,7 +104,7 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
                       "3", "--strategy", "three:64", "--out", str(tmp_path)]) == 0
     js = (tmp_path / "lora_forward.js").read_text()
     assert '"strategy": "three(threads=64)"' in js and js.count("  {\n    name: ") == 3
-    assert "export async function loraForward(device, {x, a, b, output}" in js
+    assert "export async function loraForward(device, inputs, {encoder = null} = {})" in js
     assert "loraForward(device: GPUDevice" in (tmp_path / "lora_forward.d.ts").read_text()
     assert lora_main(["export", "--rank", "4"]) == 2
     assert lora_main(["export", "--strategy", "bogus", "--out", str(tmp_path)]) == 1
