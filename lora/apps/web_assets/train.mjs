@@ -19,16 +19,41 @@ async function readBack(device, buffer, bytes) {
   return out.buffer;
 }
 
+// What each given buffer is used for, beyond STORAGE: the step's copies read or write it.
+const COPY_USAGE = {};
+for (const step of steps.filter(st => st.copy)) {
+  const [src, dst] = step.copy;
+  COPY_USAGE[src] = (COPY_USAGE[src] ?? 0) | GPUBufferUsage.COPY_SRC;
+  COPY_USAGE[dst] = (COPY_USAGE[dst] ?? 0) | GPUBufferUsage.COPY_DST;
+}
+
+function inputText(what) {
+  const {dtype, bytes} = buffers[what];
+  return `${bytes / 4} ${dtype} values; ${config.tokens} token(s)`;
+}
+
+/** One of config.given, checked by the name the caller gave it: a GPUBuffer (usage
+ *  and size) or a TypedArray (type and length), before anything is recorded. */
 function checkInput(what, value) {
   const {dtype, bytes} = buffers[what];
+  if (value instanceof GPUBuffer) {
+    const need = GPUBufferUsage.STORAGE | (COPY_USAGE[what] ?? 0);
+    const lacking = ["STORAGE", "COPY_SRC", "COPY_DST"]
+      .filter(u => need & GPUBufferUsage[u] && !(value.usage & GPUBufferUsage[u]));
+    if (lacking.length) throw new Error(`loraTrainer.step: ${what} lacks GPUBufferUsage.` +
+                                        lacking.join(" and GPUBufferUsage."));
+    if (value.size < bytes) throw new RangeError(`loraTrainer.step: ${what} has ${value.size} ` +
+      `bytes, needs ${bytes} (${inputText(what)})`);
+    return;
+  }
   const Want = dtype === "uint32" ? Uint32Array : Float32Array;
   if (!(value instanceof Want))
-    throw new Error(`loraTrainer.step: ${what} must be a ${Want.name} (or a GPUBuffer), got ` +
-                    `${value?.constructor?.name ?? typeof value}`);
+    throw new TypeError(`loraTrainer.step: ${what} must be a ${Want.name} (or a GPUBuffer), ` +
+                        `got ${value?.constructor?.name ?? typeof value}`);
   if (value.byteLength !== bytes)
-    throw new Error(`loraTrainer.step: ${what} has ${value.length} values, the trainer takes ` +
-                    `${bytes / 4} (${config.tokens} token(s); a batch of another size needs ` +
-                    `its own export)`);
+    throw new RangeError(`loraTrainer.step: ${what} has ${value.length} values, the trainer ` +
+                         `takes ${bytes / 4} (${config.tokens} token(s); a batch of another ` +
+                         `size needs its own export)`);
 }
 
 /** A trainer on ``device``: its buffers made and filled (as exported: A and B as peft
@@ -64,11 +89,11 @@ export async function loraTrainer(device, weights = {}) {
     get steps() { return taken; },
     step(inputs) {
       const bound = {...own};
+      for (const what of config.given) checkInput(what, inputs?.[what]);
       for (const what of config.given) {
-        const value = inputs?.[what];
-        if (value instanceof GPUBuffer) { bound[what] = value; continue; }
-        checkInput(what, value);
-        device.queue.writeBuffer(own[what], 0, value);
+        const value = inputs[what];
+        if (value instanceof GPUBuffer) bound[what] = value;
+        else device.queue.writeBuffer(own[what], 0, value);
       }
       const enc = device.createCommandEncoder({label: "loraTrainer step"});
       let pass = null;
