@@ -41,6 +41,18 @@ def add_parser(sub) -> None:
     e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
     e.add_argument("--max-grad-norm", type=float, default=None,
                    help="--train: clip the gradients' global norm to this")
+    e.add_argument("--weight-decay", type=float, help="--train: decoupled weight decay "
+                   "(default: the optimizer's, AdamW 0.01, SGD 0)")
+    e.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"),
+                   help="--train, adamw: the moments' decay rates (default 0.9 0.999)")
+    e.add_argument("--eps", type=float, help="--train, adamw: added to the root of the second "
+                   "moment (default 1e-8)")
+    e.add_argument("--momentum", type=float, help="--train, sgd: momentum (default 0)")
+    e.add_argument("--schedule", choices=("constant", "linear", "cosine"),
+                   help="--train: the learning rate's schedule, built into the kernels (default "
+                   "constant; linear: warm-up then constant)")
+    e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
+    e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
     e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
                    "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
                    "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
@@ -69,6 +81,18 @@ def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
     return shape, Strategy.parse(args.strategy or default), adapter
 
 
+def _optimizer_settings(args) -> dict:
+    """The optimizer's keyword arguments the export options give (the rest: its defaults)."""
+    given = {"weight_decay": args.weight_decay, "betas": args.betas and tuple(args.betas),
+             "eps": args.eps, "momentum": args.momentum, "schedule": args.schedule,
+             "warmup": args.warmup, "total": args.total_steps}
+    settings = {k: v for k, v in given.items() if v is not None}
+    other = {"adamw": "momentum", "sgd": "betas" if "betas" in settings else "eps"}[args.optimizer]
+    if other in settings:
+        raise ValueError(f"--{other} is not a setting of --optimizer {args.optimizer}")
+    return settings
+
+
 def _files(args) -> dict:
     """{file name: (folder, text)} of every file the arguments ask for."""
     from . import web, web_many, web_train
@@ -86,7 +110,7 @@ def _files(args) -> dict:
         files[f"{args.many}/lora_many.d.ts"] = (args.many, web_many.module_dts(command))
     if args.train:
         setup = web_train.TrainSetup(shape, args.loss, args.optimizer, args.lr,
-                                     args.max_grad_norm, args.seed)
+                                     args.max_grad_norm, args.seed, _optimizer_settings(args))
         files["lora_train.js"] = (args.train,
                                   web_train.module_js(web_train.record_layer(setup), command))
         files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
