@@ -410,3 +410,31 @@ def test_no_chromium_says_how_to_install_it(monkeypatch):
     monkeypatch.setenv("SHADERDSL_CHROMIUM", "/nonexistent/chrome")
     with pytest.raises(BrowserError, match="SHADERDSL_CHROMIUM='/nonexistent/chrome' is not"):
         browser.Device()
+
+
+def test_the_run_tool_serves_a_module_page_and_prints_an_expression(web, tmp_path, capsys):
+    """python -m shaderdsl.browser run PAGE --eval EXPR: a page of one's own that imports
+    an exported kernel (a module script: it needs http, which the tool serves) prints the
+    expression's value once set; a missing page is refused."""
+    from shaderdsl.__main__ import main as shaderdsl_main
+    from shaderdsl.browser.__main__ import main as run_main
+
+    assert shaderdsl_main(["export", "examples.saxpy:saxpy", "n=4", "--out", str(tmp_path)]) == 0
+    (tmp_path / "page.html").write_text("""<!doctype html><script type="module">
+import { dispatch, kernel } from "./saxpy.js";
+const device = await (await navigator.gpu.requestAdapter()).requestDevice();
+const U = GPUBufferUsage, make = values => { const b = device.createBuffer({size: 16,
+  usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}); device.queue.writeBuffer(b, 0, values); return b; };
+const x = make(new Float32Array([1, 2, 3, 4])), y = make(new Float32Array([1, 1, 1, 1]));
+dispatch(device, {x, y}, 1, {constants: {a: 2}});
+const read = device.createBuffer({size: 16, usage: U.MAP_READ | U.COPY_DST});
+const enc = device.createCommandEncoder(); enc.copyBufferToBuffer(y, 0, read, 0, 16);
+device.queue.submit([enc.finish()]); await read.mapAsync(GPUMapMode.READ);
+window.result = {y: Array.from(new Float32Array(read.getMappedRange())), url: location.protocol};
+</script>""")
+    capsys.readouterr()
+    assert run_main(["run", str(tmp_path / "page.html"), "--eval", "window.result",
+                     "--timeout", "60"]) == 0
+    assert capsys.readouterr().out == '{"y": [3, 5, 7, 9], "url": "http:"}\n'
+    assert run_main(["run", str(tmp_path / "nothing.html"), "--eval", "1"]) == 2
+    assert "nothing.html: no such file" in capsys.readouterr().err

@@ -459,6 +459,9 @@ def test_the_training_page_trains_as_python_does(tmp_path, capsys):
     result = browser.load_page(tmp_path / "page" / "index.html", "window.loraTrainDemo",
                                timeout=300)
     assert result["ok"], result
+    assert result["progress"] == "training: step 30 of 30" and result["advice"] == ""
+    assert "training step (${losses.length} of ${page.steps})" in html  # the x axis' label
+    assert "The adapter did not help. Write the page again with more steps" in html
     assert lora_main(["train", "--steps", "30", "--check", "--no-plot",
                       "--out", str(tmp_path / "py")]) == 0
     summary = json.loads((tmp_path / "py" / "summary.json").read_text())
