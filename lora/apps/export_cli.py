@@ -172,7 +172,8 @@ def cmd_export(args) -> int:
         return 1
     if not files:
         print("error: give --out DIR (the forward), --many DIR (many adapters in one batch), "
-              "--train DIR (the training step), --demo DIR (the forward's page) and/or "
+              "--train DIR (the training step), --package DIR (an npm package of them), "
+              "--demo DIR (the forward's page) and/or "
               "--train-demo DIR (the training page)",
               file=sys.stderr)
         return 2

@@ -19,12 +19,14 @@ async function readBack(device, buffer, bytes) {
   return out.buffer;
 }
 
-// What each given buffer is used for, beyond STORAGE: the step's copies read or write it.
-const COPY_USAGE = {};
-for (const step of steps.filter(st => st.copy)) {
-  const [src, dst] = step.copy;
-  COPY_USAGE[src] = (COPY_USAGE[src] ?? 0) | GPUBufferUsage.COPY_SRC;
-  COPY_USAGE[dst] = (COPY_USAGE[dst] ?? 0) | GPUBufferUsage.COPY_DST;
+/** The usage a given buffer needs: STORAGE, and COPY_SRC / COPY_DST where the step's
+ *  copies read or write it. (Asked at a step: WebGPU's globals may come after import.) */
+function usageOf(what) {
+  let need = GPUBufferUsage.STORAGE;
+  for (const [src, dst] of steps.filter(st => st.copy).map(st => st.copy))
+    need |= (src === what ? GPUBufferUsage.COPY_SRC : 0) |
+            (dst === what ? GPUBufferUsage.COPY_DST : 0);
+  return need;
 }
 
 function inputText(what) {
@@ -37,7 +39,7 @@ function inputText(what) {
 function checkInput(what, value) {
   const {dtype, bytes} = buffers[what];
   if (value instanceof GPUBuffer) {
-    const need = GPUBufferUsage.STORAGE | (COPY_USAGE[what] ?? 0);
+    const need = usageOf(what);
     const lacking = ["STORAGE", "COPY_SRC", "COPY_DST"]
       .filter(u => need & GPUBufferUsage[u] && !(value.usage & GPUBufferUsage[u]));
     if (lacking.length) throw new Error(`loraTrainer.step: ${what} lacks GPUBufferUsage.` +
