@@ -60,3 +60,22 @@ if [ -z "${SHADERDSL_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && \
         echo "        SHADERDSL_CHROMIUM to a Chrome or Chromium binary)" >&2
     fi
 fi
+
+# The Node tests (tests/test_node_modules.py, marker node) run the exported modules on Dawn's
+# webgpu npm package (on Chromium's SwiftShader Vulkan driver where there is no GPU) and check
+# their declarations with TypeScript. Installed from npm into a cache outside the project
+# ($SHADERDSL_NODE_MODULES names another node_modules); without node, npm or the registry
+# those tests skip, saying why. (webgpu's install script only matters on macOS.)
+node_cache=${SHADERDSL_NODE_MODULES:-$HOME/.cache/shaderdsl-node/node_modules}
+node_packages="webgpu@0.6.2 typescript@5.9 @webgpu/types@0.1"
+node_stamp="$node_cache/.installed-$(echo "$node_packages" | sha1sum | cut -c1-12)"
+if command -v node >/dev/null && command -v npm >/dev/null && [ ! -f "$node_stamp" ]; then
+    echo "[setup] installing $node_packages from npm into $(dirname "$node_cache")"
+    mkdir -p "$(dirname "$node_cache")"
+    if (cd "$(dirname "$node_cache")" && { [ -f package.json ] || echo '{"private": true}' > package.json; } &&
+        npm install -q --no-audit --no-fund --ignore-scripts $node_packages >/dev/null); then
+        touch "$node_stamp"
+    else
+        echo "[setup] could not install the node packages: the Node tests will skip" >&2
+    fi
+fi

@@ -18,21 +18,24 @@ import time
 
 import numpy as np
 import pytest
+from helpers import assert_refused_alike, scale128
+from test_strategies import STRATEGY_TEXTS
 
 import shaderdsl as sd
-from shaderdsl import browser
-from shaderdsl import builtins as B
-from shaderdsl import f16, f32, u32
-from shaderdsl.errors import (BindingError, BrowserError, BrowserTimeoutError,
-                              FeatureError, WGSLCompileError)
-from shaderdsl.kernel import Binding, Kernel
-
 from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, saxpy, scan
 from examples import rows as rows_mod
-from lora import Weight, reference as R
-from lora import Strategy, forward_plan
-from test_strategies import STRATEGY_TEXTS
-from helpers import assert_refused_alike, scale128
+from lora import Strategy, Weight, forward_plan
+from lora import reference as R
+from shaderdsl import browser, f16, f32, u32
+from shaderdsl import builtins as B
+from shaderdsl.errors import (
+    BindingError,
+    BrowserError,
+    BrowserTimeoutError,
+    FeatureError,
+    WGSLCompileError,
+)
+from shaderdsl.kernel import Binding, Kernel
 
 pytestmark = pytest.mark.browser
 
@@ -174,7 +177,7 @@ def test_an_exception_in_a_batch_drops_its_work(web):
                                             ("override", False)])
 def test_saxpy(web, n, a_from, bake_n):
     rng = np.random.default_rng(n)
-    x, y, a = nonzero(rng, n), nonzero(rng, n), np.float32(2.5)
+    x, y, a = nonzero(rng, n), nonzero(rng, n), 2.5
     got = saxpy.run(web, a, x, y, a_from=a_from, bake_n=bake_n)
     want = f64(a) * f64(x) + f64(y)
     assert np.all(np.abs(got - want) <= 2 * U * (np.abs(f64(a) * f64(x)) + np.abs(f64(y))))
@@ -288,14 +291,15 @@ def test_lora_strategy_matches_numpy(web, strategy):
     if strategy.endswith(":sg") and not web.has_feature("subgroup"):
         pytest.skip(f"{web.name} lacks 'subgroup'")
     rng = np.random.default_rng(37)
-    a, b = rng.standard_normal((5, 131)).astype(np.float32), rng.standard_normal((259, 5)).astype(np.float32)
-    x, base = rng.standard_normal((37, 131)).astype(np.float32), rng.standard_normal((37, 259)).astype(np.float32)
+    a, b, x, base = (rng.standard_normal(shape).astype(np.float32)
+                     for shape in ((5, 131), (259, 5), (37, 131), (37, 259)))
     plan = forward_plan(web, Weight.from_numpy(web, a, b), -0.75, 37, Strategy.parse(strategy))
     out = web.buffer(base)
     plan(web.buffer(x), out)
     got = web.read(out).astype(np.float64)
     assert not np.isnan(got).any()
-    assert np.all(np.abs(got - R.forward(x, a, b, -0.75, base)) <= R.tolerance(x, a, b, -0.75, base))
+    bound = R.tolerance(x, a, b, -0.75, base)
+    assert np.all(np.abs(got - R.forward(x, a, b, -0.75, base)) <= bound)
 
 
 def test_lora_one_token_and_auto(web):
@@ -303,8 +307,8 @@ def test_lora_one_token_and_auto(web):
     from lora import forward
 
     rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((200, 8)).astype(np.float32)
-    x, base = rng.standard_normal(300).astype(np.float32), rng.standard_normal(200).astype(np.float32)
+    a, b, x, base = (rng.standard_normal(shape).astype(np.float32)
+                     for shape in ((8, 300), (200, 8), 300, 200))
     got = forward(x, a, b, base, alpha=16.0, device=web, strategy="single:64:1")
     assert np.all(np.abs(got - R.forward(x, a, b, 2.0, base)) <= R.tolerance(x, a, b, 2.0, base))
 
@@ -347,7 +351,8 @@ def test_compile_errors_name_the_line(web):
 
 def test_a_binding_the_page_must_refuse(web):
     """What the host checks let through and WebGPU refuses comes back as BrowserError."""
-    wgsl = ("// kernel wrong_layout\n@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n"
+    wgsl = ("// kernel wrong_layout\n"
+            "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n"
             "@compute @workgroup_size(1)\nfn main() { x[0] = 1.0; }\n")
     k = Kernel("wrong_layout", wgsl, (1, 1, 1), (Binding(0, "x", "read", f32),))
     with pytest.raises((BrowserError, WGSLCompileError)):
@@ -378,7 +383,8 @@ def test_a_hung_kernel_is_reported_and_the_browser_restarted(web):
     assert buf.released and "lost when the browser restarted" in repr(buf)
     with pytest.raises(BindingError, match="was released"):
         web.read(buf)
-    assert saxpy.run(web, 2.0, np.ones(10, np.float32), np.ones(10, np.float32)).tolist() == [3.0] * 10
+    ones = np.ones(10, np.float32)
+    assert saxpy.run(web, 2.0, ones, ones).tolist() == [3.0] * 10
 
 
 def test_a_crashed_browser_is_restarted(web):
@@ -410,3 +416,31 @@ def test_no_chromium_says_how_to_install_it(monkeypatch):
     monkeypatch.setenv("SHADERDSL_CHROMIUM", "/nonexistent/chrome")
     with pytest.raises(BrowserError, match="SHADERDSL_CHROMIUM='/nonexistent/chrome' is not"):
         browser.Device()
+
+
+def test_the_run_tool_serves_a_module_page_and_prints_an_expression(web, tmp_path, capsys):
+    """python -m shaderdsl.browser run PAGE --eval EXPR: a page of one's own that imports
+    an exported kernel (a module script: it needs http, which the tool serves) prints the
+    expression's value once set; a missing page is refused."""
+    from shaderdsl.__main__ import main as shaderdsl_main
+    from shaderdsl.browser.__main__ import main as run_main
+
+    assert shaderdsl_main(["export", "examples.saxpy:saxpy", "n=4", "--out", str(tmp_path)]) == 0
+    (tmp_path / "page.html").write_text("""<!doctype html><script type="module">
+import { dispatch, kernel } from "./saxpy.js";
+const device = await (await navigator.gpu.requestAdapter()).requestDevice();
+const U = GPUBufferUsage, make = values => { const b = device.createBuffer({size: 16,
+  usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}); device.queue.writeBuffer(b, 0, values); return b; };
+const x = make(new Float32Array([1, 2, 3, 4])), y = make(new Float32Array([1, 1, 1, 1]));
+dispatch(device, {x, y}, 1, {constants: {a: 2}});
+const read = device.createBuffer({size: 16, usage: U.MAP_READ | U.COPY_DST});
+const enc = device.createCommandEncoder(); enc.copyBufferToBuffer(y, 0, read, 0, 16);
+device.queue.submit([enc.finish()]); await read.mapAsync(GPUMapMode.READ);
+window.result = {y: Array.from(new Float32Array(read.getMappedRange())), url: location.protocol};
+</script>""")
+    capsys.readouterr()
+    assert run_main(["run", str(tmp_path / "page.html"), "--eval", "window.result",
+                     "--timeout", "60"]) == 0
+    assert capsys.readouterr().out == '{"y": [3, 5, 7, 9], "url": "http:"}\n'
+    assert run_main(["run", str(tmp_path / "nothing.html"), "--eval", "1"]) == 2
+    assert "nothing.html: no such file" in capsys.readouterr().err

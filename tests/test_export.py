@@ -15,11 +15,10 @@ import json
 import numpy as np
 import pytest
 
-from shaderdsl import browser
-from shaderdsl.__main__ import main as shaderdsl_main
-
 from lora import reference as R
 from lora.apps.cli import main as lora_main
+from shaderdsl import browser
+from shaderdsl.__main__ import main as shaderdsl_main
 
 
 def needs_browser(test):
@@ -77,7 +76,8 @@ def test_export_writes_a_module_and_its_declarations(tmp_path, capsys):
                          "examples.saxpy:saxpy n=100`")
     assert "        y[i] = a * x[i] + y[i];\n" in js  # the WGSL, verbatim
     assert 'workgroupSize: [64, 1, 1],' in js and 'features: [],' in js
-    assert '{"binding": 1, "name": "y", "access": "read_write", "type": "storage", "elem": "f32"' in js
+    assert ('{"binding": 1, "name": "y", "access": "read_write", "type": "storage", '
+            '"elem": "f32"') in js
     assert 'overrides: [{"name": "a", "type": "f32", "default": 1.0}],' in js
     assert "export function dispatch(device, buffers, grid, options = {})" in js
     assert '"x": GPUBuffer;' in dts and '"a"?: number;  // f32' in dts
@@ -104,7 +104,7 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
                       "3", "--strategy", "three:64", "--out", str(tmp_path)]) == 0
     js = (tmp_path / "lora_forward.js").read_text()
     assert '"strategy": "three(threads=64)"' in js and js.count("  {\n    name: ") == 3
-    assert "export async function loraForward(device, {x, a, b, output}" in js
+    assert "export async function loraForward(device, inputs, {encoder = null} = {})" in js
     assert "loraForward(device: GPUDevice" in (tmp_path / "lora_forward.d.ts").read_text()
     assert lora_main(["export", "--rank", "4"]) == 2
     assert lora_main(["export", "--strategy", "bogus", "--out", str(tmp_path)]) == 1
@@ -137,15 +137,17 @@ def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
 def test_exported_saxpy_runs_in_the_page(tmp_path):
     export(tmp_path, "examples.saxpy:saxpy")
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    x, y = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
     got = in_page(f"""
       const m = await import("{(tmp_path / 'saxpy.js').as_uri()}");
       const y = up("{b64(y)}");
       await m.prepare(dev, {{a: 3}});
-      m.dispatch(dev, {{x: up("{b64(x)}"), y}}, m.workgroupsFor(m.kernel, 1000), {{constants: {{a: 3}}}});
+      m.dispatch(dev, {{x: up("{b64(x)}"), y}}, m.workgroupsFor(m.kernel, 1000),
+                 {{constants: {{a: 3}}}});
       return await down(y);""")
     want = 3.0 * x.astype(np.float64) + y
-    assert np.all(np.abs(unb64(got, np.float32, 1000) - want) <= 2 * U * (3 * np.abs(x) + np.abs(y)))
+    bound = 2 * U * (3 * np.abs(x) + np.abs(y))
+    assert np.all(np.abs(unb64(got, np.float32, 1000) - want) <= bound)
 
 
 @needs_browser
@@ -162,7 +164,8 @@ def test_a_second_prepare_on_one_device_settles(tmp_path):
       await m.prepare(dev, {{a: 3}});
       await m.prepare(dev, {{a: 4}});
       await m.prepare(dev, {{a: 4}});
-      m.dispatch(dev, {{x: up("{b64(x)}"), y}}, m.workgroupsFor(m.kernel, 256), {{constants: {{a: 4}}}});
+      m.dispatch(dev, {{x: up("{b64(x)}"), y}}, m.workgroupsFor(m.kernel, 256),
+                 {{constants: {{a: 4}}}});
       return await down(y);""")
     want = 4.0 * x.astype(np.float64) + y
     assert np.all(np.abs(unb64(got, np.float32, 256) - want) <= 2 * U * (4 * np.abs(x) + np.abs(y)))
@@ -175,11 +178,12 @@ def test_exported_kernels_with_features_grids_and_atomics(tmp_path):
     export(tmp_path, "examples.matmul:matmul", "M=9", "K=13", "N=6", "--workgroup-size", "4,4")
     rng = np.random.default_rng(1)
     x, values = rng.uniform(-1, 1, 640).astype(np.float32), np.arange(5000, dtype=np.uint32)
-    a, b = rng.uniform(-1, 1, (9, 13)).astype(np.float32), rng.uniform(-1, 1, (13, 6)).astype(np.float32)
+    a, b = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((9, 13), (13, 6)))
     got = json.loads(in_page(f"""
       const [r, h, mm] = await Promise.all(["reduce_sum_subgroup", "histogram", "matmul"]
         .map(n => import("{tmp_path.as_uri()}/" + n + ".js")));
-      const partials = up("{b64(np.zeros(10, np.float32))}"), hist = up("{b64(np.zeros(37, np.uint32))}");
+      const partials = up("{b64(np.zeros(10, np.float32))}");
+      const hist = up("{b64(np.zeros(37, np.uint32))}");
       const c = up("{b64(np.zeros(54, np.float32))}");
       r.dispatch(dev, {{x: up("{b64(x)}"), partials}}, 10);
       h.dispatch(dev, {{values: up("{b64(values)}"), hist}}, h.workgroupsFor(h.kernel, 5000));
@@ -189,7 +193,8 @@ def test_exported_kernels_with_features_grids_and_atomics(tmp_path):
     assert np.allclose(unb64(got[0], np.float32, 10), sums, rtol=0, atol=64 * 6 * U)
     assert np.array_equal(unb64(got[1], np.uint32, 37), np.bincount(values % 37, minlength=37))
     want = a.astype(np.float64) @ b
-    assert np.all(np.abs(unb64(got[2], np.float32, 54).reshape(9, 6) - want) <= 28 * U * (np.abs(a) @ np.abs(b)))
+    bound = 28 * U * (np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(unb64(got[2], np.float32, 54).reshape(9, 6) - want) <= bound)
 
 
 @needs_browser
@@ -197,7 +202,8 @@ def test_exported_dispatch_checks_its_buffers(tmp_path):
     export(tmp_path, "examples.matmul:matmul", "M=9", "K=13", "N=6", "--workgroup-size", "4,4")
     errors = json.loads(in_page(f"""
       const m = await import("{(tmp_path / 'matmul.js').as_uri()}");
-      const small = up("{b64(np.zeros(4, np.float32))}"), ok = up("{b64(np.zeros(117, np.float32))}");
+      const small = up("{b64(np.zeros(4, np.float32))}");
+      const ok = up("{b64(np.zeros(117, np.float32))}");
       const tries = [{{A: ok, B: ok}}, {{A: small, B: ok, C: ok}}, {{A: ok, B: ok, C: ok, D: ok}}];
       const out = [];
       for (const t of tries) {{ try {{ m.dispatch(dev, t, [2, 3]); out.push("none"); }}
@@ -259,14 +265,16 @@ def test_exported_lora_forward_matches_numpy(tmp_path, strategy, tokens):
       await m.loraForward(dev, {{x: up("{b64(x)}"), a: up("{b64(a)}"), b: up("{b64(b)}"), output}});
       return await down(output);""")
     got = unb64(got, np.float32, tokens * out_dim).reshape(tokens, out_dim)
-    assert np.all(np.abs(got - R.forward(x, a, b, scale, base)) <= R.tolerance(x, a, b, scale, base))
+    bound = R.tolerance(x, a, b, scale, base)
+    assert np.all(np.abs(got - R.forward(x, a, b, scale, base)) <= bound)
 
 
 @needs_browser
 def test_demo_page_runs_checks_and_is_captured(tmp_path, capsys):
     shot = tmp_path / "demo.png"
     assert lora_main(["export", "--rank", "4", "--in-dim", "96", "--out-dim", "80", "--tokens",
-                      "2", "--demo", str(tmp_path), "--repeat", "3", "--screenshot", str(shot)]) == 0
+                      "2", "--demo", str(tmp_path), "--repeat", "3",
+                      "--screenshot", str(shot)]) == 0
     assert "ok, max error" in capsys.readouterr().out
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "index.html").read_text()
@@ -280,7 +288,7 @@ def test_demo_page_with_a_peft_adapter(tmp_path):
     from lora.training.adapter_io import save_adapter
 
     rng = np.random.default_rng(5)
-    a, b = rng.standard_normal((4, 72)).astype(np.float32), rng.standard_normal((56, 4)).astype(np.float32)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((4, 72), (56, 4)))
     save_adapter(tmp_path / "adapter", {"layers.0.q_proj": (a, b)}, alpha=8.0)
     assert lora_main(["export", "--adapter", str(tmp_path / "adapter"), "--tokens", "3",
                       "--demo", str(tmp_path / "page")]) == 0
@@ -325,7 +333,8 @@ def test_the_page_reads_and_writes_peft_adapters(tmp_path, dtype):
       const back = m.writePeftAdapter(read.layers, {{alpha: read.config.lora_alpha}});
       const out = {{}};
       for (const [k, l] of Object.entries(read.layers))
-        out[k] = {{a: new Uint8Array(l.a.buffer).toBase64(), b: new Uint8Array(l.b.buffer).toBase64(),
+        out[k] = {{a: new Uint8Array(l.a.buffer).toBase64(),
+                  b: new Uint8Array(l.b.buffer).toBase64(),
                   scale: l.scale, dims: [l.rank, l.inDim, l.outDim]}};
       return {{layers: out, config: back.config, tensors: back.tensors.toBase64()}};""")
     for module, (a, b) in layers.items():
@@ -429,11 +438,14 @@ def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss
         trainer.record(bufs[0], bufs[1], bufs[3], bufs[2])
         python.append(trainer.loss())
         out = R.forward(x[s], ar, br, scale, base[s])
-        want, g = R.mse(out, target[s]) if loss == "mse" else R.softmax_cross_entropy(out, target[s])
+        want, g = (R.mse(out, target[s]) if loss == "mse"
+                   else R.softmax_cross_entropy(out, target[s]))
         exact.append(want)
         d = R.backward(x[s], ar, br, g, scale)
-        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1], s + 1, lr)
-        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3], s + 1, lr)
+        ar, moments[0], moments[1] = R.adamw_step(ar, d["grad_a"], moments[0], moments[1],
+                                                  s + 1, lr)
+        br, moments[2], moments[3] = R.adamw_step(br, d["grad_b"], moments[2], moments[3],
+                                                  s + 1, lr)
     got = np.array(page["losses"])
     assert np.max(np.abs(got - python) / np.abs(python)) <= 1e-5
     assert np.max(np.abs(got - exact) / np.abs(exact)) <= 1e-4
@@ -459,6 +471,9 @@ def test_the_training_page_trains_as_python_does(tmp_path, capsys):
     result = browser.load_page(tmp_path / "page" / "index.html", "window.loraTrainDemo",
                                timeout=300)
     assert result["ok"], result
+    assert result["progress"] == "training: step 30 of 30" and result["advice"] == ""
+    assert "training step (${losses.length} of ${page.steps})" in html  # the x axis' label
+    assert "The adapter did not help. Write the page again with more steps" in html
     assert lora_main(["train", "--steps", "30", "--check", "--no-plot",
                       "--out", str(tmp_path / "py")]) == 0
     summary = json.loads((tmp_path / "py" / "summary.json").read_text())
@@ -540,7 +555,8 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
                              () => pool.record({{x: up("{b64(x)}"), output: up("{b64(base)}")}},
                                                [0, 1, 7]),
                              () => pool.remove(9),
-                             () => pool.record({{x: up("{b64(x[:-1])}"), output: up("{b64(base)}")}},
+                             () => pool.record({{x: up("{b64(x[:-1])}"),
+                                                 output: up("{b64(base)}")}},
                                                ids)])
         try {{ attempt(); refused.push(null); }} catch (e) {{ refused.push(e.message); }}
       const again = await run();

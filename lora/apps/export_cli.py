@@ -28,6 +28,11 @@ def add_parser(sub) -> None:
                    help="storage of A, B, x and output (f16 needs shader-f16 in the browser)")
     e.add_argument("--out", metavar="DIR", help="write lora_forward.js and lora_forward.d.ts here "
                    "(and lora_adapter.js: peft files in the page)")
+    e.add_argument("--package", metavar="DIR", help="also write DIR/package.json: an npm "
+                   "package of the modules written into DIR (exports and types; alone, it "
+                   "writes the forward there, as --out DIR)")
+    e.add_argument("--package-name", default="lora-webgpu",
+                   help="--package: the package's name (default lora-webgpu)")
     e.add_argument("--many", metavar="DIR", help="write lora_many.js and lora_many.d.ts here "
                    "(and lora_adapter.js): a pool of adapters of one layer (--in-dim, --out-dim, "
                    "--dtype, --max-rank) and the forward of a batch whose rows name them")
@@ -41,6 +46,18 @@ def add_parser(sub) -> None:
     e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
     e.add_argument("--max-grad-norm", type=float, default=None,
                    help="--train: clip the gradients' global norm to this")
+    e.add_argument("--weight-decay", type=float, help="--train: decoupled weight decay "
+                   "(default: the optimizer's, AdamW 0.01, SGD 0)")
+    e.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"),
+                   help="--train, adamw: the moments' decay rates (default 0.9 0.999)")
+    e.add_argument("--eps", type=float, help="--train, adamw: added to the root of the second "
+                   "moment (default 1e-8)")
+    e.add_argument("--momentum", type=float, help="--train, sgd: momentum (default 0)")
+    e.add_argument("--schedule", choices=("constant", "linear", "cosine"),
+                   help="--train: the learning rate's schedule, built into the kernels (default "
+                   "constant; linear: warm-up then constant)")
+    e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
+    e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
     e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
                    "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
                    "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
@@ -69,6 +86,18 @@ def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
     return shape, Strategy.parse(args.strategy or default), adapter
 
 
+def _optimizer_settings(args) -> dict:
+    """The optimizer's keyword arguments the export options give (the rest: its defaults)."""
+    given = {"weight_decay": args.weight_decay, "betas": args.betas and tuple(args.betas),
+             "eps": args.eps, "momentum": args.momentum, "schedule": args.schedule,
+             "warmup": args.warmup, "total": args.total_steps}
+    settings = {k: v for k, v in given.items() if v is not None}
+    other = {"adamw": "momentum", "sgd": "betas" if "betas" in settings else "eps"}[args.optimizer]
+    if other in settings:
+        raise ValueError(f"--{other} is not a setting of --optimizer {args.optimizer}")
+    return settings
+
+
 def _files(args) -> dict:
     """{file name: (folder, text)} of every file the arguments ask for."""
     from . import web, web_many, web_train
@@ -76,6 +105,8 @@ def _files(args) -> dict:
 
     shape, strategy, adapter = _shape(args)
     command = "python -m lora " + shlex.join(args.argv)
+    if args.package and args.package not in (args.out, args.train, args.many):
+        args.out = args.package
     files = {}
     if args.out:
         files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
@@ -86,13 +117,17 @@ def _files(args) -> dict:
         files[f"{args.many}/lora_many.d.ts"] = (args.many, web_many.module_dts(command))
     if args.train:
         setup = web_train.TrainSetup(shape, args.loss, args.optimizer, args.lr,
-                                     args.max_grad_norm, args.seed)
+                                     args.max_grad_norm, args.seed, _optimizer_settings(args))
         files["lora_train.js"] = (args.train,
                                   web_train.module_js(web_train.record_layer(setup), command))
         files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
     for folder in {args.out, args.train, args.many} - {None}:
         files[f"{folder}/lora_adapter.js"] = (folder, asset("adapter.mjs"))
         files[f"{folder}/lora_adapter.d.ts"] = (folder, asset("adapter.d.ts"))
+    if args.package:
+        files[f"{args.package}/package.json"] = (args.package, package_json(
+            args.package_name, [Path(n).name for n, (d, _) in files.items() if d == args.package],
+            command))
     if args.demo:
         files["index.html"] = (args.demo, web.demo_page(shape, strategy, command, adapter,
                                                         args.seed, args.repeat))
@@ -101,6 +136,27 @@ def _files(args) -> dict:
         files[f"{args.train_demo}/index.html"] = (args.train_demo,
                                                   web_train.digits_page(run, command))
     return files
+
+
+def package_json(name: str, files: list[str], command: str) -> str:
+    """package.json of an npm package holding ``files``: each module exported by its
+    stem (``name/lora_train``) with its declarations; the forward (else the training
+    step, else the many-adapter module) is the package's main entry."""
+    import json
+
+    from shaderdsl.export import package_version
+
+    modules = sorted(f[:-3] for f in files if f.endswith(".js"))
+    entry = {m: {"types": f"./{m}.d.ts", "default": f"./{m}.js"} for m in modules}
+    main = next(m for m in ("lora_forward", "lora_train", "lora_many", *modules) if m in modules)
+    version = package_version()
+    return json.dumps({
+        "name": name, "version": version if version[0].isdigit() else "0.0.0",
+        "description": f"LoRA on WebGPU: generated by `{command}` (see shaderdsl's "
+                       f"docs/browser.md)",
+        "type": "module", "main": f"./{main}.js", "types": f"./{main}.d.ts",
+        "exports": {".": entry[main], **{f"./{m}": entry[m] for m in modules}},
+        "files": sorted(files), "sideEffects": False}, indent=2) + "\n"
 
 
 def cmd_export(args) -> int:
@@ -116,7 +172,8 @@ def cmd_export(args) -> int:
         return 1
     if not files:
         print("error: give --out DIR (the forward), --many DIR (many adapters in one batch), "
-              "--train DIR (the training step), --demo DIR (the forward's page) and/or "
+              "--train DIR (the training step), --package DIR (an npm package of them), "
+              "--demo DIR (the forward's page) and/or "
               "--train-demo DIR (the training page)",
               file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS, js_object, kernel_info
 from ..core import reference as R
 from ..core.shape import LayerShape
 from ..core.weight import Weight
-from ..training.optim import SGD, AdamW
+from ..kernels.optimizer import HYPER
+from ..training.optim import LIMITS, SGD, AdamW
 from ..training.trainer import LayerTrainer
 from .web_export import Recorder, asset, module_steps
 
@@ -34,7 +35,8 @@ from .web_export import Recorder, asset, module_steps
 class TrainSetup:
     """One exported training step: the layer (its tokens are the batch, its
     scale alpha / rank; the step stores f32 whatever its dtype), its loss and
-    its optimizer."""
+    its optimizer (``settings``: the optimizer's other keyword arguments,
+    e.g. weight_decay, betas, eps, momentum, schedule, warmup, total)."""
 
     layer: LayerShape
     loss: str = "mse"
@@ -43,6 +45,7 @@ class TrainSetup:
     max_grad_norm: float | None = None
     seed: int = 0
     lora_dropout: float = 0.0  # LayerTrainer's: its dispatch is recorded with the step
+    settings: dict = field(default_factory=dict)
 
     @property
     def alpha(self) -> float:
@@ -73,6 +76,23 @@ def _layer(name: str, weight, alpha: float, scale: float) -> dict:
             "outDim": weight.out_dim, "alpha": alpha, "scale": scale}
 
 
+# The optimizer's settings by their names in the page (the rest are spelt alike).
+JS_NAMES = {"max_norm": "maxGradNorm", "weight_decay": "weightDecay", "min_ratio": "minRatio"}
+
+
+def optimizer_config(opt) -> dict:
+    """What the page needs to read and change an optimizer's settings: their values
+    (JS names; maxGradNorm null without clipping), the schedule (built into the
+    kernels), where each lives in the settings buffer, and each one's limits."""
+    values = {JS_NAMES.get(k, k): v for k, v in opt.settings.items()}
+    values["maxGradNorm"] = values["maxGradNorm"] or None
+    return {"kind": type(opt).__name__.lower(), "schedule": opt.schedule, "values": values,
+            "buffer": "optim.hyper",
+            "index": {JS_NAMES.get(k, k): HYPER[k] for k in opt.settings},
+            "limits": {JS_NAMES.get(k, k): list(LIMITS.get(k, (0.0, None, False)))
+                       for k in opt.settings}}
+
+
 def record_layer(setup: TrainSetup) -> Recording:
     """One LayerTrainer step (base copied into the output, forward, loss,
     backward, optimizer) on a Recorder; A and B as peft initialises them."""
@@ -82,7 +102,7 @@ def record_layer(setup: TrainSetup) -> Recording:
     a, b = R.init_lora(shape.in_dim, shape.out_dim, shape.rank, seed=setup.seed)
     weight = Weight.from_numpy(dev, a, b)
     make = AdamW if setup.optimizer == "adamw" else SGD
-    opt = make(lr=setup.lr, max_grad_norm=setup.max_grad_norm)
+    opt = make(lr=setup.lr, max_grad_norm=setup.max_grad_norm, **setup.settings)
     trainer = LayerTrainer(dev, weight, shape.scale, shape.tokens, opt, loss=setup.loss,
                            lora_dropout=setup.lora_dropout, dropout_seed=setup.seed)
     f32, t, mse = np.float32, shape.tokens, setup.loss == "mse"
@@ -92,13 +112,12 @@ def record_layer(setup: TrainSetup) -> Recording:
     trainer.record(given["x"], out, given["target"], given["base"])
     sums = (trainer.loss_plan.scratch or {})["partial" if mse else "losses"]  # (never released)
     config = {"tokens": t, "alpha": setup.alpha, "scale": shape.scale,
-              "optimizer": setup.optimizer, "lr": setup.lr, "maxGradNorm": setup.max_grad_norm,
-              "seed": setup.seed, "given": list(given),
+              "optimizer": optimizer_config(opt), "seed": setup.seed, "given": list(given),
               "loss": {"kind": setup.loss, "buffer": "loss_sums",
                        "count": t * shape.out_dim if mse else t, "classes": shape.out_dim},
               "adapters": {"layer": _layer("layer", weight, setup.alpha, shape.scale)}}
     return Recording(dev, {**given, "output": out, "layer.a": weight.a, "layer.b": weight.b,
-                           "loss_sums": sums}, config)
+                           "loss_sums": sums, "optim.hyper": opt.hyper}, config)
 
 
 def _module_parts(rec: Recording) -> tuple[list, list, dict]:
@@ -166,16 +185,17 @@ def record_digits(run: DigitsRun) -> tuple[Recording, dict]:
     base = D.train_base(data, run.seed)
     dev = Recorder(features=[])
     settings = optimizer_settings(run.lr, run.max_grad_norm, "cosine", run.warmup, run.steps)
+    opt = AdamW(**settings)
     trainer = DigitsTrainer(dev, base, D.init_adapters(run.rank, run.seed), run.alpha / run.rank,
-                            run.batch, AdamW(**settings))
+                            run.batch, opt)
     trainer.record()
     named = {"x": trainer.bufs["x"], "labels": trainer.bufs["labels"],
              "losses": trainer.bufs["losses"],
              **{f"{m}.{p}": getattr(w, p) for m, w in trainer.weights.items() for p in "ab"},
-             **{f"base.{k}": buf for k, buf in trainer.base.items()}}
+             **{f"base.{k}": buf for k, buf in trainer.base.items()}, "optim.hyper": opt.hyper}
     scale = run.alpha / run.rank
-    config = {"tokens": run.batch, "alpha": run.alpha, "scale": scale, "optimizer": "adamw",
-              "lr": run.lr, "given": ["x", "labels"],
+    config = {"tokens": run.batch, "alpha": run.alpha, "scale": scale,
+              "optimizer": optimizer_config(opt), "seed": run.seed, "given": ["x", "labels"],
               "loss": {"kind": "xent", "buffer": "losses", "count": run.batch, "classes": 10},
               "adapters": {m: _layer(m, w, run.alpha, scale) for m, w in trainer.weights.items()}}
     order = np.stack(D.batches(len(data.train_y), run.batch, run.steps, run.seed))

@@ -52,7 +52,9 @@ function reservedMessage(key, part) {
  * BF16); ``tensors`` has no
  * prototype, and keys naming __proto__, constructor or prototype are refused. */
 export function readSafetensors(bytes, name = "adapter_model.safetensors") {
-  const u8 = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
+  // A plain Uint8Array even for a Node Buffer, whose slice() is a view, not a copy.
+  const u8 = ArrayBuffer.isView(bytes) ? new Uint8Array(bytes.buffer, bytes.byteOffset,
+                                                        bytes.byteLength) : new Uint8Array(bytes);
   const fail = why => { throw new AdapterFileError(`${name}: ${why}`); };
   if (u8.length < 8) fail(`${u8.length} bytes: too short for a safetensors file`);
   const n = Number(new DataView(u8.buffer, u8.byteOffset, 8).getBigUint64(0, true));

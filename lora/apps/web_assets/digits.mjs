@@ -34,20 +34,31 @@ function logits(x, labels, adapters) {
 }
 
 function draw(losses) {
-  const c = $("curve"), g = c.getContext("2d"), W = c.width, Hh = c.height, pad = 36;
+  // the loss per step on a log scale: labelled axes, the steps so far of page.steps
+  const c = $("curve"), g = c.getContext("2d"), W = c.width, Hh = c.height, left = 56, pad = 28;
+  const bottom = Hh - 34, right = W - 12;
   g.clearRect(0, 0, W, Hh);
-  g.font = "12px system-ui"; g.fillStyle = "#57606a";
+  g.font = "12px system-ui"; g.fillStyle = "#57606a"; g.strokeStyle = "#8c959f"; g.lineWidth = 1;
+  g.beginPath(); g.moveTo(left, pad); g.lineTo(left, bottom); g.lineTo(right, bottom); g.stroke();
   const top = Math.log(Math.max(...losses)), low = Math.log(Math.min(...losses));
-  g.fillText("cross-entropy (log scale) per step", pad, 16);
-  g.fillText(`${Math.exp(top).toFixed(3)}`, 2, pad); g.fillText(`${Math.exp(low).toFixed(3)}`, 2, Hh - 8);
+  g.fillText("cross-entropy loss (log scale)", left + 6, 16);
+  g.fillText(Math.exp(top).toFixed(3), 4, pad + 4); g.fillText(Math.exp(low).toFixed(3), 4, bottom);
+  g.fillText("0", left - 3, bottom + 16); g.fillText(String(page.steps), right - 24, bottom + 16);
+  g.fillText(`training step (${losses.length} of ${page.steps})`, (left + right) / 2 - 70, Hh - 4);
   g.strokeStyle = "#0969da"; g.lineWidth = 2; g.beginPath();
   losses.forEach((v, k) => {
-    const px = pad + (W - pad - 8) * k / Math.max(1, page.steps - 1);
-    const py = pad + (Hh - 2 * pad) * (top - Math.log(v)) / Math.max(1e-9, top - low);
+    const px = left + (right - left) * (k + 1) / page.steps;
+    const py = pad + (bottom - pad) * (top - Math.log(v)) / Math.max(1e-9, top - low);
     k ? g.lineTo(px, py) : g.moveTo(px, py);
   });
   g.stroke();
 }
+
+// What to try when the adapter did not help (the export options that change it).
+const ADVICE = "The adapter did not help. Write the page again with more steps (--steps " +
+  "400), a larger rank (--rank 16) or another seed (--seed 1). In a page of your own (lora " +
+  "export --train): a loss curve that rose or jumped asks for a smaller learning rate (--lr, " +
+  "or trainer.set({lr})), a flat one for a larger one or more steps.";
 
 async function main() {
   const adapter = await navigator.gpu?.requestAdapter();
@@ -59,7 +70,7 @@ async function main() {
   const trainer = await loraTrainer(device);
   const before = logits(test, testLabels, null);
   const x = new Float32Array(page.batch * 64), labels = new Uint32Array(page.batch);
-  const losses = [];
+  let progress = "";
   const t0 = performance.now();
   for (let s = 0; s < page.steps; s++) {
     for (let k = 0; k < page.batch; k++) {
@@ -68,9 +79,13 @@ async function main() {
       labels[k] = trainLabels[i];
     }
     trainer.step({x, labels});
-    losses.push(await trainer.loss());
-    if (s % 10 === 9 || s === page.steps - 1) { draw(losses); await new Promise(r => setTimeout(r)); }
+    if (s % 10 === 9 || s === page.steps - 1) {  // the GPU's loss history, read every 10 steps
+      draw(await trainer.losses());
+      $("verdict").textContent = progress = `training: step ${s + 1} of ${page.steps}`;
+      await new Promise(r => setTimeout(r));
+    }
   }
+  const losses = await trainer.losses();
   const stepMs = (performance.now() - t0) / page.steps;
   const adapters = await trainer.adapters();
   const after = logits(test, testLabels, adapters);
@@ -87,13 +102,15 @@ async function main() {
     ["steps x images", `${page.steps} x ${page.batch}`], ["rank, alpha", `${config.adapters.fc1.rank}, ${config.alpha}`],
     ["loss", `${losses[0].toFixed(4)} → ${losses.at(-1).toFixed(4)}`],
     ["test accuracy (297 images)", `${(100 * before).toFixed(1)}% → ${(100 * after).toFixed(1)}%`],
-    ["time per step (one loss read each)", `${stepMs.toFixed(1)} ms`]]
+    ["time per step (losses read every 10 steps)", `${stepMs.toFixed(1)} ms`]]
     .map(([k, v]) => `<tr><th>${k}</th><td class="n">${v}</td></tr>`).join("");
   $("verdict").className = after > before ? "ok" : "bad";
   $("verdict").textContent = after > before ? "trained: the adapter learned the digits 5-9"
                                             : "the adapter did not help";
+  $("advice").textContent = after > before ? "" : ADVICE;
   window.loraTrainDemo = {ok: after > before, losses, accuracyBefore: before, accuracyAfter: after,
-                          stepMs, config: files.config, tensors: files.tensors.toBase64()};
+                          stepMs, config: files.config, tensors: files.tensors.toBase64(),
+                          progress, advice: $("advice").textContent};
 }
 main().catch(e => {
   $("verdict").className = "bad"; $("verdict").textContent = `error: ${e.message}`;

@@ -5,7 +5,15 @@ export declare const sizes: {x: number; a: number; b: number; output: number; h:
 export declare const steps: {kernel: number; grid: [number, number, number];
   buffers: Record<string, string>}[];
 export declare const kernels: KernelInfo[];
+/** An adapter layer as lora_adapter.js's readPeftAdapter returns it. */
+export interface AdapterLayer { a: Float32Array; b: Float32Array; rank: number; inDim: number;
+  outDim: number; scale: number; }
+/** A GPUBuffer, or values (Float32Array; for an f16 module also Uint16Array float16 bits). */
+export type Input = GPUBuffer | Float32Array | Uint16Array;
+export type ForwardInputs = {x: Input; output: Input} &
+  ({a: Input; b: Input; adapter?: undefined} | {adapter: AdapterLayer; a?: undefined; b?: undefined});
 export declare function prepare(device: GPUDevice): Promise<GPUComputePipeline[]>;
-export declare function loraForward(device: GPUDevice,
-  buffers: {x: GPUBuffer; a: GPUBuffer; b: GPUBuffer; output: GPUBuffer},
-  options?: {encoder?: GPUCommandEncoder}): Promise<void>;
+export declare function checkAdapter(layer: AdapterLayer, what?: string): void;
+/** Resolves with the new output where output was an array, else once the work is queued. */
+export declare function loraForward(device: GPUDevice, inputs: ForwardInputs,
+  options?: {encoder?: GPUCommandEncoder}): Promise<Float32Array | Uint16Array | undefined>;

@@ -1,6 +1,9 @@
 // ---- the forward: every step into one compute pass
-const scratchOf = new WeakMap();  // GPUDevice -> {h, y}
+const ownOf = new WeakMap();      // GPUDevice -> {h, y, and x, a, b, output where arrays came}
 const prepared = new WeakMap();   // GPUDevice -> Promise of every pipeline
+const ITEM = config.dtype === "f16" ? 2 : 4;
+const SHAPES = {x: ["tokens", "inDim"], a: ["rank", "inDim"], b: ["outDim", "rank"],
+                output: ["tokens", "outDim"]};
 
 /** Compile every kernel's pipeline (once per device); rejects on WGSL errors. */
 export function prepare(device) {
@@ -9,39 +12,137 @@ export function prepare(device) {
   return prepared.get(device);
 }
 
-function checkBuffers(given) {
+function shapeText(name) {
+  const [rows, cols] = SHAPES[name];
+  return `[${rows} ${config[rows]}, ${cols} ${config[cols]}] ${config.dtype}`;
+}
+
+/** Throws, naming what differs, unless ``layer`` (readPeftAdapter's {a, b, rank, inDim,
+ *  outDim, scale}) is the adapter this module was exported for: its rank and dims, and
+ *  its scale as the f32 the kernels hold (alpha / r, or alpha / sqrt(r) for rslora). */
+export function checkAdapter(layer, what = "adapter") {
+  if (layer === null || typeof layer !== "object" || !ArrayBuffer.isView(layer.a) ||
+      !ArrayBuffer.isView(layer.b))
+    throw new TypeError(`loraForward: ${what} must be a layer {a, b, rank, inDim, outDim, ` +
+                        `scale} as readPeftAdapter returns, a and b TypedArrays`);
+  const differ = [];
+  for (const key of ["rank", "inDim", "outDim"])
+    if (layer[key] !== config[key]) differ.push(`${key} ${layer[key]} (the module's ${config[key]})`);
+  if (typeof layer.scale !== "number" || Math.fround(layer.scale) !== Math.fround(config.scale))
+    differ.push(`scale ${layer.scale} (the module's ${config.scale}: alpha / r, or alpha / ` +
+                `sqrt(r) with rslora)`);
+  for (const part of ["a", "b"]) {
+    const want = sizes[part] / ITEM;
+    if (layer[part].length !== want)
+      differ.push(`${part} of ${layer[part].length} values (the module's ${want}: ` +
+                  `${shapeText(part)})`);
+  }
+  if (differ.length)
+    throw new RangeError(`loraForward: ${what} does not fit this module: ${differ.join("; ")}. ` +
+      `Rank, dims and scale are baked into the kernels: export a module for it (python -m ` +
+      `lora export --rank ${layer.rank} --in-dim ${layer.inDim} --out-dim ${layer.outDim} ` +
+      `--scale ${layer.scale} ...)`);
+}
+
+const one = new Float32Array(1), oneBits = new Uint32Array(one.buffer);
+/** A float's nearest float16 bits (ties to even), as numpy's astype(float16). */
+function halfBits(value) {
+  one[0] = value;
+  const x = oneBits[0], sign = (x >>> 16) & 0x8000, exp = (x >>> 23) & 0xff, man = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (man ? 0x200 : 0);
+  const e = exp - 112;
+  if (e >= 31) return sign | 0x7c00;
+  const [m, shift] = e > 0 ? [man, 13] : [man | 0x800000, 14 - e];
+  if (shift > 24) return sign;
+  const rest = m % 2 ** shift, half = 2 ** (shift - 1);
+  let h = (e > 0 ? e << 10 : 0) + Math.floor(m / 2 ** shift);
+  if (rest > half || (rest === half && h & 1)) h++;
+  return sign | h;
+}
+
+/** An argument given as a TypedArray, as the buffer stores it (f32, or f16 bits). */
+function storedArray(name, value) {
+  const ok = value instanceof Float32Array || (ITEM === 2 && value instanceof Uint16Array);
+  if (!ok) throw new TypeError(`loraForward: ${name} must be a GPUBuffer or a Float32Array` +
+    `${ITEM === 2 ? " (or a Uint16Array of float16 bits)" : ""}, got ` +
+    `${value?.constructor?.name ?? typeof value}`);
+  const want = sizes[name] / ITEM;
+  if (value.length !== want)
+    throw new RangeError(`loraForward: ${name} has ${value.length} values, the module takes ` +
+                         `${want} (${shapeText(name)})`);
+  return ITEM === 4 || value instanceof Uint16Array ? value : Uint16Array.from(value, halfBits);
+}
+
+function checkBuffer(name, buf, given) {
+  if (!(buf.usage & GPUBufferUsage.STORAGE))
+    throw new Error(`loraForward: ${name} lacks GPUBufferUsage.STORAGE`);
+  if (buf.size < sizes[name]) throw new RangeError(`loraForward: ${name} has ${buf.size} ` +
+    `bytes, needs ${sizes[name]} (${shapeText(name)}, ${config.tokens} token(s))`);
+  if (name !== "output" && buf === given.output)
+    throw new Error(`loraForward: output is also the ${name} buffer`);
+}
+
+function own(device, name, bytes) {
+  let s = ownOf.get(device);
+  if (!s) ownOf.set(device, s = {});
+  s[name] ??= device.createBuffer({label: `lora ${name}`, size: Math.max(16, bytes),
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC});
+  return s[name];
+}
+
+/** {x, a, b, output} as GPUBuffers: arrays checked and written into the module's own
+ *  buffers, GPUBuffers checked; every check before anything is written. */
+function bound(device, inputs) {
+  const given = {...inputs};
+  if (given.adapter !== undefined) {
+    if (given.a !== undefined || given.b !== undefined)
+      throw new Error("loraForward: give adapter, or a and b, not both");
+    checkAdapter(given.adapter);
+    [given.a, given.b] = [given.adapter.a, given.adapter.b];
+  }
+  const arrays = {};
   for (const name of ["x", "a", "b", "output"]) {
-    const buf = given[name];
-    if (!(buf instanceof GPUBuffer)) throw new Error(`loraForward: ${name} must be a GPUBuffer`);
-    if (buf.size < sizes[name]) throw new Error(`loraForward: ${name} has ${buf.size} bytes, ` +
-      `needs ${sizes[name]} (${config.dtype}, rank ${config.rank}, in ${config.inDim}, ` +
-      `out ${config.outDim}, ${config.tokens} token(s))`);
-    if (name !== "output" && buf === given.output)
-      throw new Error(`loraForward: output is also the ${name} buffer`);
+    const value = given[name];
+    if (value instanceof GPUBuffer) checkBuffer(name, value, given);
+    else arrays[name] = storedArray(name, value);
   }
+  const all = {...given};
+  for (const [name, values] of Object.entries(arrays)) {
+    all[name] = own(device, name, sizes[name]);
+    device.queue.writeBuffer(all[name], 0, values);
+  }
+  const used = new Set(steps.flatMap(step => Object.values(step.buffers)));
+  for (const name of ["h", "y"].filter(n => used.has(n))) all[name] = own(device, name, sizes[name]);
+  return all;
 }
 
-function scratch(device) {
-  let s = scratchOf.get(device);
-  if (!s) {
-    s = {};
-    const used = new Set(steps.flatMap(step => Object.values(step.buffers)));
-    for (const name of ["h", "y"].filter(n => used.has(n)))
-      s[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, sizes[name]),
-                                     usage: GPUBufferUsage.STORAGE});
-    scratchOf.set(device, s);
-  }
-  return s;
+async function readBack(device, buffer, bytes) {
+  const staging = device.createBuffer({size: bytes, usage: GPUBufferUsage.MAP_READ |
+                                                           GPUBufferUsage.COPY_DST});
+  const enc = device.createCommandEncoder({label: "loraForward read"});
+  enc.copyBufferToBuffer(buffer, 0, staging, 0, bytes);
+  device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = staging.getMappedRange().slice(0);
+  staging.unmap();
+  staging.destroy();
+  return ITEM === 2 ? new Uint16Array(out) : new Float32Array(out);
 }
 
-/** output += scale * B @ (A @ x): GPUBuffers x [tokens, inDim], a [rank, inDim],
- *  b [outDim, rank], output [tokens, outDim] (row-major, config.dtype). Submits
- *  unless given an ``encoder``; resolves once the work is queued. */
-export async function loraForward(device, {x, a, b, output}, {encoder = null} = {}) {
-  const given = {x, a, b, output};
-  checkBuffers(given);
+/** output += scale * B @ (A @ x): x [tokens, inDim], a [rank, inDim], b [outDim, rank],
+ *  output [tokens, outDim] (row-major, config.dtype), each a GPUBuffer or a TypedArray
+ *  (written into the module's own buffer); or ``adapter`` (readPeftAdapter's layer,
+ *  checked by checkAdapter) instead of a and b. Submits unless given an ``encoder``;
+ *  resolves once the work is queued, or, where output is a TypedArray, with the new
+ *  output read back (a new array; the one given is left as it was). */
+export async function loraForward(device, inputs, {encoder = null} = {}) {
+  if (inputs === null || typeof inputs !== "object")
+    throw new TypeError("loraForward: expected {x, a, b, output} or {x, adapter, output}");
+  if (encoder && !(inputs.output instanceof GPUBuffer))
+    throw new Error("loraForward: with an encoder, output must be a GPUBuffer (an array's " +
+                    "result is read back after a submit of the module's own)");
   await prepare(device);
-  const all = {...given, ...scratch(device)};
+  const all = bound(device, inputs);
   const enc = encoder || device.createCommandEncoder({label: "loraForward"});
   const pass = enc.beginComputePass({label: `loraForward ${config.strategy}`});
   for (const step of steps) {
@@ -51,4 +152,5 @@ export async function loraForward(device, {x, a, b, output}, {encoder = null} = 
   }
   pass.end();
   if (!encoder) device.queue.submit([enc.finish()]);
+  if (!(inputs.output instanceof GPUBuffer)) return readBack(device, all.output, sizes.output);
 }

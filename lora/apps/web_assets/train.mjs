@@ -19,16 +19,82 @@ async function readBack(device, buffer, bytes) {
   return out.buffer;
 }
 
+/** The usage a given buffer needs: STORAGE, and COPY_SRC / COPY_DST where the step's
+ *  copies read or write it. (Asked at a step: WebGPU's globals may come after import.) */
+function usageOf(what) {
+  let need = GPUBufferUsage.STORAGE;
+  for (const [src, dst] of steps.filter(st => st.copy).map(st => st.copy))
+    need |= (src === what ? GPUBufferUsage.COPY_SRC : 0) |
+            (dst === what ? GPUBufferUsage.COPY_DST : 0);
+  return need;
+}
+
+function inputText(what) {
+  const {dtype, bytes} = buffers[what];
+  return `${bytes / 4} ${dtype} values; ${config.tokens} token(s)`;
+}
+
+/** One of config.given, checked by the name the caller gave it: a GPUBuffer (usage
+ *  and size) or a TypedArray (type and length), before anything is recorded. */
 function checkInput(what, value) {
   const {dtype, bytes} = buffers[what];
+  if (value instanceof GPUBuffer) {
+    const need = usageOf(what);
+    const lacking = ["STORAGE", "COPY_SRC", "COPY_DST"]
+      .filter(u => need & GPUBufferUsage[u] && !(value.usage & GPUBufferUsage[u]));
+    if (lacking.length) throw new Error(`loraTrainer.step: ${what} lacks GPUBufferUsage.` +
+                                        lacking.join(" and GPUBufferUsage."));
+    if (value.size < bytes) throw new RangeError(`loraTrainer.step: ${what} has ${value.size} ` +
+      `bytes, needs ${bytes} (${inputText(what)})`);
+    return;
+  }
   const Want = dtype === "uint32" ? Uint32Array : Float32Array;
   if (!(value instanceof Want))
-    throw new Error(`loraTrainer.step: ${what} must be a ${Want.name} (or a GPUBuffer), got ` +
-                    `${value?.constructor?.name ?? typeof value}`);
+    throw new TypeError(`loraTrainer.step: ${what} must be a ${Want.name} (or a GPUBuffer), ` +
+                        `got ${value?.constructor?.name ?? typeof value}`);
   if (value.byteLength !== bytes)
-    throw new Error(`loraTrainer.step: ${what} has ${value.length} values, the trainer takes ` +
-                    `${bytes / 4} (${config.tokens} token(s); a batch of another size needs ` +
-                    `its own export)`);
+    throw new RangeError(`loraTrainer.step: ${what} has ${value.length} values, the trainer ` +
+                         `takes ${bytes / 4} (${config.tokens} token(s); a batch of another ` +
+                         `size needs its own export)`);
+}
+
+/** The mean loss of one step from its loss buffer's sums (xent: a negative sum is
+ *  the kernel's mark of a label outside the classes). */
+function meanLoss(sums) {
+  const {kind, count, classes} = config.loss;
+  let total = 0;
+  for (let k = 0; k < sums.length; k++) {
+    if (kind === "xent" && sums[k] < 0)
+      throw new Error(`labels: label ${-sums[k] - 1} at token ${k} is outside ` +
+                      `0..${classes - 1} (the output has ${classes} classes)`);
+    total += sums[k];
+  }
+  return total / count;
+}
+
+/** ``changes`` ({lr, weightDecay, ...}) checked against config.optimizer as the Python
+ *  optimizer's set() checks them; throws before anything changes. */
+function checkSettings(changes, values) {
+  const {index, limits, schedule} = config.optimizer;
+  if (changes === null || typeof changes !== "object")
+    throw new TypeError("loraTrainer.set: expected {setting: value}, e.g. {lr: 1e-3}");
+  for (const [key, value] of Object.entries(changes)) {
+    if (key === "schedule")
+      throw new Error(`loraTrainer.set: the schedule (${schedule}) is built into the kernels; ` +
+                      `export again with --schedule`);
+    if (!(key in index)) throw new Error(`loraTrainer.set: unknown setting ${key}; it has ` +
+                                         Object.keys(index).join(", "));
+    if (key === "maxGradNorm" && !value !== !values.maxGradNorm)
+      throw new Error(`loraTrainer.set: maxGradNorm: clipping was ` +
+                      `${values.maxGradNorm ? "on" : "off"} at export, and its kernels were ` +
+                      `built so; export again with${values.maxGradNorm ? "out" : ""} ` +
+                      `--max-grad-norm`);
+    const [low, high, below] = limits[key], top = high ?? Infinity;
+    if (typeof value !== "number" || !Number.isFinite(value) || value < low || value > top ||
+        (below && value === top))
+      throw new RangeError(`loraTrainer.set: ${key}: expected a finite number in [${low}, ` +
+                           `${top}${below ? ")" : "]"}, got ${value}`);
+  }
 }
 
 /** A trainer on ``device``: its buffers made and filled (as exported: A and B as peft
@@ -58,17 +124,44 @@ export async function loraTrainer(device, weights = {}) {
     return {a: new Float32Array(a), b: new Float32Array(b), rank: l.rank, inDim: l.inDim,
             outDim: l.outDim, alpha: l.alpha, scale: l.scale};
   };
+  const lossBuffer = own[config.loss.buffer], lossBytes = buffers[config.loss.buffer].bytes;
+  let history = null, capacity = 0;  // every step's loss sums, copied in the step's submit
+  const hyperName = config.optimizer.buffer;
+  const {init, bytes: hyperBytes} = buffers[hyperName];
+  const hyper = init ? new Float32Array(bytesOfBase64(init).buffer) : new Float32Array(hyperBytes / 4);
+  const values = {...config.optimizer.values};
+  const grow = enc => {  // twice the steps, the old history copied in the same submit
+    const old = history;
+    capacity = Math.max(64, 2 * capacity);
+    history = device.createBuffer({label: "lora loss history", size: capacity * lossBytes,
+                                   usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
+    if (old) enc.copyBufferToBuffer(old, 0, history, 0, taken * lossBytes);
+    return old;
+  };
   let taken = 0;
   return {
     config,
     get steps() { return taken; },
+    /** The optimizer's settings now ({lr, weightDecay, ...}, and the schedule). */
+    get settings() { return {...values, schedule: config.optimizer.schedule}; },
+    /** Change optimizer settings from the next step on (one small write; no kernel is
+     *  rebuilt): lr, weightDecay, beta1, beta2, eps (or momentum), warmup, total,
+     *  minRatio, maxGradNorm (clipping stays on or off as exported). */
+    set(changes) {
+      checkSettings(changes, values);
+      for (const [key, value] of Object.entries(changes)) {
+        values[key] = value;
+        hyper[config.optimizer.index[key]] = value;
+      }
+      device.queue.writeBuffer(own[hyperName], 0, hyper);
+    },
     step(inputs) {
       const bound = {...own};
+      for (const what of config.given) checkInput(what, inputs?.[what]);
       for (const what of config.given) {
-        const value = inputs?.[what];
-        if (value instanceof GPUBuffer) { bound[what] = value; continue; }
-        checkInput(what, value);
-        device.queue.writeBuffer(own[what], 0, value);
+        const value = inputs[what];
+        if (value instanceof GPUBuffer) bound[what] = value;
+        else device.queue.writeBuffer(own[what], 0, value);
       }
       const enc = device.createCommandEncoder({label: "loraTrainer step"});
       let pass = null;
@@ -85,22 +178,24 @@ export async function loraTrainer(device, weights = {}) {
         encodeKernel(pass, device, kernels[step.kernel], use, step.grid);
       }
       if (pass) pass.end();
+      const old = taken === capacity ? grow(enc) : null;
+      enc.copyBufferToBuffer(lossBuffer, 0, history, taken * lossBytes, lossBytes);
       device.queue.submit([enc.finish()]);
+      old?.destroy();
       taken += 1;
     },
     /** The last step's loss (reads back: waits for the GPU). */
     async loss() {
       if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
-      const {kind, buffer, count, classes} = config.loss;
-      const sums = new Float32Array(await readBack(device, own[buffer], buffers[buffer].bytes));
-      let total = 0;
-      for (let k = 0; k < sums.length; k++) {
-        if (kind === "xent" && sums[k] < 0)
-          throw new Error(`labels: label ${-sums[k] - 1} at token ${k} is outside ` +
-                          `0..${classes - 1} (the output has ${classes} classes)`);
-        total += sums[k];
-      }
-      return total / count;
+      return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes)));
+    },
+    /** The loss of every step taken, from a history the steps keep on the GPU (one
+     *  read back, here; none per step). */
+    async losses() {
+      if (!taken) return [];
+      const sums = new Float32Array(await readBack(device, history, taken * lossBytes));
+      const per = lossBytes / 4;
+      return Array.from({length: taken}, (_, k) => meanLoss(sums.subarray(k * per, (k + 1) * per)));
     },
     /** Every adapter now: {module: {a, b, rank, inDim, outDim, alpha, scale}}. */
     async adapters() {
@@ -115,6 +210,6 @@ export async function loraTrainer(device, weights = {}) {
       return readLayer(module, l);
     },
     /** Free every buffer the trainer made. */
-    destroy() { for (const buf of Object.values(own)) buf.destroy(); },
+    destroy() { for (const buf of [...Object.values(own), history]) buf?.destroy(); },
   };
 }
