@@ -403,6 +403,20 @@ def _train_in_page(tmp_path, loss, steps, data) -> dict:
                secondLoss: await second.loss()}};""")
 
 
+def test_lora_dropout_goes_into_the_exported_step(tmp_path):
+    """--lora-dropout P: the module says P and its step has the dropout dispatch
+    (whose mask the seed and the GPU's step count draw, as LayerTrainer's)."""
+    def export(*extra):
+        folder = tmp_path / "-".join(extra or ("none",))
+        assert lora_main(["export", "--rank", "4", "--in-dim", "16", "--out-dim", "8",
+                          "--tokens", "8", "--train", str(folder), *extra]) == 0
+        return (folder / "lora_train.js").read_text()
+
+    dropped, plain = export("--lora-dropout", "0.25"), export()
+    assert '"lora_dropout": 0.25' in dropped and '"lora_dropout": 0.0' in plain
+    assert "name: \"dropout\"," in dropped and "name: \"dropout\"," not in plain
+
+
 @needs_browser
 @pytest.mark.parametrize("loss", ["mse", "xent"])
 def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss):

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                    "constant; linear: warm-up then constant)")
     e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
     e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
+    e.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
+                   help="--train: peft's lora_dropout on the adapter's input (default 0; the "
+                   "mask from --seed and the step count, as LayerTrainer draws it)")
     e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
                    "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
                    "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
@@ -117,7 +120,8 @@ def _files(args) -> dict:
         files[f"{args.many}/lora_many.d.ts"] = (args.many, web_many.module_dts(command))
     if args.train:
         setup = web_train.TrainSetup(shape, args.loss, args.optimizer, args.lr,
-                                     args.max_grad_norm, args.seed, _optimizer_settings(args))
+                                     args.max_grad_norm, args.seed, args.lora_dropout,
+                                     _optimizer_settings(args))
         files["lora_train.js"] = (args.train,
                                   web_train.module_js(web_train.record_layer(setup), command))
         files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))

@@ -113,6 +113,7 @@ def record_layer(setup: TrainSetup) -> Recording:
     sums = (trainer.loss_plan.scratch or {})["partial" if mse else "losses"]  # (never released)
     config = {"tokens": t, "alpha": setup.alpha, "scale": shape.scale,
               "optimizer": optimizer_config(opt), "seed": setup.seed, "given": list(given),
+              "lora_dropout": setup.lora_dropout,
               "loss": {"kind": setup.loss, "buffer": "loss_sums",
                        "count": t * shape.out_dim if mse else t, "classes": shape.out_dim},
               "adapters": {"layer": _layer("layer", weight, setup.alpha, shape.scale)}}
