@@ -66,6 +66,13 @@ fi
 # their declarations with TypeScript. Installed from npm into a cache outside the project
 # ($SHADERDSL_NODE_MODULES names another node_modules); without node, npm or the registry
 # those tests skip, saying why. (webgpu's install script only matters on macOS.)
+if ! command -v node >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[setup] no node: installing Debian's nodejs and npm (for the Node tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq nodejs npm >/dev/null || \
+        echo "[setup] could not install nodejs: the Node tests will skip" >&2
+fi
 node_cache=${SHADERDSL_NODE_MODULES:-$HOME/.cache/shaderdsl-node/node_modules}
 node_packages="webgpu@0.6.2 typescript@5.9 @webgpu/types@0.1"
 node_stamp="$node_cache/.installed-$(echo "$node_packages" | sha1sum | cut -c1-12)"
