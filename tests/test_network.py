@@ -249,10 +249,14 @@ def test_bad_batches_are_refused_before_anything_is_written():
                   device=NoDevice())
     with pytest.raises(ValueError, match=r"x must be \[rows, 3\] numbers, got float64 \(2, 4\)"):
         net.step(np.ones((2, 4)), np.zeros(2, int))
-    with pytest.raises(ValueError, match="batches of 2 rows .* x has 3"):
+    with pytest.raises(ValueError, match="batches of 2 rows, x has 3"):
         net.step(np.ones((3, 3)), np.zeros(3, int))
     with pytest.raises(ValueError, match=r"labels must be in 0..3 .* got 0..4"):
         net.step(np.ones((2, 3)), np.array([0, 4]))
+    mse = Network([Linear(np.ones((4, 3)), rank=2)], device=NoDevice())
+    with pytest.raises(ValueError, match=r"with loss 'mse', y must be \[2, 4\] numbers, got "
+                                         r"float64 \(2, 3\)"):
+        mse.step(np.ones((2, 3)), np.ones((2, 3)))
     with pytest.raises(ValueError, match="loss: expected one of"):
         Network([Linear(np.ones((4, 3)), rank=2)], loss="l1", device=NoDevice())
     with pytest.raises(RuntimeError, match="no step recorded yet"):

@@ -220,8 +220,8 @@ class Network:
         rows = x.shape[0]
         if self.batch and rows != self.batch:
             raise ValueError(f"Network.step: this network steps on batches of {self.batch} "
-                             f"rows (its first step's), x has {rows}; drop a smaller last "
-                             f"batch or make another Network for it")
+                             f"rows, x has {rows}; drop a smaller last batch or make another "
+                             f"Network for it")
         y = np.asarray(y)
         if self.kind == "xent":
             if y.dtype.kind not in "iu" or y.shape != (rows,):
