@@ -17,16 +17,18 @@ names the same layers.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..core import checks as C
 from ..core import reference as R
 from ..core.plan import Plan
-from ..core.weight import Weight
+from ..core.weight import Weight, storage_dtype, wgsl_dtype
 from ..kernels.network import ACTIVATIONS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
 from .backward import backward_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value
 from .optim import AdamW
+from .trainer import _masters
 
 
 class Linear:
@@ -107,6 +109,18 @@ def _pair(adapter, what: str, in_dim: int, out_dim: int) -> tuple[np.ndarray, np
     return a, b
 
 
+def _check_f16_range(linears) -> None:
+    """Every frozen weight, bias and adapter finite as float16 (at most 65504)."""
+    for layer in linears:
+        named = {"weight": layer.weight, "bias": layer.bias, "adapter A": None, "adapter B": None}
+        if layer.adapter is not None:
+            named["adapter A"], named["adapter B"] = layer.adapter
+        for what, value in named.items():
+            if value is not None and np.abs(value).max() > np.finfo(np.float16).max:
+                raise ValueError(f"Network: Linear {layer.name!r}: {what} has values past "
+                                 f"float16's range (65504); use dtype=np.float32")
+
+
 def check_layers(layers) -> list:
     """The layers, named and checked: Linear or an activation's name, each
     Linear's input the width the layer before it gives, names unique, at
@@ -152,14 +166,22 @@ class Network:
     ``optimizer``: a lora.AdamW or lora.SGD (default AdamW()), over every
     adapter's A and B, clipped by their global norm where it says so.
     ``batch``: the rows of every step (None: the first step's or forward's).
+    ``dtype``: float32, or float16 for mixed precision as torch.autocast
+    does it: weights, activations, targets and their gradients stored f16,
+    every sum f32, the optimizer updating f32 masters of A and B (the values
+    ``adapters()`` returns) and writing their f16 rounding after each step.
     ``forward`` / ``backward``: the LoRA strategies (None: each layer's default).
     """
 
-    def __init__(self, layers, *, loss="mse", optimizer=None, batch=None, device=None,
-                 forward=None, backward=None):
+    def __init__(self, layers, *, loss="mse", optimizer=None, batch=None,
+                 dtype: DTypeLike = np.float32,
+                 device=None, forward=None, backward=None):
         if loss not in LOSSES:
             raise ValueError(f"Network: loss: expected one of {LOSSES}, got {loss!r}")
         self.layers = check_layers(layers)
+        self._dtype = storage_dtype(dtype)
+        if self._dtype == np.float16:
+            _check_f16_range(self.linears)
         self.kind = loss
         self.optimizer = AdamW() if optimizer is None else optimizer
         self.strategies = (forward, backward)
@@ -169,7 +191,13 @@ class Network:
         self._steps = 0
 
     @property
+    def dtype(self) -> np.dtype:
+        """float32, or float16 (mixed precision)."""
+        return self._dtype
+
+    @property
     def linears(self) -> list[Linear]:
+        """The Linear layers, in order."""
         return [x for x in self.layers if isinstance(x, Linear)]
 
     @property
@@ -230,11 +258,11 @@ class Network:
             if y.min(initial=0) < 0 or y.max(initial=0) >= self.out_dim:
                 raise ValueError(f"Network.step: labels must be in 0..{self.out_dim - 1} (the "
                                  f"output has {self.out_dim} classes), got {y.min()}..{y.max()}")
-            return np.ascontiguousarray(x, np.float32), np.ascontiguousarray(y, np.uint32)
+            return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, np.uint32)
         if y.dtype.kind not in "fiu" or y.shape != (rows, self.out_dim):
             raise ValueError(f"Network.step: with loss 'mse', y must be [{rows}, "
                              f"{self.out_dim}] numbers, got {y.dtype.name} {y.shape}")
-        return np.ascontiguousarray(x, np.float32), np.ascontiguousarray(y, np.float32)
+        return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, self.dtype)
 
     def loss(self) -> float:
         """The last step's loss (reads back: waits for the GPU)."""
@@ -252,20 +280,22 @@ class Network:
         gpu = self.build(self.batch or len(x))
         out = []
         for start in range(0, len(x), self.batch):
-            part = np.zeros((self.batch, self.in_dim), np.float32)
+            part = np.zeros((self.batch, self.in_dim), self.dtype)
             chunk = x[start:start + self.batch]
             part[:len(chunk)] = chunk
             self.device.write(gpu.values[0], part)
             with self.device.batch():
                 gpu.record_forward()
-            out.append(self.device.read(gpu.values[-1])[:len(chunk)].copy())
+            out.append(self.device.read(gpu.values[-1])[:len(chunk)].astype(np.float32))
         return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
 
     def adapters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{name: (A, B)} of every adapted layer: read back once the GPU has them."""
         if self._gpu is None:
             return {x.name: x.adapter for x in self.linears if x.adapter is not None}
-        return {name: w.numpy() for name, w in self._gpu.weights.items()}
+        read = self.device.read
+        return {name: (read(a).copy(), read(b).copy())
+                for name, (a, b) in self._gpu.masters.items()}
 
     def save_adapter(self, path, **kw):
         """Every adapter as one peft adapter (lora.save_adapter), module names
@@ -305,25 +335,30 @@ class _Built:
     list per direction, recorded in order."""
 
     def __init__(self, net: Network, device, batch: int):
+        C.check_f16(device, net.dtype, "Network")
         self.device, self.net = device, net
-        layers, f32 = net.layers, np.float32
+        layers, f32, dt = net.layers, np.float32, net.dtype
+        self.wgsl = wgsl_dtype(dt)
         dims = [net.in_dim]
         for layer in layers:
             dims.append(layer.out_dim if isinstance(layer, Linear) else dims[-1])
-        self.values = [device.empty((batch, d), f32, name=f"net.v{i}") for i, d in enumerate(dims)]
+        self.values = [device.empty((batch, d), dt, name=f"net.v{i}") for i, d in enumerate(dims)]
         self.first = next(i for i, x in enumerate(layers)
                           if isinstance(x, Linear) and x.adapter is not None)
-        self.grads = {i: device.empty((batch, dims[i]), f32, name=f"net.d{i}")
+        self.grads = {i: device.empty((batch, dims[i]), dt, name=f"net.d{i}")
                       for i in range(self.first + 1, len(layers))}
-        self.weights = {x.name: Weight.from_numpy(device, *x.adapter, name=x.name)
+        self.weights = {x.name: Weight.from_numpy(device, *x.adapter, dtype=dt, name=x.name)
                         for x in net.linears if x.adapter is not None}
-        self.base = {x.name: (device.buffer(x.weight, name=f"{x.name}.weight"),
+        self.base = {x.name: (device.buffer(x.weight.astype(dt), name=f"{x.name}.weight"),
                               None if x.bias is None else
-                              device.buffer(x.bias, name=f"{x.name}.bias"))
+                              device.buffer(x.bias.astype(dt), name=f"{x.name}.bias"))
                      for x in net.linears}
-        self.loss = loss_plan(device, net.kind, batch, net.out_dim)
+        copies = {name: _masters(device, w) for name, w in self.weights.items()}
+        self.masters = {name: pair for name, (pair, _) in copies.items()}
+        self.to_f16 = [plan for _, plan in copies.values() if plan is not None]
+        self.loss = loss_plan(device, net.kind, batch, net.out_dim, net.dtype)
         self.grads[len(layers)] = self.loss.scratch["g"]
-        label = np.uint32 if net.kind == "xent" else f32
+        label = np.uint32 if net.kind == "xent" else dt
         self.target = device.empty((batch,) if net.kind == "xent" else (batch, net.out_dim),
                                    label, name="net.target")
         self.param_grads = {name: (device.empty(w.a.shape, f32, name=f"{name}.dA"),
@@ -331,8 +366,8 @@ class _Built:
                             for name, w in self.weights.items()}
         self.forwards = [self._forward(i, batch) for i in range(len(layers))]
         self.backwards = [self._backward(i, batch) for i in range(self.first, len(layers))][::-1]
-        net.optimizer.attach(device, [pair for name, w in self.weights.items()
-                                      for pair in zip((w.a, w.b), self.param_grads[name])])
+        net.optimizer.attach(device, [pair for name, params in self.masters.items()
+                                      for pair in zip(params, self.param_grads[name])])
 
     def _forward(self, i: int, batch: int) -> list:
         """Layer i's forward: [(plan, args)], from values[i] into values[i + 1]."""
@@ -340,11 +375,12 @@ class _Built:
         x, y = self.values[i], self.values[i + 1]
         if isinstance(layer, str):
             return [(Plan(dev, f"net {i} {layer}", [("activation", dict(
-                n=y.size, kind=layer))], {}, bound={"z": x, "y": y}), ())]
+                n=y.size, kind=layer, dtype=self.wgsl))], {}, bound={"z": x, "y": y}), ())]
         w, bias = self.base[layer.name]
         bound = {"x": x, "W": w, "y": y, **({"bias": bias} if bias is not None else {})}
         dense = Plan(dev, f"net {i} {layer.name} dense", [("dense", dict(
-            in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch, bias=bias is not None))],
+            in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch, bias=bias is not None,
+            dtype=self.wgsl))],
             {}, bound=bound)
         steps: list[tuple[Plan, tuple]] = [(dense, ())]
         if layer.adapter is not None:
@@ -360,7 +396,8 @@ class _Built:
         g, x, dx = self.grads[i + 1], self.values[i], self.grads.get(i)
         if isinstance(layer, str):
             return [(Plan(dev, f"net {i} {layer} grad", [("activation_grad", dict(
-                n=x.size, kind=layer))], {}, bound={"z": x, "dy": g, "dz": dx}), ())]
+                n=x.size, kind=layer, dtype=self.wgsl))], {},
+                bound={"z": x, "dy": g, "dz": dx}), ())]
         steps: list[tuple[Plan, tuple]] = []
         if layer.adapter is not None:
             plan = backward_plan(dev, self.weights[layer.name], layer.scale, batch,
@@ -371,7 +408,7 @@ class _Built:
         if dx is not None:
             steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [("dense_grad_input", dict(
                 in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch,
-                accumulate=layer.adapter is not None))], {},
+                accumulate=layer.adapter is not None, dtype=self.wgsl))], {},
                 bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
         return steps
 
@@ -389,3 +426,5 @@ class _Built:
                 for plan, args in steps:
                     plan.record(*args)
             self.net.optimizer.record()
+            for plan in self.to_f16:
+                plan.record()
