@@ -347,3 +347,18 @@ def test_f16_mixed_precision_follows_float64():
     with pytest.raises(ValueError, match="'big': weight has values past float16's range"):
         Network([Linear(np.full((2, 2), 1e5), rank=1, name="big")], dtype=np.float16,
                 device=NoDevice())
+
+
+def test_bench_network_quick(tmp_path):
+    """python -m lora bench --network --quick: a row with the step, its base
+    products and the rest, written as JSON."""
+    import json
+
+    from lora.apps.bench_network import network_main
+
+    lines = []
+    assert network_main(str(tmp_path), lines.append, quick=True) == 0
+    (row,) = json.loads((tmp_path / "bench-network.json").read_text())
+    assert row["base_products"] == 5   # 3 forward products, 2 input gradients
+    assert 0 < row["base_us"] < row["step_us"] and row["layer_us"] > 0
+    assert "base products" in lines[1]
