@@ -23,7 +23,8 @@ from ..training.optim import AdamW
 from ..training.trainer import LayerTrainer
 from .bench_train import _captured, _cuda_us, optional_torch
 
-FULL: dict[str, Any] = dict(width=2560, layers=3, ranks=(8, 64), tokens=(512, 4096), dtypes=("f32", "f16"))
+FULL: dict[str, Any] = dict(width=2560, layers=3, ranks=(8, 64), tokens=(512, 4096),
+                            dtypes=("f32", "f16"))
 QUICK: dict[str, Any] = dict(width=64, layers=3, ranks=(8,), tokens=(32,), dtypes=("f32",))
 DTYPES = {"f32": np.float32, "f16": np.float16}
 MIN_BATCH_S = 0.05  # a timed batch of steps lasts at least this long
