@@ -128,18 +128,23 @@ def _as32(spec):
     return out
 
 
-@pytest.mark.parametrize("acts, kind, frozen", [
-    (("gelu", "silu"), "mse", ()),
-    (("relu", "tanh"), "xent", (0,)),   # a frozen first layer: no gradient flows into it
-    (("tanh", "gelu"), "mse", (1,)),    # a frozen middle layer: W^T g passes through
-], ids=["gelu-silu-mse", "relu-tanh-xent-frozen-first", "tanh-gelu-mse-frozen-middle"])
-def test_three_layers_match_float64_autograd(acts, kind, frozen):
+@pytest.mark.parametrize("acts, kind, frozen, dims", [
+    (("gelu", "silu"), "mse", (), (12, 16, 8, 5)),
+    (("relu", "tanh"), "xent", (0,), (12, 16, 8, 5)),  # a frozen first layer: no gradient into it
+    (("tanh", "gelu"), "mse", (1,), (12, 16, 8, 5)),   # a frozen middle layer: W^T g passes
+    (("silu", "relu"), "mse", (), (12, 130, 128, 5)),  # the middle layer's products tiled
+], ids=["gelu-silu-mse", "relu-tanh-xent-frozen-first", "tanh-gelu-mse-frozen-middle",
+        "wide-middle-tiled"])
+def test_three_layers_match_float64_autograd(acts, kind, frozen, dims):
     """Every adapter, the losses and forward() after 4 AdamW steps, against
     the float64 autograd above (inputs rounded to float32 as the GPU holds them)."""
     rng = np.random.default_rng(0)
-    dims, batch, lr = (12, 16, 8, 5), 6, 2e-2
+    batch, lr = 6, 2e-2
     spec = _as32(_mlp(rng, dims, acts, frozen=frozen))
     net = _network(spec, loss=kind, optimizer=lora.AdamW(lr=lr))
+    tiled = [p.label for s in net.build(batch).forwards for p, _ in s
+             if p.steps[0].kernel.name.endswith("_tiled")]
+    assert len(tiled) == (dims[1] * dims[2] >= 128 * 128), tiled
     state = {}
     for step in range(1, 5):
         x = rng.normal(0, 1, (batch, dims[0]))
@@ -362,3 +367,38 @@ def test_bench_network_quick(tmp_path):
     assert row["base_products"] == 5   # 3 forward products, 2 input gradients
     assert 0 < row["base_us"] < row["step_us"] and row["layer_us"] > 0
     assert "base products" in lines[1]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_tiled_base_products_are_the_plain_ones(dtype):
+    """dense_tiled and dense_grad_input_tiled sum in the plain kernels' order:
+    the same bits, sizes no multiple of a tile (and within float64's rounding)."""
+    from lora.core.plan import Plan
+    from shaderdsl.runtime import get_device
+    dev = get_device()
+    if dtype == "f16" and not dev.has_feature("shader-f16"):
+        pytest.skip("the device lacks shader-f16")
+    dt = np.float16 if dtype == "f16" else np.float32
+    rng = np.random.default_rng(4)
+    tokens, i, o = 70, 50, 130
+    x, w, b = rng.normal(0, 1, (tokens, i)), rng.normal(0, 1, (o, i)), rng.normal(0, 1, o)
+    g, dx0 = rng.normal(0, 1, (tokens, o)), rng.normal(0, 1, (tokens, i))
+    bufs = {k: dev.buffer(v.astype(dt)) for k, v in dict(x=x, W=w, bias=b, g=g).items()}
+    got = {}
+    for name in ("dense", "dense_tiled"):
+        y = dev.empty((tokens, o), dt)
+        Plan(dev, name, [(name, dict(in_dim=i, out_dim=o, tokens=tokens, dtype=dtype))], {},
+             bound={"x": bufs["x"], "W": bufs["W"], "bias": bufs["bias"], "y": y}).record()
+        got[name] = dev.read(y).copy()
+    for name in ("dense_grad_input", "dense_grad_input_tiled"):
+        dx = dev.buffer(dx0.astype(dt))
+        Plan(dev, name, [(name, dict(in_dim=i, out_dim=o, tokens=tokens, dtype=dtype,
+                                     accumulate=True))], {},
+             bound={"g": bufs["g"], "W": bufs["W"], "dx": dx}).record()
+        got[name] = dev.read(dx).copy()
+    np.testing.assert_array_equal(got["dense_tiled"], got["dense"])
+    np.testing.assert_array_equal(got["dense_grad_input_tiled"], got["dense_grad_input"])
+    r = [v.astype(dt).astype(np.float64) for v in (x, w, b, g, dx0)]
+    tol = 1e-2 if dtype == "f16" else 1e-5
+    assert _rel(got["dense_tiled"], r[0] @ r[1].T + r[2]) < tol
+    assert _rel(got["dense_grad_input_tiled"], r[4] + r[3] @ r[1]) < tol

@@ -119,3 +119,84 @@ def to_f16(m, sizes):
         with m.if_((k >= start) & (k < start + n)):
             h[k - start] = f16(p[k - start])
         start += n
+
+
+TILE = 64     # rows and columns of the result per workgroup of the tiled products
+TILE_K = 16   # the shared dimension staged per step
+TILED_THREADS = 256  # each thread owns a 4 x 4 block of the result
+
+
+def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out):
+    """out[t, n] = init(t, n) + sum_k x[t * k_dim + k] w_at(k, n), summed in k's
+    order from init, as the plain kernels sum (so the result is theirs): a
+    TILE x TILE block per workgroup, TILE_K columns of x and rows of w staged
+    in workgroup memory per step (0 outside the matrices)."""
+    xs = m.shared(f32, TILE * TILE_K, "xs")   # xs[r * TILE_K + k]
+    ws = m.shared(f32, TILE_K * TILE, "ws")   # ws[k * TILE + n]
+    li = m.let(m.local_index(), "li")
+    tr, tc = m.let(li // (TILE // 4), "tr"), m.let(li % (TILE // 4), "tc")
+    row0 = m.let(m.workgroup_id().y * TILE, "row0")
+    col0 = m.let(m.workgroup_id().x * TILE, "col0")
+    acc = [[m.var(f32, init(B.min(row0 + tr * 4 + i, rows - 1),
+                            B.min(col0 + tc * 4 + j, n_dim - 1)), f"acc{i}{j}")
+            for j in range(4)] for i in range(4)]
+    with m.loop(-(-k_dim // TILE_K), name="step") as step:
+        k0 = m.let(step * TILE_K, "k0")
+        for q in range(TILE * TILE_K // TILED_THREADS):
+            e = m.let(li + q * TILED_THREADS, f"e{q}")
+            r, k = e // TILE_K, e % TILE_K
+            inside = (row0 + r < rows) & (k0 + k < k_dim)
+            xs[e] = B.select(0.0, widen(x[B.min((row0 + r) * k_dim + k0 + k, rows * k_dim - 1)]),
+                             inside)
+            ws_index, value, w_inside = w_at(e, k0, col0)
+            ws[ws_index] = B.select(0.0, value, w_inside)
+        m.barrier()
+        with m.loop(TILE_K, name="k") as k:
+            a = [m.let(xs[(tr * 4 + i) * TILE_K + k], f"a{i}") for i in range(4)]
+            b = [m.let(ws[k * TILE + tc * 4 + j], f"b{j}") for j in range(4)]
+            for i in range(4):
+                for j in range(4):
+                    acc[i][j] += a[i] * b[j]
+        m.barrier()
+    for i in range(4):
+        for j in range(4):
+            t, n = row0 + tr * 4 + i, col0 + tc * 4 + j
+            with m.if_((t < rows) & (n < n_dim)):
+                store_output(out, t * n_dim + n, acc[i][j])
+
+
+def dense_tiled(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
+    """dense's result (y = x W^T (+ b)), tiled: for layers too wide for a thread
+    per output to read all of W (grid (ceil(out_dim / TILE), ceil(tokens / TILE)))."""
+    x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
+    W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
+    b = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim) if bias else None
+    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * out_dim)
+
+    def w_at(e, k0, col0):  # W[n, k], read along k
+        n, k = e // TILE_K, e % TILE_K
+        inside = (col0 + n < out_dim) & (k0 + k < in_dim)
+        index = B.min((col0 + n) * in_dim + k0 + k, out_dim * in_dim - 1)
+        return k * TILE + n, widen(W[index]), inside
+
+    def init(t, n):
+        return widen(b[n]) if b is not None else 0.0
+    _tiled_product(m, x, w_at, tokens, in_dim, out_dim, init, y)
+
+
+def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32"):
+    """dense_grad_input's result (dx (+)= g W), tiled (grid (ceil(in_dim / TILE),
+    ceil(tokens / TILE)))."""
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
+    dx = m.declare_output_buffer("dx", storage_scalar(dtype), tokens * in_dim)
+
+    def w_at(e, k0, col0):  # W[k, n], read along n
+        k, n = e // TILE, e % TILE
+        inside = (k0 + k < out_dim) & (col0 + n < in_dim)
+        index = B.min((k0 + k) * in_dim + col0 + n, out_dim * in_dim - 1)
+        return k * TILE + n, widen(W[index]), inside
+
+    def init(t, n):
+        return widen(dx[t * in_dim + n]) if accumulate else 0.0
+    _tiled_product(m, g, w_at, tokens, out_dim, in_dim, init, dx)

@@ -329,6 +329,16 @@ class Network:
                 self._gpu.weights[name].write(*pair)
 
 
+TILED_FROM = 128 * 128  # weights of at least this many values use the tiled base products
+
+
+def _base_kernel(name: str, layer: Linear) -> str:
+    """A base product's kernel: the tiled one for a large weight (the same sums in
+    the same order, so the same result; W read once per 64 tokens instead of
+    once per token), else the plain one."""
+    return f"{name}_tiled" if layer.weight.size >= TILED_FROM else name
+
+
 class _Built:
     """A network's GPU side for ``batch`` rows: values[l] is layer l's input
     (values[0] = x, values[-1] the output), grads[l] its gradient; one plan
@@ -378,7 +388,7 @@ class _Built:
                 n=y.size, kind=layer, dtype=self.wgsl))], {}, bound={"z": x, "y": y}), ())]
         w, bias = self.base[layer.name]
         bound = {"x": x, "W": w, "y": y, **({"bias": bias} if bias is not None else {})}
-        dense = Plan(dev, f"net {i} {layer.name} dense", [("dense", dict(
+        dense = Plan(dev, f"net {i} {layer.name} dense", [(_base_kernel("dense", layer), dict(
             in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch, bias=bias is not None,
             dtype=self.wgsl))],
             {}, bound=bound)
@@ -406,7 +416,8 @@ class _Built:
             steps.append((plan, (g, x, h, *self.param_grads[layer.name],
                                  *((dx,) if dx is not None else ()))))
         if dx is not None:
-            steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [("dense_grad_input", dict(
+            kernel = _base_kernel("dense_grad_input", layer)
+            steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [(kernel, dict(
                 in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch,
                 accumulate=layer.adapter is not None, dtype=self.wgsl))], {},
                 bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
