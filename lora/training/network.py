@@ -240,7 +240,7 @@ class Network:
         self._steps += 1
 
     def _inputs(self, x, y) -> tuple[np.ndarray, np.ndarray]:
-        """x and y as float32 (labels as uint32), checked against the network."""
+        """x and y stored as the network's dtype (labels as uint32), checked against it."""
         x = np.asarray(x)
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.step: x must be [rows, {self.in_dim}] numbers, got "
