@@ -255,6 +255,14 @@ def test_bad_layers_are_refused_by_name_before_the_device(layers, match):
         Network(layers(), device=NoDevice())
 
 
+def test_clipping_more_adapters_than_the_norm_kernel_takes_is_refused():
+    layers = [Linear(np.ones((3, 3)), rank=1) for _ in range(4)]
+    with pytest.raises(ValueError, match="takes at most 3 adapted layers .6 tensors., this "
+                                         "network has 4; train without it"):
+        Network(layers, optimizer=lora.AdamW(max_grad_norm=1.0), device=NoDevice())
+    Network(layers, optimizer=lora.AdamW(), device=NoDevice())   # without clipping: fine
+
+
 def test_bad_batches_are_refused_before_anything_is_written():
     net = Network([Linear(np.ones((4, 3)), rank=2), "tanh"], loss="xent", batch=2,
                   device=NoDevice())
