@@ -282,7 +282,7 @@ def test_bad_batches_are_refused_before_anything_is_written():
         net.loss()
 
 
-def test_torch_peft_twenty_adamw_steps():
+def test_torch_peft_twenty_adamw_steps(tmp_path):
     """The same 3-layer MLP in torch+peft (LoraConfig on modules "0", "2",
     "4" of an nn.Sequential): every adapter after 20 AdamW steps within 1e-5
     relative (f32), and this network's saved adapter loads into peft."""
@@ -292,19 +292,23 @@ def test_torch_peft_twenty_adamw_steps():
     dims, batch, lr = (10, 16, 12, 4), 8, 1e-2
     spec = _mlp(rng, dims, ("gelu", "tanh"), rank=4)
     net = _network(spec, loss="mse", optimizer=lora.AdamW(lr=lr))
-    mods = []
-    for s in spec:
-        if isinstance(s, str):
-            mods.append({"gelu": torch.nn.GELU, "tanh": torch.nn.Tanh}[s]())
-            continue
-        lin = torch.nn.Linear(s["w"].shape[1], s["w"].shape[0], bias=s["b"] is not None)
-        with torch.no_grad():
-            lin.weight.copy_(torch.tensor(s["w"], dtype=torch.float32))
-            if s["b"] is not None:
-                lin.bias.copy_(torch.tensor(s["b"], dtype=torch.float32))
-        mods.append(lin)
+
+    def torch_mlp():
+        mods = []
+        for s in spec:
+            if isinstance(s, str):
+                mods.append({"gelu": torch.nn.GELU, "tanh": torch.nn.Tanh}[s]())
+                continue
+            lin = torch.nn.Linear(s["w"].shape[1], s["w"].shape[0], bias=s["b"] is not None)
+            with torch.no_grad():
+                lin.weight.copy_(torch.tensor(s["w"], dtype=torch.float32))
+                if s["b"] is not None:
+                    lin.bias.copy_(torch.tensor(s["b"], dtype=torch.float32))
+            mods.append(lin)
+        return torch.nn.Sequential(*mods)
+
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["0", "2", "4"], lora_dropout=0.0)
-    model = peft.get_peft_model(torch.nn.Sequential(*mods), config)
+    model = peft.get_peft_model(torch_mlp(), config)
     for k in (0, 2, 4):
         layer = model.base_model.model[k]
         with torch.no_grad():
@@ -323,6 +327,11 @@ def test_torch_peft_twenty_adamw_steps():
         for got, want in zip(net.adapters()[name], (layer.lora_A["default"].weight,
                                                     layer.lora_B["default"].weight)):
             assert _rel(got, want.detach().numpy().astype(np.float64)) < 1e-5
+    loaded = peft.PeftModel.from_pretrained(torch_mlp(), net.save_adapter(tmp_path / "ad"))
+    x = rng.normal(0, 1, (5, dims[0]))
+    with torch.no_grad():
+        theirs = loaded(torch.tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+    assert _rel(net.forward(x), theirs) < 1e-5
 
 
 def test_f16_mixed_precision_follows_float64():
