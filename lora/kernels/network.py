@@ -200,3 +200,47 @@ def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="
     def init(t, n):
         return widen(dx[t * in_dim + n]) if accumulate else 0.0
     _tiled_product(m, g, w_at, tokens, out_dim, in_dim, init, dx)
+
+
+def _matrix_tiling():
+    """The base products' tiling on matrix units: lora.kernels.matrix.OUTER's
+    (64 x 64 blocks of f16 16x16x16 fragments, f32 sums)."""
+    from .matrix import OUTER
+    return OUTER
+
+
+def dense_matrix(m, in_dim, out_dim, tokens, bias=True):
+    """dense's y = x W^T (+ b) on matrix units: f16 x, W, b and y, f32 sums
+    (in_dim and out_dim multiples of 4; grid OUTER.grid(tokens, out_dim))."""
+    from shaderdsl.matmul import Operand, tiled_product
+    x = m.declare_input_buffer("x", vec4h, tokens * in_dim // 4)
+    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    b = m.declare_input_buffer("bias", f16, out_dim) if bias else None
+    y = m.declare_output_buffer("y", f16, tokens * out_dim)
+
+    def store(row, col, value):
+        for c in range(4):
+            extra = f32(b[col + c]) if b is not None else 0.0
+            y[row * out_dim + col + c] = f16(value[c] + extra)
+
+    tiled_product(m, _matrix_tiling(), Operand(lambda t, i: x[(t * in_dim + i) / 4]),
+                  Operand(lambda i, o: W[(o * in_dim + i) / 4], axis=0),
+                  tokens, out_dim, in_dim, store)
+
+
+def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False):
+    """dense_grad_input's dx (+)= g W on matrix units: f16 g, W and dx, f32
+    sums (in_dim and out_dim multiples of 4; grid OUTER.grid(tokens, in_dim))."""
+    from shaderdsl.matmul import Operand, tiled_product
+    g = m.declare_input_buffer("g", vec4h, tokens * out_dim // 4)
+    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    dx = m.declare_output_buffer("dx", f16, tokens * in_dim)
+
+    def store(row, col, value):
+        for c in range(4):
+            at = row * in_dim + col + c
+            dx[at] = f16(value[c] + f32(dx[at])) if accumulate else f16(value[c])
+
+    tiled_product(m, _matrix_tiling(), Operand(lambda t, o: g[(t * out_dim + o) / 4]),
+                  Operand(lambda o, i: W[(o * in_dim + i) / 4]),
+                  tokens, in_dim, out_dim, store)

@@ -23,6 +23,7 @@ from ..core import checks as C
 from ..core import reference as R
 from ..core.plan import Plan
 from ..core.weight import Weight, storage_dtype, wgsl_dtype
+from ..kernels.matrix import FRAGMENT
 from ..kernels.network import ACTIVATIONS
 from ..kernels.optimizer import MAX_NORM_TENSORS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
@@ -338,11 +339,18 @@ class Network:
 TILED_FROM = 128 * 128  # weights of at least this many values use the tiled base products
 
 
-def _base_kernel(name: str, layer: Linear) -> str:
-    """A base product's kernel: the tiled one for a large weight (the same sums in
-    the same order, so the same result; W read once per 64 tokens instead of
-    once per token), else the plain one."""
-    return f"{name}_tiled" if layer.weight.size >= TILED_FROM else name
+def _base_kernel(name: str, layer: Linear, device, wgsl: str, **params) -> tuple:
+    """A base product's (kernel, parameters): for a large weight, on matrix
+    units where f16 runs on them (f16 16x16x16 fragments, f32 sums; widths
+    multiples of 4), else tiled (the same sums in the same order as the plain
+    kernel, so the same result; W read once per 64 tokens instead of once per
+    token); the plain kernel for a small one."""
+    if layer.weight.size < TILED_FROM:
+        return name, dict(params, dtype=wgsl)
+    if wgsl == "f16" and FRAGMENT in getattr(device, "subgroup_matrix_configs", ()) \
+            and layer.in_dim % 4 == 0 and layer.out_dim % 4 == 0:
+        return f"{name}_matrix", params
+    return f"{name}_tiled", dict(params, dtype=wgsl)
 
 
 class _Built:
@@ -394,10 +402,9 @@ class _Built:
                 n=y.size, kind=layer, dtype=self.wgsl))], {}, bound={"z": x, "y": y}), ())]
         w, bias = self.base[layer.name]
         bound = {"x": x, "W": w, "y": y, **({"bias": bias} if bias is not None else {})}
-        dense = Plan(dev, f"net {i} {layer.name} dense", [(_base_kernel("dense", layer), dict(
-            in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch, bias=bias is not None,
-            dtype=self.wgsl))],
-            {}, bound=bound)
+        dense = Plan(dev, f"net {i} {layer.name} dense", [_base_kernel(
+            "dense", layer, dev, self.wgsl, in_dim=layer.in_dim, out_dim=layer.out_dim,
+            tokens=batch, bias=bias is not None)], {}, bound=bound)
         steps: list[tuple[Plan, tuple]] = [(dense, ())]
         if layer.adapter is not None:
             plan = train_forward_plan(dev, self.weights[layer.name], layer.scale, batch,
@@ -422,11 +429,11 @@ class _Built:
             steps.append((plan, (g, x, h, *self.param_grads[layer.name],
                                  *((dx,) if dx is not None else ()))))
         if dx is not None:
-            kernel = _base_kernel("dense_grad_input", layer)
-            steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [(kernel, dict(
-                in_dim=layer.in_dim, out_dim=layer.out_dim, tokens=batch,
-                accumulate=layer.adapter is not None, dtype=self.wgsl))], {},
-                bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
+            kernel = _base_kernel("dense_grad_input", layer, dev, self.wgsl, in_dim=layer.in_dim,
+                                  out_dim=layer.out_dim, tokens=batch,
+                                  accumulate=layer.adapter is not None)
+            steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [kernel], {},
+                               bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
         return steps
 
     def record_forward(self) -> None:
