@@ -22,6 +22,9 @@ command line, benchmarks, the web export, the digits example).
 
     grad_x, grad_a, grad_b = lora.backward(x, a, b, grad_out, alpha=16.0)   # training
     new = lora.AdamW(lr=1e-3).step([a, b], [grad_a, grad_b])
+    net = lora.Network([lora.Linear(w1, b1, rank=8), "gelu", lora.Linear(w2, b2, rank=8)],
+                       loss="xent", optimizer=lora.AdamW(lr=1e-3))   # layers trained together
+    net.step(x, labels); net.loss(); net.save_adapter("adapter")
 
 ``python -m lora demo`` runs the seed case, ``python -m lora train``
 fine-tunes on real data; ``--help`` for more.
@@ -54,6 +57,7 @@ from .training.adapter_io import (
 )
 from .training.backward import backward, backward_plan, train_forward_plan
 from .training.losses import LOSSES, loss_plan
+from .training.network import Linear, Network
 from .training.optim import SGD, AdamW
 from .training.strategy import BACKWARD, Backward
 from .training.trainer import LayerTrainer
@@ -84,6 +88,7 @@ __all__ = ["Config", "Weight", "LayerShape", "Plan", "PlanAt", "Role", "Strategy
            "LayerTrainer", "AdamW", "SGD", "clear_plan_cache", "kernels", "reference",
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",
            "AdapterFileError", "AdapterExtrasWarning", "adapter_extras",
+           "Network", "Linear",  # lora.training.network: layers trained together
            # Hesper's execute functions (lora.hesper), imported on first use
            "execute_add_scaled", "execute_fused_b_add", "execute_lora_forward",
            "execute_lora_forward_auto", "execute_lora_forward_fused",

@@ -255,9 +255,14 @@ def _training_entries(add) -> None:
         add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt)
         add("dense_grad_input", in_dim=64, out_dim=classes, tokens=5, accumulate=bool(n % 2),
             dtype=dt)
-        add("relu", n=classes, dtype=dt)
+        add("dense", in_dim=64, out_dim=classes, tokens=5, dtype=dt, bias=False)
+        add("dense_tiled", in_dim=40, out_dim=classes, tokens=70, dtype=dt, bias=bool(n % 2))
+        add("dense_grad_input_tiled", in_dim=40, out_dim=classes, tokens=70, dtype=dt,
+            accumulate=bool(n % 2))
         add("copy", n4=classes, dtype=dt)
-        add("relu_grad", n=classes, dtype=dt)
+        for kind in ("relu", "gelu", "silu", "tanh"):
+            add("activation", n=classes, kind=kind, dtype=dt)
+            add("activation_grad", n=classes, kind=kind, dtype=dt)
 
 
 def planner_entries() -> list[Entry]:

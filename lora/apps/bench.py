@@ -20,7 +20,8 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_profile); ``--gemm`` times the matrix-unit GEMM
 (lora.apps.bench_gemm); ``--ceiling`` what the hardware gives any kernel
 (lora.apps.bench_ceiling); ``--many`` many adapters in one batch
-(lora.apps.bench_many).
+(lora.apps.bench_many); ``--network`` a 3-layer MLP's training step
+(lora.apps.bench_network).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from . import bench_table, bench_train
 from .bench_ceiling import ceiling_main, copy_bandwidth
 from .bench_gemm import gemm_main
 from .bench_many import many_main
+from .bench_network import network_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
 from .bench_train import NUMPY_DTYPES, SCALE, optional_torch
@@ -378,6 +380,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="many adapters in one batch (AdapterPool): 1-100 adapters, decode and "
                         "prefill, beside PyTorch's loop and padded bmm (lora.apps.bench_many); "
                         "COUNTS: comma-separated adapter counts alone (e.g. 1)")
+    p.add_argument("--network", action="store_true",
+                   help="the training step of a 3-layer MLP with LoRA on every layer (one "
+                        "lora.Network submit) beside torch+peft (lora.apps.bench_network)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -412,6 +417,8 @@ def main(argv=None) -> int:
     if args.many:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)
+    if args.network:  # a 3-layer MLP's step
+        return network_main(args.out, log, args.quick)
 
     grid = dict(QUICK if args.quick else FULL)
     train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)

@@ -18,7 +18,9 @@ workgroup memory. The sum over the rank then rounds to f16 once per
 fragment step of 16 ranks, not once in all.
 
 ``grad_outer_matrix`` is the backward's dB = s g^T h and dA = dh^T x on the
-same fragments (lora.training's matrix strategy).
+same fragments (lora.training's matrix strategy); ``dense_matrix`` and
+``dense_grad_input_matrix`` are a network's frozen base products, x W^T and
+g W (lora.training.network).
 """
 from __future__ import annotations
 
@@ -261,3 +263,40 @@ def _add_partial(m, out, Bm, hs, stride, origin, extent, local_row) -> None:
                 m.assign(total, total + hv * bv)
             at = m.let(t * out_dim + o, "at")
             out[at] = f16(f32(out[at]) + total.x + total.y + total.z + total.w)
+
+
+def dense_matrix(m, in_dim, out_dim, tokens, bias=True):
+    """lora.kernels.network.dense's y = x W^T (+ b) (a frozen layer of
+    lora.training.network) on matrix units, OUTER's 64 x 64 blocks: f16 x, W,
+    b and y, f32 sums (in_dim and out_dim multiples of 4; grid
+    OUTER.grid(tokens, out_dim))."""
+    x = m.declare_input_buffer("x", vec4h, tokens * in_dim // 4)
+    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    b = m.declare_input_buffer("bias", f16, out_dim) if bias else None
+    y = m.declare_output_buffer("y", f16, tokens * out_dim)
+
+    def store(row, col, value):
+        for c in range(4):
+            extra = f32(b[col + c]) if b is not None else 0.0
+            y[row * out_dim + col + c] = f16(value[c] + extra)
+
+    tiled_product(m, OUTER, Operand(lambda t, i: x[(t * in_dim + i) / 4]),
+                  Operand(lambda i, o: W[(o * in_dim + i) / 4], axis=0),
+                  tokens, out_dim, in_dim, store)
+
+
+def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False):
+    """dense_grad_input's dx (+)= g W on matrix units: f16 g, W and dx, f32
+    sums (in_dim and out_dim multiples of 4; grid OUTER.grid(tokens, in_dim))."""
+    g = m.declare_input_buffer("g", vec4h, tokens * out_dim // 4)
+    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    dx = m.declare_output_buffer("dx", f16, tokens * in_dim)
+
+    def store(row, col, value):
+        for c in range(4):
+            at = row * in_dim + col + c
+            dx[at] = f16(value[c] + f32(dx[at])) if accumulate else f16(value[c])
+
+    tiled_product(m, OUTER, Operand(lambda t, o: g[(t * out_dim + o) / 4]),
+                  Operand(lambda o, i: W[(o * in_dim + i) / 4]),
+                  tokens, in_dim, out_dim, store)

@@ -1,7 +1,8 @@
-"""The frozen base layers LoRA adapts, for training a small network on the GPU:
-a dense layer ``y = x W^T + b`` (W [out, in]), its input gradient ``dx = g W``,
-and ReLU with its gradient. One thread per element of the result; the base
-weights get no gradient (they are frozen).
+"""The frozen base layers LoRA adapts, for training a network on the GPU
+(lora.training.network): a dense layer ``y = x W^T (+ b)`` (W [out, in]), its
+input gradient ``dx = g W``, and the elementwise activations (ReLU, GELU,
+SiLU, tanh) with their gradients. One thread per element of the result; the
+base weights get no gradient (they are frozen).
 """
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ from shaderdsl import f16, f32, vec4f, vec4h
 
 from .common import storage_scalar, store_output, widen
 
+ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
+# erfc(z) for z >= 0 as t exp(-z^2 + P(t)), t = 1 / (1 + z / 2): P's coefficients,
+# lowest first (a Chebyshev fit, relative error under 1.2e-7 for every z >= 0)
+ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+        -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+TANH_CLAMP = 15.0  # tanh(15) is 1 in f32; past it exp overflows in some tanh implementations
 
-def dense(m, in_dim, out_dim, tokens, dtype="f32"):
-    """y[t, o] = b[o] + sum_i x[t, i] W[o, i] (grid (ceil(out_dim / threads), tokens))."""
+
+def dense(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
+    """y[t, o] = b[o] + sum_i x[t, i] W[o, i], without b where ``bias`` is False
+    (grid (ceil(out_dim / threads), tokens))."""
     x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
     W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
-    bias = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim)
+    b = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim) if bias else None
     y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * out_dim)
     o, t = m.global_id().x, m.workgroup_id().y
     with m.if_(o < out_dim):
-        acc = m.var(f32, widen(bias[o]), "acc")
+        acc = m.var(f32, widen(b[o]) if b is not None else 0.0, "acc")
         with m.loop(in_dim, name="i") as i:
             acc += widen(x[t * in_dim + i]) * widen(W[o * in_dim + i])
         store_output(y, t * out_dim + o, acc)
@@ -38,23 +47,55 @@ def dense_grad_input(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32"):
         store_output(dx, t * in_dim + i, acc)
 
 
-def relu(m, n, dtype="f32"):
-    """y = max(z, 0) (grid ceil(n / threads))."""
+def _normal_cdf(m, z):
+    """Phi(z) = erfc(-z / sqrt 2) / 2, from ERFC (f32 expressions)."""
+    a = m.let(B.abs(z) * 0.7071067811865476, "a")
+    t = m.let(1.0 / (1.0 + 0.5 * a), "t")
+    poly = ERFC[-1] * t
+    for c in reversed(ERFC[1:-1]):
+        poly = (poly + c) * t
+    tail = m.let(0.5 * t * B.exp(poly + ERFC[0] - a * a), "tail")  # erfc(|z| / sqrt 2) / 2
+    return B.select(tail, 1.0 - tail, z > 0.0)
+
+
+def _activate(m, kind: str, z):
+    """(the activation of z, its derivative at z), f32; the derivative only where needed."""
+    if kind == "relu":
+        return B.max(z, 0.0), B.select(0.0, 1.0, z > 0.0)
+    if kind == "gelu":  # torch's exact GELU: z Phi(z)
+        cdf = m.let(_normal_cdf(m, z), "cdf")
+        pdf = B.exp(-0.5 * z * z) * 0.3989422804014327
+        return z * cdf, cdf + z * pdf
+    if kind == "silu":
+        sig = m.let(1.0 / (1.0 + B.exp(-z)), "sig")
+        return z * sig, sig * (1.0 + z * (1.0 - sig))
+    if kind == "tanh":
+        th = m.let(B.tanh(B.min(B.max(z, -TANH_CLAMP), TANH_CLAMP)), "th")
+        return th, 1.0 - th * th
+    raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {kind!r}")
+
+
+def activation(m, n, kind="relu", dtype="f32"):
+    """y = act(z) for ``kind`` in ACTIVATIONS (grid ceil(n / threads))."""
     z = m.declare_input_buffer("z", storage_scalar(dtype), n)
     y = m.declare_output_buffer("y", storage_scalar(dtype), n)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < n):
-        store_output(y, i, B.max(widen(z[i]), 0.0))
+        store_output(y, i, _activate(m, kind, m.let(widen(z[i]), "zi"))[0])
 
 
-def relu_grad(m, n, dtype="f32"):
-    """dz = dy where z > 0, else 0 (grid ceil(n / threads))."""
+def activation_grad(m, n, kind="relu", dtype="f32"):
+    """dz = dy act'(z) (ReLU: dy where z > 0, else 0) (grid ceil(n / threads))."""
     z = m.declare_input_buffer("z", storage_scalar(dtype), n)
     dy = m.declare_input_buffer("dy", storage_scalar(dtype), n)
     dz = m.declare_output_buffer("dz", storage_scalar(dtype), n)
     i = m.let(m.global_id().x, "i")
     with m.if_(i < n):
-        store_output(dz, i, B.select(0.0, widen(dy[i]), widen(z[i]) > 0.0))
+        zi = m.let(widen(z[i]), "zi")
+        if kind == "relu":  # a select, so an infinite dy where z <= 0 gives 0, not NaN
+            store_output(dz, i, B.select(0.0, widen(dy[i]), zi > 0.0))
+        else:
+            store_output(dz, i, widen(dy[i]) * _activate(m, kind, zi)[1])
 
 
 def copy(m, n4, dtype="f32"):
@@ -78,3 +119,85 @@ def to_f16(m, sizes):
         with m.if_((k >= start) & (k < start + n)):
             h[k - start] = f16(p[k - start])
         start += n
+
+
+TILE = 64     # rows and columns of the result per workgroup of the tiled products
+TILE_K = 16   # the shared dimension staged per step
+TILED_THREADS = 256  # each thread owns a 4 x 4 block of the result
+
+
+def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out):
+    """out[t, n] = init(t, n) + sum_k x[t * k_dim + k] w_at(k, n), summed in k's
+    order from init, as the plain kernels sum (so the result is theirs): a
+    TILE x TILE block per workgroup, TILE_K columns of x and rows of w staged
+    in workgroup memory per step (0 outside the matrices)."""
+    xs = m.shared(f32, TILE * TILE_K, "xs")   # xs[r * TILE_K + k]
+    ws = m.shared(f32, TILE_K * TILE, "ws")   # ws[k * TILE + n]
+    li = m.let(m.local_index(), "li")
+    tr, tc = m.let(li // (TILE // 4), "tr"), m.let(li % (TILE // 4), "tc")
+    row0 = m.let(m.workgroup_id().y * TILE, "row0")
+    col0 = m.let(m.workgroup_id().x * TILE, "col0")
+    acc = [[m.var(f32, init(B.min(row0 + tr * 4 + i, rows - 1),
+                            B.min(col0 + tc * 4 + j, n_dim - 1)), f"acc{i}{j}")
+            for j in range(4)] for i in range(4)]
+    with m.loop(-(-k_dim // TILE_K), name="step") as step:
+        k0 = m.let(step * TILE_K, "k0")
+        for q in range(TILE * TILE_K // TILED_THREADS):
+            e = m.let(li + q * TILED_THREADS, f"e{q}")
+            r, k = e // TILE_K, e % TILE_K
+            inside = (row0 + r < rows) & (k0 + k < k_dim)
+            xs[e] = B.select(0.0, widen(x[B.min((row0 + r) * k_dim + k0 + k, rows * k_dim - 1)]),
+                             inside)
+            ws_index, value, w_inside = w_at(e, k0, col0)
+            ws[ws_index] = B.select(0.0, value, w_inside)
+        m.barrier()
+        with m.loop(TILE_K, name="k") as k:
+            a = [m.let(xs[(tr * 4 + i) * TILE_K + k], f"a{i}") for i in range(4)]
+            b = [m.let(ws[k * TILE + tc * 4 + j], f"b{j}") for j in range(4)]
+            for i in range(4):
+                for j in range(4):
+                    acc[i][j] += a[i] * b[j]
+        m.barrier()
+    for i in range(4):
+        for j in range(4):
+            t, n = row0 + tr * 4 + i, col0 + tc * 4 + j
+            with m.if_((t < rows) & (n < n_dim)):
+                store_output(out, t * n_dim + n, acc[i][j])
+
+
+def dense_tiled(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
+    """dense's result (y = x W^T (+ b)), tiled: for layers too wide for a thread
+    per output to read all of W (grid (ceil(out_dim / TILE), ceil(tokens / TILE)))."""
+    x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
+    W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
+    b = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim) if bias else None
+    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * out_dim)
+
+    def w_at(e, k0, col0):  # W[n, k], read along k
+        n, k = e // TILE_K, e % TILE_K
+        inside = (col0 + n < out_dim) & (k0 + k < in_dim)
+        index = B.min((col0 + n) * in_dim + k0 + k, out_dim * in_dim - 1)
+        return k * TILE + n, widen(W[index]), inside
+
+    def init(t, n):
+        return widen(b[n]) if b is not None else 0.0
+    _tiled_product(m, x, w_at, tokens, in_dim, out_dim, init, y)
+
+
+def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32"):
+    """dense_grad_input's result (dx (+)= g W), tiled (grid (ceil(in_dim / TILE),
+    ceil(tokens / TILE)))."""
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
+    dx = m.declare_output_buffer("dx", storage_scalar(dtype), tokens * in_dim)
+
+    def w_at(e, k0, col0):  # W[k, n], read along n
+        k, n = e // TILE, e % TILE
+        inside = (k0 + k < out_dim) & (col0 + n < in_dim)
+        index = B.min((k0 + k) * in_dim + col0 + n, out_dim * in_dim - 1)
+        return k * TILE + n, widen(W[index]), inside
+
+    def init(t, n):
+        return widen(dx[t * in_dim + n]) if accumulate else 0.0
+    _tiled_product(m, g, w_at, tokens, out_dim, in_dim, init, dx)
+

@@ -3,6 +3,7 @@ both owned by the plan (``plan.scratch["g"]`` feeds the backward)."""
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..core.plan import Plan, Role
 from ..core.weight import wgsl_dtype
@@ -17,7 +18,7 @@ def mse_parts(n: int) -> int:
     return -(-n // (width(n) * MSE_THREADS))
 
 
-def loss_plan(device, kind: str, tokens: int, columns: int, dtype=np.float32,
+def loss_plan(device, kind: str, tokens: int, columns: int, dtype: DTypeLike = np.float32,
               begin=None, dh=None, seen=False) -> Plan:
     """``kind`` "mse": given the output and a target, both ``dtype`` (f32 or
     f16) [tokens, columns]; "xent": softmax cross-entropy of the output as

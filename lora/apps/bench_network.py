@@ -1,0 +1,170 @@
+"""``python -m lora bench --network``: the training step of a 3-layer MLP
+(WIDTH -> WIDTH -> WIDTH -> WIDTH, ReLU between, LoRA of one rank on every
+layer, mse, AdamW) as one lora.Network submit, beside torch+peft's step (a
+CUDA graph; fp16 autocast for the f16 rows) in the same run. The step is also
+split into its frozen base products (x W^T forward, g W backward: timed alone,
+in TFLOP/s beside torch.mm) and the rest, which is set beside the sum of the
+layers' single-layer LayerTrainer steps."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from shaderdsl.runtime import get_device
+
+from ..training.network import Linear, Network
+from ..training.optim import AdamW
+from ..training.trainer import LayerTrainer
+from .bench_train import _captured, _cuda_us, optional_torch
+
+FULL: dict[str, Any] = dict(width=2560, layers=3, ranks=(8, 64), tokens=(512, 4096),
+                            dtypes=("f32", "f16"))
+QUICK: dict[str, Any] = dict(width=64, layers=3, ranks=(8,), tokens=(32,), dtypes=("f32",))
+DTYPES = {"f32": np.float32, "f16": np.float16}
+MIN_BATCH_S = 0.05  # a timed batch of steps lasts at least this long
+
+
+def gpu_us(device, record, steps: int = 5, repeats: int = 3) -> float:
+    """Median GPU microseconds per ``record()`` over batches of at least MIN_BATCH_S
+    (the GPU's timestamps where it has them, else the wall clock)."""
+    def batch(n):
+        t0 = time.perf_counter()
+        with device.batch(timestamps=True) as b:
+            for _ in range(n):
+                record()
+        ns = b.gpu_time_ns
+        if ns is None:
+            device.sync()
+            ns = (time.perf_counter() - t0) * 1e9
+        return ns
+
+    batch(1)
+    ns = batch(steps)
+    steps = max(steps, min(5000, int(steps * MIN_BATCH_S * 1e9 / max(ns, 1.0)) + 1))
+    return statistics.median(batch(steps) / steps / 1e3 for _ in range(repeats))
+
+
+def _mlp(width: int, layers: int, rank: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    out: list = []
+    for k in range(layers):
+        w = rng.normal(0, width ** -0.5, (width, width))
+        a = rng.normal(0, width ** -0.5, (rank, width))
+        out += [(w, rng.normal(0, 0.1, width), a, rng.normal(0, 0.1, (width, rank)))]
+    return out
+
+
+def ours(device, params, tokens, dtype) -> dict:
+    """The whole step, its base products alone, and one layer's LayerTrainer step (us)."""
+    layers: list = []
+    for k, (w, b, a, bb) in enumerate(params):
+        layers += [Linear(w, b, adapter=(a, bb), alpha=16, name=str(2 * k)), "relu"]
+    net = Network(layers[:-1], loss="mse", optimizer=AdamW(lr=1e-4), batch=tokens,
+                  dtype=DTYPES[dtype], device=device)
+    rng = np.random.default_rng(1)
+    width = params[0][0].shape[0]
+    net.step(rng.normal(0, 1, (tokens, width)), rng.normal(0, 1, (tokens, width)))
+    gpu = net.build(tokens)
+    base = [plan for steps in gpu.forwards + gpu.backwards for plan, _ in steps
+            if plan.label.endswith(("dense", "dense grad"))]
+    step_us = gpu_us(device, gpu.record_step)
+
+    def record_base():
+        for plan in base:
+            plan.record()
+    base_us = gpu_us(device, record_base)
+    return {"step_us": step_us, "base_us": base_us, "base_products": len(base),
+            "layer_us": _layer_us(device, params[0], tokens, dtype)}
+
+
+def _layer_us(device, param, tokens, dtype) -> float:
+    """One LayerTrainer step of the first layer's adapter (as ``python -m lora bench``)."""
+    from ..core.weight import Weight
+
+    w, _, a, b = param
+    dt = DTYPES[dtype]
+    weight = Weight.from_numpy(device, a, b, dtype=dt)
+    trainer = LayerTrainer(device, weight, 16 / a.shape[0], tokens, AdamW(lr=1e-4))
+    x, out, target, base = (device.empty((tokens, n), dt) for n in
+                            (w.shape[1], w.shape[0], w.shape[0], w.shape[0]))
+    return gpu_us(device, lambda: trainer.record(x, out, target, base))
+
+
+def torch_row(params, tokens, dtype) -> dict:
+    """torch+peft's step as one CUDA graph, and torch.mm at the base products' shape."""
+    torch = optional_torch()
+    if torch is None or not torch.cuda.is_available():
+        return {"torch": "not installed" if torch is None else "without CUDA"}
+    try:
+        peft = importlib.import_module("peft")
+    except ImportError:
+        return {"torch": torch.__version__, "peft": "not installed"}
+    half, dev = dtype == "f16", torch.device("cuda")
+    mods = []
+    for w, b, _, _ in params:
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.tensor(w))
+            lin.bias.copy_(torch.tensor(b))
+        mods += [lin, torch.nn.ReLU()]
+    names = [str(2 * k) for k in range(len(params))]
+    model = peft.get_peft_model(torch.nn.Sequential(*mods[:-1]), peft.LoraConfig(
+        r=params[0][2].shape[0], lora_alpha=16, target_modules=names)).to(dev)
+    width = params[0][0].shape[0]
+    x, y = (torch.randn(tokens, width, device=dev) for _ in range(2))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                            capturable=True)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=half):
+            out = model(x)
+        torch.nn.functional.mse_loss(out.float(), y).backward()
+        opt.step()
+    graph = _captured(torch, step)
+    mm_dtype = torch.float16 if half else torch.float32
+    p, q = torch.randn(tokens, width, device=dev, dtype=mm_dtype), \
+        torch.randn(width, width, device=dev, dtype=mm_dtype)
+    return {"torch": torch.__version__, "peft": peft.__version__,
+            "torch_graph_us": _cuda_us(torch, lambda: [graph.replay() for _ in range(20)], 20),
+            "torch_mm_us": _cuda_us(torch, lambda: [torch.mm(p, q) for _ in range(20)], 20)}
+
+
+def row(device, width, layers, rank, tokens, dtype, log) -> dict:
+    params = _mlp(width, layers, rank)
+    r = dict(width=width, layers=layers, rank=rank, tokens=tokens, dtype=dtype,
+             **ours(device, params, tokens, dtype), **torch_row(params, tokens, dtype))
+    flops = 2 * tokens * width * width
+    r["base_tflops"] = flops * r["base_products"] / r["base_us"] / 1e6
+    r["rest_us"] = r["step_us"] - r["base_us"]
+    r["rest_vs_layers"] = r["rest_us"] / (layers * r["layer_us"])
+    text = (f"{dtype} rank {rank:3d} tokens {tokens:5d}: step {r['step_us']:9.1f} us (base "
+            f"products {r['base_us']:9.1f} us, {r['base_tflops']:6.2f} TFLOP/s; the rest "
+            f"{r['rest_us']:8.1f} us = {r['rest_vs_layers']:.2f}x {layers} single-layer steps)")
+    if "torch_graph_us" in r:
+        r["torch_mm_tflops"] = flops / r["torch_mm_us"] / 1e6
+        text += (f"; torch+peft graph {r['torch_graph_us']:8.1f} us, torch.mm "
+                 f"{r['torch_mm_tflops']:6.2f} TFLOP/s")
+    log(text)
+    return r
+
+
+def network_main(out_dir: str, log, quick: bool = False, device=None) -> int:
+    grid = QUICK if quick else FULL
+    device = get_device() if device is None else device
+    log(f"3-layer MLP {grid['width']} wide, ReLU, LoRA on every layer, mse, AdamW; one "
+        f"lora.Network submit per step on {device.name}")
+    rows = [row(device, grid["width"], grid["layers"], rank, tokens, dtype, log)
+            for dtype in grid["dtypes"] for rank in grid["ranks"] for tokens in grid["tokens"]
+            if dtype == "f32" or device.has_feature("shader-f16")]
+    path = os.path.join(out_dir, "bench-network.json")
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    log(f"wrote {path}")
+    return 0

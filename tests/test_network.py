@@ -1,0 +1,458 @@
+"""lora.Network: a stack of frozen layers with LoRA trained together on the GPU,
+checked against a float64 numpy autograd written out here, against torch+peft
+where torch is installed, and the digits app (lora.apps.finetune) built on it."""
+import math
+
+import numpy as np
+import pytest
+
+import lora
+from lora.apps import digits as D
+from lora.apps.finetune import DigitsTrainer
+from lora.training.network import Linear, Network
+
+ACTS = {"relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(float)),
+        "tanh": (np.tanh, lambda z: 1.0 - np.tanh(z) ** 2),
+        "silu": (lambda z: z / (1 + np.exp(-z)),
+                 lambda z: (s := 1 / (1 + np.exp(-z))) * (1 + z * (1 - s)))}
+ERF = np.vectorize(math.erf)
+ACTS["gelu"] = (lambda z: z * 0.5 * (1 + ERF(z / math.sqrt(2))),
+                lambda z: 0.5 * (1 + ERF(z / math.sqrt(2)))
+                + z * np.exp(-z * z / 2) / math.sqrt(2 * math.pi))
+# relative (largest difference over the largest value): measured on lavapipe at most 2.7e-7
+# after 4 steps (losses 2.9e-7), and 6.5e-7 after 20 steps of the torch test's model
+TOL = 5e-6
+
+
+def _mlp(rng, dims, acts, *, frozen=(), bias=(0, 1, 2), rank=3):
+    """[Linear, act, Linear, act, Linear] with random weights and nonzero
+    adapters (B != 0, so every gradient is live at the first step)."""
+    layers = []
+    for k, (i, o) in enumerate(zip(dims, dims[1:])):
+        w = rng.normal(0, 1 / math.sqrt(i), (o, i))
+        b = rng.normal(0, 0.1, o) if k in bias else None
+        ad = None if k in frozen else (rng.normal(0, 0.3, (rank, i)), rng.normal(0, 0.3, (o, rank)))
+        layers.append(dict(w=w, b=b, ad=ad, alpha=2.0 * rank))
+        if k < len(acts):
+            layers.append(acts[k])
+    return layers
+
+
+def _network(spec, **kw):
+    return Network([s if isinstance(s, str) else
+                    Linear(s["w"], s["b"], adapter=s["ad"], alpha=s["alpha"]) for s in spec],
+                   **kw)
+
+
+def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False):
+    """One step in float64, by hand: forward, loss, backward, torch's AdamW
+    (or plain SGD); updates the adapters in ``spec``, returns the loss before."""
+    zs, v = [], x
+    for s in spec:
+        zs.append(v)
+        if isinstance(s, str):
+            v = ACTS[s][0](v)
+        else:
+            v = v @ s["w"].T + (0 if s["b"] is None else s["b"])
+            if s["ad"] is not None:
+                a, b = s["ad"]
+                v = v + s["alpha"] / len(a) * (zs[-1] @ a.T) @ b.T
+    if kind == "mse":
+        loss, g = np.mean((v - y) ** 2), 2 * (v - y) / v.size
+    else:
+        p = np.exp(v - v.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        loss = -np.mean(np.log(p[np.arange(len(y)), y]))
+        g = p.copy()
+        g[np.arange(len(y)), y] -= 1
+        g /= len(y)
+    grads = {}
+    for k in reversed(range(len(spec))):
+        s, xin = spec[k], zs[k]
+        if isinstance(s, str):
+            g = g * ACTS[s][1](xin)
+            continue
+        dx = g @ s["w"]
+        if s["ad"] is not None:
+            a, b = s["ad"]
+            sc = s["alpha"] / len(a)
+            dh = sc * g @ b
+            grads[k] = (dh.T @ xin, sc * g.T @ (xin @ a.T))
+            dx = dx + dh @ a
+        g = dx
+    for k, pair in grads.items():
+        new = []
+        for j, (p, gr) in enumerate(zip(spec[k]["ad"], pair)):
+            if sgd:
+                new.append(p - lr * gr)
+                continue
+            m, vv = state.get((k, j), (0.0, 0.0))
+            m, vv = 0.9 * m + 0.1 * gr, 0.999 * vv + 0.001 * gr * gr
+            state[(k, j)] = (m, vv)
+            p = p * (1 - lr * wd)
+            m_hat, v_hat = m / (1 - 0.9 ** step), vv / (1 - 0.999 ** step)
+            new.append(p - lr * m_hat / (np.sqrt(v_hat) + 1e-8))
+        spec[k]["ad"] = tuple(new)
+    return loss
+
+
+def _reference_forward(spec, v):
+    for s in spec:
+        if isinstance(s, str):
+            v = ACTS[s][0](v)
+        else:
+            base = v @ s["w"].T + (0 if s["b"] is None else s["b"])
+            if s["ad"] is not None:
+                a, b = s["ad"]
+                base = base + s["alpha"] / len(a) * (v @ a.T) @ b.T
+            v = base
+    return v
+
+
+def _rel(got, want) -> float:
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def _as32(spec):
+    """The spec with every array rounded to float32 (the GPU's values), in float64."""
+    out = []
+    for s in spec:
+        if isinstance(s, str):
+            out.append(s)
+            continue
+        r: dict = {k: (None if v is None else np.float32(v).astype(np.float64))
+                   for k, v in s.items() if k in ("w", "b")}
+        r["ad"] = None if s["ad"] is None else tuple(np.float32(m).astype(np.float64)
+                                                     for m in s["ad"])
+        out.append(dict(r, alpha=s["alpha"]))
+    return out
+
+
+@pytest.mark.parametrize("acts, kind, frozen, dims", [
+    (("gelu", "silu"), "mse", (), (12, 16, 8, 5)),
+    (("relu", "tanh"), "xent", (0,), (12, 16, 8, 5)),  # a frozen first layer: no gradient into it
+    (("tanh", "gelu"), "mse", (1,), (12, 16, 8, 5)),   # a frozen middle layer: W^T g passes
+    (("silu", "relu"), "mse", (), (12, 130, 128, 5)),  # the middle layer's products tiled
+], ids=["gelu-silu-mse", "relu-tanh-xent-frozen-first", "tanh-gelu-mse-frozen-middle",
+        "wide-middle-tiled"])
+def test_three_layers_match_float64_autograd(acts, kind, frozen, dims):
+    """Every adapter, the losses and forward() after 4 AdamW steps, against
+    the float64 autograd above (inputs rounded to float32 as the GPU holds them)."""
+    rng = np.random.default_rng(0)
+    batch, lr = 6, 2e-2
+    spec = _as32(_mlp(rng, dims, acts, frozen=frozen))
+    net = _network(spec, loss=kind, optimizer=lora.AdamW(lr=lr))
+    tiled = [p.label for s in net.build(batch).forwards for p, _ in s
+             if p.steps[0].kernel.name.endswith("_tiled")]
+    assert len(tiled) == (dims[1] * dims[2] >= 128 * 128), tiled
+    state = {}
+    for step in range(1, 5):
+        x = rng.normal(0, 1, (batch, dims[0]))
+        y = rng.integers(0, dims[-1], batch) if kind == "xent" else rng.normal(0, 1, (batch, 5))
+        net.step(x, y)
+        want = _reference_step(spec, np.float32(x).astype(np.float64),
+                               np.float32(y).astype(np.float64) if kind == "mse" else y, kind,
+                               state, step, lr)
+        assert abs(net.loss() - want) <= TOL * abs(want), (step, net.loss(), want)
+    names = [s for s in net.adapters()]
+    trained = [s for s in spec if not isinstance(s, str) and s["ad"] is not None]
+    assert len(names) == len(trained) == 3 - len(frozen)
+    for name, s in zip(names, trained):
+        for got, want in zip(net.adapters()[name], s["ad"]):
+            assert _rel(got, want) < TOL, (name, _rel(got, want))
+    x = rng.normal(0, 1, (batch + 2, dims[0]))   # two batches, the second padded
+    assert _rel(net.forward(x), _reference_forward(spec, np.float32(x).astype(np.float64))) < TOL
+
+
+def test_digits_trainer_is_unchanged():
+    """The digits app on the general network: 5 steps of python -m lora train's
+    recipe match its float64 reference as before (the same kernels, in order)."""
+    data = D.load(0)
+    base = D.train_base(data, 0, steps=30)
+    start = D.init_adapters(8, 0)
+    settings: dict = dict(lr=1e-2, max_grad_norm=1.0, schedule="cosine", warmup=2, total=5,
+                          eps=1e-8, weight_decay=0.0)
+    from shaderdsl.runtime import get_device
+    trainer = DigitsTrainer(get_device(), base, start, 2.0, 16, lora.AdamW(**settings))
+    assert set(trainer.bufs) == {"x", "labels", "losses"}
+    assert set(trainer.base) == {"w1", "b1", "w2", "b2"}
+    ref = {k: tuple(v.astype(np.float64) for v in p) for k, p in start.items()}
+    state = {}
+    for step, idx in enumerate(D.batches(len(data.train_y), 16, 5, 0), 1):
+        trainer.load_batch(data.train_x[idx], data.train_y[idx])
+        trainer.record()
+        want = D.reference_step(base, ref, 2.0, data.train_x[idx], data.train_y[idx], state,
+                                step, settings)
+        assert abs(trainer.loss() - want) < 1e-5 * want
+    for name, pair in trainer.adapters().items():
+        for got, want in zip(pair, ref[name]):
+            assert _rel(got, want) < 1e-4
+
+
+def test_save_and_load_round_trip(tmp_path):
+    """A trained network's adapters saved as one peft adapter (module names the
+    layers' names) load into a fresh network of the same layers, and into
+    nothing else."""
+    rng = np.random.default_rng(1)
+    spec = _mlp(rng, (6, 8, 8, 3), ("relu", "gelu"), frozen=(1,))
+    names = iter(["fc1", "fc2", "fc3"])
+    layers = [s if isinstance(s, str) else
+              Linear(s["w"], s["b"], rank=2 if s["ad"] is not None else None, alpha=4,
+                     name=next(names)) for s in spec]
+    net = Network(layers, loss="xent", optimizer=lora.AdamW(lr=0.05))
+    for _ in range(3):
+        net.step(rng.normal(0, 1, (4, 6)), rng.integers(0, 3, 4))
+    path = net.save_adapter(tmp_path / "adapter")
+    assert sorted(lora.load_adapter(path)) == ["fc1", "fc3"]
+    def like(rank, alpha, seed=0):
+        return [s if isinstance(s, str) else Linear(
+            s.weight, s.bias, rank=rank if s.adapter is not None else None, alpha=alpha,
+            name=s.name, seed=seed) for s in layers]
+
+    fresh = Network(like(2, 4, seed=9), loss="xent", optimizer=lora.AdamW())
+    x = rng.normal(0, 1, (5, 6))
+    assert _rel(fresh.forward(x), net.forward(x)) > 1e-3   # fc3's B moved off zero
+    fresh.load_adapter(path)
+    for name, (a, b) in net.adapters().items():
+        np.testing.assert_array_equal(fresh.adapters()[name][0], a)
+        np.testing.assert_array_equal(fresh.adapters()[name][1], b)
+    np.testing.assert_array_equal(fresh.forward(x), net.forward(x))
+    other = Network([Linear(np.ones((3, 6)), rank=2, alpha=4, name="head")], optimizer=None)
+    with pytest.raises(ValueError, match=r"has the modules \['fc1', 'fc3'\].* \['head'\]"):
+        other.load_adapter(path)
+    wrong_scale = Network(like(2, 8))
+    with pytest.raises(ValueError, match="'fc1' in .* has rank 2 and scale 2.0; the layer has "
+                                         "rank 2 and scale 4.0"):
+        wrong_scale.load_adapter(path)
+
+
+class NoDevice:
+    """A device that fails on any use: what is refused is refused before it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the device was touched ({name})")
+
+
+@pytest.mark.parametrize("layers, match", [
+    (lambda: [Linear(np.ones((4, 3)), rank=2), "relu", Linear(np.ones((2, 5)), rank=2)],
+     r"layer 2 \('2'\) takes 5 inputs, but the layer before it gives 4"),
+    (lambda: [Linear(np.ones((4, 3)), rank=2), "swish"],
+     r"layer 1: unknown activation 'swish'; expected one of \('relu', 'gelu', 'silu', 'tanh'\)"),
+    (lambda: [Linear(np.ones((4, 3)), adapter=(np.ones((2, 4)), np.ones((4, 2))), name="fc1")],
+     r"Linear 'fc1': the adapter does not fit the layer \(3 -> 4\): A must be \[rank, 3\] and "
+     r"B \[4, rank\], got A \[2, 4\] and B \[4, 2\]"),
+    (lambda: [Linear(np.ones((4, 3)), adapter=(np.ones((2, 3)), np.ones((4, 3))))],
+     r"got A \[2, 3\] and B \[4, 3\]"),
+    (lambda: [Linear(np.ones((4, 3)), bias=np.ones(3), rank=2)],
+     r"Linear: bias must be 4 finite floats \(one per output\), got float64 \(3,\)"),
+    (lambda: [Linear(np.ones((4, 3)))], "no Linear layer has an adapter"),
+    (lambda: [Linear(np.ones((4, 3)), rank=1, name="a"), Linear(np.ones((4, 4)), name="a")],
+     "layer 1: the name 'a' is taken"),
+    (lambda: ["relu"], "no Linear layer"),
+])
+def test_bad_layers_are_refused_by_name_before_the_device(layers, match):
+    with pytest.raises(ValueError, match=match):
+        Network(layers(), device=NoDevice())
+
+
+def test_clipping_more_adapters_than_the_norm_kernel_takes_is_refused():
+    layers = [Linear(np.ones((3, 3)), rank=1) for _ in range(4)]
+    with pytest.raises(ValueError, match="takes at most 3 adapted layers .6 tensors., this "
+                                         "network has 4; train without it"):
+        Network(layers, optimizer=lora.AdamW(max_grad_norm=1.0), device=NoDevice())
+    Network(layers, optimizer=lora.AdamW(), device=NoDevice())   # without clipping: fine
+
+
+def test_bad_batches_are_refused_before_anything_is_written():
+    net = Network([Linear(np.ones((4, 3)), rank=2), "tanh"], loss="xent", batch=2,
+                  device=NoDevice())
+    with pytest.raises(ValueError, match=r"x must be \[rows, 3\] numbers, got float64 \(2, 4\)"):
+        net.step(np.ones((2, 4)), np.zeros(2, int))
+    with pytest.raises(ValueError, match="batches of 2 rows, x has 3"):
+        net.step(np.ones((3, 3)), np.zeros(3, int))
+    with pytest.raises(ValueError, match=r"labels must be in 0..3 .* got 0..4"):
+        net.step(np.ones((2, 3)), np.array([0, 4]))
+    mse = Network([Linear(np.ones((4, 3)), rank=2)], device=NoDevice())
+    with pytest.raises(ValueError, match=r"with loss 'mse', y must be \[2, 4\] numbers, got "
+                                         r"float64 \(2, 3\)"):
+        mse.step(np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="loss: expected one of"):
+        Network([Linear(np.ones((4, 3)), rank=2)], loss="l1", device=NoDevice())
+    with pytest.raises(RuntimeError, match="no step recorded yet"):
+        net.loss()
+
+
+def test_torch_peft_twenty_adamw_steps(tmp_path):
+    """The same 3-layer MLP in torch+peft (LoraConfig on modules "0", "2",
+    "4" of an nn.Sequential): every adapter after 20 AdamW steps within 1e-5
+    relative (f32), and this network's saved adapter loads into peft."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here (the H200 has it)")
+    peft = pytest.importorskip("peft", reason="peft is not installed here (the H200 has it)")
+    rng = np.random.default_rng(2)
+    dims, batch, lr = (10, 16, 12, 4), 8, 1e-2
+    spec = _mlp(rng, dims, ("gelu", "tanh"), rank=4)
+    net = _network(spec, loss="mse", optimizer=lora.AdamW(lr=lr))
+
+    def torch_mlp():
+        mods = []
+        for s in spec:
+            if isinstance(s, str):
+                mods.append({"gelu": torch.nn.GELU, "tanh": torch.nn.Tanh}[s]())
+                continue
+            lin = torch.nn.Linear(s["w"].shape[1], s["w"].shape[0], bias=s["b"] is not None)
+            with torch.no_grad():
+                lin.weight.copy_(torch.tensor(s["w"], dtype=torch.float32))
+                if s["b"] is not None:
+                    lin.bias.copy_(torch.tensor(s["b"], dtype=torch.float32))
+            mods.append(lin)
+        return torch.nn.Sequential(*mods)
+
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["0", "2", "4"], lora_dropout=0.0)
+    model = peft.get_peft_model(torch_mlp(), config)
+    for k in (0, 2, 4):
+        layer = model.base_model.model[k]
+        with torch.no_grad():
+            for part, value in zip((layer.lora_A, layer.lora_B), spec[k]["ad"]):
+                part["default"].weight.copy_(torch.tensor(value, dtype=torch.float32))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for _ in range(20):
+        x, y = rng.normal(0, 1, (batch, dims[0])), rng.normal(0, 1, (batch, dims[-1]))
+        net.step(x, y)
+        opt.zero_grad()
+        out = model(torch.tensor(x, dtype=torch.float32))
+        torch.nn.functional.mse_loss(out, torch.tensor(y, dtype=torch.float32)).backward()
+        opt.step()
+    for k, name in zip((0, 2, 4), net.adapters()):
+        layer = model.base_model.model[k]
+        for got, want in zip(net.adapters()[name], (layer.lora_A["default"].weight,
+                                                    layer.lora_B["default"].weight)):
+            assert _rel(got, want.detach().numpy().astype(np.float64)) < 1e-5
+    loaded = peft.PeftModel.from_pretrained(torch_mlp(), net.save_adapter(tmp_path / "ad"))
+    x = rng.normal(0, 1, (5, dims[0]))
+    with torch.no_grad():
+        theirs = loaded(torch.tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+    assert _rel(net.forward(x), theirs) < 1e-5
+
+
+def test_f16_mixed_precision_follows_float64():
+    """dtype=np.float16: f16 weights, activations and gradients, f32 sums and
+    masters; 4 SGD steps stay within f16's rounding of the float64 autograd
+    (SGD: AdamW's first steps move each value by about lr times the sign of its
+    gradient, so f16's noise flips whole steps where a gradient is near 0)."""
+    from shaderdsl.runtime import get_device
+    if not get_device().has_feature("shader-f16"):
+        pytest.skip("the device lacks shader-f16")
+    rng = np.random.default_rng(3)
+    dims, batch, lr = (12, 16, 8, 5), 6, 0.05
+    spec = _mlp(rng, dims, ("gelu", "relu"))
+    def rounded(v):
+        return None if v is None else np.float16(v).astype(np.float64)
+
+    f16 = [s if isinstance(s, str) else dict(s, w=rounded(s["w"]), b=rounded(s["b"]))
+           for s in spec]
+    net = _network(f16, loss="mse", optimizer=lora.SGD(lr=lr), dtype=np.float16)
+    start: list = [s["ad"] for s in f16 if not isinstance(s, str)]
+    state = {}
+    for step in range(1, 5):
+        x, y = rng.normal(0, 1, (batch, dims[0])), rng.normal(0, 1, (batch, dims[-1]))
+        net.step(x, y)
+        want = _reference_step(f16, np.float16(x).astype(np.float64),
+                               np.float16(y).astype(np.float64), "mse", state, step, lr, sgd=True)
+        assert abs(net.loss() - want) <= 1.5e-3 * want   # measured 3.4e-4
+    trained: list = [s["ad"] for s in f16 if not isinstance(s, str)]
+    for (name, pair), want_pair, first in zip(net.adapters().items(), trained, start):
+        for got, want, before in zip(pair, want_pair, first):
+            assert got.dtype == np.float32   # the masters
+            assert _rel(got, want) < 1.5e-3, (name, _rel(got, want))   # measured 4.3e-4
+            assert _rel(want, before) > 0.1   # SGD moved every adapter
+    assert _rel(net.forward(x), _reference_forward(f16, np.float16(x).astype(np.float64))) < 2e-3
+    with pytest.raises(ValueError, match="'big': weight has values past float16's range"):
+        Network([Linear(np.full((2, 2), 1e5), rank=1, name="big")], dtype=np.float16,
+                device=NoDevice())
+
+
+def test_bench_network_quick(tmp_path):
+    """python -m lora bench --network --quick: a row with the step, its base
+    products and the rest, written as JSON."""
+    import json
+
+    from lora.apps.bench_network import network_main
+
+    lines = []
+    assert network_main(str(tmp_path), lines.append, quick=True) == 0
+    (row,) = json.loads((tmp_path / "bench-network.json").read_text())
+    assert row["base_products"] == 5   # 3 forward products, 2 input gradients
+    assert 0 < row["base_us"] < row["step_us"] and row["layer_us"] > 0
+    assert "base products" in lines[1]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_tiled_base_products_are_the_plain_ones(dtype):
+    """dense_tiled and dense_grad_input_tiled sum in the plain kernels' order:
+    the same bits, sizes no multiple of a tile (and within float64's rounding)."""
+    from lora.core.plan import Plan
+    from shaderdsl.runtime import get_device
+    dev = get_device()
+    if dtype == "f16" and not dev.has_feature("shader-f16"):
+        pytest.skip("the device lacks shader-f16")
+    dt = np.float16 if dtype == "f16" else np.float32
+    rng = np.random.default_rng(4)
+    tokens, i, o = 70, 50, 130
+    x, w, b = rng.normal(0, 1, (tokens, i)), rng.normal(0, 1, (o, i)), rng.normal(0, 1, o)
+    g, dx0 = rng.normal(0, 1, (tokens, o)), rng.normal(0, 1, (tokens, i))
+    bufs = {k: dev.buffer(v.astype(dt)) for k, v in dict(x=x, W=w, bias=b, g=g).items()}
+    got = {}
+    for name in ("dense", "dense_tiled"):
+        y = dev.empty((tokens, o), dt)
+        Plan(dev, name, [(name, dict(in_dim=i, out_dim=o, tokens=tokens, dtype=dtype))], {},
+             bound={"x": bufs["x"], "W": bufs["W"], "bias": bufs["bias"], "y": y}).record()
+        got[name] = dev.read(y).copy()
+    for name in ("dense_grad_input", "dense_grad_input_tiled"):
+        dx = dev.buffer(dx0.astype(dt))
+        Plan(dev, name, [(name, dict(in_dim=i, out_dim=o, tokens=tokens, dtype=dtype,
+                                     accumulate=True))], {},
+             bound={"g": bufs["g"], "W": bufs["W"], "dx": dx}).record()
+        got[name] = dev.read(dx).copy()
+    np.testing.assert_array_equal(got["dense_tiled"], got["dense"])
+    np.testing.assert_array_equal(got["dense_grad_input_tiled"], got["dense_grad_input"])
+    r = [v.astype(dt).astype(np.float64) for v in (x, w, b, g, dx0)]
+    tol = 1e-2 if dtype == "f16" else 1e-5
+    assert _rel(got["dense_tiled"], r[0] @ r[1].T + r[2]) < tol
+    assert _rel(got["dense_grad_input_tiled"], r[4] + r[3] @ r[1]) < tol
+
+
+def _matrix_device():
+    """The interpreter with the H200's subgroup matrices (f16 16x16x16, subgroups of 32)."""
+    from shaderdsl import interp
+    return interp.Device(subgroup_size=32,
+                         limits={"max-compute-workgroup-storage-size": 32768})
+
+
+def test_f16_base_products_on_matrix_units():
+    """dense_matrix and dense_grad_input_matrix (run by the interpreter, as
+    lavapipe has no subgroup matrices) within f16's rounding of float64, sizes
+    no multiple of a tile; an f16 Network picks them for a large weight where
+    the device has the fragments, and the plain kernels for a small one."""
+    from lora.core.plan import Plan
+    dev = _matrix_device()
+    rng = np.random.default_rng(5)
+    tokens, i, o = 70, 40, 36
+    x, w, b, g, dx0 = (rng.normal(0, 1, s).astype(np.float16)
+                       for s in ((tokens, i), (o, i), (o,), (tokens, o), (tokens, i)))
+    bufs = {k: dev.buffer(v) for k, v in dict(x=x, W=w, bias=b, g=g).items()}
+    y, dx = dev.empty((tokens, o), np.float16), dev.buffer(dx0)
+    Plan(dev, "dense", [("dense_matrix", dict(in_dim=i, out_dim=o, tokens=tokens))], {},
+         bound={"x": bufs["x"], "W": bufs["W"], "bias": bufs["bias"], "y": y}).record()
+    Plan(dev, "grad", [("dense_grad_input_matrix", dict(in_dim=i, out_dim=o, tokens=tokens,
+                                                        accumulate=True))], {},
+         bound={"g": bufs["g"], "W": bufs["W"], "dx": dx}).record()
+    r = [v.astype(np.float64) for v in (x, w, b, g, dx0)]
+    assert _rel(dev.read(y), r[0] @ r[1].T + r[2]) < 1.5e-3     # measured 2.9e-4
+    assert _rel(dev.read(dx), r[4] + r[3] @ r[1]) < 1.5e-3      # measured 3.4e-4
+    net = Network([Linear(rng.normal(0, 0.1, (128, 128)), rank=2), "relu",
+                   Linear(rng.normal(0, 0.1, (4, 128)), rank=2)], dtype=np.float16, device=dev)
+    gpu = net.build(8)
+    kernels = [[p.steps[0].kernel.name for p, _ in steps]
+               for steps in gpu.forwards + gpu.backwards]   # names end in the dtype
+    assert kernels[0][0] == "dense_matrix" and kernels[2][0] == "dense_f16"
+    assert kernels[3][-1] == "dense_grad_input_f16"   # the small layer's input gradient
