@@ -16,7 +16,7 @@ from shaderdsl.errors import BrowserError, FeatureError
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 CONTINUES = re.compile(r"\bcontinues\s+the\s+block\s+above\b", re.I)
-RUN_ALONE = {"lora.md", "adapter-files.md", "README.md", "architecture.md"}
+RUN_ALONE = {"lora.md", "adapter-files.md", "README.md", "architecture.md", "training.md"}
 FILES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
          if BLOCK.search(p.read_text())]
 
@@ -46,30 +46,34 @@ def test_continuing_blocks_are_found():
     assert [c for _, c in blocks((ROOT / "docs" / "lora.md").read_text())].count(True) >= 3
 
 
-def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> None:
+def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> str | None:
+    """Run one block; the reason it could not run here (then the caller skips), or None."""
     where = f"{doc.name}, Python block {k + 1} of {count}"
     try:
         exec(compile(block, where, "exec"), namespace)
     except FeatureError as e:  # an f16 block on llvmpipe: the device, not the doc
-        pytest.skip(f"{where} needs what the device lacks: {e}")
+        return f"{where} needs what the device lacks: {e}"
     except ModuleNotFoundError as e:
         if e.name != "torch":
             raise
-        pytest.skip(f"{where} needs torch, which is not in the test extras (its Linux wheels "
-                    f"bring CUDA)")
+        return f"{where} needs torch, which is not in the test extras (its Linux wheels bring CUDA)"
     except Exception as e:
         if isinstance(e, BrowserError) and "no Chromium found" in str(e):
-            pytest.skip(f"{where} needs Chromium, which this machine lacks (scripts/setup.sh "
-                        f"installs it)")
+            return f"{where} needs Chromium, which this machine lacks (scripts/setup.sh installs it)"
         raise AssertionError(f"{where} raised {type(e).__name__}: {e}\n{block}") from e
+    return None
 
 
 @pytest.mark.parametrize("doc", FILES, ids=lambda p: p.name)
 def test_every_python_block_runs(doc, tmp_path, monkeypatch):
+    """A block that cannot run here skips the blocks that continue it (in a shared
+    file: every later block); the others still run, then the test skips saying why."""
     monkeypatch.syspath_prepend(str(ROOT))
     found = blocks(doc.read_text())
     alone = doc.name in RUN_ALONE
     namespace: dict = {}
+    skipped: list[str] = []
+    chain_skipped = False
     for k, (block, continues) in enumerate(found):
         if alone and continues and k == 0:
             raise AssertionError(f"{doc.name}: the first block cannot continue a block above")
@@ -78,4 +82,12 @@ def test_every_python_block_runs(doc, tmp_path, monkeypatch):
             folder = tmp_path / f"block{k + 1}"
             folder.mkdir()
             monkeypatch.chdir(folder)
-        run_block(doc, k, len(found), block, namespace)
+            chain_skipped = False
+        if chain_skipped:
+            continue
+        reason = run_block(doc, k, len(found), block, namespace)
+        if reason:
+            skipped.append(reason)
+            chain_skipped = True
+    if skipped:
+        pytest.skip("; ".join(skipped))

@@ -394,17 +394,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    p = _parser()
-    args = p.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-
-    def log(*a, **kw):
-        print(*a, **kw, flush=True)
-
-    bad = set(args.dtypes or ()) - set(NUMPY_DTYPES)
-    if bad:
-        p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
+def _special_run(args, log) -> int | None:
+    """The exit code of a bench other than the forward/training matrix (--tokens-sweep,
+    --profile, --gemm, --ceiling, --many, --network); None when none was asked for."""
     if args.tokens_sweep:
         return sweep_main(args, log)
     if args.profile:
@@ -419,6 +411,23 @@ def main(argv=None) -> int:
         return many_main(args.out, log, args.quick, counts)
     if args.network:  # a 3-layer MLP's step
         return network_main(args.out, log, args.quick)
+    return None
+
+
+def main(argv=None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+
+    def log(*a, **kw):
+        print(*a, **kw, flush=True)
+
+    bad = set(args.dtypes or ()) - set(NUMPY_DTYPES)
+    if bad:
+        p.error(f"--dtypes: unknown {', '.join(sorted(bad))}; expected f32 and/or f16")
+    special = _special_run(args, log)
+    if special is not None:
+        return special
 
     grid = dict(QUICK if args.quick else FULL)
     train_grid = dict(bench_train.QUICK if args.quick else bench_train.FULL)
