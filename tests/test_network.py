@@ -226,6 +226,22 @@ def test_save_and_load_round_trip(tmp_path):
         wrong_scale.load_adapter(path)
 
 
+def test_layers_of_different_ranks_and_alphas_save_as_peft_patterns(tmp_path):
+    """Each layer's rank and alpha go into the file (r and lora_alpha the common
+    ones, rank_pattern and alpha_pattern the others, as peft writes them)."""
+    rng = np.random.default_rng(2)
+    net = Network([Linear(rng.normal(0, 1, (8, 6)), rank=2, alpha=4, name="fc1"), "tanh",
+                   Linear(rng.normal(0, 1, (3, 8)), rank=4, alpha=2, name="fc2")],
+                  optimizer=lora.AdamW(lr=0.05))
+    net.step(rng.normal(0, 1, (4, 6)), rng.normal(0, 1, (4, 3)))
+    path = net.save_adapter(tmp_path / "adapter")
+    loaded = lora.load_adapter(path)
+    assert {k: (v.rank, v.scale) for k, v in loaded.items()} == {"fc1": (2, 2.0), "fc2": (4, 0.5)}
+    for name, (a, b) in net.adapters().items():
+        np.testing.assert_array_equal(loaded[name].a, a)
+        np.testing.assert_array_equal(loaded[name].b, b)
+
+
 class NoDevice:
     """A device that fails on any use: what is refused is refused before it."""
 

@@ -306,12 +306,10 @@ class Network:
 
     def save_adapter(self, path, **kw):
         """Every adapter as one peft adapter (lora.save_adapter), module names
-        the layers' names; extra keywords go to save_adapter."""
+        the layers' names, each layer's alpha (peft's alpha_pattern where they
+        differ); extra keywords go to save_adapter."""
         alphas = {x.name: x.alpha for x in self.linears if x.adapter is not None}
-        if len(set(alphas.values())) > 1:
-            raise ValueError(f"Network.save_adapter: the layers' alphas differ ({alphas}); a "
-                             f"peft file written here has one lora_alpha")
-        return save_adapter(path, self.adapters(), alpha=next(iter(alphas.values())), **kw)
+        return save_adapter(path, self.adapters(), alpha=alphas, **kw)
 
     def load_adapter(self, path) -> None:
         """Every adapted layer's A and B from a peft adapter (lora.load_adapter)
