@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import statistics
-import time
 from typing import Any
 
 import numpy as np
 
 from shaderdsl.runtime import get_device
 
+from ..core.tuning import median_us
 from ..training.network import Linear, Network
 from ..training.optim import AdamW
 from ..training.trainer import LayerTrainer
@@ -27,27 +26,12 @@ FULL: dict[str, Any] = dict(width=2560, layers=3, ranks=(8, 64), tokens=(512, 40
                             dtypes=("f32", "f16"))
 QUICK: dict[str, Any] = dict(width=64, layers=3, ranks=(8,), tokens=(32,), dtypes=("f32",))
 DTYPES = {"f32": np.float32, "f16": np.float16}
-MIN_BATCH_S = 0.05  # a timed batch of steps lasts at least this long
 
 
-def gpu_us(device, record, steps: int = 5, repeats: int = 3) -> float:
-    """Median GPU microseconds per ``record()`` over batches of at least MIN_BATCH_S
-    (the GPU's timestamps where it has them, else the wall clock)."""
-    def batch(n):
-        t0 = time.perf_counter()
-        with device.batch(timestamps=True) as b:
-            for _ in range(n):
-                record()
-        ns = b.gpu_time_ns
-        if ns is None:
-            device.sync()
-            ns = (time.perf_counter() - t0) * 1e9
-        return ns
-
-    batch(1)
-    ns = batch(steps)
-    steps = max(steps, min(5000, int(steps * MIN_BATCH_S * 1e9 / max(ns, 1.0)) + 1))
-    return statistics.median(batch(steps) / steps / 1e3 for _ in range(repeats))
+def gpu_us(device, record) -> float:
+    """Median GPU microseconds per ``record()`` (a step: tuning.median_us, at
+    most 5000 a batch, 3 batches)."""
+    return median_us(device, record, 5, repeats=3, most=5000)
 
 
 def _mlp(width: int, layers: int, rank: int, seed: int = 0) -> list:
