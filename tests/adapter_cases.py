@@ -213,6 +213,50 @@ def _target_cases() -> list[AdapterCase]:
             for name, (value, refused) in targets.items()]
 
 
+def _pattern_cases() -> list[AdapterCase]:
+    """peft's rank_pattern and alpha_pattern: the first key (in the file's order) that
+    matches a dotted suffix of the module name overrides r or lora_alpha."""
+    layer0 = "model.layers.0"
+    good = {"rank_pattern sets the rank": (config(r=4, rank_pattern={"q_proj": 2}), ACCEPTED),
+            "first matching key wins": (config(r=4, rank_pattern={r"self_attn\.q_proj": 2,
+                                                                 "q_proj": 3}), ACCEPTED),
+            "a key that is not a dotted suffix": (config(rank_pattern={r"attn\.q_proj": 3}),
+                                                  ACCEPTED),
+            "alpha_pattern sets the alpha": (config(alpha_pattern={"q_proj": 8}),
+                                             {MODULE: [2, 3, 5, 4.0]}),
+            "alpha_pattern with rsLoRA": (config(alpha_pattern={"self_attn.q_proj": 3},
+                                                 use_rslora=True),
+                                          {MODULE: [2, 3, 5, 3 / math.sqrt(2)]}),
+            "patterns null and []": (config(rank_pattern=None, alpha_pattern=[]), ACCEPTED)}
+    bad = {"first matching key wins, refused": ({"q_proj": 3, r"self_attn\.q_proj": 2},
+                                                f"{KEY_A} has shape (2, 3); lora_A must be "
+                                                f"[r, in] with r = 3"),
+           "rank_pattern a list": ([1], "adapter_config.json: rank_pattern must be an object, "
+                                        "got [1]"),
+           "rank_pattern 2.0": ({"q_proj": 2.0},
+                                "rank_pattern['q_proj'] must be an int >= 1, got 2.0"),
+           "rank_pattern true": ({"q_proj": True},
+                                 "rank_pattern['q_proj'] must be an int >= 1, got True"),
+           "rank_pattern 0, escaped key": ({r"self_attn\.q_proj": 0}, r"rank_pattern["
+                                           r"'self_attn\\.q_proj'] must be an int >= 1, got 0"),
+           "rank_pattern key not a regex": ({"(q": 2}, "rank_pattern key '(q' is not a valid "
+                                                       "regex")}
+    out = [AdapterCase(name, text, GOOD, layers=layers) for name, (text, layers) in good.items()]
+    out += [AdapterCase(name, config(r=4, rank_pattern=value), GOOD, refused=refused)
+            for name, (value, refused) in bad.items()]
+    return out + [
+        AdapterCase("integer-like key keeps its place", config(
+            r=4, rank_pattern={r"layers\.0": 2, "0": 3}), raw_safetensors(
+            pair_entries(module=layer0)), layers={layer0: [2, 3, 5, 2.0]}),
+        AdapterCase("alpha_pattern text", config(alpha_pattern={"q_proj": "4"}), GOOD,
+                    refused="alpha_pattern['q_proj'] must be a finite number, got '4'"),
+        AdapterCase("alpha_pattern null value", config(alpha_pattern={"q_proj": None}), GOOD,
+                    refused="alpha_pattern['q_proj'] must be a finite number, got None"),
+        AdapterCase("alpha_pattern a string", config(alpha_pattern="x"), GOOD,
+                    refused="alpha_pattern must be an object, got 'x'"),
+    ]
+
+
 def _tensor_cases() -> list[AdapterCase]:
     nan = np.arange(10.0)
     nan[[1, 4]] = [np.nan, np.inf]
@@ -243,8 +287,8 @@ def _tensor_cases() -> list[AdapterCase]:
     ]
 
 
-CASES = (_tensor_cases() + _dtype_cases() + _config_cases() + _target_cases()
-         + _header_cases() + _hostile_cases())
+CASES = (_tensor_cases() + _dtype_cases() + _config_cases() + _pattern_cases()
+         + _target_cases() + _header_cases() + _hostile_cases())
 
 
 def check_outcome(case: AdapterCase, outcome: dict, reader: str) -> None:

@@ -8,8 +8,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from adapter_cases import CASES, RUN_CASES_JS, check_outcome
+
+from lora.training.adapter_io import CONFIG_NAME, load_adapter, save_adapter
 
 ADAPTER_JS = Path(__file__).resolve().parents[1] / "lora" / "apps" / "web_assets" / "adapter.mjs"
 NODE = shutil.which("node") or ""
@@ -62,3 +65,74 @@ def test_the_page_writes_no_reserved_names(tmp_path):
     done = subprocess.run([NODE, str(script)], capture_output=True, text=True, timeout=60)
     assert done.stdout.startswith("AdapterFileError: key base_model.model.model.constructor."
                                   "lora_A.weight holds the name 'constructor'"), done
+
+
+# Modules of different ranks and alphas, on names that are dotted suffixes of each other,
+# and a name ("7") that a JavaScript object would put first: the patterns' order matters.
+MIXED = {"a.q_proj": (2, 1.0), "q_proj": (4, 1.0), "b.q_proj": (2, 1.0),
+         "m.a.q_proj": (4, 3.0), "7": (3, 2.5), "x.7": (2, 1e-5)}
+
+
+def mixed_layers() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return {m: (rng.standard_normal((r, 3)).astype(np.float32),
+                rng.standard_normal((5, r)).astype(np.float32)) for m, (r, _) in MIXED.items()}
+
+
+def run_node(tmp_path: Path, body: str) -> dict:
+    """``body`` (JavaScript using ``m``, the page's adapter module, and ``dir``, tmp_path)
+    in Node; what it prints, as JSON."""
+    script = tmp_path / "run.mjs"
+    script.write_text(f"import * as m from {json.dumps(ADAPTER_JS.as_uri())};\n"
+                      f"import {{readFileSync, writeFileSync}} from 'node:fs';\n"
+                      f"const dir = {json.dumps(str(tmp_path))};\n{body}\n")
+    done = subprocess.run([NODE, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_file_python_writes_with_mixed_ranks_reads_in_the_page(tmp_path):
+    """save_adapter writes rank_pattern and alpha_pattern; readPeftAdapter gives every
+    module the rank, alpha, scale and values load_adapter gives it."""
+    save_adapter(tmp_path, mixed_layers(), alpha={m: a for m, (_, a) in MIXED.items()})
+    got = run_node(tmp_path, """
+      const {layers} = m.readPeftAdapter(readFileSync(`${dir}/adapter_config.json`, "utf8"),
+                                         readFileSync(`${dir}/adapter_model.safetensors`));
+      console.log(JSON.stringify(Object.fromEntries(Object.entries(layers).map(([n, l]) =>
+        [n, [l.rank, l.inDim, l.outDim, l.alpha, l.scale, Array.from(l.a), Array.from(l.b)]]))));
+    """)
+    want = load_adapter(tmp_path)
+    assert got.keys() == want.keys() == MIXED.keys()
+    for module, layer in want.items():
+        assert got[module] == [layer.rank, layer.in_dim, layer.out_dim, layer.alpha, layer.scale,
+                               layer.a.ravel().tolist(), layer.b.ravel().tolist()], module
+        assert (layer.rank, layer.alpha) == MIXED[module]
+
+
+def test_the_page_writes_the_config_python_writes(tmp_path):
+    """writePeftAdapter of the same layers writes save_adapter's config text, byte for
+    byte (patterns in peft's order), and load_adapter reads the page's files back."""
+    layers = mixed_layers()
+    save_adapter(tmp_path / "python", layers, alpha={m: a for m, (_, a) in MIXED.items()})
+    page = {m: {"a": a.ravel().tolist(), "b": b.ravel().tolist(), "rank": a.shape[0],
+                "inDim": a.shape[1], "outDim": b.shape[0], "alpha": MIXED[m][1]}
+            for m, (a, b) in layers.items()}
+    (tmp_path / "layers.json").write_text(json.dumps(page))
+    (tmp_path / "page").mkdir()
+    run_node(tmp_path, """
+      const layers = JSON.parse(readFileSync(`${dir}/layers.json`, "utf8"));
+      for (const l of Object.values(layers)) { l.a = Float32Array.from(l.a);
+                                               l.b = Float32Array.from(l.b); }
+      const files = m.writePeftAdapter(layers);
+      writeFileSync(`${dir}/page/adapter_config.json`, files.config);
+      writeFileSync(`${dir}/page/adapter_model.safetensors`, files.tensors);
+      console.log("{}");
+    """)
+    config = (tmp_path / "page" / CONFIG_NAME).read_text()
+    assert config == (tmp_path / "python" / CONFIG_NAME).read_text()
+    assert list(json.loads(config)["rank_pattern"]) == [  # r is 2: every name but 7's catches
+        "m\\.a\\.q_proj", "a\\.q_proj", "b\\.q_proj", "q_proj", "x\\.7", "7"]
+    back = load_adapter(tmp_path / "page")
+    for module, (a, b) in layers.items():
+        assert (back[module].rank, back[module].alpha) == MIXED[module]
+        assert np.array_equal(back[module].a, a) and np.array_equal(back[module].b, b)

@@ -14,5 +14,6 @@ export function readPeftAdapter(configText: string, tensorBytes: ArrayBuffer | U
   names?: { config?: string; tensors?: string }):
   { config: Record<string, unknown>; layers: Record<string, ReadLayer>; ignored: string[] };
 export function writePeftAdapter(layers: Record<string, Layer>,
-  options: { alpha: number; targetModules?: string[]; useRslora?: boolean }):
+  options?: { alpha?: number | Record<string, number>; targetModules?: string[] | string;
+              useRslora?: boolean }):
   { config: string; tensors: Uint8Array };

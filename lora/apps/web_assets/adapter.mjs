@@ -17,24 +17,79 @@ const RESERVED = ["__proto__", "constructor", "prototype"];
 const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|[{}[\],:]|[^\s{}[\],:"]+/g;
 
 /** What JSON.parse hides of a text it accepted: the keys an object names twice (it
- * keeps the last) and the source of each top-level scalar value (it reads 2.0 as 2). */
+ * keeps the last), the source of each top-level scalar value (it reads 2.0 as 2), and
+ * for each top-level object value, its keys in the text's order (JSON.parse puts keys
+ * like "0" first) with the source of each scalar value (null for others). */
 function jsonSource(text) {
-  const stack = [], twice = [], top = new Map();   // stack: {keys, key} objects, null arrays
+  const stack = [], twice = [], top = new Map(), inner = new Map();  // null: an array
   let wantKey = false;
   for (const [token] of text.matchAll(JSON_TOKEN)) {
-    const inner = stack.at(-1);
-    if (token === "{") { stack.push({keys: new Set(), key: null}); wantKey = true; }
-    else if (token === "[") { stack.push(null); wantKey = false; }
+    const at = stack.at(-1), topKey = stack[0]?.key;
+    const nested = stack.length === 2 && at && inner.has(topKey) ? inner.get(topKey) : null;
+    if (token === "{" || token === "[") {
+      if (stack.length === 1 && at) {
+        top.delete(topKey); inner.delete(topKey);
+        if (token === "{") inner.set(topKey, new Map());
+      }
+      stack.push(token === "{" ? {keys: new Set(), key: null} : null); wantKey = token === "{";
+    }
     else if (token === "}" || token === "]") { stack.pop(); wantKey = false; }
-    else if (token === ",") wantKey = Boolean(inner);
+    else if (token === ",") wantKey = Boolean(at);
     else if (token === ":") wantKey = false;
     else if (wantKey) {
       const key = JSON.parse(token);
-      if (inner.keys.has(key)) twice.push(key);
-      inner.keys.add(key); inner.key = key; wantKey = false;
-    } else if (stack.length === 1 && inner) top.set(inner.key, token);
+      if (at.keys.has(key)) twice.push(key);
+      at.keys.add(key); at.key = key; wantKey = false;
+      nested?.set(key, null);
+    } else if (stack.length === 1 && at) { top.set(topKey, token); inner.delete(topKey); }
+    else nested?.set(at.key, token);
   }
-  return {twice: twice.sort(), top};
+  return {twice: twice.sort(), top, inner};
+}
+
+/** A string as Python's repr writes it, for messages alike in both readers. */
+function pyStr(text) {
+  const quote = text.includes("'") && !text.includes('"') ? '"' : "'";
+  const named = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", [quote]: `\\${quote}`};
+  return quote + text.replace(/[\\\n\r\t'"\x00-\x1f\x7f-\xa0]/g, c => named[c] ??
+    (c === "'" || c === '"' ? c : `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`)) + quote;
+}
+
+/** A float as Python's repr writes it (16.0, 1e-05, 1e+16, inf). */
+function pyFloat(x) {
+  if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
+  const [digits, exp] = x.toExponential().split("e"), e = Number(exp);
+  if (e < -4 || e >= 16) return `${digits}e${e < 0 ? "-" : "+"}${String(Math.abs(e)).padStart(2, "0")}`;
+  const text = Object.is(x, -0) ? "-0" : String(x);
+  return text.includes(".") ? text : `${text}.0`;
+}
+
+/** Python's repr of a value JSON.parse read, from its source token where there is one
+ * (2.0 stays 2.0); arrays and objects element by element (their numbers as ints if whole). */
+function pyRepr(value, token = null) {
+  if (token !== null && !/^[[{"]/.test(token)) {
+    if (/^-?\d+$/.test(token)) return token === "-0" ? "0" : token;
+    if (/^-?\d/.test(token)) return pyFloat(Number(token));
+    return {true: "True", false: "False", null: "None"}[token];
+  }
+  if (value === null) return "None";
+  if (typeof value === "boolean") return value ? "True" : "False";
+  if (typeof value === "number") return Number.isInteger(value) ? String(value) : pyFloat(value);
+  if (typeof value === "string") return pyStr(value);
+  if (Array.isArray(value)) return `[${value.map(v => pyRepr(v)).join(", ")}]`;
+  return `{${Object.entries(value).map(([k, v]) => `${pyStr(k)}: ${pyRepr(v)}`).join(", ")}}`;
+}
+
+/** The name of a JSON value's Python type (list, str, int, ...), from its source text. */
+function pyType(value, text) {
+  if (value === null) return "NoneType";
+  if (typeof value === "number") return /^\s*-?\d+\s*$/.test(text) ? "int" : "float";
+  return Array.isArray(value) ? "list" : {string: "str", boolean: "bool"}[typeof value];
+}
+
+/** A shape as Python's tuple repr writes it: (2, 3), (5,), (). */
+function pyShape(shape) {
+  return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
 }
 
 /** The key's first part that is a reserved name, or undefined. */
@@ -170,7 +225,7 @@ function targetTest(targets, cfail) {
   const list = Array.isArray(targets) && targets.every(t => typeof t === "string");
   if (!(targets == null || typeof targets === "string" || list))
     cfail(`target_modules must be a list of names, a regex string or null, ` +
-          `got ${JSON.stringify(targets)}`);
+          `got ${pyRepr(targets)}`);
   if (targets == null || targets === "all-linear") return () => true;
   if (list) return module => targets.some(t => module === t || module.endsWith(`.${t}`));
   let whole;
@@ -179,30 +234,63 @@ function targetTest(targets, cfail) {
   return module => whole.test(module);
 }
 
+/** The config's rank_pattern and alpha_pattern checked (as Python's _check_patterns):
+ * each [[key, value, test]] in the file's order, test matching a module's dotted suffix. */
+function readPatterns(config, source, cfail) {
+  const checks = {rank_pattern: [(v, t) => /^\d+$/.test(t ?? "") && v >= 1, "an int >= 1"],
+                  alpha_pattern: [v => typeof v === "number" && Number.isFinite(v),
+                                  "a finite number"]};
+  const out = {};
+  for (const [name, [valid, what]] of Object.entries(checks)) {
+    let pattern = config[name];
+    const empty = pattern == null || pattern === false || pattern === 0 || pattern === "" ||
+                  (Array.isArray(pattern) && !pattern.length);   // Python's falsy: {}
+    if (empty) pattern = {};
+    else if (typeof pattern !== "object" || Array.isArray(pattern))
+      cfail(`${name} must be an object, got ${pyRepr(pattern, source.top.get(name) ?? null)}`);
+    out[name] = [...(empty ? [] : source.inner.get(name)).entries()].map(([key, token]) => {
+      let test;
+      try { new RegExp(key); test = new RegExp(`^(?:(.*\\.)?(${key}))$`); }
+      catch (e) { cfail(`${name} key ${pyStr(key)} is not a valid regex (${e.message})`); }
+      const value = pattern[key];
+      if (!valid(value, token))
+        cfail(`${name}[${pyStr(key)}] must be ${what}, got ${pyRepr(value, token)}`);
+      return [key, value, test];
+    });
+  }
+  return out;
+}
+
+/** peft's pattern lookup (as Python's _pattern_value): the first key matching a dotted
+ * suffix of the module name, else the default. */
+function patternValue(entries, module, fallback) {
+  return entries.find(([, , test]) => test.test(module))?.[1] ?? fallback;
+}
+
 /** adapter_config.json's text as the checked config (the fields the reader honours:
- * r, lora_alpha, target_modules; DoRA, other peft types and the patterns refused). */
+ * r, lora_alpha, rank_pattern, alpha_pattern, target_modules; DoRA and other peft
+ * types refused), with the patterns and target_modules as tests of a module name. */
 function readConfig(configText, cfgName) {
   let config;
   try { config = JSON.parse(configText); }
   catch (e) { throw new AdapterFileError(`${cfgName}: not valid JSON (${e.message})`); }
   const cfail = why => { throw new AdapterFileError(`${cfgName}: ${why}`); };
   if (config === null || typeof config !== "object" || Array.isArray(config))
-    cfail("expected a JSON object");
-  const has = field => Object.hasOwn(config, field);
+    cfail(`expected a JSON object, got ${pyType(config, configText)}`);
+  const has = field => Object.hasOwn(config, field), source = jsonSource(configText);
+  const repr = field => pyRepr(config[field], source.top.get(field) ?? null);
   if (has("peft_type") && config.peft_type !== "LORA")
-    cfail(`peft_type is ${JSON.stringify(config.peft_type)}, not 'LORA'`);
+    cfail(`peft_type is ${repr("peft_type")}, not 'LORA'`);
   if (config.use_dora) cfail("use_dora is true; DoRA adapters are not supported");
   for (const [field, what] of [["r", "the LoRA rank"], ["lora_alpha", "the scale's numerator"]])
     if (!has(field)) cfail(`missing '${field}' (${what})`);
-  const rText = jsonSource(configText).top.get("r") ?? JSON.stringify(config.r);
+  const rText = source.top.get("r") ?? JSON.stringify(config.r);
   if (!/^\d+$/.test(rText) || !Number.isInteger(config.r) || config.r < 1)  // 2.0 is refused
-    cfail(`r must be an int >= 1, got ${rText}`);
+    cfail(`r must be an int >= 1, got ${pyRepr(config.r, rText)}`);
   if (typeof config.lora_alpha !== "number" || !Number.isFinite(config.lora_alpha))
-    cfail(`lora_alpha must be a finite number, got ${JSON.stringify(config.lora_alpha)}`);
-  for (const p of ["rank_pattern", "alpha_pattern"])
-    if (config[p] && Object.keys(config[p]).length)
-      cfail(`${p} is not read in the page; load this adapter with lora.load_adapter in Python`);
-  return {config, targets: targetTest(config.target_modules, cfail)};
+    cfail(`lora_alpha must be a finite number, got ${repr("lora_alpha")}`);
+  const patterns = readPatterns(config, source, cfail);
+  return {config, patterns, targets: targetTest(config.target_modules, cfail)};
 }
 
 /** {module: {A: key, B: key}} (a Map): every module needs exactly one of each. */
@@ -241,52 +329,132 @@ function pairKeys(keys, fail, ignored) {
 export function readPeftAdapter(configText, tensorBytes, names = {}) {
   const cfgName = names.config ?? "adapter_config.json";
   const file = names.tensors ?? "adapter_model.safetensors";
-  const {config, targets} = readConfig(configText, cfgName);
+  const {config, patterns, targets} = readConfig(configText, cfgName);
   const {tensors} = readSafetensors(tensorBytes, file);
   const fail = why => { throw new AdapterFileError(`${file}: ${why}`); };
-  const ignored = [], layers = Object.create(null), r = config.r;
+  const ignored = [], layers = Object.create(null);
   for (const [module, found] of pairKeys(Object.keys(tensors).sort(), fail, ignored)) {
     if (!targets(module))
       fail(`module ${module} does not match target_modules ` +
-           `${JSON.stringify(config.target_modules)} in ${cfgName}`);
+           `${pyRepr(config.target_modules)} in ${cfgName}`);
+    const r = patternValue(patterns.rank_pattern, module, config.r);
+    const alpha = patternValue(patterns.alpha_pattern, module, config.lora_alpha);
     const A = tensors[found.get("A")], B = tensors[found.get("B")];
     if (A.shape.length !== 2 || A.shape[0] !== r)
-      fail(`${found.get("A")} has shape [${A.shape}]; lora_A must be [r, in] with r = ${r}`);
+      fail(`${found.get("A")} has shape ${pyShape(A.shape)}; lora_A must be [r, in] with ` +
+           `r = ${r}`);
     if (B.shape.length !== 2 || B.shape[1] !== r)
-      fail(`${found.get("B")} has shape [${B.shape}]; lora_B must be [out, r] with r = ${r}`);
+      fail(`${found.get("B")} has shape ${pyShape(B.shape)}; lora_B must be [out, r] with ` +
+           `r = ${r}`);
     const a = float32Of(A, found.get("A"), fail), b = float32Of(B, found.get("B"), fail);
     for (const [key, values] of [[found.get("A"), a], [found.get("B"), b]]) {
       const bad = values.reduce((n, v) => n + !Number.isFinite(v), 0);
       if (bad) fail(`${key}: ${bad} of ${values.length} values are NaN or infinite`);
     }
-    const alpha = config.lora_alpha;
     layers[module] = {a, b, rank: r, inDim: A.shape[1], outDim: B.shape[0], alpha,
                       scale: config.use_rslora ? alpha / Math.sqrt(r) : alpha / r};
   }
   return {config, layers, ignored};
 }
 
+/** A float written as Python's json writes it (16.0, not 16). */
+class PyFloat { constructor(value) { this.value = value; } }
+
+/** ``value`` as Python's ``json.dumps(value, indent=2)`` writes it (non-ASCII escaped,
+ * floats as PyFloat), so the page's config text is the one save_adapter writes. A Map is
+ * an object whose keys keep their order (a plain object puts keys like "0" first). */
+function pyJson(value, pad = "") {
+  const inner = `${pad}  `;
+  if (value instanceof PyFloat) return pyFloat(value.value);
+  if (typeof value === "string")
+    return JSON.stringify(value).replace(/[\u007f-\uffff]/g,
+                                         c => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  const [open, close, items] = Array.isArray(value) ? ["[", "]", value.map(v => pyJson(v, inner))]
+    : ["{", "}", [...(value instanceof Map ? value : Object.entries(value))].map(
+        ([k, v]) => `${pyJson(k)}: ${pyJson(v, inner)}`)];
+  return items.length ? `${open}\n${inner}${items.join(`,\n${inner}`)}\n${pad}${close}`
+                      : `${open}${close}`;
+}
+
+/** The value most modules have (the largest on a tie), as Python's _most_common. */
+function mostCommon(values) {
+  const counts = new Map();
+  for (const v of values) counts.set(v, (counts.get(v) ?? 0) + 1);
+  return [...counts].reduce((p, q) => q[1] > p[1] || (q[1] === p[1] && q[0] > p[0]) ? q : p)[0];
+}
+
+/** Python's re.escape, for the pattern keys (module names) save_adapter writes. */
+function pyEscape(text) {
+  return text.replace(/[()[\]{}?*+\-|^$\\.&~# \t\n\r\v\f]/g, "\\$&");
+}
+
+/** peft's rank_pattern or alpha_pattern (a Map) for ``values`` ({module: value}), as
+ * Python's _pattern: the escaped name of each module whose value is not ``fallback``,
+ * longest first, and of each module of ``fallback`` that such a key would match too. */
+function patternOf(values, fallback, wrap = v => v) {
+  const modules = Object.keys(values);
+  const keyed = new Set(modules.filter(m => values[m] !== fallback));
+  for (let caught = true; caught;) {
+    caught = modules.filter(m => !keyed.has(m) && [...keyed].some(k => m.endsWith(`.${k}`)));
+    caught.forEach(m => keyed.add(m));
+    caught = caught.length > 0;
+  }
+  const order = [...keyed].sort((p, q) => q.length - p.length || (p < q ? -1 : p > q ? 1 : 0));
+  return new Map(order.map(m => [pyEscape(m), wrap(values[m])]));
+}
+
+/** Each module's alpha: ``alpha`` one number, ``{module: number}`` naming every module,
+ * or, left out, each layer's own ``alpha`` (as readPeftAdapter returns it). */
+function alphasOf(layers, modules, alpha) {
+  const finite = (v, what) => {
+    if (typeof v !== "number" || !Number.isFinite(v))
+      throw new AdapterFileError(`${what} must be a finite number, got ${pyRepr(v ?? null)}`);
+    return v;
+  };
+  if (typeof alpha === "number" || alpha === null || typeof alpha !== "object") {
+    if (alpha === undefined)
+      return Object.fromEntries(modules.map(m => [m, finite(layers[m].alpha, `alpha of ${m}`)]));
+    finite(alpha, "alpha");
+    return Object.fromEntries(modules.map(m => [m, alpha]));
+  }
+  const missing = modules.filter(m => !Object.hasOwn(alpha, m)).sort();
+  const extra = Object.keys(alpha).filter(m => !modules.includes(m)).sort();
+  if (missing.length || extra.length)
+    throw new AdapterFileError(`alpha as a dict must name every module of layers and no ` +
+                               `other; missing ${pyRepr(missing)}, extra ${pyRepr(extra)}`);
+  return Object.fromEntries(modules.map(m => [m, finite(alpha[m], `alpha[${pyStr(m)}]`)]));
+}
+
 /** The two files of a peft adapter for ``layers`` ({module: {a, b, rank, inDim, outDim}},
- * a and b row-major Float32Arrays of one rank): {config: text, tensors: bytes}. */
+ * a and b row-major Float32Arrays): {config: text, tensors: bytes}. As Python's
+ * save_adapter (the same config text for the same layers): ``alpha`` one number,
+ * ``{module: number}``, or left out for each layer's ``alpha``; r and lora_alpha the most
+ * common values, rank_pattern and alpha_pattern the modules that differ. */
 export function writePeftAdapter(layers, {alpha, targetModules, useRslora = false} = {}) {
   const modules = Object.keys(layers);
   if (!modules.length) throw new AdapterFileError("layers must hold at least one module");
-  const ranks = new Set(modules.map(m => layers[m].rank));
-  if (ranks.size !== 1)
-    throw new AdapterFileError(`one rank per adapter file, got ranks ${[...ranks]}`);
-  if (!Number.isFinite(alpha)) throw new AdapterFileError(`alpha must be a finite number`);
+  const alphas = alphasOf(layers, modules, alpha);
+  const ranks = Object.fromEntries(modules.map(m => [m, layers[m].rank]));
   const tensors = Object.create(null);
   for (const m of modules) {
     const {a, b, rank, inDim, outDim} = layers[m];
     tensors[`${PREFIX}${m}.lora_A.weight`] = {dtype: "F32", shape: [rank, inDim], data: a};
     tensors[`${PREFIX}${m}.lora_B.weight`] = {dtype: "F32", shape: [outDim, rank], data: b};
   }
-  const config = {peft_type: "LORA", task_type: null, r: [...ranks][0], lora_alpha: alpha,
-                  target_modules: targetModules ?? [...new Set(modules.map(m => m.split(".").pop()))].sort(),
-                  use_rslora: useRslora, fan_in_fan_out: false, lora_dropout: 0.0, bias: "none",
-                  init_lora_weights: true, inference_mode: true, use_dora: false,
-                  rank_pattern: {}, alpha_pattern: {}, modules_to_save: null,
-                  base_model_name_or_path: null, revision: null, layers_to_transform: null,
-                  layers_pattern: null};  // the fields lora.save_adapter writes
-  return {config: JSON.stringify(config, null, 1), tensors: writeSafetensors(tensors)};
+  let targets = targetModules ?? modules.map(m => m.split(".").pop());
+  if (typeof targets !== "string") targets = [...new Set(targets)].sort();
+  const matches = targetTest(targets, why => { throw new AdapterFileError(why); });
+  for (const m of modules)
+    if (!matches(m))
+      throw new AdapterFileError(`module ${m} does not match target_modules ${pyRepr(targets)}`);
+  const r = mostCommon(Object.values(ranks)), loraAlpha = mostCommon(Object.values(alphas));
+  const config = {alpha_pattern: patternOf(alphas, loraAlpha, v => new PyFloat(v)),
+                  base_model_name_or_path: null, bias: "none", fan_in_fan_out: false,
+                  inference_mode: true, init_lora_weights: true, layers_pattern: null,
+                  layers_to_transform: null, lora_alpha: new PyFloat(loraAlpha),
+                  lora_dropout: new PyFloat(0), modules_to_save: null, peft_type: "LORA", r,
+                  rank_pattern: patternOf(ranks, r), revision: null, target_modules: targets,
+                  task_type: null, use_dora: false, use_rslora: Boolean(useRslora)};
+  return {config: `${pyJson(config)}\n`, tensors: writeSafetensors(tensors)};
 }
