@@ -110,15 +110,20 @@ def record_layer(setup: TrainSetup) -> Recording:
              "target": dev.empty((t, shape.out_dim), f32) if mse else dev.empty(t, np.uint32)}
     out = dev.empty((t, shape.out_dim), f32)
     trainer.record(given["x"], out, given["target"], given["base"])
-    sums = (trainer.loss_plan.scratch or {})["partial" if mse else "losses"]  # (never released)
+    scratch = trainer.loss_plan.scratch or {}  # (never released)
+    # xent's sticky record of out-of-range labels (losses.report_labels), which the page
+    # reads and clears as LayerTrainer does
+    seen = {} if mse else {"loss_seen": scratch["seen"]}
     config = {"tokens": t, "alpha": setup.alpha, "scale": shape.scale,
               "optimizer": optimizer_config(opt), "seed": setup.seed, "given": list(given),
               "lora_dropout": setup.lora_dropout,
               "loss": {"kind": setup.loss, "buffer": "loss_sums",
-                       "count": t * shape.out_dim if mse else t, "classes": shape.out_dim},
+                       "count": t * shape.out_dim if mse else t, "classes": shape.out_dim,
+                       "seen": None if mse else "loss_seen"},
               "adapters": {"layer": _layer("layer", weight, setup.alpha, shape.scale)}}
     return Recording(dev, {**given, "output": out, "layer.a": weight.a, "layer.b": weight.b,
-                           "loss_sums": sums, "optim.hyper": opt.hyper}, config)
+                           "loss_sums": scratch["partial" if mse else "losses"], **seen,
+                           "optim.hyper": opt.hyper}, config)
 
 
 def _module_parts(rec: Recording) -> tuple[list, list, dict]:

@@ -11,7 +11,8 @@ export declare const config: { tokens: number; alpha: number; scale: number; see
     buffer: string; index: Record<string, number>;
     limits: Record<string, [number, number | null, boolean]> };
   given: string[];
-  loss: { kind: "mse" | "xent"; buffer: string; count: number; classes: number };
+  loss: { kind: "mse" | "xent"; buffer: string; count: number; classes: number;
+    seen?: string | null };
   adapters: Record<string, { a: string; b: string; rank: number; inDim: number;
     outDim: number; alpha: number; scale: number }>; features: GPUFeatureName[] };
 export declare const buffers: Record<string, { bytes: number; dtype: string; init: string | null }>;

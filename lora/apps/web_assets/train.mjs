@@ -58,18 +58,41 @@ function checkInput(what, value) {
                          `size needs its own export)`);
 }
 
-/** The mean loss of one step from its loss buffer's sums (xent: a negative sum is
- *  the kernel's mark of a label outside the classes). */
+/** The mean loss of one step from its loss buffer's sums. xent marks a label outside
+ *  the classes with a negative sum: with the sticky record (config.loss.seen), reported
+ *  by reportLabels, the mean is over the other tokens (NaN if none), as Python's
+ *  loss_value; without it (the digits page), the mark is reported here. */
 function meanLoss(sums) {
-  const {kind, count, classes} = config.loss;
-  let total = 0;
+  const {kind, count, classes, seen} = config.loss;
+  let total = 0, kept = 0;
   for (let k = 0; k < sums.length; k++) {
-    if (kind === "xent" && sums[k] < 0)
+    if (kind === "xent" && sums[k] < 0) {
+      if (seen) continue;
       throw new Error(`labels: label ${-sums[k] - 1} at token ${k} is outside ` +
                       `0..${classes - 1} (the output has ${classes} classes)`);
+    }
     total += sums[k];
+    kept += 1;
   }
-  return total / count;
+  return seen ? (kept ? total / kept : NaN) : total / count;
+}
+
+/** The error for the sticky record ``seen`` (u32 [3, tokens]: per token the steps seen,
+ *  the first step with a label out of range since the last report, that label), as
+ *  Python's losses.report_labels words it; null when no label was out of range. */
+function labelsError(seen) {
+  const t = config.tokens, classes = config.loss.classes;
+  let first = -1, bad = 0;
+  for (let k = 0; k < t; k++) {
+    if (!seen[t + k]) continue;
+    bad += 1;
+    if (first < 0 || seen[t + k] < seen[t + first]) first = k;  // the earliest step
+  }
+  if (!bad) return null;
+  return new RangeError(`labels: label ${seen[2 * t + first]} at token ${first} of step ` +
+    `${seen[t + first]} (counting this trainer's steps from 1) is outside 0..${classes - 1} ` +
+    `(the output has ${classes} classes); that step trained without the token (its ` +
+    `gradient was zero); ${bad} token(s) had a label out of range since the last report`);
 }
 
 /** ``changes`` ({lr, weightDecay, ...}) checked against config.optimizer as the Python
@@ -139,6 +162,19 @@ export async function loraTrainer(device, weights = {}) {
     return old;
   };
   let taken = 0;
+  /** With xent: throws for labels outside the classes in any step since the last report
+   *  (read from the step's sticky record on the GPU, then cleared), as LayerTrainer's
+   *  report_labels; loss(), losses(), adapters() and adapter() call it first. */
+  const reportLabels = async () => {
+    const name = config.loss.seen;
+    if (!name || !taken) return;
+    const error = labelsError(new Uint32Array(await readBack(device, own[name],
+                                                             buffers[name].bytes)));
+    if (!error) return;
+    // rows 1 and 2 cleared; row 0 (each token's step count) is the kernel's
+    device.queue.writeBuffer(own[name], 4 * config.tokens, new Uint32Array(2 * config.tokens));
+    throw error;
+  };
   return {
     config,
     get steps() { return taken; },
@@ -184,21 +220,25 @@ export async function loraTrainer(device, weights = {}) {
       old?.destroy();
       taken += 1;
     },
-    /** The last step's loss (reads back: waits for the GPU). */
+    /** The last step's loss (reads back: waits for the GPU); labels out of range in
+     *  any step since the last report throw here first. */
     async loss() {
       if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
+      await reportLabels();
       return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes)));
     },
     /** The loss of every step taken, from a history the steps keep on the GPU (one
      *  read back, here; none per step). */
     async losses() {
       if (!taken) return [];
+      await reportLabels();
       const sums = new Float32Array(await readBack(device, history, taken * lossBytes));
       const per = lossBytes / 4;
       return Array.from({length: taken}, (_, k) => meanLoss(sums.subarray(k * per, (k + 1) * per)));
     },
     /** Every adapter now: {module: {a, b, rank, inDim, outDim, alpha, scale}}. */
     async adapters() {
+      await reportLabels();
       const out = {};
       for (const [module, l] of Object.entries(config.adapters))
         out[module] = await readLayer(module, l);
@@ -206,6 +246,7 @@ export async function loraTrainer(device, weights = {}) {
     },
     /** The (first) adapter now, for writePeftAdapter({name: ...}). */
     async adapter() {
+      await reportLabels();
       const [module, l] = Object.entries(config.adapters)[0];
       return readLayer(module, l);
     },
