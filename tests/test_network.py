@@ -9,6 +9,7 @@ import pytest
 import lora
 from lora.apps import digits as D
 from lora.apps.finetune import DigitsTrainer
+from lora.kernels.dropout import keep_mask
 from lora.training.network import Linear, Network
 
 ACTS = {"relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(float)),
@@ -44,11 +45,13 @@ def _network(spec, **kw):
                    **kw)
 
 
-def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False):
+def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False, drop=None):
     """One step in float64, by hand: forward, loss, backward, torch's AdamW
-    (or plain SGD); updates the adapters in ``spec``, returns the loss before."""
-    zs, v = [], x
-    for s in spec:
+    (or plain SGD); updates the adapters in ``spec``, returns the loss before.
+    ``drop``: {layer position: the dropout's multiplier (mask / (1 - p)) of
+    its adapter's input}, as peft: lora_B(lora_A(dropout(x))) * scaling."""
+    zs, v, drop = [], x, drop or {}
+    for k, s in enumerate(spec):
         zs.append(v)
         if isinstance(s, str):
             v = ACTS[s][0](v)
@@ -56,7 +59,7 @@ def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False):
             v = v @ s["w"].T + (0 if s["b"] is None else s["b"])
             if s["ad"] is not None:
                 a, b = s["ad"]
-                v = v + s["alpha"] / len(a) * (zs[-1] @ a.T) @ b.T
+                v = v + s["alpha"] / len(a) * (zs[-1] * drop.get(k, 1.0) @ a.T) @ b.T
     if kind == "mse":
         loss, g = np.mean((v - y) ** 2), 2 * (v - y) / v.size
     else:
@@ -75,10 +78,10 @@ def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False):
         dx = g @ s["w"]
         if s["ad"] is not None:
             a, b = s["ad"]
-            sc = s["alpha"] / len(a)
+            sc, m = s["alpha"] / len(a), drop.get(k, 1.0)
             dh = sc * g @ b
-            grads[k] = (dh.T @ xin, sc * g.T @ (xin @ a.T))
-            dx = dx + dh @ a
+            grads[k] = (dh.T @ (xin * m), sc * g.T @ (xin * m @ a.T))
+            dx = dx + (dh @ a) * m
         g = dx
     for k, pair in grads.items():
         new = []
@@ -162,6 +165,91 @@ def test_three_layers_match_float64_autograd(acts, kind, frozen, dims):
             assert _rel(got, want) < TOL, (name, _rel(got, want))
     x = rng.normal(0, 1, (batch + 2, dims[0]))   # two batches, the second padded
     assert _rel(net.forward(x), _reference_forward(spec, np.float32(x).astype(np.float64))) < TOL
+
+
+def _dropout_run(p, seed, steps, kind="mse", frozen=(1,)):
+    """(network, spec, losses) after ``steps`` AdamW steps with lora_dropout=p
+    on a 3-layer MLP, the reference stepped beside it in ``spec``."""
+    rng = np.random.default_rng(7)
+    dims, batch = (12, 16, 8, 5), 6
+    spec = _as32(_mlp(rng, dims, ("gelu", "relu"), frozen=frozen))
+    net = _network(spec, loss=kind, optimizer=lora.AdamW(lr=2e-2), lora_dropout=p,
+                   dropout_seed=seed)
+    state, losses = {}, []
+    for step in range(1, steps + 1):
+        x = np.float32(rng.normal(0, 1, (batch, dims[0]))).astype(np.float64)
+        y = rng.integers(0, 5, batch) if kind == "xent" else \
+            np.float32(rng.normal(0, 1, (batch, 5))).astype(np.float64)
+        drop = {k: keep_mask(seed + k, step - 1, (batch, spec[k]["w"].shape[1]), p) / (1 - p)
+                for k in range(0, len(spec), 2) if spec[k]["ad"] is not None}
+        net.step(x, y)
+        want = _reference_step(spec, x, y, kind, state, step, 2e-2, drop=drop)
+        losses.append(net.loss())
+        assert abs(losses[-1] - want) <= TOL * abs(want), (step, losses[-1], want)
+    return net, spec, losses
+
+
+@pytest.mark.parametrize("kind, frozen", [("mse", (1,)), ("xent", ())])
+def test_dropout_matches_float64_with_the_same_masks(kind, frozen):
+    """peft's lora_B(lora_A(dropout(x))) * scaling, base undropped, the input
+    gradient through the adapter masked alike: every loss and adapter after 4
+    AdamW steps against float64 with keep_mask's masks (seed + the layer's
+    position), and forward() drops nothing."""
+    net, spec, _ = _dropout_run(0.3, 5, 4, kind, frozen)
+    trained = [s for s in spec if not isinstance(s, str) and s["ad"] is not None]
+    for (name, pair), s in zip(net.adapters().items(), trained):
+        for got, want in zip(pair, s["ad"]):
+            assert _rel(got, want) < TOL, (name, _rel(got, want))
+    x = np.float32(np.random.default_rng(2).normal(0, 1, (6, 12)))
+    assert _rel(net.forward(x), _reference_forward(spec, x.astype(np.float64))) < TOL
+
+
+def test_dropout_is_reproducible_and_its_masks_differ_by_seed_and_layer():
+    """The same seed gives the same adapters bit for bit; another seed others;
+    the layers' masks are not one mask."""
+    first, _, losses = _dropout_run(0.5, 9, 3)
+    again, _, losses2 = _dropout_run(0.5, 9, 3)
+    other, _, losses3 = _dropout_run(0.5, 10, 3)
+    assert losses == losses2 and losses != losses3
+    for name, pair in first.adapters().items():
+        assert all(np.array_equal(a, b) for a, b in zip(pair, again.adapters()[name]))
+    assert not np.array_equal(keep_mask(9, 0, (6, 16), 0.5)[:, :12], keep_mask(11, 0, (6, 12), 0.5))
+
+
+def test_no_dropout_is_the_step_without_it():
+    """lora_dropout=0: the dispatches and the adapters of a network without the
+    option, bit for bit; 0.1: one dropout dispatch per adapted layer forward
+    and one per adapted layer with an input gradient backward."""
+    def run(**kw):
+        rng = np.random.default_rng(3)
+        spec = _as32(_mlp(rng, (12, 16, 8, 5), ("gelu", "relu")))
+        net = _network(spec, optimizer=lora.AdamW(lr=2e-2), **kw)
+        for _ in range(3):
+            net.step(rng.normal(0, 1, (6, 12)), rng.normal(0, 1, (6, 5)))
+        gpu = net.build(6)
+        names = [st.kernel.name for s in gpu.forwards + gpu.backwards for p, _ in s
+                 for st in p.steps]
+        return net.adapters(), names
+    plain, names = run()
+    zero, zero_names = run(lora_dropout=0.0, dropout_seed=4)
+    assert zero_names == names and "dropout" not in names
+    for name, pair in plain.items():
+        assert all(np.array_equal(a, b) for a, b in zip(pair, zero[name]))
+    _, dropped = run(lora_dropout=0.1)
+    assert dropped.count("dropout") == 3 + 2 and len(dropped) == len(names) + 5
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(lora_dropout=1.0), r"lora_dropout: expected a probability in \[0, 1\)"),
+    (dict(lora_dropout=-0.1), r"lora_dropout: expected a probability in \[0, 1\)"),
+    (dict(lora_dropout="0.1"), r"lora_dropout: expected a probability"),
+    (dict(lora_dropout=0.1, dropout_seed=-1), r"dropout_seed: expected an int in \[0, 2\^32\)"),
+    (dict(lora_dropout=0.1, dropout_seed=1.5), r"dropout_seed: expected an int"),
+])
+def test_bad_dropout_is_refused_when_the_network_is_made(kw, match):
+    spec = _mlp(np.random.default_rng(0), (4, 4, 3), ("relu",))
+    with pytest.raises(ValueError, match=match):
+        _network(spec, device=NoDevice(), **kw)
 
 
 def test_digits_trainer_is_unchanged():
