@@ -386,6 +386,30 @@ def test_bad_batches_are_refused_before_anything_is_written():
         net.loss()
 
 
+@pytest.mark.parametrize("read", ["loss", "adapters", "save_adapter", "forward"])
+def test_a_bad_label_in_the_buffers_is_reported_at_the_next_read(read, tmp_path):
+    """record() on labels written to the target buffer (the digits app's way):
+    a label outside the classes in a step whose loss is never read raises at
+    the next loss(), adapters(), save_adapter() or forward(), naming the step
+    and token, once; the record is then clear."""
+    rng = np.random.default_rng(4)
+    net = _network(_mlp(rng, (6, 8, 4), ("relu",)), loss="xent")
+    gpu = net.build(3)
+    good = np.array([0, 3, 1], np.uint32)
+    for labels in (good, np.array([1, 2, 9], np.uint32), good):
+        net.device.write(gpu.values[0], np.float32(rng.normal(0, 1, (3, 6))))
+        net.device.write(gpu.target, labels)
+        net.record()
+    reads = {"loss": net.loss, "adapters": net.adapters,
+             "save_adapter": lambda: net.save_adapter(tmp_path / "adapter"),
+             "forward": lambda: net.forward(np.zeros((2, 6)))}
+    with pytest.raises(ValueError, match=r"label 9 at token 2 of step 2 .* outside 0..3"):
+        reads[read]()
+    assert np.isfinite(net.loss())  # reported once: the record is clear
+    net.step(np.zeros((3, 6)), good)
+    net.adapters()
+
+
 def test_torch_peft_twenty_adamw_steps(tmp_path):
     """The same 3-layer MLP in torch+peft (LoraConfig on modules "0", "2",
     "4" of an nn.Sequential): every adapter after 20 AdamW steps within 1e-5

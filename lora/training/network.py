@@ -29,7 +29,7 @@ from ..kernels.network import ACTIVATIONS
 from ..kernels.optimizer import MAX_NORM_TENSORS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
 from .backward import backward_plan, dropout_plan, train_forward_plan
-from .losses import LOSSES, loss_plan, loss_value
+from .losses import LOSSES, loss_plan, loss_value, report_labels
 from .optim import AdamW
 from .trainer import _masters
 
@@ -254,7 +254,8 @@ class Network:
 
     def record(self) -> None:
         """One training step on the batch already in the GPU's x and target
-        buffers (``build(batch).values[0]`` and ``.target``), in one submit."""
+        buffers (``build(batch).values[0]`` and ``.target``), in one submit.
+        Their labels are not checked here: see :meth:`report_labels`."""
         if self._gpu is None:
             raise RuntimeError("Network.record: no buffers yet; call build(batch) or step(x, y)")
         self._gpu.record_step()
@@ -286,10 +287,22 @@ class Network:
         return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, self.dtype)
 
     def loss(self) -> float:
-        """The last step's loss (reads back: waits for the GPU)."""
+        """The last step's loss (reads back: waits for the GPU), after
+        :meth:`report_labels`."""
         if not self._steps or self._gpu is None:
             raise RuntimeError("Network.loss: no step recorded yet; call step(x, y) first")
+        self.report_labels()
         return loss_value(self.device, self._gpu.loss)
+
+    def report_labels(self) -> None:
+        """With loss="xent": ValueError naming the first step and token whose
+        label was outside the classes since the last report (labels written to
+        the target buffer for :meth:`record`; step() refuses them at once),
+        which clears the record: a sticky record on the GPU, written by the
+        loss's dispatch, read only here. :meth:`loss`, :meth:`adapters` (and
+        so :meth:`save_adapter`) and :meth:`forward` call it first."""
+        if self._gpu is not None:
+            report_labels(self.device, self._gpu.loss)
 
     def forward(self, x) -> np.ndarray:
         """The adapted network's output for x [rows, in] (float32, read back),
@@ -298,6 +311,7 @@ class Network:
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
+        self.report_labels()
         gpu = self.build(self.batch or len(x))
         out = []
         for start in range(0, len(x), self.batch):
@@ -311,9 +325,11 @@ class Network:
         return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
 
     def adapters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """{name: (A, B)} of every adapted layer: read back once the GPU has them."""
+        """{name: (A, B)} of every adapted layer: read back once the GPU has
+        them (after :meth:`report_labels`)."""
         if self._gpu is None:
             return {x.name: x.adapter for x in self.linears if x.adapter is not None}
+        self.report_labels()
         read = self.device.read
         return {name: (read(a).copy(), read(b).copy())
                 for name, (a, b) in self._gpu.masters.items()}
@@ -392,7 +408,8 @@ class _Built:
         copies = {name: _masters(device, w) for name, w in self.weights.items()}
         self.masters = {name: pair for name, (pair, _) in copies.items()}
         self.to_f16 = [plan for _, plan in copies.values() if plan is not None]
-        self.loss = loss_plan(device, net.kind, batch, net.out_dim, net.dtype)
+        self.loss = loss_plan(device, net.kind, batch, net.out_dim, net.dtype,
+                              seen=net.kind == "xent")
         self.grads[len(layers)] = self.loss.scratch["g"]
         label = np.uint32 if net.kind == "xent" else dt
         self.target = device.empty((batch,) if net.kind == "xent" else (batch, net.out_dim),
