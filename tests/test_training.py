@@ -535,6 +535,39 @@ def test_train_command(tmp_path, capsys):
     assert (tmp_path / "loss.png").stat().st_size > 1000
 
 
+def test_train_command_with_dropout(tmp_path, capsys):
+    """python -m lora train --lora-dropout 0.2 --check: the GPU's losses follow
+    the float64 reference drawing the same masks (digits.dropout_multipliers),
+    differ from a run without dropout, and the summary says what p was."""
+    from lora.apps.cli import main
+
+    args = ["train", "--steps", "12", "--batch", "32", "--check", "--no-plot"]
+    assert main([*args, "--lora-dropout", "0.2", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "dropout 0.2 on fc1 and fc2" in out and ": ok" in out
+    dropped = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert dropped["lora_dropout"] == 0.2 and dropped["max_relative_difference"] <= 1e-4
+    assert main([*args, "--out", str(tmp_path / "p")]) == 0
+    plain = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert plain["lora_dropout"] == 0.0 and plain["loss"][0] == dropped["loss"][0]  # B = 0
+    assert plain["loss"][1:] != dropped["loss"][1:]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lora-dropout", "1"], "error: --lora-dropout must be in [0, 1) (a probability), got 1"),
+    (["--lora-dropout", "-0.5"], "must be in [0, 1) (a probability), got -0.5"),
+    (["--lora-dropout", "nan"], "must be in [0, 1) (a probability), got nan"),
+    (["--lora-dropout", "0.1", "--seed", "-1"],
+     "error: --seed must be in [0, 2^32) to seed --lora-dropout's masks, got -1"),
+])
+def test_train_command_refuses_a_bad_dropout(argv, message, tmp_path, capsys):
+    from lora.apps.cli import main
+
+    assert main(["train", *argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
+
+
 @pytest.mark.parametrize("rank", [4, 8, 64])
 @pytest.mark.parametrize("tiled_dh", [False, True])
 def test_split_backward_of_many_tokens(device, rank, tiled_dh, monkeypatch):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import reference as R
+from ..kernels.dropout import keep_mask
 
 HIDDEN = 64
 BASE_STEPS = 300
@@ -91,19 +92,30 @@ def accuracy(base: Base, adapters: dict | None, scale: float, x, y) -> float:
     return float(np.mean(np.argmax(forward(base, adapters, scale, x)[-1], axis=1) == y))
 
 
-def forward(base: Base, adapters: dict | None, scale: float, x):
-    """(z1, y1, logits) of the adapted network, float64."""
-    a = adapters or {}
+def forward(base: Base, adapters: dict | None, scale: float, x, drop: dict | None = None):
+    """(z1, y1, logits) of the adapted network, float64. ``drop``: LoRA
+    dropout's multipliers (mask / (1 - p)) of each adapter's input, by layer."""
+    a, drop = adapters or {}, drop or {}
     z1 = x @ base.w1.T + base.b1
     if "fc1" in a:
         a1, b1 = a["fc1"]
-        z1 = z1 + R.lora_delta(x, a1, b1, scale)
+        z1 = z1 + R.lora_delta(x * drop.get("fc1", 1.0), a1, b1, scale)
     y1 = np.maximum(z1, 0.0)
     logits = y1 @ base.w2.T + base.b2
     if "fc2" in a:
         a2, b2 = a["fc2"]
-        logits = logits + R.lora_delta(y1, a2, b2, scale)
+        logits = logits + R.lora_delta(y1 * drop.get("fc2", 1.0), a2, b2, scale)
     return z1, y1, logits
+
+
+def dropout_multipliers(p: float, seed: int, step: int, batch: int) -> dict:
+    """The multipliers (mask / (1 - p)) lora.Network's dropout draws at ``step``
+    (counted from 1) for fc1 (position 0 of the layers: seed + 0) and fc2
+    (position 2: seed + 2); {} for p = 0."""
+    if not p:
+        return {}
+    return {name: keep_mask((seed + k) % 2**32, step - 1, (batch, width), p) / (1.0 - p)
+            for name, k, width in (("fc1", 0, 64), ("fc2", 2, HIDDEN))}
 
 
 def batches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
@@ -126,16 +138,18 @@ def init_adapters(rank: int, seed: int = 0) -> dict:
 
 
 def reference_step(base: Base, adapters: dict, scale: float, x, y, state: dict, step: int,
-                   optimizer: dict) -> float:
+                   optimizer: dict, drop: dict | None = None) -> float:
     """One fine-tuning step in float64, updating ``adapters`` and ``state``
-    (AdamW moments) in place; returns the batch's loss before the update."""
-    z1, y1, logits = forward(base, adapters, scale, x)
+    (AdamW moments) in place; returns the batch's loss before the update.
+    ``drop``: LoRA dropout's multipliers (:func:`dropout_multipliers`)."""
+    m = {"fc1": 1.0, "fc2": 1.0, **(drop or {})}
+    z1, y1, logits = forward(base, adapters, scale, x, m)
     loss, g = R.softmax_cross_entropy(logits, y)
     a2, b2 = adapters["fc2"]
-    d2 = R.backward(y1, a2, b2, g, scale)
-    dz1 = (g @ base.w2 + d2["grad_x"]) * (z1 > 0)
+    d2 = R.backward(y1 * m["fc2"], a2, b2, g, scale)
+    dz1 = (g @ base.w2 + d2["grad_x"] * m["fc2"]) * (z1 > 0)
     a1, b1 = adapters["fc1"]
-    d1 = R.backward(x, a1, b1, dz1, scale)
+    d1 = R.backward(x * m["fc1"], a1, b1, dz1, scale)
     grads = {"fc1": (d1["grad_a"], d1["grad_b"]), "fc2": (d2["grad_a"], d2["grad_b"])}
     flat = [gr for pair in grads.values() for gr in pair]
     clip = R.clip_scale(flat, optimizer["max_grad_norm"]) if optimizer["max_grad_norm"] else 1.0

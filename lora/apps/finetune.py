@@ -21,16 +21,18 @@ FORWARD = "tiled(threads=64, tile_tokens=8)"  # the LoRA forward the recorded ru
 
 class DigitsTrainer:
     """The digits network for batches of ``batch`` images, with the buffers
-    the web export names (``bufs``, ``weights``, ``base``)."""
+    the web export names (``bufs``, ``weights``, ``base``); ``lora_dropout``
+    and ``dropout_seed`` as lora.Network takes them."""
 
     def __init__(self, device, base: D.Base, adapters: dict, scale: float, batch: int,
-                 optimizer: AdamW):
+                 optimizer: AdamW, lora_dropout: float = 0.0, dropout_seed: int = 0):
         self.device, self.batch, self.scale = device, batch, scale
         layers = [Linear(base.w1, base.b1, adapter=adapters["fc1"], scale=scale, name="fc1"),
                   "relu",
                   Linear(base.w2, base.b2, adapter=adapters["fc2"], scale=scale, name="fc2")]
         self.network = Network(layers, loss="xent", optimizer=optimizer, batch=batch,
-                               device=device, forward=FORWARD)
+                               device=device, forward=FORWARD, lora_dropout=lora_dropout,
+                               dropout_seed=dropout_seed)
         gpu = self.network.build(batch)
         self.weights = gpu.weights
         self.base = {f"{k}{n}": buf for n, name in ((1, "fc1"), (2, "fc2"))

@@ -32,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=("constant", "linear", "cosine"), default="cosine")
     p.add_argument("--warmup", type=int, default=10, help="warm-up steps (default 10)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
+                   help="peft's lora_dropout on both adapters' inputs, in [0, 1), its masks "
+                        "seeded by --seed (default 0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="lora-digits", help="output folder (default ./lora-digits)")
     p.add_argument("--check", action="store_true",
@@ -68,6 +71,15 @@ def optimizer_settings(lr: float, max_grad_norm: float | None, schedule: str, wa
                 total=steps, eps=1e-8, weight_decay=0.0)
 
 
+def _dropout_problem(p: float, seed: int) -> str:
+    """What is wrong with --lora-dropout (and --seed, which seeds its masks), or ""."""
+    if not 0.0 <= p < 1.0:  # (NaN too)
+        return f"--lora-dropout must be in [0, 1) (a probability), got {p:g}"
+    if p and not 0 <= seed < 2**32:
+        return f"--seed must be in [0, 2^32) to seed --lora-dropout's masks, got {seed}"
+    return ""
+
+
 def _optimizer_settings(args) -> dict:
     return optimizer_settings(args.lr, args.max_grad_norm, args.schedule, args.warmup,
                               args.steps)
@@ -82,7 +94,8 @@ def _train(args, data, base, device) -> dict:
     settings = _optimizer_settings(args)
     scale = args.alpha / args.rank
     start = D.init_adapters(args.rank, args.seed)
-    trainer = DigitsTrainer(device, base, start, scale, args.batch, AdamW(**settings))
+    trainer = DigitsTrainer(device, base, start, scale, args.batch, AdamW(**settings),
+                            lora_dropout=args.lora_dropout, dropout_seed=args.seed)
     ref = {k: tuple(v.astype(np.float64) for v in p) for k, p in start.items()}
     state, gpu, cpu = {}, [], []
     began = time.perf_counter()
@@ -92,7 +105,8 @@ def _train(args, data, base, device) -> dict:
         trainer.record()
         gpu.append(trainer.loss())
         if args.check:
-            cpu.append(D.reference_step(base, ref, scale, x, y, state, step, settings))
+            drop = D.dropout_multipliers(args.lora_dropout, args.seed, step, args.batch)
+            cpu.append(D.reference_step(base, ref, scale, x, y, state, step, settings, drop))
         _progress(step, args.steps, gpu[-1], began)
     return {"gpu": gpu, "cpu": cpu, "adapters": trainer.adapters(), "reference": ref,
             "seconds": time.perf_counter() - began}
@@ -122,6 +136,10 @@ def main(argv=None) -> int:
         if getattr(args, what) < 1:
             print(f"error: --{what} must be >= 1", file=sys.stderr)
             return 2
+    problem = _dropout_problem(args.lora_dropout, args.seed)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     began = time.perf_counter()
     with _phase("starting the GPU"):
         from shaderdsl.runtime import get_device
@@ -138,14 +156,16 @@ def main(argv=None) -> int:
     print(f"digits: {len(data.train_y)} training and {len(data.test_y)} test images (8x8); base "
           f"network 64 -> {D.HIDDEN} -> 10 trained on the digits 0-4 only: test accuracy "
           f"{before:.1%}")
-    print(f"LoRA rank {args.rank}, alpha {args.alpha:g} on fc1 and fc2; AdamW lr {args.lr:g} "
-          f"({args.schedule}), {args.steps} steps of {args.batch} images on {device.name} "
-          f"({device.backend})")
+    dropout = f", dropout {args.lora_dropout:g}" if args.lora_dropout else ""
+    print(f"LoRA rank {args.rank}, alpha {args.alpha:g}{dropout} on fc1 and fc2; "
+          f"AdamW lr {args.lr:g} ({args.schedule}), {args.steps} steps of {args.batch} images "
+          f"on {device.name} ({device.backend})")
     run = _train(args, data, base, device)
     after = D.accuracy(base, run["adapters"], scale, data.test_x, data.test_y)
     out = Path(args.out)
     save_adapter(out / "adapter", run["adapters"], alpha=args.alpha, target_modules=["fc1", "fc2"])
     summary = {"device": device.name, "backend": device.backend, "steps": args.steps,
+               "lora_dropout": args.lora_dropout,
                "accuracy_before": before, "accuracy_after": after, "loss": run["gpu"],
                "seconds": run["seconds"]}
     print(f"test accuracy: {before:.1%} before, {after:.1%} after; loss {run['gpu'][0]:.4f} -> "

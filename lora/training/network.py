@@ -23,12 +23,13 @@ from ..core import checks as C
 from ..core import reference as R
 from ..core.plan import Plan
 from ..core.weight import Weight, storage_dtype, wgsl_dtype
+from ..kernels.dropout import threshold
 from ..kernels.matrix import FRAGMENT
 from ..kernels.network import ACTIVATIONS
 from ..kernels.optimizer import MAX_NORM_TENSORS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
-from .backward import backward_plan, train_forward_plan
-from .losses import LOSSES, loss_plan, loss_value
+from .backward import backward_plan, dropout_plan, train_forward_plan
+from .losses import LOSSES, loss_plan, loss_value, report_labels
 from .optim import AdamW
 from .trainer import _masters
 
@@ -173,11 +174,18 @@ class Network:
     every sum f32, the optimizer updating f32 masters of A and B (the values
     ``adapters()`` returns) and writing their f16 rounding after each step.
     ``forward`` / ``backward``: the LoRA strategies (None: each layer's default).
+    ``lora_dropout``: peft's option: in each training step every adapted
+    layer's adapter input is dropped (probability p, the rest scaled by
+    1 / (1 - p)), its base input is not, and the input gradient through the
+    adapter takes the same mask; the mask of the layer at position k of
+    ``layers`` is :func:`lora.training.backward.dropout_plan`'s hash of
+    (``dropout_seed`` + k mod 2^32, the optimizer's step count, the element's
+    index). ``forward()`` drops nothing. 0: no dispatch, today's step.
     """
 
     def __init__(self, layers, *, loss="mse", optimizer=None, batch=None,
-                 dtype: DTypeLike = np.float32,
-                 device=None, forward=None, backward=None):
+                 dtype: DTypeLike = np.float32, device=None, forward=None, backward=None,
+                 lora_dropout: float = 0.0, dropout_seed: int = 0):
         if loss not in LOSSES:
             raise ValueError(f"Network: loss: expected one of {LOSSES}, got {loss!r}")
         self.layers = check_layers(layers)
@@ -192,6 +200,12 @@ class Network:
                              f"{MAX_NORM_TENSORS // 2} adapted layers ({MAX_NORM_TENSORS} "
                              f"tensors), this network has {tensors // 2}; train without it")
         self.strategies = (forward, backward)
+        threshold(lora_dropout)  # ValueError outside [0, 1)
+        if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, (int, np.integer)) \
+                or not 0 <= dropout_seed < 2**32:
+            raise ValueError(f"Network: dropout_seed: expected an int in [0, 2^32), got "
+                             f"{dropout_seed!r}")
+        self.dropout = (float(lora_dropout), int(dropout_seed))
         self._device = device
         self.batch = 0 if batch is None else C.count(batch, "Network: batch")
         self._gpu = None       # _Built, made at the first step
@@ -240,7 +254,8 @@ class Network:
 
     def record(self) -> None:
         """One training step on the batch already in the GPU's x and target
-        buffers (``build(batch).values[0]`` and ``.target``), in one submit."""
+        buffers (``build(batch).values[0]`` and ``.target``), in one submit.
+        Their labels are not checked here: see :meth:`report_labels`."""
         if self._gpu is None:
             raise RuntimeError("Network.record: no buffers yet; call build(batch) or step(x, y)")
         self._gpu.record_step()
@@ -272,10 +287,22 @@ class Network:
         return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, self.dtype)
 
     def loss(self) -> float:
-        """The last step's loss (reads back: waits for the GPU)."""
+        """The last step's loss (reads back: waits for the GPU), after
+        :meth:`report_labels`."""
         if not self._steps or self._gpu is None:
             raise RuntimeError("Network.loss: no step recorded yet; call step(x, y) first")
+        self.report_labels()
         return loss_value(self.device, self._gpu.loss)
+
+    def report_labels(self) -> None:
+        """With loss="xent": ValueError naming the first step and token whose
+        label was outside the classes since the last report (labels written to
+        the target buffer for :meth:`record`; step() refuses them at once),
+        which clears the record: a sticky record on the GPU, written by the
+        loss's dispatch, read only here. :meth:`loss`, :meth:`adapters` (and
+        so :meth:`save_adapter`) and :meth:`forward` call it first."""
+        if self._gpu is not None:
+            report_labels(self.device, self._gpu.loss)
 
     def forward(self, x) -> np.ndarray:
         """The adapted network's output for x [rows, in] (float32, read back),
@@ -284,6 +311,7 @@ class Network:
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
+        self.report_labels()
         gpu = self.build(self.batch or len(x))
         out = []
         for start in range(0, len(x), self.batch):
@@ -297,9 +325,11 @@ class Network:
         return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
 
     def adapters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """{name: (A, B)} of every adapted layer: read back once the GPU has them."""
+        """{name: (A, B)} of every adapted layer: read back once the GPU has
+        them (after :meth:`report_labels`)."""
         if self._gpu is None:
             return {x.name: x.adapter for x in self.linears if x.adapter is not None}
+        self.report_labels()
         read = self.device.read
         return {name: (read(a).copy(), read(b).copy())
                 for name, (a, b) in self._gpu.masters.items()}
@@ -378,7 +408,8 @@ class _Built:
         copies = {name: _masters(device, w) for name, w in self.weights.items()}
         self.masters = {name: pair for name, (pair, _) in copies.items()}
         self.to_f16 = [plan for _, plan in copies.values() if plan is not None]
-        self.loss = loss_plan(device, net.kind, batch, net.out_dim, net.dtype)
+        self.loss = loss_plan(device, net.kind, batch, net.out_dim, net.dtype,
+                              seen=net.kind == "xent")
         self.grads[len(layers)] = self.loss.scratch["g"]
         label = np.uint32 if net.kind == "xent" else dt
         self.target = device.empty((batch,) if net.kind == "xent" else (batch, net.out_dim),
@@ -386,13 +417,37 @@ class _Built:
         self.param_grads = {name: (device.empty(w.a.shape, f32, name=f"{name}.dA"),
                                    device.empty(w.b.shape, f32, name=f"{name}.dB"))
                             for name, w in self.weights.items()}
-        self.forwards = [self._forward(i, batch) for i in range(len(layers))]
-        self.backwards = [self._backward(i, batch) for i in range(self.first, len(layers))][::-1]
         net.optimizer.attach(device, [pair for name, params in self.masters.items()
                                       for pair in zip(params, self.param_grads[name])])
+        self.dropped = self._dropouts(batch)
+        self.forwards = [self._forward(i, batch) for i in range(len(layers))]
+        self.inference = self.forwards if not self.dropped else \
+            [self._forward(i, batch, training=False) for i in range(len(layers))]
+        self.backwards = [self._backward(i, batch) for i in range(self.first, len(layers))][::-1]
 
-    def _forward(self, i: int, batch: int) -> list:
-        """Layer i's forward: [(plan, args)], from values[i] into values[i + 1]."""
+    def _dropouts(self, batch: int) -> dict:
+        """With lora_dropout, {layer position: its dropout plans and buffers}:
+        "forward" drops x into "x", "backward" masks the adapter's input
+        gradient "dx" into the layer's (None for the first trained layer)."""
+        p, seed = self.net.dropout
+        if not threshold(p):
+            return {}
+        dev, dt, state, out = self.device, self.net.dtype, self.net.optimizer.state, {}
+        for i, layer in enumerate(self.net.layers):
+            if not isinstance(layer, Linear) or layer.adapter is None:
+                continue
+            w, k = self.weights[layer.name], (seed + i) % 2**32
+            has_dx = i in self.grads
+            out[i] = {"forward": dropout_plan(dev, w, batch, p, k, state),
+                      "x": dev.empty((batch, layer.in_dim), dt, name=f"{layer.name}.x_dropped"),
+                      "backward": dropout_plan(dev, w, batch, p, k, state) if has_dx else None,
+                      "dx": dev.empty((batch, layer.in_dim), dt, name=f"{layer.name}.dx_dropped")
+                      if has_dx else None}
+        return out
+
+    def _forward(self, i: int, batch: int, training: bool = True) -> list:
+        """Layer i's forward: [(plan, args)], from values[i] into values[i + 1]
+        (in training, the adapter's input dropped where lora_dropout says)."""
         layer, dev = self.net.layers[i], self.device
         x, y = self.values[i], self.values[i + 1]
         if isinstance(layer, str):
@@ -405,9 +460,12 @@ class _Built:
             tokens=batch, bias=bias is not None)], {}, bound=bound)
         steps: list[tuple[Plan, tuple]] = [(dense, ())]
         if layer.adapter is not None:
+            drop = self.dropped.get(i) if training else None
+            if drop is not None:
+                steps.append((drop["forward"], (x, drop["x"])))
             plan = train_forward_plan(dev, self.weights[layer.name], layer.scale, batch,
                                       self.net.strategies[0], given=())
-            steps.append((plan, (x, y)))
+            steps.append((plan, (x if drop is None else drop["x"], y)))
         return steps
 
     def _backward(self, i: int, batch: int) -> list:
@@ -424,8 +482,12 @@ class _Built:
             plan = backward_plan(dev, self.weights[layer.name], layer.scale, batch,
                                  self.net.strategies[1], with_dx=dx is not None)
             h = self.forwards[i][-1][0].h
-            steps.append((plan, (g, x, h, *self.param_grads[layer.name],
-                                 *((dx,) if dx is not None else ()))))
+            drop = self.dropped.get(i)
+            x_in, dx_out = (x, dx) if drop is None else (drop["x"], drop["dx"])
+            steps.append((plan, (g, x_in, h, *self.param_grads[layer.name],
+                                 *((dx_out,) if dx is not None else ()))))
+            if drop is not None and dx is not None:  # the same mask on the input gradient
+                steps.append((drop["backward"], (drop["dx"], dx)))
         if dx is not None:
             kernel = _base_kernel("dense_grad_input", layer, dev, self.wgsl, in_dim=layer.in_dim,
                                   out_dim=layer.out_dim, tokens=batch,
@@ -434,15 +496,16 @@ class _Built:
                                bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
         return steps
 
-    def record_forward(self) -> None:
-        for steps in self.forwards:
+    def record_forward(self, training: bool = False) -> None:
+        """The forward of every layer (in training, with lora_dropout's drops)."""
+        for steps in self.forwards if training else self.inference:
             for plan, args in steps:
                 plan.record(*args)
 
     def record_step(self) -> None:
         """Forward, loss, backward (last layer first), optimizer: one submit."""
         with self.device.batch():
-            self.record_forward()
+            self.record_forward(training=True)
             self.loss.record(self.values[-1], self.target)
             for steps in self.backwards:
                 for plan, args in steps:
