@@ -103,7 +103,8 @@ def test_every_form_matches_float64(device, form, tokens, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_forward_many_numpy_in_and_out(device, dtype):
-    """Leading dimensions as lora.forward takes them, ids shaped like them, and no base."""
+    """Leading dimensions as lora.forward takes them, ids shaped like them, and no
+    base; layers as a mapping, the rows naming them (or indexing its order)."""
     needs_f16(device, dtype)
     rng = np.random.default_rng(1)
     layers = adapters(rng, (2, 64, 5), dtype=dtype)
@@ -113,6 +114,11 @@ def test_forward_many_numpy_in_and_out(device, dtype):
     assert got.shape == (2, 3, OUT)
     check(got.reshape(6, OUT), x.reshape(6, IN), layers, ids, None, dtype)
     assert np.all(got[0, 1] == 0)  # id -1: the base (zeros) alone
+    named = dict(zip("abc", layers))  # rows named as peft's adapter_names does
+    names = [["a", "__base__", "c"], ["b", "b", "a"]]
+    for ids_given in (names, ids):
+        same = lora.forward_many(x, named, ids_given, dtype=dtype, device=device)
+        assert np.array_equal(same, got)
     one = lora.forward_many(x[0, 0], layers, 1, device=device)
     check(one.reshape(1, OUT), x[0, :1], layers, [1], None, np.float32)
     assert lora.forward_many(np.zeros((0, IN)), layers, [], device=device).shape == (0, OUT)
@@ -394,6 +400,16 @@ def test_host_ids_refused_before_anything(device):
     with pytest.raises(BindingError, match=r"layers\[3\]: A \[2, 40\] and B \[26, 2\] do not "
                                            r"fit the first layer's shape 40 -> 24"):
         lora.forward_many(x, layers + bad, [0, 1, 2, 3], device=device)
+    named = dict(zip("pqr", layers))
+    for given, ids, match in ((layers, ["p", "q", "r", "p"], "names need layers as a mapping"),
+                              (named, ["p", "s", "__base__", "s"],
+                               r"ids: 's' names no adapter of layers \(expected one of \['p', "
+                               r"'q', 'r'\] or '__base__'; 2 row\(s\) refused"),
+                              ([{"q_proj": layers[0]}], [0, 0, 0, 0],
+                               r"layers\[0\]: expected a lora.LoraLayer, got dict \(load_adapter "
+                               r"returns .*adapter\['q_proj'\]\)")):
+        with pytest.raises((ValueError, TypeError, BindingError), match=match):
+            lora.forward_many(x, given, ids, base, device=device)
     assert device.stats["dispatches"] == dispatches
     pool = lora.AdapterPool(device, IN, OUT)
     for layer in layers:
@@ -490,11 +506,10 @@ def test_peft_mixed_batches(device):
         want = model(x, adapter_names=names).numpy()
         base = model.base_model.model[0].base_layer(x).numpy()
     module = model.base_model.model[0]
-    layers = [lora.LoraLayer(module.lora_A[n].weight.detach().numpy(),
-                             module.lora_B[n].weight.detach().numpy(), specs[n][1],
-                             use_rslora=specs[n][2]) for n in specs]
-    ids = [list(specs).index(n) if n in specs else -1 for n in names]
-    got = lora.forward_many(x.numpy(), layers, ids, base, device=device)
+    layers = {n: lora.LoraLayer(module.lora_A[n].weight.detach().numpy(),
+                                module.lora_B[n].weight.detach().numpy(), specs[n][1],
+                                use_rslora=specs[n][2]) for n in specs}
+    got = lora.forward_many(x.numpy(), layers, names, base, device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -3,13 +3,17 @@ several adapters, numpy in and numpy out (a pool and its plan made, run and
 freed per call; a server keeps an ``AdapterPool`` instead)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+
+from shaderdsl.errors import BindingError
 
 from ..kernels.many import shared_floats
 from . import checks as C
 from .auto import forward
 from .many_plan import CANDIDATES, chosen_form, host_ids
-from .pool import AdapterPool, checked_layer
+from .pool import AdapterPool, checked_layer, refuse_non_layer
 from .weight import storage_dtype
 
 
@@ -31,13 +35,36 @@ def checked_layers(layers, dtype) -> tuple[list, _Shape]:
         raise TypeError(f"layers: expected a non-empty sequence of lora.LoraLayer, got "
                         f"{type(layers).__name__}")
     first = layers[0]
-    if not hasattr(first, "a") or not hasattr(first, "b"):
-        raise TypeError(f"layers[0]: expected a lora.LoraLayer (a, b, scale), got "
-                        f"{type(first).__name__}")
+    refuse_non_layer(first, "layers[0]")
     ranks = [np.shape(getattr(layer, "a", ()))[:1] or (1,) for layer in layers]
     top = max(int(r[0]) for r in ranks)
     shape = _Shape(np.shape(first.a)[-1], np.shape(first.b)[0], max(16, -(-top // 16) * 16), dtype)
     return [checked_layer(layer, f"layers[{k}]", shape) for k, layer in enumerate(layers)], shape
+
+
+BASE = "__base__"  # peft's adapter_names word for a row without an adapter
+
+
+def by_index(layers, ids) -> tuple[list, object]:
+    """``layers`` as a list and ``ids`` as indices into it: a mapping
+    ``{name: layer}`` lets rows name their adapter as peft's ``adapter_names``
+    does (``"__base__"`` for none); ints index the mapping's order."""
+    names = np.asarray(ids, dtype=object) if np.asarray(ids).dtype.kind in "USO" else None
+    if not isinstance(layers, Mapping):
+        if names is not None:
+            raise BindingError("ids: adapter names need layers as a mapping {name: "
+                               "lora.LoraLayer}; with a sequence of layers, ids are indices "
+                               "(-1 for none)")
+        return layers, ids
+    keys = list(layers)
+    if names is None:
+        return list(layers.values()), ids
+    index = {name: k for k, name in enumerate(keys)} | {BASE: -1}
+    unknown = [n for n in names.reshape(-1) if n not in index]
+    if unknown:
+        raise ValueError(f"ids: {unknown[0]!r} names no adapter of layers (expected one of "
+                         f"{keys} or {BASE!r}; {len(unknown)} row(s) refused, nothing ran)")
+    return list(layers.values()), np.vectorize(index.get, otypes=[np.int64])(names)
 
 
 def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.ndarray:
@@ -46,9 +73,10 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     ``x``: ``(in_dim,)``, ``(tokens, in_dim)`` or with more leading dimensions,
     as :func:`lora.forward` takes it; ``layers``: a sequence of
     ``lora.LoraLayer`` (each its own rank and scale: alpha / rank, or rslora's
-    alpha / sqrt(rank)), all of one in_dim and out_dim; ``ids``: one int per
-    row (shaped ``x.shape[:-1]``, or flat), an index into ``layers`` or -1
-    for no delta (peft's "__base__"); ``base``: shaped like the result
+    alpha / sqrt(rank)), all of one in_dim and out_dim, or a mapping
+    ``{name: layer}``; ``ids``: one per row (shaped ``x.shape[:-1]``, or
+    flat), an index into ``layers`` or -1 for no delta, or with a mapping
+    its names and ``"__base__"`` (peft's ``adapter_names``); ``base``: shaped like the result
     (``x.shape[:-1] + (out_dim,)``), default zeros. Stored on the GPU and
     returned as ``dtype`` (float32 by default, or float16); sums are f32.
     Everything is checked before any GPU buffer exists. Where every row names
@@ -57,6 +85,7 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     from shaderdsl.runtime import get_device
 
     dt = storage_dtype(np.float32 if dtype is None else dtype)
+    layers, ids = by_index(layers, ids)
     checked, shape = checked_layers(layers, dt)
     first = checked[0]
     p = C.host_problem(x, first[0], first[1], base, dt)

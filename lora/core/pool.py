@@ -68,13 +68,23 @@ class Extents:
         return size
 
 
+def refuse_non_layer(layer, what: str) -> None:
+    """A TypeError unless ``layer`` has a LoRA layer's a, b and scale; for a
+    dict (what ``load_adapter`` returns: one file's modules), how to pick one."""
+    if all(hasattr(layer, k) for k in ("a", "b", "scale")):
+        return
+    hint = ""
+    if isinstance(layer, dict):
+        hint = (f" (load_adapter returns {{module name: LoraLayer}}: give one module's layer, "
+                f"e.g. adapter[{next(iter(layer), 'name')!r}])")
+    raise TypeError(f"{what}: expected a lora.LoraLayer, got {type(layer).__name__}{hint}")
+
+
 def checked_layer(layer, what: str, pool) -> tuple[np.ndarray, np.ndarray, float]:
     """A layer's A and B (as ``pool.dtype``) and its scale, checked against
     ``pool``'s in_dim, out_dim and max_rank (read from it, so a check can run
     before the pool exists); each error names the layer as ``what``."""
-    if not all(hasattr(layer, k) for k in ("a", "b", "scale")):
-        raise TypeError(f"{what}: expected a lora.LoraLayer (a, b, scale), got "
-                        f"{type(layer).__name__}")
+    refuse_non_layer(layer, what)
     try:  # host_matrix's messages are a Weight's; here they name the layer
         a = host_matrix(layer.a, f"{what}: A", "[rank, in_dim]", pool.dtype)
         b = host_matrix(layer.b, f"{what}: B", "[out_dim, rank]", pool.dtype)
