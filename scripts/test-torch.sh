@@ -16,4 +16,5 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 exec .venv-torch/bin/python -m pytest -m "not slow" -rs tests/test_adapter_peft.py \
-    tests/test_network.py tests/test_many.py tests/test_doc_blocks.py "$@"
+    tests/test_network.py tests/test_many.py tests/test_torch_inputs.py \
+    tests/test_doc_blocks.py "$@"

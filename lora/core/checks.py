@@ -101,7 +101,7 @@ def host_matrix(array, what: str, layout: str, dtype: DTypeLike = np.float32) ->
     NaN or infinite after the cast (a float64 over 3.4e38, or anything over
     65504 in float16, becomes inf).
     """
-    arr = np.asarray(array)
+    arr = host_values(array)
     if arr.dtype.kind != "f":
         raise BindingError(f"Weight: {what} must have a real floating dtype (float16, float32 or "
                            f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")
@@ -154,10 +154,23 @@ def projection_value(projection) -> str:
 
 # ---------------------------------------------------------------- numpy in
 
+def host_values(value) -> np.ndarray:
+    """``value`` as a numpy array. A torch tensor (anything with ``detach``,
+    ``cpu`` and ``numpy``) is read as its values, detached and copied to the
+    host, bfloat16 widened to float32: torch users pass parameters that
+    require grad and CUDA tensors, which ``np.asarray`` refuses."""
+    if all(hasattr(value, k) for k in ("detach", "cpu", "numpy")):
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        return tensor.numpy()
+    return np.asarray(value)
+
+
 def host_activation(arr, what: str, dtype) -> np.ndarray:
     """An activation as a C-contiguous array of ``dtype``; refuses non-floats
     and values that float16 cannot hold."""
-    arr = np.asarray(arr)
+    arr = host_values(arr)
     if arr.dtype.kind != "f":
         raise BindingError(f"{what}: expected a real floating dtype (float16, float32 or "
                            f"float64), got {arr.dtype.name}; convert with .astype(np.float32)")

@@ -49,7 +49,8 @@ def by_index(layers, ids) -> tuple[list, object]:
     """``layers`` as a list and ``ids`` as indices into it: a mapping
     ``{name: layer}`` lets rows name their adapter as peft's ``adapter_names``
     does (``"__base__"`` for none); ints index the mapping's order."""
-    names = np.asarray(ids, dtype=object) if np.asarray(ids).dtype.kind in "USO" else None
+    ids = C.host_values(ids)
+    names = ids.astype(object) if ids.dtype.kind in "USO" else None
     if not isinstance(layers, Mapping):
         if names is not None:
             raise BindingError("ids: adapter names need layers as a mapping {name: "

@@ -27,7 +27,7 @@ from ..kernels.many_sort import tile_bound
 from . import checks as C
 from .auto import auto_plan
 from .cache import clear_plan_cache
-from .checks import count
+from .checks import count, host_values
 from .plan import build_steps, launch, record_steps
 from .weight import wgsl_dtype
 
@@ -83,7 +83,7 @@ def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
     flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
     range [-1, bound) named in messages."""
-    arr = np.asarray(ids)
+    arr = host_values(ids)
     rows = int(np.prod(shape, dtype=np.int64))
     if arr.size and arr.dtype.kind not in "iu":  # [] is float64 to numpy
         raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
@@ -240,7 +240,7 @@ class ManyPlan:
         """Host ids checked (ValueError naming the first bad one, before
         anything is written) and written to the plan's buffers: as rows, or
         sorted into tiles (``segments``). Valid until the next route."""
-        arr = np.asarray(ids)
+        arr = host_values(ids)
         flat = host_ids(arr, arr.shape, self.pool.slots, len(self.pool.host_table))
         tokens = flat.size
         if not 1 <= tokens <= self.max_tokens:

@@ -35,7 +35,7 @@ import regex
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ..core.checks import count
+from ..core.checks import count, host_values
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -88,7 +88,9 @@ class LoraLayer:
     fan_in_fan_out: bool = False
 
     def __post_init__(self):
-        a, b = self.a, self.b
+        a, b = host_values(self.a), host_values(self.b)  # torch tensors too
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] < 1 or b.shape[1] != a.shape[0]:
             raise ValueError(f"LoraLayer: A must be [rank, in] and B [out, rank], got A "
                              f"{tuple(a.shape)} and B {tuple(b.shape)}")
@@ -139,7 +141,7 @@ def _finite_real(value, where: str, what: str) -> float:
 def _storable(value, where: str) -> np.ndarray:
     """``value`` as the array to write: float16 stays float16 (halves the file,
     and the GPU can use it as is), every other real float becomes float32."""
-    arr = np.asarray(value)
+    arr = host_values(value)
     if arr.dtype.kind != "f":
         raise AdapterFileError(f"{where}: dtype {arr.dtype.name} is not a real float; "
                                f"float32 or float16 expected (float64 is cast to float32)")

@@ -80,7 +80,7 @@ class Linear:
 
 def _matrix(value, what: str, layout: str) -> np.ndarray:
     """A finite 2-D float array as float32, or ValueError naming ``what``."""
-    arr = np.asarray(value)
+    arr = C.host_values(value)
     if arr.dtype.kind != "f" or arr.ndim != 2 or 0 in arr.shape:
         raise ValueError(f"{what} must be a 2-D float array {layout}, got "
                          f"{arr.dtype.name} {arr.shape}")
@@ -91,7 +91,7 @@ def _matrix(value, what: str, layout: str) -> np.ndarray:
 
 
 def _vector(value, what: str, n: int) -> np.ndarray:
-    arr = np.asarray(value)
+    arr = C.host_values(value)
     if arr.dtype.kind != "f" or arr.shape != (n,) or not np.isfinite(arr).all():
         raise ValueError(f"{what} must be {n} finite floats (one per output), got "
                          f"{arr.dtype.name} {arr.shape}")
@@ -124,6 +124,17 @@ def _check_f16_range(linears) -> None:
                                  f"float16's range (65504); use dtype=np.float32")
 
 
+def _torch_hint(layer) -> str:
+    """How to write a torch module this list does not take as it is."""
+    kind = type(layer).__name__
+    if kind.lower() in ACTIVATIONS:
+        return f" (torch.nn.{kind}? give its name, {kind.lower()!r})"
+    if hasattr(layer, "weight") and hasattr(layer, "in_features"):
+        return (f" (torch.nn.{kind}? wrap it: lora.Linear(m.weight, m.bias, rank=8, "
+                f"alpha=16), or without rank for a frozen layer)")
+    return ""
+
+
 def check_layers(layers) -> list:
     """The layers, named and checked: Linear or an activation's name, each
     Linear's input the width the layer before it gives, names unique, at
@@ -140,7 +151,7 @@ def check_layers(layers) -> list:
             continue
         if not isinstance(layer, Linear):
             raise ValueError(f"Network: layer {i}: expected a lora.Linear or one of "
-                             f"{ACTIVATIONS}, got {type(layer).__name__}")
+                             f"{ACTIVATIONS}, got {type(layer).__name__}{_torch_hint(layer)}")
         if not layer.name:
             layer.name = str(i)
         if layer.name in names:
@@ -263,7 +274,7 @@ class Network:
 
     def _inputs(self, x, y) -> tuple[np.ndarray, np.ndarray]:
         """x and y stored as the network's dtype (labels as uint32), checked against it."""
-        x = np.asarray(x)
+        x = C.host_values(x)
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.step: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
@@ -272,7 +283,7 @@ class Network:
             raise ValueError(f"Network.step: this network steps on batches of {self.batch} "
                              f"rows, x has {rows}; drop a smaller last batch or make another "
                              f"Network for it")
-        y = np.asarray(y)
+        y = C.host_values(y)
         if self.kind == "xent":
             if y.dtype.kind not in "iu" or y.shape != (rows,):
                 raise ValueError(f"Network.step: with loss 'xent', y must be {rows} integer "
@@ -307,7 +318,7 @@ class Network:
     def forward(self, x) -> np.ndarray:
         """The adapted network's output for x [rows, in] (float32, read back),
         run in batches of the training batch's rows (the last one padded)."""
-        x = np.asarray(x)
+        x = C.host_values(x)
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
