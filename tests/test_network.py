@@ -577,6 +577,26 @@ def test_bench_network_quick(tmp_path):
     assert "base products" in lines[1]
 
 
+def test_bench_network_command_line_options(tmp_path, capsys):
+    """python -m lora bench --network --layers --lora-dropout --max-grad-norm:
+    the rows and the log say the options they ran with (4 layers and clipping:
+    the norm_partials path)."""
+    import json
+
+    from lora.apps import bench
+
+    assert bench.main(["--network", "--quick", "--layers", "4", "--lora-dropout", "0.2",
+                       "--max-grad-norm", "0.5", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "bench-network.json").read_text())
+    assert (row["layers"], row["lora_dropout"], row["max_grad_norm"]) == (4, 0.2, 0.5)
+    assert row["base_products"] == 7   # 4 forward products, 3 input gradients
+    out = capsys.readouterr().out
+    assert "4-layer MLP" in out and "dropout 0.2 clip 0.5: step" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--network", "--layers", "0", "--out", str(tmp_path)])
+    assert "expected a count of at least 1, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_tiled_base_products_are_the_plain_ones(dtype):
     """dense_tiled and dense_grad_input_tiled sum in the plain kernels' order:
