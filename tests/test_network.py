@@ -45,11 +45,14 @@ def _network(spec, **kw):
                    **kw)
 
 
-def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False, drop=None):
+def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False, drop=None,
+                    clip=None):
     """One step in float64, by hand: forward, loss, backward, torch's AdamW
     (or plain SGD); updates the adapters in ``spec``, returns the loss before.
     ``drop``: {layer position: the dropout's multiplier (mask / (1 - p)) of
-    its adapter's input}, as peft: lora_B(lora_A(dropout(x))) * scaling."""
+    its adapter's input}, as peft: lora_B(lora_A(dropout(x))) * scaling.
+    ``clip``: torch's clip_grad_norm_(every A and B, clip) first; the norm
+    before clipping is kept in ``state["norm"]``."""
     zs, v, drop = [], x, drop or {}
     for k, s in enumerate(spec):
         zs.append(v)
@@ -83,6 +86,10 @@ def _reference_step(spec, x, y, kind, state, step, lr, wd=0.01, sgd=False, drop=
             grads[k] = (dh.T @ (xin * m), sc * g.T @ (xin * m @ a.T))
             dx = dx + (dh @ a) * m
         g = dx
+    if clip is not None:
+        state["norm"] = math.sqrt(sum(np.sum(gr * gr) for pair in grads.values() for gr in pair))
+        factor = min(1.0, clip / (state["norm"] + 1e-6))
+        grads = {k: tuple(gr * factor for gr in pair) for k, pair in grads.items()}
     for k, pair in grads.items():
         new = []
         for j, (p, gr) in enumerate(zip(spec[k]["ad"], pair)):
@@ -359,12 +366,57 @@ def test_bad_layers_are_refused_by_name_before_the_device(layers, match):
         Network(layers(), device=NoDevice())
 
 
-def test_clipping_more_adapters_than_the_norm_kernel_takes_is_refused():
-    layers = [Linear(np.ones((3, 3)), rank=1) for _ in range(4)]
-    with pytest.raises(ValueError, match="takes at most 3 adapted layers .6 tensors., this "
-                                         "network has 4; train without it"):
-        Network(layers, optimizer=lora.AdamW(max_grad_norm=1.0), device=NoDevice())
-    Network(layers, optimizer=lora.AdamW(), device=NoDevice())   # without clipping: fine
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_clipping_six_adapted_layers_follows_float64(dtype):
+    """max_grad_norm over more gradients than optim_begin binds (6 adapted
+    layers, 12 tensors; a frozen seventh outside the norm): norm_partials in
+    two dispatches (7 + 5 tensors), then the begin. Clipping at every step
+    (max_grad_norm 0.05); the norm, losses and adapters after 4 steps against
+    the float64 autograd with torch's clip_grad_norm_: f32 with AdamW, f16
+    with SGD (see test_f16_mixed_precision_follows_float64 for why SGD)."""
+    from shaderdsl.runtime import get_device
+    f16 = dtype == "f16"
+    if f16 and not get_device().has_feature("shader-f16"):
+        pytest.skip("the device lacks shader-f16")
+    rng = np.random.default_rng(6)
+    dims, batch, lr, clip = (12, 10, 9, 8, 10, 7, 6, 5), 6, 2e-2, 0.05
+    spec = _mlp(rng, dims, ("gelu", "relu", "tanh", "silu", "gelu", "relu"), frozen=(3,),
+                bias=(0, 2, 5, 6))
+    held = np.float16 if f16 else np.float32
+    spec: list = [s if isinstance(s, str) else dict(   # the weights as the GPU holds them
+        s, w=held(s["w"]).astype(np.float64),
+        b=None if s["b"] is None else held(s["b"]).astype(np.float64)) for s in _as32(spec)]
+    opt = lora.SGD(lr=lr, max_grad_norm=clip) if f16 else lora.AdamW(lr=lr, max_grad_norm=clip)
+    net = _network(spec, loss="mse", optimizer=opt, dtype=held)
+    names = [st.kernel.name for plan in net.build(batch).net.optimizer.plans()
+             for st in plan.steps]
+    assert names == ["norm_partials"] * 2 + ["optim_begin"] + [names[-1]] * 6, names
+    tol = 1.5e-3 if f16 else TOL   # adapters measured 4.2e-4 (f16), 2.2e-7 (f32)
+    state: dict = {}
+    for step in range(1, 5):
+        x, y = rng.normal(0, 1, (batch, dims[0])), rng.normal(0, 1, (batch, dims[-1]))
+        net.step(x, y)
+        want = _reference_step(spec, held(x).astype(np.float64), held(y).astype(np.float64),
+                               "mse", state, step, lr, sgd=f16, clip=clip)
+        assert abs(net.loss() - want) <= tol * want, (step, net.loss(), want)
+        norm = net.optimizer.last_norm()
+        assert norm is not None and state["norm"] > 5 * clip   # it clipped
+        assert abs(norm - state["norm"]) <= tol * state["norm"], (step, norm, state["norm"])
+    trained = [s for s in spec if not isinstance(s, str) and s["ad"] is not None]
+    assert len(trained) == 6
+    for (name, pair), s in zip(net.adapters().items(), trained):
+        for got, want in zip(pair, s["ad"]):
+            assert _rel(got, want) < tol, (name, _rel(got, want))
+
+
+def test_clipping_three_layers_keeps_one_begin():
+    """Up to 3 adapted layers (6 gradients) the begin sums the norm itself, as
+    before norm_partials existed: one dispatch, no partials buffer."""
+    spec = _mlp(np.random.default_rng(0), (4, 5, 4, 3), ("relu", "tanh"))
+    net = _network(spec, optimizer=lora.AdamW(max_grad_norm=1.0))
+    names = [st.kernel.name for plan in net.build(2).net.optimizer.plans() for st in plan.steps]
+    assert names == ["optim_begin"] + ["adamw_update"] * 3
+    assert not hasattr(net.optimizer, "partials")
 
 
 def test_bad_batches_are_refused_before_anything_is_written():
@@ -523,6 +575,26 @@ def test_bench_network_quick(tmp_path):
     assert row["base_products"] == 5   # 3 forward products, 2 input gradients
     assert 0 < row["base_us"] < row["step_us"] and row["layer_us"] > 0
     assert "base products" in lines[1]
+
+
+def test_bench_network_command_line_options(tmp_path, capsys):
+    """python -m lora bench --network --layers --lora-dropout --max-grad-norm:
+    the rows and the log say the options they ran with (4 layers and clipping:
+    the norm_partials path)."""
+    import json
+
+    from lora.apps import bench
+
+    assert bench.main(["--network", "--quick", "--layers", "4", "--lora-dropout", "0.2",
+                       "--max-grad-norm", "0.5", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "bench-network.json").read_text())
+    assert (row["layers"], row["lora_dropout"], row["max_grad_norm"]) == (4, 0.2, 0.5)
+    assert row["base_products"] == 7   # 4 forward products, 3 input gradients
+    out = capsys.readouterr().out
+    assert "4-layer MLP" in out and "dropout 0.2 clip 0.5: step" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--network", "--layers", "0", "--out", str(tmp_path)])
+    assert "expected a count of at least 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])

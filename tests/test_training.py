@@ -286,6 +286,32 @@ def test_adamw_schedule_clip_and_settings_without_recompiling(device):
     np.testing.assert_allclose(p[0], pr, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("tensors", [6, 7, 15])
+def test_clipping_any_number_of_tensors(device, tensors):
+    """clip_grad_norm_ over every tensor however many: up to 6 in optim_begin
+    alone, past that norm_partials first (7: one dispatch; 15: 7 + 7 + 1).
+    3 AdamW steps, clipped at each, and the norm, against float64."""
+    rng = np.random.default_rng(tensors)
+    shapes = [(int(rng.integers(1, 40)), 3) for _ in range(tensors)]
+    ps = [normal(rng, s) for s in shapes]
+    opt = AdamW(lr=1e-2, max_grad_norm=0.5, device=device)
+    ref = [(p.astype(np.float64), 0.0, 0.0) for p in ps]
+    for step in range(1, 4):
+        gs = [normal(rng, s) for s in shapes]
+        ps = opt.step(ps, gs)
+        c = R.clip_scale(gs, 0.5)
+        assert c < 0.5   # it clipped
+        ref = [R.adamw_step(p, c * g.astype(np.float64), m, v, step, 1e-2)
+               for (p, m, v), g in zip(ref, gs)]
+        norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in gs))
+        got_norm = opt.last_norm()
+        assert got_norm is not None and abs(got_norm - norm) <= 1e-6 * norm, (got_norm, norm)
+    names = [st.kernel.name for plan in opt.plans() for st in plan.steps]
+    assert names.count("norm_partials") == (0 if tensors <= 6 else -(-tensors // 7))
+    for got, (want, _, _) in zip(ps, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_optimizer_refusals(device):
     with pytest.raises(ValueError, match="lr: expected a finite number"):
         AdamW(lr=float("nan"))

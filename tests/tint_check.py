@@ -240,6 +240,9 @@ def _training_entries(add) -> None:
     for n, (schedule, grads) in enumerate(itertools.product(("constant", "linear", "cosine"),
                                                             ((), (40, 7), (5, 6, 7, 8, 9, 10)))):
         add("optim_begin", grad_sizes=grads, schedule=schedule, threads=64)
+    add("optim_begin", partials=12, schedule="cosine", threads=64)
+    add("norm_partials", grad_sizes=(40, 7, 5, 6, 7, 8, 9), slots=12, threads=64)
+    add("norm_partials", grad_sizes=(40, 7), first=7, slots=12)
     for sizes in ((40,), (24, 320)):
         add("adamw_update", sizes=sizes)
         add("sgd_update", sizes=sizes)

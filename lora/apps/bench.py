@@ -21,7 +21,8 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_gemm); ``--ceiling`` what the hardware gives any kernel
 (lora.apps.bench_ceiling); ``--many`` many adapters in one batch
 (lora.apps.bench_many); ``--network`` a 3-layer MLP's training step
-(lora.apps.bench_network).
+(lora.apps.bench_network; ``--layers``, ``--lora-dropout`` and
+``--max-grad-norm`` change what it trains).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from . import bench_table, bench_train
 from .bench_ceiling import ceiling_main, copy_bandwidth
 from .bench_gemm import gemm_main
 from .bench_many import many_main
+from .bench_network import Options as NetworkOptions
 from .bench_network import network_main
 from .bench_profile import profile_main
 from .bench_sweep import sweep_main
@@ -341,6 +343,14 @@ def plot(results: list[dict], path: str) -> bool:
 GRID_KEYS = ("tokens", "ranks", "dims", "dtypes")
 
 
+def _positive(value: str) -> int:
+    """An int of at least 1 (argparse's type for counts)."""
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1, got {value}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -383,6 +393,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--network", action="store_true",
                    help="the training step of a 3-layer MLP with LoRA on every layer (one "
                         "lora.Network submit) beside torch+peft (lora.apps.bench_network)")
+    p.add_argument("--layers", type=_positive, metavar="N",
+                   help="--network: Linear layers in the MLP (default 3)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
+                   help="--network: peft's lora_dropout in every step (ours and torch+peft's)")
+    p.add_argument("--max-grad-norm", type=float, metavar="NORM",
+                   help="--network: clip every step's gradients to this global norm "
+                        "(ours and torch's clip_grad_norm_; default: no clipping)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -410,7 +427,8 @@ def _special_run(args, log) -> int | None:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)
     if args.network:  # a 3-layer MLP's step
-        return network_main(args.out, log, args.quick)
+        return network_main(args.out, log, args.quick, opts=NetworkOptions(
+            args.layers, args.lora_dropout, args.max_grad_norm))
     return None
 
 

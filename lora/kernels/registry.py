@@ -153,6 +153,12 @@ def _columns(n_key):
     return lambda p: (ceil_div(p[n_key], p["threads"]), p["tokens"], 1)
 
 
+def _tiles(n_key):
+    """Grid of one TILE x TILE block of the result (tokens x ``n_key``) per
+    workgroup: the tiled base products (lora.kernels.network)."""
+    return lambda p: (ceil_div(p[n_key], network.TILE), ceil_div(p["tokens"], network.TILE), 1)
+
+
 def _elements(size, workgroup=_threads):
     """Grid of one thread per element (``workgroup`` threads per workgroup)."""
     return lambda p: (ceil_div(size(p), workgroup(p)), 1, 1)
@@ -206,6 +212,9 @@ TRAINING_KERNELS = (
                "softmax cross-entropy: gradient and per-token losses"),
     KernelSpec("optim_begin", optimizer.optim_begin, _threads, lambda p: (1, 1, 1),
                "the step count, learning rate, bias corrections and clip factor"),
+    KernelSpec("norm_partials", optimizer.norm_partials, _threads,
+               lambda p: (len(p["grad_sizes"]), 1, 1),
+               "sums of squares for clipping's global norm: one workgroup per gradient"),
     KernelSpec("adamw_update", optimizer.adamw_update, _threads,
                _elements(lambda p: sum(p["sizes"])), "one AdamW step of up to two tensors"),
     KernelSpec("sgd_update", optimizer.sgd_update, _threads,
@@ -215,13 +224,9 @@ TRAINING_KERNELS = (
     KernelSpec("dense_grad_input", network.dense_grad_input, _threads, _columns("in_dim"),
                "its input gradient: dx = g W"),
     KernelSpec("dense_tiled", network.dense_tiled, lambda p: network.TILED_THREADS,
-               lambda p: (ceil_div(p["out_dim"], network.TILE),
-                          ceil_div(p["tokens"], network.TILE), 1),
-               "dense's y = x W^T + b, a 64 x 64 block of y per workgroup"),
+               _tiles("out_dim"), "dense's y = x W^T + b, a 64 x 64 block of y per workgroup"),
     KernelSpec("dense_grad_input_tiled", network.dense_grad_input_tiled,
-               lambda p: network.TILED_THREADS,
-               lambda p: (ceil_div(p["in_dim"], network.TILE),
-                          ceil_div(p["tokens"], network.TILE), 1),
+               lambda p: network.TILED_THREADS, _tiles("in_dim"),
                "dense_grad_input's dx = g W, a 64 x 64 block of dx per workgroup"),
     KernelSpec("dense_matrix", dense_matrix, lambda p: OUTER.threads,
                lambda p: OUTER.grid(p["tokens"], p["out_dim"])[:2] + (1,),

@@ -26,7 +26,6 @@ from ..core.weight import Weight, storage_dtype, wgsl_dtype
 from ..kernels.dropout import threshold
 from ..kernels.matrix import FRAGMENT
 from ..kernels.network import ACTIVATIONS
-from ..kernels.optimizer import MAX_NORM_TENSORS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
 from .backward import backward_plan, dropout_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, report_labels
@@ -205,11 +204,6 @@ class Network:
             _check_f16_range(self.linears)
         self.kind = loss
         self.optimizer = AdamW() if optimizer is None else optimizer
-        tensors = 2 * sum(x.adapter is not None for x in self.linears)
-        if self.optimizer.settings["max_norm"] and tensors > MAX_NORM_TENSORS:
-            raise ValueError(f"Network: global-norm clipping (max_grad_norm) takes at most "
-                             f"{MAX_NORM_TENSORS // 2} adapted layers ({MAX_NORM_TENSORS} "
-                             f"tensors), this network has {tensors // 2}; train without it")
         self.strategies = (forward, backward)
         threshold(lora_dropout)  # ValueError outside [0, 1)
         if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, (int, np.integer)) \

@@ -29,6 +29,7 @@ from ..kernels.optimizer import (
     HYPER,
     HYPER_SIZE,
     MAX_NORM_TENSORS,
+    MAX_PARTIAL_TENSORS,
     MAX_UPDATE_TENSORS,
     SCHEDULES,
     STATE,
@@ -98,15 +99,12 @@ class _Optimizer:
             if p.size != g.size:
                 raise BindingError(f"{type(self).__name__}.attach: params[{k}] has {p.size} "
                                    f"values, its gradient {g.size}")
-        if self.settings["max_norm"] and len(pairs) > MAX_NORM_TENSORS:
-            raise ValueError(f"global-norm clipping takes at most {MAX_NORM_TENSORS} tensors "
-                             f"per optimizer, got {len(pairs)}")
         self.device, self.groups = device, pairs
         self.hyper = device.buffer(self._hyper(), name="optim.hyper")
         self.state = device.empty(STATE_SIZE, np.float32, name="optim.state")
         self.extra = [device.empty(self._extra_size(sum(p.size for p, _ in chunk)), np.float32,
                                    name="optim.moments") for chunk in self._chunks()]
-        self._plans = self._build()
+        self._begin, self._updates = self._build()
 
     def _attached(self, what: str) -> tuple:
         """(device, [(param, grad), ...]) once attached, else a RuntimeError."""
@@ -118,21 +116,43 @@ class _Optimizer:
         _, pairs = self._attached("attach")
         return [pairs[i:i + MAX_UPDATE_TENSORS] for i in range(0, len(pairs), MAX_UPDATE_TENSORS)]
 
-    def _build(self) -> list:
-        """The plans of one step: optim_begin, then one update per chunk of tensors."""
+    def _build(self) -> tuple[list, list]:
+        """The plans of one step: the begin (with clipping of more than
+        MAX_NORM_TENSORS gradients, their norm_partials first), then one
+        update per chunk of tensors."""
         device, groups = self._attached("attach")
         grads = [g for _, g in groups] if self.settings["max_norm"] else []
         name = type(self).__name__
-        plans = [Plan(device, f"{name} begin", [("optim_begin", dict(
-            grad_sizes=tuple(g.size for g in grads), schedule=self.schedule))], {},
-            bound={**{f"g{k}": g for k, g in enumerate(grads)}, "state": self.state,
-                   "hyper": self.hyper})]
+        begin = self._norm_plans(grads) if len(grads) > MAX_NORM_TENSORS else []
+        direct = [] if begin else grads
+        bound = {f"g{k}": g for k, g in enumerate(direct)}
+        if begin:
+            bound["partials"] = self.partials
+        begin.append(Plan(device, f"{name} begin", [("optim_begin", dict(
+            grad_sizes=tuple(g.size for g in direct), partials=len(grads) if begin else 0,
+            schedule=self.schedule))], {}, bound={**bound, "state": self.state,
+                                                  "hyper": self.hyper}))
+        updates = []
         for chunk, extra in zip(self._chunks(), self.extra):
             bound = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
             for k, (p, g) in enumerate(chunk):
                 bound[f"p{k}"], bound[f"g{k}"] = p, g
-            plans.append(Plan(device, f"{name} update", [(self.update_kernel, dict(
+            updates.append(Plan(device, f"{name} update", [(self.update_kernel, dict(
                 sizes=tuple(p.size for p, _ in chunk)))], {}, bound=bound))
+        return begin, updates
+
+    def _norm_plans(self, grads: list) -> list:
+        """norm_partials over ``grads`` in groups of MAX_PARTIAL_TENSORS, each
+        gradient's sum of squares into its slot of ``self.partials``."""
+        device, _ = self._attached("attach")
+        self.partials = device.empty(len(grads), np.float32, name="optim.norm_partials")
+        plans = []
+        for first in range(0, len(grads), MAX_PARTIAL_TENSORS):
+            group = grads[first:first + MAX_PARTIAL_TENSORS]
+            plans.append(Plan(device, f"{type(self).__name__} norm", [("norm_partials", dict(
+                grad_sizes=tuple(g.size for g in group), first=first, slots=len(grads)))], {},
+                bound={**{f"g{k}": g for k, g in enumerate(group)},
+                       "partials": self.partials}))
         return plans
 
     def record(self, begin: bool = True) -> None:
@@ -141,8 +161,13 @@ class _Optimizer:
         of the same step ran (``folded_begin``)."""
         device, _ = self._attached("record")
         with device.batch():
-            for plan in self._plans[0 if begin else 1:]:
+            for plan in self.plans(begin):
                 plan.record()
+
+    def plans(self, begin: bool = True) -> list:
+        """The plans of one step, in order (``begin=False``: as :meth:`record`)."""
+        self._attached("plans")
+        return (self._begin if begin else []) + self._updates
 
     def folded_begin(self):
         """(schedule, state, hyper) for another kernel of the step to run the

@@ -74,7 +74,7 @@ class LayerTrainer:
     def plans(self) -> list:
         """The plans of a step given a base buffer, in order (the base copy, where
         there is one, aside)."""
-        optimizer = self.optimizer._plans[0 if self._begin is None else 1:]
+        optimizer = self.optimizer.plans(begin=self._begin is None)
         return [*([self.dropout] if self.dropout else []), self._forward_base or self.forward,
                 self.loss_plan, self.backward, *optimizer,
                 *([self._to_f16] if self._to_f16 else [])]
