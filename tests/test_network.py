@@ -462,16 +462,18 @@ def test_a_bad_label_in_the_buffers_is_reported_at_the_next_read(read, tmp_path)
     net.adapters()
 
 
-def test_torch_peft_twenty_adamw_steps(tmp_path):
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no clipping", "clip_grad_norm_ 0.5"])
+def test_torch_peft_twenty_adamw_steps(tmp_path, clip):
     """The same 3-layer MLP in torch+peft (LoraConfig on modules "0", "2",
     "4" of an nn.Sequential): every adapter after 20 AdamW steps within 1e-5
-    relative (f32), and this network's saved adapter loads into peft."""
-    torch = pytest.importorskip("torch", reason="torch is not installed here (the H200 has it)")
-    peft = pytest.importorskip("peft", reason="peft is not installed here (the H200 has it)")
+    relative (f32), with and without torch's clip_grad_norm_ over the LoRA
+    parameters (max_grad_norm), and this network's saved adapter loads into peft."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
     rng = np.random.default_rng(2)
     dims, batch, lr = (10, 16, 12, 4), 8, 1e-2
     spec = _mlp(rng, dims, ("gelu", "tanh"), rank=4)
-    net = _network(spec, loss="mse", optimizer=lora.AdamW(lr=lr))
+    net = _network(spec, loss="mse", optimizer=lora.AdamW(lr=lr, max_grad_norm=clip))
 
     def torch_mlp():
         mods = []
@@ -494,14 +496,18 @@ def test_torch_peft_twenty_adamw_steps(tmp_path):
         with torch.no_grad():
             for part, value in zip((layer.lora_A, layer.lora_B), spec[k]["ad"]):
                 part["default"].weight.copy_(torch.tensor(value, dtype=torch.float32))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt, clipped = torch.optim.AdamW(trained, lr=lr), []
     for _ in range(20):
         x, y = rng.normal(0, 1, (batch, dims[0])), rng.normal(0, 1, (batch, dims[-1]))
         net.step(x, y)
         opt.zero_grad()
         out = model(torch.tensor(x, dtype=torch.float32))
         torch.nn.functional.mse_loss(out, torch.tensor(y, dtype=torch.float32)).backward()
+        if clip is not None:
+            clipped.append(float(torch.nn.utils.clip_grad_norm_(trained, clip)) > clip)
         opt.step()
+    assert clip is None or sum(clipped) >= 10  # clipping was active in most steps
     for k, name in zip((0, 2, 4), net.adapters()):
         layer = model.base_model.model[k]
         for got, want in zip(net.adapters()[name], (layer.lora_A["default"].weight,
