@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS
 from shaderdsl.interp import Device as InterpDevice
 
 
@@ -54,3 +55,14 @@ def module_steps(ops: list, name_of) -> tuple[list, list]:
 def asset(name: str) -> str:
     """The text of ``lora/apps/web_assets/<name>``."""
     return resources.files("lora.apps").joinpath("web_assets", name).read_text()
+
+
+def module_code(name: str) -> str:
+    """The code ending an exported module: the runtime, what the LoRA modules
+    share (web_assets/common.mjs: prepare, readBack, halfBits) and ``name``'s own."""
+    return f"{RUNTIME_JS}\n{asset('common.mjs')}\n{asset(name)}"
+
+
+def module_types(name: str) -> str:
+    """The declarations of ``module_code(name)``'s module (``name``: its .d.ts)."""
+    return f"{RUNTIME_DTS}\n{asset('common.d.ts')}\n{asset(name)}"

@@ -12,7 +12,6 @@ export interface AdapterLayer { a: Float32Array; b: Float32Array; rank: number; 
 export type Input = GPUBuffer | Float32Array | Uint16Array;
 export type ForwardInputs = {x: Input; output: Input} &
   ({a: Input; b: Input; adapter?: undefined} | {adapter: AdapterLayer; a?: undefined; b?: undefined});
-export declare function prepare(device: GPUDevice): Promise<GPUComputePipeline[]>;
 export declare function checkAdapter(layer: AdapterLayer, what?: string): void;
 /** Resolves with the new output where output was an array, else once the work is queued. */
 export declare function loraForward(device: GPUDevice, inputs: ForwardInputs,

@@ -1,16 +1,8 @@
 // ---- the forward: every step into one compute pass
 const ownOf = new WeakMap();      // GPUDevice -> {h, y, and x, a, b, output where arrays came}
-const prepared = new WeakMap();   // GPUDevice -> Promise of every pipeline
 const ITEM = config.dtype === "f16" ? 2 : 4;
 const SHAPES = {x: ["tokens", "inDim"], a: ["rank", "inDim"], b: ["outDim", "rank"],
                 output: ["tokens", "outDim"]};
-
-/** Compile every kernel's pipeline (once per device); rejects on WGSL errors. */
-export function prepare(device) {
-  if (!prepared.has(device))
-    prepared.set(device, Promise.all(kernels.map(k => prepareKernel(device, k))));
-  return prepared.get(device);
-}
 
 function shapeText(name) {
   const [rows, cols] = SHAPES[name];
@@ -42,22 +34,6 @@ export function checkAdapter(layer, what = "adapter") {
       `Rank, dims and scale are baked into the kernels: export a module for it (python -m ` +
       `lora export --rank ${layer.rank} --in-dim ${layer.inDim} --out-dim ${layer.outDim} ` +
       `--scale ${layer.scale} ...)`);
-}
-
-const one = new Float32Array(1), oneBits = new Uint32Array(one.buffer);
-/** A float's nearest float16 bits (ties to even), as numpy's astype(float16). */
-function halfBits(value) {
-  one[0] = value;
-  const x = oneBits[0], sign = (x >>> 16) & 0x8000, exp = (x >>> 23) & 0xff, man = x & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (man ? 0x200 : 0);
-  const e = exp - 112;
-  if (e >= 31) return sign | 0x7c00;
-  const [m, shift] = e > 0 ? [man, 13] : [man | 0x800000, 14 - e];
-  if (shift > 24) return sign;
-  const rest = m % 2 ** shift, half = 2 ** (shift - 1);
-  let h = (e > 0 ? e << 10 : 0) + Math.floor(m / 2 ** shift);
-  if (rest > half || (rest === half && h & 1)) h++;
-  return sign | h;
 }
 
 /** An argument given as a TypedArray, as the buffer stores it (f32, or f16 bits). */
@@ -116,19 +92,6 @@ function bound(device, inputs) {
   return all;
 }
 
-async function readBack(device, buffer, bytes) {
-  const staging = device.createBuffer({size: bytes, usage: GPUBufferUsage.MAP_READ |
-                                                           GPUBufferUsage.COPY_DST});
-  const enc = device.createCommandEncoder({label: "loraForward read"});
-  enc.copyBufferToBuffer(buffer, 0, staging, 0, bytes);
-  device.queue.submit([enc.finish()]);
-  await staging.mapAsync(GPUMapMode.READ);
-  const out = staging.getMappedRange().slice(0);
-  staging.unmap();
-  staging.destroy();
-  return ITEM === 2 ? new Uint16Array(out) : new Float32Array(out);
-}
-
 /** output += scale * B @ (A @ x): x [tokens, inDim], a [rank, inDim], b [outDim, rank],
  *  output [tokens, outDim] (row-major, config.dtype), each a GPUBuffer or a TypedArray
  *  (written into the module's own buffer); or ``adapter`` (readPeftAdapter's layer,
@@ -152,5 +115,7 @@ export async function loraForward(device, inputs, {encoder = null} = {}) {
   }
   pass.end();
   if (!encoder) device.queue.submit([enc.finish()]);
-  if (!(inputs.output instanceof GPUBuffer)) return readBack(device, all.output, sizes.output);
+  if (inputs.output instanceof GPUBuffer) return;
+  const out = await readBack(device, all.output, sizes.output, "loraForward read");
+  return ITEM === 2 ? new Uint16Array(out) : new Float32Array(out);
 }

@@ -3,12 +3,10 @@ export declare const config: {inDim: number; outDim: number; dtype: "f32" | "f16
 export declare const steps: {kernel: number; grid: [number, number, number]; items: 0 | 1 | 2;
   buffers: Record<string, string>}[];
 export declare const kernels: KernelInfo[];
-export declare function prepare(device: GPUDevice): Promise<GPUComputePipeline[]>;
 export declare function checkIds(ids: ArrayLike<number>, slots: number[],
   bound: number): Int32Array;
 export declare function segments(ids: ArrayLike<number>, tileTokens: number):
   {order: Uint32Array; tiles: Uint32Array};
-export declare function halfBits(value: number): number;
 /** One adapter's layer, as readPeftAdapter returns it (A [rank, inDim], B [outDim, rank]). */
 export interface AdapterLayer { a: ArrayLike<number>; b: ArrayLike<number>; rank: number;
   inDim?: number; outDim?: number; scale?: number; alpha?: number; useRslora?: boolean; }

@@ -4,14 +4,6 @@
 const ITEM = config.dtype === "f16" ? 2 : 4;  // bytes of one element of A, B, x, output
 const BAKED = {inDim: config.inDim, outDim: config.outDim, dtype: config.dtype,
                maxRank: config.maxRank};
-const prepared = new WeakMap();  // GPUDevice -> Promise of every pipeline
-
-/** Compile every kernel's pipeline (once per device); rejects on WGSL errors. */
-export function prepare(device) {
-  if (!prepared.has(device))
-    prepared.set(device, Promise.all(kernels.map(k => prepareKernel(device, k))));
-  return prepared.get(device);
-}
 
 /** ``ids`` (one int per row) as an Int32Array, each -1 (no adapter) or one of
  *  ``slots``; ``bound`` ends the range [-1, bound) the messages name. Throws
@@ -58,23 +50,6 @@ function splitGrid(kernel, [x, y, z], cap) {
                     `within maxComputeWorkgroupsPerDimension = ${cap}`);
   const parts = Math.ceil(Math.max(x, y) / cap), per = Math.ceil(Math.max(x, y) / parts);
   return x > cap ? [per, y, parts] : [x, per, parts];
-}
-
-const one = new Float32Array(1), oneBits = new Uint32Array(one.buffer);
-
-/** The float16 bits nearest ``value`` (ties to even), as numpy's astype(float16). */
-export function halfBits(value) {
-  one[0] = value;
-  const x = oneBits[0], sign = (x >>> 16) & 0x8000, exp = (x >>> 23) & 0xff, man = x & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (man ? 0x200 : 0);  // infinity, NaN
-  const e = exp - 112;  // the float16 exponent field
-  if (e >= 31) return sign | 0x7c00;
-  const [m, shift] = e > 0 ? [man, 13] : [man | 0x800000, 14 - e];  // subnormal: the hidden bit
-  if (shift > 24) return sign;
-  const rest = m % 2 ** shift, half = 2 ** (shift - 1);
-  let h = (e > 0 ? e << 10 : 0) + Math.floor(m / 2 ** shift);
-  if (rest > half || (rest === half && h & 1)) h++;  // a carry may reach the exponent: right
-  return sign | h;
 }
 
 function halfValue(h) {

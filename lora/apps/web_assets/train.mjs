@@ -6,19 +6,6 @@ export function bytesOfBase64(text) {
   return out;
 }
 
-async function readBack(device, buffer, bytes) {
-  const staging = device.createBuffer({size: bytes, usage: GPUBufferUsage.MAP_READ |
-                                                           GPUBufferUsage.COPY_DST});
-  const enc = device.createCommandEncoder({label: "loraTrainer read"});
-  enc.copyBufferToBuffer(buffer, 0, staging, 0, bytes);
-  device.queue.submit([enc.finish()]);
-  await staging.mapAsync(GPUMapMode.READ);
-  const out = new Uint8Array(staging.getMappedRange()).slice();
-  staging.unmap();
-  staging.destroy();
-  return out.buffer;
-}
-
 /** The usage a given buffer needs: STORAGE, and COPY_SRC / COPY_DST where the step's
  *  copies read or write it. (Asked at a step: WebGPU's globals may come after import.) */
 function usageOf(what) {
@@ -126,7 +113,7 @@ function checkSettings(changes, values) {
  *  inputs are config.given (each a TypedArray written into the trainer's own buffer, or
  *  a GPUBuffer of that size). */
 export async function loraTrainer(device, weights = {}) {
-  await Promise.all(kernels.map(k => prepareKernel(device, k)));
+  await prepare(device);
   const first = {};
   for (const [module, layer] of Object.entries(weights))
     for (const part of ["a", "b"]) if (layer?.[part]) first[`${module}.${part}`] = layer[part];
