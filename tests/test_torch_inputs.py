@@ -87,3 +87,63 @@ def test_torch_tensors_give_what_their_numpy_copies_give(device):
     many = lora.forward_many(xb, layers, torch.zeros(8, dtype=torch.int64), device=device)
     assert np.array_equal(many, lora.forward_many(xb.float().numpy(), layers, [0] * 8,
                                                   device=device))
+
+
+def test_a_torch_sequential_trains_as_peft_trains_it(device, tmp_path):
+    """Network.from_torch on an nn.Sequential with peft's target_modules: 5 AdamW
+    steps from the same initial adapters as peft's model give the same adapters
+    (1e-5 relative), and the saved adapter loads into the torch model by name."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    nn = torch.nn
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Linear(16, 12), nn.Tanh(),
+                             nn.Linear(12, 4))
+
+    model = make()
+    net = lora.Network.from_torch(model, target_modules=["0", "4"], rank=4, alpha=8,
+                                  loss="mse", optimizer=lora.AdamW(lr=1e-2), device=device)
+    assert [str(x) for x in net.layers] == ["<Linear '0' 10 -> 16 rank=4>", "gelu",
+                                           "<Linear '2' 16 -> 12 frozen>", "tanh",
+                                           "<Linear '4' 12 -> 4 rank=4>"]
+    theirs = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8,
+                                                        target_modules=["0", "4"]))
+    with torch.no_grad():
+        for name, (a, b) in net.adapters().items():
+            layer = theirs.base_model.model[int(name)]
+            layer.lora_A["default"].weight.copy_(torch.tensor(a))
+            layer.lora_B["default"].weight.copy_(torch.tensor(b))
+    opt = torch.optim.AdamW([p for p in theirs.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(5):
+        x, y = torch.randn(8, 10), torch.randn(8, 4)
+        net.step(x, y)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(theirs(x), y).backward()
+        opt.step()
+    for name, pair in net.adapters().items():
+        layer = theirs.base_model.model[int(name)]
+        for got, part in zip(pair, (layer.lora_A, layer.lora_B)):
+            want = part["default"].weight.detach().numpy()
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    loaded = peft.PeftModel.from_pretrained(make(), net.save_adapter(tmp_path / "adapter"))
+    x = torch.randn(5, 10)
+    with torch.no_grad():
+        want = loaded(x).numpy()
+    assert np.abs(net.forward(x) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_torch_layers_it_cannot_run_are_refused_by_name():
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    nn = torch.nn
+    for model, kw, match in (
+            (nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1)), {}, r"layer '1' is Dropout; "),
+            (nn.Sequential(nn.Linear(4, 4), nn.GELU("tanh")), {},
+             r"layer '1' is GELU\(approximate='tanh'\)"),
+            (nn.Sequential(nn.Linear(4, 4)), {"target_modules": ["q_proj"]},
+             r"target_modules \['q_proj'\] name no Linear of the model \(its Linear layers: "
+             r"\['0'\]\)"),
+            (nn.Linear(4, 4), {}, "expected a torch.nn.Sequential")):
+        with pytest.raises(ValueError, match=match):
+            lora.Network.from_torch(model, **({"target_modules": "all-linear"} | kw))

@@ -169,6 +169,39 @@ def check_layers(layers) -> list:
     return layers
 
 
+def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> list:
+    """A torch ``nn.Sequential``'s children as Network's layers: each Linear a
+    lora.Linear named as its child (so a saved adapter loads into the torch
+    model with the same ``target_modules``), with a fresh adapter where
+    ``target_modules`` (child names, or "all-linear") names it; ReLU, GELU
+    (exact), SiLU and Tanh by name. ValueError naming anything else."""
+    children = list(module.named_children()) if hasattr(module, "named_children") else []
+    if not children:
+        raise ValueError(f"Network.from_torch: expected a torch.nn.Sequential of Linear layers "
+                         f"and activations, got {type(module).__name__}")
+    linears = [name for name, m in children if hasattr(m, "in_features")]
+    targets = linears if target_modules == "all-linear" else (
+        [target_modules] if isinstance(target_modules, str) else list(target_modules))
+    unknown = [t for t in targets if t not in linears]
+    if unknown:
+        raise ValueError(f"Network.from_torch: target_modules {unknown} name no Linear of the "
+                         f"model (its Linear layers: {linears})")
+    layers: list = []
+    for k, (name, m) in enumerate(children):
+        kind = type(m).__name__
+        if hasattr(m, "in_features"):
+            adapted = name in targets
+            layers.append(Linear(m.weight, m.bias, rank=rank if adapted else None,
+                                 alpha=alpha if adapted else None, name=name, seed=seed + k))
+        elif kind.lower() in ACTIVATIONS and getattr(m, "approximate", "none") == "none":
+            layers.append(kind.lower())
+        else:
+            shown = f"GELU(approximate={m.approximate!r})" if kind == "GELU" else kind
+            raise ValueError(f"Network.from_torch: layer {name!r} is {shown}; expected Linear, "
+                             f"ReLU, GELU (exact), SiLU or Tanh")
+    return layers
+
+
 class Network:
     """Layers (lora.Linear and activation names: "relu", "gelu", "silu",
     "tanh") trained together: ``step(x, y)`` records one training step in one
@@ -215,6 +248,15 @@ class Network:
         self.batch = 0 if batch is None else C.count(batch, "Network: batch")
         self._gpu = None       # _Built, made at the first step
         self._steps = 0
+
+    @classmethod
+    def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=None, seed: int = 0,
+                   **options) -> "Network":
+        """The network of a torch ``nn.Sequential`` (Linear layers and
+        activations), adapters on the Linear children ``target_modules`` names
+        as peft's ``LoraConfig(r=rank, lora_alpha=alpha, target_modules=...)``
+        does; ``options`` are the constructor's (loss, optimizer, ...)."""
+        return cls(layers_from_torch(module, target_modules, rank, alpha, seed), **options)
 
     @property
     def dtype(self) -> np.dtype:
