@@ -310,7 +310,7 @@ def model(device, weight, tokens: int) -> list[Strategy]:
 def _model_many(device, shape: LayerShape) -> list[Strategy]:
     """:func:`model` past 64 tokens."""
     tokens = shape.token_count
-    wide = (device.limits.get("max-compute-invocations-per-workgroup") or 256) >= 512
+    wide = (device.limits.get(MAX_INVOCATIONS) or 256) >= 512
     out = []
     if shape.rank >= 32:
         out += _model_matrix(device, shape)
