@@ -1266,6 +1266,12 @@ def fbuild(node, x, i):
     raise ValueError(op)
 
 
+def rounding(mag):
+    """The error bound of one rounding of a value of magnitude at most ``mag``
+    (TINY: subnormals, or flushed to zero)."""
+    return SLACK * U_RND * mag + TINY
+
+
 def ref(node, x, sin_cos=WGSL_SIN_COS):
     """(float64 value, error bound E, magnitude bound M) per invocation; x is
     (invocations, NIN). M bounds the absolute value of anything an evaluation of
@@ -1273,7 +1279,7 @@ def ref(node, x, sin_cos=WGSL_SIN_COS):
     rounding costs at most SLACK * u * M. ``sin_cos``: the absolute error
     granted to sin and cos (of arguments clamped to [-3, 3])."""
     op = node[0]
-    r = lambda mag: SLACK * U_RND * mag + TINY     # TINY: subnormals, or flushed to zero
+    r = rounding
     n = len(x)
     if op == "lit":
         return np.full(n, node[1]), np.zeros(n), np.full(n, abs(node[1]))
