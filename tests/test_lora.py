@@ -20,26 +20,36 @@ terms of random sign (the inputs here): 5000 terms give ~4e-6, under 1e-5.
 On lavapipe the kernels that reduce in workgroup memory without subgroups
 take seconds to compile at high rank (4-5 s at rank 64 with the tree's
 halving as a runtime loop), so the property tests draw rank <= 16 for those
-variants (with 1024 threads, so ranks past 4 reduce in several groups) and
+variants (with up to 1024 threads, where the device allows them, so ranks
+past 4 reduce in several groups) and
 1..64 for the others (seed strategy, subgroups); rank 64 on the default
 strategy is tested once, with 32 threads.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
-
-from shaderdsl.errors import DispatchError
+from helpers import assert_close, kernel_lead, normal
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import lora.kernels as K
-from lora import Config, Weight, reference as R
-from lora.hesper import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
-                          execute_lora_forward_fused, execute_lora_forward_single,
-                          execute_project_a, execute_project_b, save_activation)
-from lora import forward
-
-from helpers import assert_close, kernel_lead, normal
+from lora import Config, Weight, forward
+from lora import reference as R
+from lora.hesper import (
+    execute_add_scaled,
+    execute_fused_b_add,
+    execute_lora_forward,
+    execute_lora_forward_fused,
+    execute_lora_forward_single,
+    execute_project_a,
+    execute_project_b,
+    save_activation,
+)
+from shaderdsl.checks import MAX_INVOCATIONS, check_kernel
+from shaderdsl.errors import DispatchError
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -52,10 +62,22 @@ scales = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -3.5, 0.125, 1e-3
 NAN = np.float32("nan")
 
 
-def over_workgroup_memory(device, kernel):
-    """Subgroup reductions at high rank and 1024 threads can need more workgroup
-    memory than the device has: the execute functions refuse those."""
-    return kernel.workgroup_bytes > device.limits["max-compute-workgroup-storage-size"]
+def over_limits(device, kernel):
+    """Why the device refuses ``kernel`` (the runtime's DispatchError, naming
+    the limit), or None: subgroup reductions at high rank and 1024 threads can
+    need more workgroup memory than the device has."""
+    try:
+        check_kernel(kernel, device)
+    except DispatchError as e:
+        return e
+    return None
+
+
+def thread_counts(device):
+    """64, 256 and 1024 threads, those the device allows in a workgroup (a
+    WebGPU device may allow only 256: SwiftShader, and WebGPU's default limits)."""
+    cap = device.limits.get(MAX_INVOCATIONS, 1024)
+    return st.sampled_from([t for t in (64, 256, 1024) if t <= cap])
 
 
 def project_a_kernel(rank, in_dim, tokens, threads=256, projection="workgroup",
@@ -76,7 +98,8 @@ def poisoned(device, shape):
     return device.buffer(np.full(shape, NAN, np.float32))
 
 
-def variant_kw(variant, sub_ok, in_hypothesis=True):
+def variant_kw(variant, sub_ok, in_hypothesis=True) -> dict[str, Any]:
+    """The execute functions' keyword arguments (projection, subgroups) for a variant."""
     if variant == "seed":
         return {"projection": "seed"}
     if variant == "subgroups":
@@ -93,17 +116,19 @@ def variant_kw(variant, sub_ok, in_hypothesis=True):
 @pytest.mark.examples(quick=4)
 @SETTINGS
 @given(data=st.data(), variant=st.sampled_from(["workgroup", "seed", "subgroups"]),
-       in_dim=dims, tokens=tokens_st, threads=st.sampled_from([64, 256, 1024]), seed=seeds)
-def test_project_a(device, sub_ok, data, variant, in_dim, tokens, threads, seed):
+       in_dim=dims, tokens=tokens_st, seed=seeds)
+def test_project_a(device, sub_ok, data, variant, in_dim, tokens, seed):
     rank = data.draw(cheap_rank(variant), "rank")
+    threads = data.draw(thread_counts(device), "threads")
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, in_dim)), normal(rng, (3, rank))
     x = normal(rng, kernel_lead(tokens) + (in_dim,))
     w = Weight.from_numpy(device, a, b)
     h = poisoned(device, kernel_lead(tokens) + (rank,))
     kw = variant_kw(variant, sub_ok)
-    if over_workgroup_memory(device, project_a_kernel(rank, in_dim, tokens or 1,
-                                                      threads=threads, **kw)):
+    refused = over_limits(device, project_a_kernel(rank, in_dim, tokens or 1,
+                                                   threads=threads, **kw))
+    if refused:
         with pytest.raises(DispatchError, match="bytes of workgroup memory"):
             execute_project_a(device, w, device.buffer(x), h, threads=threads, **kw)
         return
@@ -206,7 +231,7 @@ def test_paths_match_numpy_and_agree(device, sub_ok, data, variant, in_dim, out_
     # the single path reduces like "workgroup"; for high ranks use its subgroup variant
     # (without subgroups on the adapter, high ranks skip the single path here)
     opt = data.draw(st.sampled_from([1, 2, 3]), "outputs_per_thread")
-    threads = data.draw(st.sampled_from([64, 256, 1024]), "threads")
+    threads = data.draw(thread_counts(device), "threads")
     kw["threads"] = threads
     if variant == "workgroup" or (rank <= 16 and not sub_ok):
         single = {"outputs_per_thread": opt, "threads": threads}
@@ -218,7 +243,7 @@ def test_paths_match_numpy_and_agree(device, sub_ok, data, variant, in_dim, out_
               single and K.KERNELS["fused_forward"].kernel(
                   rank=rank, in_dim=in_dim, out_dim=out_dim, scale=scale, tokens=tokens or 1,
                   **single)):
-        assume(not k or not over_workgroup_memory(device, k))
+        assume(not k or over_limits(device, k) is None)
     rng = np.random.default_rng(seed)
     a, b = normal(rng, (rank, in_dim)), normal(rng, (out_dim, rank))
     x = normal(rng, kernel_lead(tokens) + (in_dim,))
@@ -284,10 +309,12 @@ def test_numpy_forward(device, rank, in_dim, out_dim, tokens, path, with_base, h
     a, b = cast(normal(rng, (rank, in_dim))), cast(normal(rng, (out_dim, rank)))
     x = cast(normal(rng, kernel_lead(tokens) + (in_dim,)))
     base = cast(normal(rng, kernel_lead(tokens) + (out_dim,))) if with_base else None
-    kw = {"alpha": 3.0} if how == "alpha" else {"scale": -0.25} if how == "scale" else {}
+    alpha = 3.0 if how == "alpha" else None
+    given_scale = -0.25 if how == "scale" else None
     scale = {"alpha": 3.0 / rank, "scale": -0.25, "default": 1.0}[how]
     strategy = {"three": "three:256", "fused": "split:256", "single": "single:256:1"}[path]
-    got = forward(x, a, b, base, device=device, strategy=strategy, **kw)
+    got = forward(x, a, b, base, alpha=alpha, scale=given_scale, device=device,
+                  strategy=strategy)
     assert got.dtype == np.float32 and got.shape == kernel_lead(tokens) + (out_dim,)
     a32, b32, x32 = (v.astype(np.float32) for v in (a, b, x))
     base32 = None if base is None else base.astype(np.float32)

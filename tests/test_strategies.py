@@ -42,9 +42,17 @@ import shaderdsl.compiler
 from lora import BACKWARD, FORWARD, Backward, Strategy, Weight, forward, forward_plan
 from lora import reference as R
 from lora.core import tuning
+from lora.core.shape import LayerShape
 from lora.core.strategy import Seed, Single, Split, Tiled
 from lora.hesper import execute_lora_forward_auto
-from shaderdsl.errors import AliasingError, BindingError, FeatureError, KernelBuildError
+from shaderdsl.checks import check_kernel
+from shaderdsl.errors import (
+    AliasingError,
+    BindingError,
+    DispatchError,
+    FeatureError,
+    KernelBuildError,
+)
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -292,6 +300,78 @@ def test_candidates_follow_the_subgroup_feature(device, monkeypatch):
     monkeypatch.setattr(device, "has_feature", lambda name: False)
     without = tuning.candidates(device, 8, 64, 64, 1) + tuning.candidates(device, 8, 64, 64, 4)
     assert without and not any(s.subgroups for s in without)
+
+
+# lavapipe's limits (llvmpipe, LLVM 15; CI's GPU) that the candidates read
+LAVAPIPE_LIMITS = {"max-compute-invocations-per-workgroup": 1024,
+                   "max-compute-workgroup-size-x": 1024, "max-compute-workgroup-size-y": 1024,
+                   "max-compute-workgroup-size-z": 1024,
+                   "max-compute-workgroup-storage-size": 32768,
+                   "max-storage-buffers-per-shader-stage": 32}
+LIMIT_SHAPES = [(8, 2560, 2560, 1), (64, 2560, 2560, 1), (8, 2560, 2560, 4096),
+                (64, 2560, 2560, 512), (16, 128, 68, 67), (3, 64, 300, 5)]
+
+
+def offered(rank, in_dim, out_dim, tokens):
+    """Every registry entry's candidates for the shape (with subgroups), unfiltered."""
+    shape = LayerShape(rank, in_dim, out_dim, tokens)
+    return [s for entry in FORWARD.values() for s in entry.candidates(shape, True)]
+
+
+def test_candidates_fit_webgpu_default_limits():
+    """A device of WebGPU's default limits (256 invocations per workgroup, 16 KiB
+    of workgroup memory: what a browser page gets unless it asks for more, and
+    SwiftShader's 256 invocations) is offered only strategies whose every
+    kernel passes the runtime's own check (shaderdsl.checks.check_kernel), and
+    each one left out fails that check."""
+    from shaderdsl import interp
+    small = interp.Device(subgroup_size=8)  # WebGPU's default limits
+    left_out = 0
+    for rank, in_dim, out_dim, tokens in LIMIT_SHAPES:
+        shape = LayerShape(rank, in_dim, out_dim, tokens)
+        cands = tuning.candidates(small, rank, in_dim, out_dim, tokens)
+        assert cands
+        for s in offered(rank, in_dim, out_dim, tokens):
+            kernels = [K.KERNELS[name].kernel(**params) for name, params, *_ in s.kernels(shape)]
+            refused = []
+            for kernel in kernels:
+                try:
+                    check_kernel(kernel, small)
+                except DispatchError as e:
+                    refused.append(str(e))
+            assert (s in cands) == (not refused), (str(s), refused)
+            left_out += bool(refused)
+    assert left_out >= 20  # the 512- and 1024-thread forms of single and tiled
+
+
+def test_candidates_on_lavapipe_limits_are_all_offered():
+    """With lavapipe's limits nothing is left out but the two 1024-thread
+    subgroup forms of single at rank 64 (64 KiB of workgroup memory, over 32
+    KiB), which failed to build before the filter."""
+    from shaderdsl import interp
+    lavapipe = interp.Device(subgroup_size=8, limits=LAVAPIPE_LIMITS)
+    for rank, in_dim, out_dim, tokens in LIMIT_SHAPES:
+        cands = tuning.candidates(lavapipe, rank, in_dim, out_dim, tokens)
+        missing = [str(s) for s in offered(rank, in_dim, out_dim, tokens) if s not in cands]
+        assert missing == ([] if (rank, tokens) != (64, 1) else
+                           ["single(threads=1024, subgroups=True)",
+                            "single(threads=1024, unroll=False, subgroups=True)"])
+
+
+def test_needs_reads_the_kernels():
+    """needs() is the most of each limit over a strategy's kernels;
+    over_limits names each one exceeded with both numbers."""
+    shape = LayerShape(8, 64, 32, 4)
+    need = tuning.needs(Split(512), shape)  # project_a and fused_b_add, 512 threads each
+    assert need["max-compute-invocations-per-workgroup"] == 512
+    assert need["max-compute-workgroup-size-x"] == 512
+    assert need["max-storage-buffers-per-shader-stage"] == 3  # A, x, h; then B, h, output
+    kernels = [K.KERNELS[name].kernel(**params) for name, params, *_ in Split(512).kernels(shape)]
+    assert need["max-compute-workgroup-storage-size"] == max(k.workgroup_bytes for k in kernels)
+    device = types.SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 256})
+    assert tuning.over_limits(device, need) == {
+        "max-compute-invocations-per-workgroup": (512, 256)}
+    assert tuning.over_limits(types.SimpleNamespace(limits={}), need) == {}
 
 
 def test_subgroup_strategy_needs_the_feature(device, monkeypatch):

@@ -26,8 +26,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shaderdsl.checks import MAX_INVOCATIONS, MAX_WG_SIZE
 from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 
+from ..kernels import KERNELS
 from .forward import forward_plan
 from .shape import LayerShape
 from .strategy import FORWARD, Gemm, Matrix, Seed, Single, Split, Strategy, Tiled
@@ -57,11 +59,44 @@ def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
 def candidates(device, rank: int, in_dim: int, out_dim: int, tokens: int,
                dtype: DTypeLike = np.float32) -> list[Strategy]:
     """The strategies worth timing for this shape, storage dtype and device:
-    what each registry entry (lora.core.strategy.FORWARD) offers."""
+    what each registry entry (lora.core.strategy.FORWARD) offers, less those
+    whose kernels need more than the device's limits (:func:`needs`): on a
+    device of WebGPU's default limits (256 invocations per workgroup) the
+    512- and 1024-thread forms would only fail to build."""
     shape = LayerShape(rank, in_dim, out_dim, tokens, wgsl_dtype(np.dtype(dtype)))
     sub = device.has_feature("subgroup")
-    return [s for entry in FORWARD.values()
-            for s in entry.candidates(shape, sub, _matrices(device, shape.dtype))]
+    offered = [s for entry in FORWARD.values()
+               for s in entry.candidates(shape, sub, _matrices(device, shape.dtype))]
+    return [s for s in offered if not over_limits(device, needs(s, shape))]
+
+
+WORKGROUP_STORAGE = "max-compute-workgroup-storage-size"
+STORAGE_BUFFERS = "max-storage-buffers-per-shader-stage"
+
+
+def needs(strategy: Strategy, shape: LayerShape) -> dict[str, int]:
+    """What ``strategy``'s kernels need of a device's limits for ``shape``, by
+    limit name: invocations per workgroup, workgroup size per axis, workgroup
+    storage bytes and storage buffers, the most of any of its kernels. Read
+    from the kernels themselves (their WGSL is generated, and cached by
+    shaderdsl.compile; no pipeline is built), so no size is written twice."""
+    most: dict[str, int] = {}
+    for name, params, *_ in strategy.kernels(shape):
+        kernel = KERNELS[name].kernel(**params)
+        storage = sum(b.access != "uniform" for b in kernel.bindings)
+        for limit, n in ((MAX_INVOCATIONS, kernel.threads_per_workgroup),
+                         *zip(MAX_WG_SIZE, kernel.workgroup_size),
+                         (WORKGROUP_STORAGE, kernel.workgroup_bytes), (STORAGE_BUFFERS, storage)):
+            most[limit] = max(most.get(limit, 0), n)
+    return most
+
+
+def over_limits(device, need: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The limits of ``device`` that ``need`` (:func:`needs`) exceeds:
+    name -> (needed, the device's); empty where it fits. A limit the device
+    does not report is not checked."""
+    limits = device.limits
+    return {k: (n, limits[k]) for k, n in need.items() if k in limits and n > limits[k]}
 
 
 def _matrices(device, dtype: str) -> tuple:
@@ -144,8 +179,9 @@ def _store_locked(key: str, value: dict) -> None:
 def _timings(device, weight, tokens: int, cands, make_plan, forwards, progress) -> dict:
     """Microseconds per forward of each candidate that builds (``make_plan(s)``:
     a Plan, or a run-time Plan bound to ``tokens``), on scratch buffers of
-    ``tokens`` tokens. A candidate over this device's limits (workgroup
-    memory, binding sizes) is left out: it is never returned. Timed holding
+    ``tokens`` tokens. A candidate over this device's limits (binding sizes;
+    :func:`candidates` leaves out those over its workgroup limits) is left
+    out: it is never returned. Timed holding
     the device's lock, so no other thread's work lands in the times."""
     with device.lock:
         return _timings_locked(device, weight, tokens, cands, make_plan, forwards, progress)
@@ -274,7 +310,7 @@ def model(device, weight, tokens: int) -> list[Strategy]:
 def _model_many(device, shape: LayerShape) -> list[Strategy]:
     """:func:`model` past 64 tokens."""
     tokens = shape.token_count
-    wide = (device.limits.get("max-compute-invocations-per-workgroup") or 256) >= 512
+    wide = (device.limits.get(MAX_INVOCATIONS) or 256) >= 512
     out = []
     if shape.rank >= 32:
         out += _model_matrix(device, shape)
