@@ -283,6 +283,10 @@ def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
                           pytest.param(67, 16, 128, 68, marks=pytest.mark.slow)])
 def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
     """Whatever the autotuner may pick for these shapes computes the forward."""
+    if tokens >= 40 and getattr(device, "backend", "") in ("OpenGL", "OpenGLES"):
+        pytest.skip("on llvmpipe's OpenGL the ~30 tiled kernels of 40+ tokens take over 4 "
+                    "minutes to compile; the Vulkan run checks the same WGSL, and the 5-token "
+                    "case this backend's translation of every kind")
     cands = tuning.candidates(device, rank, in_dim, out_dim, tokens)
     assert cands and len({str(s) for s in cands}) == len(cands)
     assert all(isinstance(s, Strategy) for s in cands)
