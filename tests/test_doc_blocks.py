@@ -60,7 +60,8 @@ def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> str
         return f"{where} needs torch, which is not in the test extras (its Linux wheels bring CUDA)"
     except Exception as e:
         if isinstance(e, BrowserError) and "no Chromium found" in str(e):
-            return f"{where} needs Chromium, which this machine lacks (scripts/setup.sh installs it)"
+            return (f"{where} needs Chromium, which this machine lacks"
+                    " (scripts/setup.sh installs it)")
         raise AssertionError(f"{where} raised {type(e).__name__}: {e}\n{block}") from e
     return None
 
