@@ -665,3 +665,16 @@ def test_matrix_form_on_the_gpu(device):
             plan(x_buf, ids, out_buf)
             check_matrix(plan.read(out_buf), x, layers, ids, base, name)
     pool.release()
+
+
+def test_matrix_form_workgroup_indices_are_proven():
+    """Every workgroup-array index of many_matrix lies provably inside its
+    array by Tint's integer range analysis (tests/range_check.py, note 37), so
+    Dawn's robustness leaves them unclamped, at each tile and a small rank."""
+    from range_check import unproven
+
+    from lora.kernels.registry import KERNELS
+    for tile, rank, splits in ((16, 64, 1), (32, 16, 2), (64, 64, 1), (64, 13, 1)):
+        k = KERNELS["many_matrix"].kernel(in_dim=2560, out_dim=2560, max_rank=rank,
+                                          tile_tokens=tile, column_splits=splits)
+        assert unproven(k.wgsl) == [], (tile, rank)

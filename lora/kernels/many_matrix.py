@@ -33,6 +33,7 @@ of 4 (scalars otherwise).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from shaderdsl import builtins as Bi
@@ -189,7 +190,8 @@ def many_matrix(m, in_dim, out_dim, max_rank=64, tokens=None, tile_tokens=16,
 def _slice_reads(m, lay, A, x, tile):
     """This thread's vec4 reads of a staged slice, as (offset of its line in
     a copy, quad, base index of its row in the buffer, whether the row is
-    real, the buffer); ``fetch(col)`` reads them at column ``col`` of in_dim."""
+    real, the buffer, whether the line is multiplied: A's rows from r16 on are
+    not, so they are not stored); ``_fetch`` reads them at a column of in_dim."""
     threads, quads = matrix_threads(), lay.k_step // 4
     n4 = lay.in_dim // 4
     reads = []
@@ -197,19 +199,20 @@ def _slice_reads(m, lay, A, x, tile):
         idx = m.let(m.local_index() + q * threads, f"xi{q}")
         line = m.let(idx / quads, f"xl{q}")
         base = m.let(tile.row(m, line, f"xr{q}") * n4, f"xb{q}")
-        reads.append((line * lay.x_stride, idx % quads, base, line < tile.count, x))
+        reads.append((line * lay.x_stride, idx % quads, base, line < tile.count, x, None))
     for q in range(lay.ranks * quads // threads):
         idx = m.let(m.local_index() + q * threads, f"ai{q}")
         line = m.let(idx / quads, f"al{q}")
         base = m.let((tile.a_row + Bi.min(line, tile.rank - 1)) * n4, f"ab{q}")
-        reads.append(((lay.tile + line) * lay.x_stride, idx % quads, base, line < tile.rank, A))
+        reads.append(((lay.tile + line) * lay.x_stride, idx % quads, base, line < tile.rank, A,
+                      line < tile.r16))
     return reads
 
 
 def _fetch(m, lay, reads, col, name):
     """Each read's vec4 at column ``col`` (zero past in_dim and for rows that are not real)."""
     values = []
-    for q, (_, quad, base, real, buf) in enumerate(reads):
+    for q, (_, quad, base, real, buf, _) in enumerate(reads):
         v = m.var(vec4h(0.0), name=f"{name}{q}")
         with m.if_(real & (col + quad * 4 < lay.in_dim)):
             m.assign(v, buf[base + col / 4 + quad])
@@ -218,10 +221,17 @@ def _fetch(m, lay, reads, col, name):
 
 
 def _store(m, lay, reads, values, stage, halves):
-    for (at, quad, *_), v in zip(reads, values):
+    for (at, quad, *_, used), v in zip(reads, values):
         base = m.let(stage * lay.copy + at + quad * 4)
-        for e, lane in enumerate("xyzw"):
-            halves[base + e] = getattr(v, lane)
+
+        def put(base=base, v=v):
+            for e, lane in enumerate("xyzw"):
+                halves[base + e] = getattr(v, lane)
+        if used is None:
+            put()
+            continue
+        with m.if_(used):
+            put()
 
 
 def _shrink(m, lay, bufs, tile, arrays, sg):
@@ -256,13 +266,24 @@ def _shrink(m, lay, bufs, tile, arrays, sg):
     m.barrier()
 
 
+@contextmanager
+def _each(m, n: int, name: str):
+    """``with _each(m, n, name) as i``: i = local_index + j threads for each j
+    with i < n: a loop of a constant count and a ``min``, so Tint's range
+    analysis proves i < n (workgroup indices built from it go unclamped)."""
+    threads = matrix_threads()
+    with m.loop(0, -(-n // threads), name=f"{name}_j") as j:
+        at = m.let(m.local_index() + j * threads, f"{name}_at")
+        with m.if_(at < n):
+            yield m.let(Bi.min(at, n - 1), name)
+
+
 def _stage_h(m, lay, tile, arrays):
     """scale * h (the k splits summed) as f16 in ``halves`` [tile, h_stride]
     for the ranks below r16; B's block after it zeroed (its ranks past the
     adapter's stay zero)."""
     halves, floats = arrays
-    threads = matrix_threads()
-    with m.loop(m.local_index(), lay.tile * lay.ranks, threads, name="e") as e:
+    with _each(m, lay.tile * lay.ranks, "e") as e:
         k, r = m.let(e / lay.ranks, "k"), m.let(e % lay.ranks, "r")
         with m.if_(r < tile.r16):
             total = floats[k * lay.ranks + r]
@@ -270,7 +291,7 @@ def _stage_h(m, lay, tile, arrays):
                 total = total + floats[(s * lay.tile + k) * lay.ranks + r]
             halves[k * lay.h_stride + r] = f16(tile.scale * total)
     b_at = lay.tile * lay.h_stride
-    with m.loop(m.local_index(), lay.columns * lay.h_stride, threads, name="z") as z:
+    with _each(m, lay.columns * lay.h_stride, "z") as z:
         halves[b_at + z] = f16(0.0)
     m.barrier()
 
@@ -279,11 +300,11 @@ def _stage_b(m, lay, Bm, tile, c0, halves):
     """B's rows c0 .. c0 + columns (past out_dim: left as they were) into
     ``halves`` after h, [columns, h_stride], ranks below the adapter's:
     vec4 reads where the rank is a multiple of 4, else one element at a time."""
-    b_at, threads, rank = lay.tile * lay.h_stride, matrix_threads(), tile.rank
+    b_at, rank = lay.tile * lay.h_stride, tile.rank
     cols = m.let(Bi.min(u32(lay.columns), lay.out_dim - c0), "cols")
     quads = lay.ranks // 4
     with m.if_(rank % 4 == 0):
-        with m.loop(m.local_index(), lay.columns * quads, threads, name="bq") as q:
+        with _each(m, lay.columns * quads, "bq") as q:
             o, rq = m.let(q / quads, "bo"), m.let(q % quads * 4, "br")
             with m.if_((rq < rank) & (o < cols)):
                 v = m.let(Bm[(tile.b_off + (c0 + o) * rank + rq) / 4], "bv")
@@ -291,7 +312,7 @@ def _stage_b(m, lay, Bm, tile, c0, halves):
                 for e, lane in enumerate("xyzw"):
                     halves[at + e] = getattr(v, lane)
     with m.else_():
-        with m.loop(m.local_index(), lay.columns * lay.ranks, threads, name="be") as q:
+        with _each(m, lay.columns * lay.ranks, "be") as q:
             o, r = m.let(q / lay.ranks, "bo"), m.let(q % lay.ranks, "br")
             with m.if_((r < rank) & (o < cols)):
                 el = m.let(tile.b_off + (c0 + o) * rank + r, "bel")
