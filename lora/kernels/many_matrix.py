@@ -337,6 +337,7 @@ def _expand(m, lay, bufs, tile, arrays, split):
     b_at = lay.tile * lay.h_stride
     first = m.let(m.workgroup_id().y * lay.columns, "c_first")
     with m.loop(first, lay.out_dim, lay.columns * column_splits, name="c0") as c0:
+        olds = _read_block(m, lay, out, adds, c0)  # in flight while B's block is staged
         _stage_b(m, lay, Bm, tile, c0, halves)
         m.barrier()
         acc = [m.var(result_t, name=f"oacc{j}") for j in range(lay.cf)]
@@ -350,12 +351,25 @@ def _expand(m, lay, bufs, tile, arrays, split):
             Bi.subgroup_matrix_store(floats, rf * F * lay.columns + (cg * lay.cf + j) * F, a,
                                      lay.columns)
         m.barrier()
-        for k, c, row, real in adds:
-            with m.if_(real & (c0 + c < lay.out_dim)):
-                at = m.let(row + (c0 + c) / 4, "oat")
+        for (k, c, _, _), (at, old, inside) in zip(adds, olds):
+            with m.if_(inside):
                 d = m.let(k * lay.columns + c, "dat")
                 delta = vec4f(floats[d], floats[d + 1], floats[d + 2], floats[d + 3])
-                out[at] = vec4h(vec4f(out[at]) + delta)
+                out[at] = vec4h(vec4f(old) + delta)
+
+
+def _read_block(m, lay, out, adds, c0):
+    """This thread's vec4s of the output in the block of columns from ``c0``:
+    (index, value, whether inside the batch's rows and out_dim)."""
+    olds = []
+    for q, (_, c, row, real) in enumerate(adds):
+        inside = m.let(real & (c0 + c < lay.out_dim), f"oin{q}")
+        at = m.let(row + (c0 + c) / 4, f"oat{q}")
+        old = m.var(vec4h(0.0), name=f"old{q}")
+        with m.if_(inside):
+            m.assign(old, out[at])
+        olds.append((at, old, inside))
+    return olds
 
 
 def _add_rows(m, lay, tile):
