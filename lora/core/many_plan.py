@@ -23,7 +23,7 @@ from shaderdsl.devicebuffer import DeviceBuffer
 from shaderdsl.errors import BindingError, FeatureError
 
 from ..kernels.many import FLAGS
-from ..kernels.many_matrix import matrix_layout
+from ..kernels.many_matrix import hp_columns, matrix_layout
 from ..kernels.many_sort import tile_bound
 from ..kernels.matrix import FRAGMENT
 from . import checks as C
@@ -61,12 +61,18 @@ CANDIDATES = {
     "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
                                     rank_block=16),
     # on matrix units (f16 pools, devices with f16 -> f32 16x16x16 subgroup matrices; not
-    # yet timed on the H200): tiles of 16, 32 or 64 rows, one or two workgroups per tile
-    "matrix segments t16": dict(segments=True, matrix=True, tile_tokens=16),
-    "matrix segments t32": dict(segments=True, matrix=True, tile_tokens=32),
-    "matrix segments t64": dict(segments=True, matrix=True, tile_tokens=64),
-    "matrix segments t64 cs2": dict(segments=True, matrix=True, tile_tokens=64,
-                                    column_splits=2),
+    # yet timed on the H200): tiles of 16, 32 or 64 rows, one dispatch (one or two
+    # workgroups per tile) or two (the shrink over slices of in_dim)
+    "matrix fused t16": dict(segments=True, matrix=True, tile_tokens=16),
+    "matrix fused t32": dict(segments=True, matrix=True, tile_tokens=32),
+    "matrix fused t64": dict(segments=True, matrix=True, tile_tokens=64),
+    "matrix fused t64 cs2": dict(segments=True, matrix=True, tile_tokens=64, column_splits=2),
+    "matrix split t16 s2": dict(segments=True, matrix=True, fused=False, tile_tokens=16,
+                                splits=2),
+    "matrix split t32 s4": dict(segments=True, matrix=True, fused=False, tile_tokens=32,
+                                splits=4),
+    "matrix split t64 s8": dict(segments=True, matrix=True, fused=False, tile_tokens=64,
+                                splits=8),
 }
 
 # The rule forward_many follows (chosen_form), read off the H200's table
@@ -164,9 +170,10 @@ class ManyPlan:
     ``rank_rows``: the kernels' (lora.kernels.many). ``matrix``: segments on
     matrix units instead (lora.kernels.many_matrix: f16 pools on a device
     with f16 -> f32 16x16x16 subgroup matrices; tiles of 16, 32 or 64 rows;
-    ``column_splits`` workgroups share a tile's output columns; the SIMT
-    options ``fused``, ``threads``, ``lanes``, ``unroll``, ``rank_block``
-    and ``rank_rows`` do not apply). ``one_adapter``: where
+    ``fused``: one dispatch, where ``column_splits`` workgroups share a
+    tile's output columns, else shrink and expand, the shrink over
+    ``splits`` slices of in_dim; the SIMT options ``threads``, ``lanes``,
+    ``unroll``, ``rank_block`` and ``rank_rows`` do not apply). ``one_adapter``: where
     every host id names one adapter, record ``lora.forward``'s own plan for it
     (:func:`lora.core.auto.auto_plan` on a copy of it, kept per slot) instead
     of the many kernels. Token counts are run-time values: a new count
@@ -175,7 +182,8 @@ class ManyPlan:
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
                  unroll: bool = True, rank_block: int = 0, rank_rows: int = 1,
-                 one_adapter: bool = True, matrix: bool = False, column_splits: int = 1):
+                 one_adapter: bool = True, matrix: bool = False, column_splits: int = 1,
+                 splits: int = 1):
         self.pool, self.device = pool, pool.device
         self.one_adapter = bool(one_adapter)
         self._weights: dict = {}  # slot -> (the pool's serial of it, its Weight copy)
@@ -188,8 +196,12 @@ class ManyPlan:
                              "fused=False")
         self.tile_tokens = count(tile_tokens, "tile_tokens")
         self.matrix, self.column_splits = bool(matrix), count(column_splits, "column_splits")
+        self.splits = count(splits, "splits")
         if self.matrix:
             check_matrix(self.device, pool, self.segments, self.tile_tokens)
+        if self.splits > 1 and (self.fused or not self.matrix):
+            raise ValueError("splits slices in_dim over the shrink's workgroups of the matrix "
+                             "form's two dispatches: give matrix=True, fused=False")
         self.threads, self.lanes = count(threads, "threads"), count(lanes, "lanes")
         fit = most_tokens(self.device, pool)
         self.max_tokens = fit if max_tokens is None else count(max_tokens, "max_tokens")
@@ -203,7 +215,7 @@ class ManyPlan:
         self.steps(self.segments, False)  # compile now: a bad layout is refused here
 
     def __repr__(self) -> str:
-        form = "matrix" if self.matrix else "fused" if self.fused else "split"
+        form = ("matrix " if self.matrix else "") + ("fused" if self.fused else "split")
         form += " segments" if self.segments else " rows"
         return f"<ManyPlan {form} tile_tokens={self.tile_tokens} of {self.pool!r}>"
 
@@ -211,9 +223,7 @@ class ManyPlan:
         """(kernel name, parameters) of each dispatch."""
         p = self.pool
         if self.matrix:
-            return [("many_matrix", dict(in_dim=p.in_dim, out_dim=p.out_dim, max_rank=p.max_rank,
-                                         tokens=None, tile_tokens=self.tile_tokens,
-                                         column_splits=self.column_splits))]
+            return self._matrix_kernels()
         common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
                       tile_tokens=self.tile_tokens if segments else 1, segments=segments,
                       dtype=wgsl_dtype(p.dtype))
@@ -225,6 +235,15 @@ class ManyPlan:
         return [("many_shrink", dict(shrink, rank_block=self.rank_block)),
                 ("many_expand", dict(common, out_dim=p.out_dim))]
 
+    def _matrix_kernels(self) -> list[tuple]:
+        p = self.pool
+        common = dict(max_rank=p.max_rank, tokens=None, tile_tokens=self.tile_tokens)
+        if self.fused:
+            return [("many_matrix", dict(common, in_dim=p.in_dim, out_dim=p.out_dim,
+                                         column_splits=self.column_splits))]
+        return [("many_matrix_shrink", dict(common, in_dim=p.in_dim, splits=self.splits)),
+                ("many_matrix_expand", dict(common, out_dim=p.out_dim, splits=self.splits))]
+
     def steps(self, segments: bool, on_device: bool) -> list:
         """The compiled steps of a route's kind (built once each)."""
         key = (segments, on_device)
@@ -232,6 +251,7 @@ class ManyPlan:
             t, p, item = self.max_tokens, self.pool, self.dtype_size
             sizes = {"x": t * p.in_dim * item, "output": t * p.out_dim * item, "ids": 4 * t,
                      "order": 4 * t, "tiles": 16 * t, "h": 4 * t * p.max_rank,
+                     "hp": 4 * t * hp_columns(p.max_rank, self.splits),
                      "flags": 4 * FLAGS, "A": p.a.bound_bytes, "B": p.b.bound_bytes,
                      "table": p.table.bound_bytes}
             self._steps[key] = build_steps(self.device, self.kernels(*key), sizes, t, self._cap)
@@ -385,8 +405,10 @@ class ManyPlan:
         p = self.pool
         buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
                    "tokens": np.uint32(route.items), **route.buffers}
-        if not self.fused and not self.matrix:
-            buffers["h"] = self._buffer("h", route.tokens, (p.max_rank,), np.float32)
+        if not self.fused:
+            role, columns = ("hp", hp_columns(p.max_rank, self.splits)) if self.matrix else \
+                ("h", p.max_rank)
+            buffers[role] = self._buffer(role, route.tokens, (columns,), np.float32)
         if not route.sort:
             record_steps(self.device, steps, buffers)
             return

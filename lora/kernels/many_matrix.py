@@ -24,7 +24,12 @@ read at run time, so adapters come and go without new WGSL. One workgroup
   output at a time (vec4<f16>, rows scattered by ``order``).
 
 Workgroup y of ``column_splits`` takes every ``column_splits``-th block of
-columns (more workgroups for few tiles; each recomputes h). f16 only: f32
+columns (more workgroups for few tiles; each recomputes h). The same in two
+dispatches: ``many_matrix_shrink`` (workgroup y of ``splits`` multiplies
+slice y of in_dim and writes scale * its sums to the f32 scratch ``hp``
+[rows, splits, ranks]) and ``many_matrix_expand`` (workgroup y takes block y
+of the columns, h the slices summed), more workgroups on both sides at the
+cost of hp's round trip. f16 only: f32
 has no matrix units on the H200, and the pool's f32 forms are
 lora.kernels.many's. in_dim and out_dim must be multiples of 4 (rows read
 as vec4); B's blocks then start at multiples of out_dim, so at multiples
@@ -106,15 +111,15 @@ class MatrixLayout:
         """f16s of one copy of the shrink's staged slices (x's rows, then A's)."""
         return (self.tile + self.ranks) * self.x_stride
 
-    @property
-    def halves(self) -> int:
+    def halves(self, shrink: bool = True, expand: bool = True) -> int:
         """The f16 workgroup array: the shrink's two copies, or h and B's block."""
-        return max(2 * self.copy, (self.tile + self.columns) * self.h_stride)
+        return max(2 * self.copy if shrink else 0,
+                   (self.tile + self.columns) * self.h_stride if expand else 0)
 
-    @property
-    def floats(self) -> int:
+    def floats(self, shrink: bool = True, expand: bool = True) -> int:
         """The f32 workgroup array: the shrink's partial sums, or a block's results."""
-        return max(self.k_splits * self.tile * self.ranks, self.tile * self.columns)
+        return max(self.k_splits * self.tile * self.ranks if shrink else 0,
+                   self.tile * self.columns if expand else 0)
 
 
 def matrix_layout(tile_tokens, max_rank, in_dim, out_dim, column_fragments=None):
@@ -129,7 +134,7 @@ def matrix_layout(tile_tokens, max_rank, in_dim, out_dim, column_fragments=None)
 def matrix_shared_bytes(tile_tokens, max_rank, in_dim, out_dim, column_fragments=None) -> int:
     """The workgroup memory a many_matrix kernel declares."""
     lay = matrix_layout(tile_tokens, max_rank, in_dim, out_dim, column_fragments)
-    return 2 * lay.halves + 4 * lay.floats
+    return 2 * lay.halves() + 4 * lay.floats()
 
 
 class _Tile:
@@ -158,33 +163,114 @@ class _Tile:
         return m.let(self.order[self.first + Bi.min(k, self.count - 1)], name)
 
 
+def _check(name, tokens, dtype, **counts) -> None:
+    if tokens is not None:
+        raise ValueError(f"{name} reads its tile count at run time: tokens must be None, "
+                         f"got {tokens!r}")
+    if dtype != "f16":
+        raise ValueError(f"{name} multiplies f16 fragments ({FRAGMENT}): dtype must be "
+                         f"'f16', got {dtype!r}; f32 pools take lora.kernels.many's forms")
+    for what, v in counts.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: {what} must be a positive int, got {v!r}")
+
+
+def _arrays(m, lay, shrink=True, expand=True):
+    return (m.shared(f16, lay.halves(shrink, expand), "halves"),
+            m.shared(f32, lay.floats(shrink, expand), "floats"))
+
+
+def _subgroup(m):
+    return m.let(m.local_index() / FRAGMENT.subgroup_sizes[0], "sg")
+
+
 def many_matrix(m, in_dim, out_dim, max_rank=64, tokens=None, tile_tokens=16,
                 column_fragments=None, column_splits=1, dtype="f16"):
     """output += scale_i B_i (A_i x) for each tile of rows sharing adapter i,
-    on matrix units: grid (tiles, column_splits). ``tokens`` must be None
-    (the tile count is the uniform ``tokens``)."""
-    if tokens is not None:
-        raise ValueError(f"many_matrix reads its tile count at run time: tokens must be None, "
-                         f"got {tokens!r}")
-    if dtype != "f16":
-        raise ValueError(f"many_matrix multiplies f16 fragments ({FRAGMENT}): dtype must be "
-                         f"'f16', got {dtype!r}; f32 pools take lora.kernels.many's forms")
-    if not isinstance(column_splits, int) or column_splits < 1:
-        raise ValueError(f"many_matrix: column_splits must be a positive int, got "
-                         f"{column_splits!r}")
+    on matrix units, one dispatch: grid (tiles, column_splits). ``tokens``
+    must be None (the tile count is the uniform ``tokens``)."""
+    _check("many_matrix", tokens, dtype, column_splits=column_splits)
     lay = matrix_layout(tile_tokens, max_rank, in_dim, out_dim, column_fragments)
     A = m.declare_input_buffer("A", vec4h, None)
     Bm = m.declare_input_buffer("B", vec4h, None)
     x = m.declare_input_buffer("x", vec4h, None)
     out = m.declare_output_buffer("output", vec4h, None)
-    halves = m.shared(f16, lay.halves, "halves")
-    floats = m.shared(f32, lay.floats, "floats")
+    arrays = _arrays(m, lay)
     tile = _Tile(m)
-    sg = m.let(m.local_index() / FRAGMENT.subgroup_sizes[0], "sg")
-    arrays = (halves, floats)
+    sg = _subgroup(m)
     _shrink(m, lay, (A, x), tile, arrays, sg)
-    _stage_h(m, lay, tile, arrays)
+    floats = arrays[1]
+
+    def h_of(k, r):
+        total = floats[k * lay.ranks + r]
+        for s in range(1, lay.k_splits):
+            total = total + floats[(s * lay.tile + k) * lay.ranks + r]
+        return tile.scale * total
+
+    _stage_h(m, lay, tile, arrays[0], h_of)
     _expand(m, lay, (Bm, out), tile, arrays, (sg, column_splits))
+
+
+def many_matrix_shrink(m, in_dim, max_rank=64, tokens=None, tile_tokens=16, splits=1,
+                       dtype="f16"):
+    """The first of the two-dispatch form: hp[row, s, r] = scale_i (A_i x[row])[r]
+    summed over slice s of ``splits`` slices of in_dim (f32, ``ranks`` = max_rank
+    padded to 16 per slice; ranks below the adapter's padded to 16 written),
+    for the rows of each tile: grid (tiles, splits)."""
+    _check("many_matrix_shrink", tokens, dtype, splits=splits)
+    lay = matrix_layout(tile_tokens, max_rank, in_dim, 4)
+    A = m.declare_input_buffer("A", vec4h, None)
+    x = m.declare_input_buffer("x", vec4h, None)
+    hp = m.declare_output_buffer("hp", f32, None)
+    arrays = _arrays(m, lay, expand=False)
+    tile = _Tile(m)
+    steps = -(-in_dim // (splits * lay.k_step))  # per slice
+    k0 = m.let(m.workgroup_id().y * (steps * lay.k_step), "k0")
+    _shrink(m, lay, (A, x), tile, arrays, _subgroup(m), (k0, steps))
+    floats = arrays[1]
+    with _each(m, lay.tile * lay.ranks, "e") as e:
+        k, r = m.let(e / lay.ranks, "k"), m.let(e % lay.ranks, "r")
+        with m.if_((r < tile.r16) & (k < tile.count)):
+            total = floats[k * lay.ranks + r]
+            for s in range(1, lay.k_splits):
+                total = total + floats[(s * lay.tile + k) * lay.ranks + r]
+            row = tile.row(m, k, "row")
+            hp[(row * splits + m.workgroup_id().y) * lay.ranks + r] = tile.scale * total
+
+
+def many_matrix_expand(m, out_dim, max_rank=64, tokens=None, tile_tokens=16, splits=1,
+                       column_fragments=None, dtype="f16"):
+    """The second: output[rows] += (sum_s hp[row, s]) B_i^T for each tile, one
+    block of columns per workgroup: grid (tiles, ceil(out_dim / columns))."""
+    _check("many_matrix_expand", tokens, dtype, splits=splits)
+    lay = matrix_layout(tile_tokens, max_rank, 4, out_dim, column_fragments)
+    Bm = m.declare_input_buffer("B", vec4h, None)
+    hp = m.declare_input_buffer("hp", f32, None)
+    out = m.declare_output_buffer("output", vec4h, None)
+    arrays = _arrays(m, lay, shrink=False)
+    tile = _Tile(m)
+
+    def h_of(k, r):
+        at = m.let(tile.row(m, k, "hrow") * (splits * lay.ranks) + r, "hat")
+        total = hp[at]
+        for s in range(1, splits):
+            total = total + hp[at + s * lay.ranks]
+        return total
+
+    _stage_h(m, lay, tile, arrays[0], h_of)
+    blocks = -(-out_dim // lay.columns)
+    _expand(m, lay, (Bm, out), tile, arrays, (_subgroup(m), blocks))
+
+
+def hp_columns(max_rank: int, splits: int) -> int:
+    """The f32s of hp per row: a slice's sums of every rank (padded to 16) per slice."""
+    return splits * -(-max_rank // F) * F
+
+
+def expand_blocks(out_dim, tile_tokens, max_rank=64, column_fragments=None) -> int:
+    """The workgroups along y of many_matrix_expand."""
+    return -(-out_dim // matrix_layout(tile_tokens, max_rank, 4, out_dim,
+                                       column_fragments).columns)
 
 
 def _slice_reads(m, lay, A, x, tile):
@@ -234,20 +320,22 @@ def _store(m, lay, reads, values, stage, halves):
             put()
 
 
-def _shrink(m, lay, bufs, tile, arrays, sg):
+def _shrink(m, lay, bufs, tile, arrays, sg, k_range=None):
     """h = x_tile A^T (f32 sums, unscaled) of each subgroup's fragment of rows
-    and share of in_dim, left in ``floats`` as [k_splits, tile, ranks]."""
+    and share of in_dim, left in ``floats`` as [k_splits, tile, ranks];
+    ``k_range``: (first column, steps of k_step) of in_dim, default all."""
     (A, x), (halves, floats) = bufs, arrays
+    k0, steps = k_range or (u32(0), -(-lay.in_dim // lay.k_step))
     left_t, right_t, result_t = FRAGMENT.types()
     rows, splits = lay.row_fragments, lay.k_splits
     rf, ks = m.let(sg % rows, "rf"), m.let(sg / rows, "ks")
     reads = _slice_reads(m, lay, A, x, tile)
     acc = [m.var(result_t, name=f"hacc{j}") for j in range(lay.ranks // F)]
-    _store(m, lay, reads, _fetch(m, lay, reads, u32(0), "v"), u32(0), halves)
+    _store(m, lay, reads, _fetch(m, lay, reads, k0, "v"), u32(0), halves)
     m.barrier()
-    with m.loop(-(-lay.in_dim // lay.k_step), name="kt") as kt:
+    with m.loop(steps, name="kt") as kt:
         stage = m.let(kt % 2, "stage")
-        ahead = _fetch(m, lay, reads, (kt + 1) * lay.k_step, "nv")
+        ahead = _fetch(m, lay, reads, k0 + (kt + 1) * lay.k_step, "nv")
         for i in range(lay.k_step // F // splits):
             kcol = m.let(stage * lay.copy + (ks + splits * i) * F, f"kc{i}")
             left = m.let(Bi.subgroup_matrix_load(left_t, halves, kcol + rf * F * lay.x_stride,
@@ -278,18 +366,14 @@ def _each(m, n: int, name: str):
             yield m.let(Bi.min(at, n - 1), name)
 
 
-def _stage_h(m, lay, tile, arrays):
-    """scale * h (the k splits summed) as f16 in ``halves`` [tile, h_stride]
-    for the ranks below r16; B's block after it zeroed (its ranks past the
-    adapter's stay zero)."""
-    halves, floats = arrays
+def _stage_h(m, lay, tile, halves, h_of):
+    """scale * h as f16 in ``halves`` [tile, h_stride] for the ranks below
+    r16 (``h_of(k, r)``: its f32 value at row k of the tile, rank r); B's
+    block after it zeroed (its ranks past the adapter's stay zero)."""
     with _each(m, lay.tile * lay.ranks, "e") as e:
         k, r = m.let(e / lay.ranks, "k"), m.let(e % lay.ranks, "r")
         with m.if_(r < tile.r16):
-            total = floats[k * lay.ranks + r]
-            for s in range(1, lay.k_splits):
-                total = total + floats[(s * lay.tile + k) * lay.ranks + r]
-            halves[k * lay.h_stride + r] = f16(tile.scale * total)
+            halves[k * lay.h_stride + r] = f16(h_of(k, r))
     b_at = lay.tile * lay.h_stride
     with _each(m, lay.columns * lay.h_stride, "z") as z:
         halves[b_at + z] = f16(0.0)
