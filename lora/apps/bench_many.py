@@ -107,15 +107,7 @@ def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
     for a, b, s in case["adapters"]:
         pool.add(LoraLayer(a, b, alpha=s * a.shape[0]))
     x, out = device.buffer(case["x"]), device.buffer(case["base"])
-    plans = {}
-    for name in forms:
-        try:
-            plans[name] = pool.forward_plan(rows, one_adapter=False,
-                                            **CANDIDATES[name]).with_ids(case["ids"])
-        except (DispatchError, FeatureError, ValueError) as e:
-            # tiles over this device's workgroup memory; the matrix forms on an f32 pool or
-            # a device without subgroup matrices
-            log(f"    {name}: not built: {e}")
+    plans = built(pool, rows, case["ids"], forms, log)
     if case["used"] == 1 and min(case["ids"]) >= 0:  # what ManyPlan records for such ids
         plans[ONE_ADAPTER] = pool.forward_plan(rows).with_ids(case["ids"])
     times = {name: time_plan(device, p, x, out, 20) for name, p in plans.items()}
@@ -133,6 +125,22 @@ def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
     pool.release()
     return {"best": best, "us": times[best], "forms": times,
             "correct": bool(np.all(np.abs(got - want) <= tol))}
+
+
+def built(pool, rows: int, ids, forms, log) -> dict:
+    """The plans of ``forms`` with ``ids`` fixed; a form this device or dtype
+    cannot build (tiles over its workgroup memory; the matrix forms on an f32
+    pool or a device without subgroup matrices) left out, logged once per reason."""
+    plans, why = {}, {}
+    for name in forms:
+        try:
+            plans[name] = pool.forward_plan(rows, one_adapter=False,
+                                            **CANDIDATES[name]).with_ids(ids)
+        except (DispatchError, FeatureError, ValueError) as e:
+            why.setdefault(str(e), []).append(name)
+    for reason, names in why.items():
+        log(f"    not built ({', '.join(names)}): {reason}")
+    return plans
 
 
 def one_adapter_us(device, case: dict) -> float:
