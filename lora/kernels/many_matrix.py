@@ -368,12 +368,15 @@ def _each(m, n: int, name: str):
 
 def _stage_h(m, lay, tile, halves, h_of):
     """scale * h as f16 in ``halves`` [tile, h_stride] for the ranks below
-    r16 (``h_of(k, r)``: its f32 value at row k of the tile, rank r); B's
-    block after it zeroed (its ranks past the adapter's stay zero)."""
+    r16 (``h_of(k, r)``: its f32 value at row k of the tile, rank r), zero
+    above; B's block after it zeroed (its ranks past the adapter's stay zero)."""
     with _each(m, lay.tile * lay.ranks, "e") as e:
         k, r = m.let(e / lay.ranks, "k"), m.let(e % lay.ranks, "r")
+        at = m.let(k * lay.h_stride + r, "hs")
         with m.if_(r < tile.r16):
-            halves[k * lay.h_stride + r] = f16(h_of(k, r))
+            halves[at] = f16(h_of(k, r))
+        with m.else_():  # read by the left fragments, not multiplied
+            halves[at] = f16(0.0)
     b_at = lay.tile * lay.h_stride
     with _each(m, lay.columns * lay.h_stride, "z") as z:
         halves[b_at + z] = f16(0.0)
@@ -410,13 +413,9 @@ def _expand(m, lay, bufs, tile, arrays, split):
     (Bm, out), (halves, floats), (sg, column_splits) = bufs, arrays, split
     left_t, right_t, result_t = FRAGMENT.types()
     rf, cg = m.let(sg % lay.row_fragments, "erf"), m.let(sg / lay.row_fragments, "cg")
-    lefts = []
-    for kf in range(lay.ranks // F):
-        left = m.var(left_t, name=f"el{kf}")
-        with m.if_(u32(kf * F) < tile.rank):
-            m.assign(left, Bi.subgroup_matrix_load(left_t, halves, rf * F * lay.h_stride + kf * F,
-                                                   lay.h_stride))
-        lefts.append(left)
+    lefts = [m.let(Bi.subgroup_matrix_load(left_t, halves, rf * F * lay.h_stride + kf * F,
+                                           lay.h_stride), f"el{kf}")
+             for kf in range(lay.ranks // F)]
     adds = _add_rows(m, lay, tile)
     b_at = lay.tile * lay.h_stride
     first = m.let(m.workgroup_id().y * lay.columns, "c_first")
