@@ -588,7 +588,8 @@ MATRIX_FORMS = {  # (options, the kernels)
     "fused t64": (dict(tile_tokens=64), ["many_matrix"]),
     "split t16, 3 slices": (dict(tile_tokens=16, fused=False, splits=3),
                             ["many_matrix_shrink", "many_matrix_expand"]),
-    "split t64, 2 slices": (dict(tile_tokens=64, fused=False, splits=2),
+    "split t64, 2 slices, 3 column splits": (dict(tile_tokens=64, fused=False, splits=2,
+                                                  column_splits=3),
                             ["many_matrix_shrink", "many_matrix_expand"]),
 }
 
@@ -693,6 +694,7 @@ def test_matrix_form_workgroup_indices_are_proven():
         for name, params in (("many_matrix", dict(in_dim=2560, out_dim=2560,
                                                   column_splits=splits)),
                              ("many_matrix_shrink", dict(in_dim=2560, splits=4)),
-                             ("many_matrix_expand", dict(out_dim=2560, splits=4))):
+                             ("many_matrix_expand", dict(out_dim=2560, splits=4,
+                                                         column_splits=splits * 3))):
             k = KERNELS[name].kernel(**common, **params)
             assert unproven(k.wgsl) == [], (name, tile, rank)

@@ -67,12 +67,14 @@ CANDIDATES = {
     "matrix fused t32": dict(segments=True, matrix=True, tile_tokens=32),
     "matrix fused t64": dict(segments=True, matrix=True, tile_tokens=64),
     "matrix fused t64 cs2": dict(segments=True, matrix=True, tile_tokens=64, column_splits=2),
-    "matrix split t16 s2": dict(segments=True, matrix=True, fused=False, tile_tokens=16,
-                                splits=2),
+    "matrix split t16 s2 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=16,
+                                    splits=2, column_splits=8),
+    "matrix split t32 s2 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=32,
+                                    splits=2, column_splits=8),
+    "matrix split t64 s4 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=64,
+                                    splits=4, column_splits=8),
     "matrix split t32 s4": dict(segments=True, matrix=True, fused=False, tile_tokens=32,
                                 splits=4),
-    "matrix split t64 s8": dict(segments=True, matrix=True, fused=False, tile_tokens=64,
-                                splits=8),
 }
 
 # The rule forward_many follows (chosen_form), read off the H200's table
@@ -170,9 +172,10 @@ class ManyPlan:
     ``rank_rows``: the kernels' (lora.kernels.many). ``matrix``: segments on
     matrix units instead (lora.kernels.many_matrix: f16 pools on a device
     with f16 -> f32 16x16x16 subgroup matrices; tiles of 16, 32 or 64 rows;
-    ``fused``: one dispatch, where ``column_splits`` workgroups share a
-    tile's output columns, else shrink and expand, the shrink over
-    ``splits`` slices of in_dim; the SIMT options ``threads``, ``lanes``,
+    ``fused``: one dispatch, else shrink and expand, the shrink over
+    ``splits`` slices of in_dim; ``column_splits`` workgroups share a tile's
+    blocks of output columns (0: one in the one dispatch, one per block in
+    the expand); the SIMT options ``threads``, ``lanes``,
     ``unroll``, ``rank_block`` and ``rank_rows`` do not apply). ``one_adapter``: where
     every host id names one adapter, record ``lora.forward``'s own plan for it
     (:func:`lora.core.auto.auto_plan` on a copy of it, kept per slot) instead
@@ -182,7 +185,7 @@ class ManyPlan:
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
                  unroll: bool = True, rank_block: int = 0, rank_rows: int = 1,
-                 one_adapter: bool = True, matrix: bool = False, column_splits: int = 1,
+                 one_adapter: bool = True, matrix: bool = False, column_splits: int = 0,
                  splits: int = 1):
         self.pool, self.device = pool, pool.device
         self.one_adapter = bool(one_adapter)
@@ -195,7 +198,7 @@ class ManyPlan:
                              "workgroups; the fused form keeps h in one workgroup: give "
                              "fused=False")
         self.tile_tokens = count(tile_tokens, "tile_tokens")
-        self.matrix, self.column_splits = bool(matrix), count(column_splits, "column_splits")
+        self.matrix, self.column_splits = bool(matrix), count(column_splits, "column_splits", 0)
         self.splits = count(splits, "splits")
         if self.matrix:
             check_matrix(self.device, pool, self.segments, self.tile_tokens)
@@ -240,9 +243,10 @@ class ManyPlan:
         common = dict(max_rank=p.max_rank, tokens=None, tile_tokens=self.tile_tokens)
         if self.fused:
             return [("many_matrix", dict(common, in_dim=p.in_dim, out_dim=p.out_dim,
-                                         column_splits=self.column_splits))]
+                                         column_splits=self.column_splits or 1))]
         return [("many_matrix_shrink", dict(common, in_dim=p.in_dim, splits=self.splits)),
-                ("many_matrix_expand", dict(common, out_dim=p.out_dim, splits=self.splits))]
+                ("many_matrix_expand", dict(common, out_dim=p.out_dim, splits=self.splits,
+                                            column_splits=self.column_splits))]
 
     def steps(self, segments: bool, on_device: bool) -> list:
         """The compiled steps of a route's kind (built once each)."""

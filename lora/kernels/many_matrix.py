@@ -28,10 +28,10 @@ columns (more workgroups for few tiles; each recomputes h). The same in two
 dispatches: ``many_matrix_shrink`` (workgroup y of ``splits`` multiplies
 slice y of in_dim and writes scale * its sums to the f32 scratch ``hp``
 [rows, splits, ranks]) and ``many_matrix_expand`` (workgroup y takes block y
-of the columns, h the slices summed), more workgroups on both sides at the
-cost of hp's round trip. f16 only: f32
-has no matrix units on the H200, and the pool's f32 forms are
-lora.kernels.many's. in_dim and out_dim must be multiples of 4 (rows read
+of the columns, h the slices summed; with ``column_splits``, every
+``column_splits``-th block), more workgroups on both sides at the cost of
+hp's round trip. f16 only: f32 has no matrix units on the H200, and the
+pool's f32 forms are lora.kernels.many's. in_dim and out_dim must be multiples of 4 (rows read
 as vec4); B's blocks then start at multiples of out_dim, so at multiples
 of 4, and a block of columns is read as vec4 where the rank is a multiple
 of 4 (scalars otherwise).
@@ -239,10 +239,13 @@ def many_matrix_shrink(m, in_dim, max_rank=64, tokens=None, tile_tokens=16, spli
 
 
 def many_matrix_expand(m, out_dim, max_rank=64, tokens=None, tile_tokens=16, splits=1,
-                       column_fragments=None, dtype="f16"):
-    """The second: output[rows] += (sum_s hp[row, s]) B_i^T for each tile, one
-    block of columns per workgroup: grid (tiles, ceil(out_dim / columns))."""
+                       column_fragments=None, column_splits=0, dtype="f16"):
+    """The second: output[rows] += (sum_s hp[row, s]) B_i^T for each tile:
+    grid (tiles, expand_groups(...)): ``column_splits`` workgroups per tile
+    share its blocks of columns (0: a workgroup per block); each stages h
+    (reads hp) once for its blocks."""
     _check("many_matrix_expand", tokens, dtype, splits=splits)
+    groups = expand_groups(out_dim, tile_tokens, max_rank, column_fragments, column_splits)
     lay = matrix_layout(tile_tokens, max_rank, 4, out_dim, column_fragments)
     Bm = m.declare_input_buffer("B", vec4h, None)
     hp = m.declare_input_buffer("hp", f32, None)
@@ -258,8 +261,7 @@ def many_matrix_expand(m, out_dim, max_rank=64, tokens=None, tile_tokens=16, spl
         return total
 
     _stage_h(m, lay, tile, arrays[0], h_of)
-    blocks = -(-out_dim // lay.columns)
-    _expand(m, lay, (Bm, out), tile, arrays, (_subgroup(m), blocks))
+    _expand(m, lay, (Bm, out), tile, arrays, (_subgroup(m), groups))
 
 
 def hp_columns(max_rank: int, splits: int) -> int:
@@ -267,10 +269,16 @@ def hp_columns(max_rank: int, splits: int) -> int:
     return splits * -(-max_rank // F) * F
 
 
-def expand_blocks(out_dim, tile_tokens, max_rank=64, column_fragments=None) -> int:
-    """The workgroups along y of many_matrix_expand."""
-    return -(-out_dim // matrix_layout(tile_tokens, max_rank, 4, out_dim,
-                                       column_fragments).columns)
+def expand_groups(out_dim, tile_tokens, max_rank=64, column_fragments=None,
+                  column_splits=0) -> int:
+    """The workgroups along y of many_matrix_expand: ``column_splits``, at most
+    one per block of columns (0: one per block)."""
+    if not isinstance(column_splits, int) or column_splits < 0:
+        raise ValueError(f"many_matrix_expand: column_splits must be an int >= 0 (0: a "
+                         f"workgroup per block of columns), got {column_splits!r}")
+    blocks = -(-out_dim // matrix_layout(tile_tokens, max_rank, 4, out_dim,
+                                         column_fragments).columns)
+    return min(column_splits, blocks) if column_splits else blocks
 
 
 def _slice_reads(m, lay, A, x, tile):

@@ -17,7 +17,7 @@ from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
 from .many import many_expand, many_fused, many_place, many_shrink
 from .many_matrix import (
-    expand_blocks,
+    expand_groups,
     many_matrix,
     many_matrix_expand,
     many_matrix_shrink,
@@ -276,8 +276,9 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
                "hp = scale_i A_i x over slices of in_dim on matrix units (f16), a workgroup per "
                "tile of rows sharing adapter i and slice"),
     KernelSpec("many_matrix_expand", many_matrix_expand, lambda p: matrix_threads(),
-               lambda p: (p["tokens"], expand_blocks(p["out_dim"], p["tile_tokens"],
-                                                     p["max_rank"], p["column_fragments"]), 1),
+               lambda p: (p["tokens"], expand_groups(p["out_dim"], p["tile_tokens"],
+                                                     p["max_rank"], p["column_fragments"],
+                                                     p["column_splits"]), 1),
                "output += B_i (the slices of hp summed) on matrix units (f16), a workgroup per "
                "tile of rows sharing adapter i and block of columns"),
     KernelSpec("many_place", many_place, _threads,
