@@ -8,7 +8,9 @@ scattered ids; prefill: 4096 rows (4000 at 100 adapters) in equal segments of
 one adapter each. Then the no-padding cases: 31 adapters of rank 4 and one of
 rank 64, against the same adapters zero-padded to rank 64 (as vLLM's stacked
 layout pads them). Every form of ``lora.core.many_plan.CANDIDATES`` (with
-``--quick``: the four that won a case on the H200) is built first, then
+``--quick``: the four that won a case on the H200) is built first (a form
+this device or dtype cannot build is skipped, the log saying why: the
+matrix forms take f16 pools and subgroup matrices), then
 timed (GPU timestamps, median; compiles between timings would let the GPU's
 clocks fall); the fastest is checked against float64 and reported.
 The floor: x, the output read and written, and the A and B of the adapters the
@@ -25,7 +27,7 @@ import os
 
 import numpy as np
 
-from shaderdsl.errors import DispatchError
+from shaderdsl.errors import DispatchError, FeatureError
 from shaderdsl.runtime import COMPILER, get_device
 
 from ..core import reference as R
@@ -105,13 +107,7 @@ def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
     for a, b, s in case["adapters"]:
         pool.add(LoraLayer(a, b, alpha=s * a.shape[0]))
     x, out = device.buffer(case["x"]), device.buffer(case["base"])
-    plans = {}
-    for name in forms:
-        try:
-            plans[name] = pool.forward_plan(rows, one_adapter=False,
-                                            **CANDIDATES[name]).with_ids(case["ids"])
-        except DispatchError as e:  # tiles over this device's workgroup memory
-            log(f"    {name}: not built: {e}")
+    plans = built(pool, rows, case["ids"], forms, log)
     if case["used"] == 1 and min(case["ids"]) >= 0:  # what ManyPlan records for such ids
         plans[ONE_ADAPTER] = pool.forward_plan(rows).with_ids(case["ids"])
     times = {name: time_plan(device, p, x, out, 20) for name, p in plans.items()}
@@ -129,6 +125,22 @@ def ours(device, case: dict, log, forms=tuple(CANDIDATES)) -> dict:
     pool.release()
     return {"best": best, "us": times[best], "forms": times,
             "correct": bool(np.all(np.abs(got - want) <= tol))}
+
+
+def built(pool, rows: int, ids, forms, log) -> dict:
+    """The plans of ``forms`` with ``ids`` fixed; a form this device or dtype
+    cannot build (tiles over its workgroup memory; the matrix forms on an f32
+    pool or a device without subgroup matrices) left out, logged once per reason."""
+    plans, why = {}, {}
+    for name in forms:
+        try:
+            plans[name] = pool.forward_plan(rows, one_adapter=False,
+                                            **CANDIDATES[name]).with_ids(ids)
+        except (DispatchError, FeatureError, ValueError) as e:
+            why.setdefault(str(e), []).append(name)
+    for reason, names in why.items():
+        log(f"    not built ({', '.join(names)}): {reason}")
+    return plans
 
 
 def one_adapter_us(device, case: dict) -> float:

@@ -20,10 +20,12 @@ import numpy as np
 
 from shaderdsl import checks
 from shaderdsl.devicebuffer import DeviceBuffer
-from shaderdsl.errors import BindingError
+from shaderdsl.errors import BindingError, FeatureError
 
 from ..kernels.many import FLAGS
+from ..kernels.many_matrix import hp_columns, matrix_layout
 from ..kernels.many_sort import tile_bound
+from ..kernels.matrix import FRAGMENT
 from . import checks as C
 from .auto import auto_plan
 from .cache import clear_plan_cache
@@ -35,8 +37,9 @@ ID_DTYPE = np.dtype(np.int32)
 SORT_THREADS = 256  # rows per block of the GPU's sort (lora.kernels.many_sort)
 
 # The ManyPlan options worth timing against each other (the bench's sweep):
-# fused or split, segments or rows, tiles, lanes, rank blocks and rank rows. Tiles
-# of 16 or more rows fit only where the device has over 16 KiB of workgroup memory.
+# fused or split, segments or rows, tiles, lanes, rank blocks and rank rows, and the
+# segments on matrix units. Tiles of 16 or more rows fit only where the device has over
+# 16 KiB of workgroup memory (the matrix forms: 31-39 KiB at max_rank 64).
 CANDIDATES = {
     "fused segments t4": dict(segments=True, fused=True, tile_tokens=4),
     "fused segments t8": dict(segments=True, fused=True, tile_tokens=8),
@@ -57,6 +60,21 @@ CANDIDATES = {
     "split rows rb16": dict(segments=False, fused=False, rank_block=16),
     "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
                                     rank_block=16),
+    # on matrix units (f16 pools, devices with f16 -> f32 16x16x16 subgroup matrices; not
+    # yet timed on the H200): tiles of 16, 32 or 64 rows, one dispatch (one or two
+    # workgroups per tile) or two (the shrink over slices of in_dim)
+    "matrix fused t16": dict(segments=True, matrix=True, tile_tokens=16),
+    "matrix fused t32": dict(segments=True, matrix=True, tile_tokens=32),
+    "matrix fused t64": dict(segments=True, matrix=True, tile_tokens=64),
+    "matrix fused t64 cs2": dict(segments=True, matrix=True, tile_tokens=64, column_splits=2),
+    "matrix split t16 s2 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=16,
+                                    splits=2, column_splits=8),
+    "matrix split t32 s2 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=32,
+                                    splits=2, column_splits=8),
+    "matrix split t64 s4 cs8": dict(segments=True, matrix=True, fused=False, tile_tokens=64,
+                                    splits=4, column_splits=8),
+    "matrix split t32 s4": dict(segments=True, matrix=True, fused=False, tile_tokens=32,
+                                splits=4),
 }
 
 # The rule forward_many follows (chosen_form), read off the H200's table
@@ -151,7 +169,14 @@ class ManyPlan:
     ``segments``: the rows sorted into tiles of ``tile_tokens`` rows of one
     adapter (else one row per work item); ``fused``: one dispatch, else
     shrink and expand; ``threads``, ``lanes``, ``unroll``, ``rank_block``,
-    ``rank_rows``: the kernels' (lora.kernels.many). ``one_adapter``: where
+    ``rank_rows``: the kernels' (lora.kernels.many). ``matrix``: segments on
+    matrix units instead (lora.kernels.many_matrix: f16 pools on a device
+    with f16 -> f32 16x16x16 subgroup matrices; tiles of 16, 32 or 64 rows;
+    ``fused``: one dispatch, else shrink and expand, the shrink over
+    ``splits`` slices of in_dim; ``column_splits`` workgroups share a tile's
+    blocks of output columns (0: one in the one dispatch, one per block in
+    the expand); the SIMT options ``threads``, ``lanes``,
+    ``unroll``, ``rank_block`` and ``rank_rows`` do not apply). ``one_adapter``: where
     every host id names one adapter, record ``lora.forward``'s own plan for it
     (:func:`lora.core.auto.auto_plan` on a copy of it, kept per slot) instead
     of the many kernels. Token counts are run-time values: a new count
@@ -160,7 +185,8 @@ class ManyPlan:
     def __init__(self, pool, max_tokens: int | None = None, *, segments: bool = True,
                  fused: bool = True, tile_tokens: int = 8, threads: int = 256, lanes: int = 16,
                  unroll: bool = True, rank_block: int = 0, rank_rows: int = 1,
-                 one_adapter: bool = True):
+                 one_adapter: bool = True, matrix: bool = False, column_splits: int = 0,
+                 splits: int = 1):
         self.pool, self.device = pool, pool.device
         self.one_adapter = bool(one_adapter)
         self._weights: dict = {}  # slot -> (the pool's serial of it, its Weight copy)
@@ -172,6 +198,13 @@ class ManyPlan:
                              "workgroups; the fused form keeps h in one workgroup: give "
                              "fused=False")
         self.tile_tokens = count(tile_tokens, "tile_tokens")
+        self.matrix, self.column_splits = bool(matrix), count(column_splits, "column_splits", 0)
+        self.splits = count(splits, "splits")
+        if self.matrix:
+            check_matrix(self.device, pool, self.segments, self.tile_tokens)
+        if self.splits > 1 and (self.fused or not self.matrix):
+            raise ValueError("splits slices in_dim over the shrink's workgroups of the matrix "
+                             "form's two dispatches: give matrix=True, fused=False")
         self.threads, self.lanes = count(threads, "threads"), count(lanes, "lanes")
         fit = most_tokens(self.device, pool)
         self.max_tokens = fit if max_tokens is None else count(max_tokens, "max_tokens")
@@ -185,12 +218,15 @@ class ManyPlan:
         self.steps(self.segments, False)  # compile now: a bad layout is refused here
 
     def __repr__(self) -> str:
-        form = ("fused" if self.fused else "split") + (" segments" if self.segments else " rows")
+        form = ("matrix " if self.matrix else "") + ("fused" if self.fused else "split")
+        form += " segments" if self.segments else " rows"
         return f"<ManyPlan {form} tile_tokens={self.tile_tokens} of {self.pool!r}>"
 
     def kernels(self, segments: bool, on_device: bool) -> list[tuple]:
         """(kernel name, parameters) of each dispatch."""
         p = self.pool
+        if self.matrix:
+            return self._matrix_kernels()
         common = dict(max_rank=p.max_rank, tokens=None, threads=self.threads,
                       tile_tokens=self.tile_tokens if segments else 1, segments=segments,
                       dtype=wgsl_dtype(p.dtype))
@@ -202,6 +238,16 @@ class ManyPlan:
         return [("many_shrink", dict(shrink, rank_block=self.rank_block)),
                 ("many_expand", dict(common, out_dim=p.out_dim))]
 
+    def _matrix_kernels(self) -> list[tuple]:
+        p = self.pool
+        common = dict(max_rank=p.max_rank, tokens=None, tile_tokens=self.tile_tokens)
+        if self.fused:
+            return [("many_matrix", dict(common, in_dim=p.in_dim, out_dim=p.out_dim,
+                                         column_splits=self.column_splits or 1))]
+        return [("many_matrix_shrink", dict(common, in_dim=p.in_dim, splits=self.splits)),
+                ("many_matrix_expand", dict(common, out_dim=p.out_dim, splits=self.splits,
+                                            column_splits=self.column_splits))]
+
     def steps(self, segments: bool, on_device: bool) -> list:
         """The compiled steps of a route's kind (built once each)."""
         key = (segments, on_device)
@@ -209,6 +255,7 @@ class ManyPlan:
             t, p, item = self.max_tokens, self.pool, self.dtype_size
             sizes = {"x": t * p.in_dim * item, "output": t * p.out_dim * item, "ids": 4 * t,
                      "order": 4 * t, "tiles": 16 * t, "h": 4 * t * p.max_rank,
+                     "hp": 4 * t * hp_columns(p.max_rank, self.splits),
                      "flags": 4 * FLAGS, "A": p.a.bound_bytes, "B": p.b.bound_bytes,
                      "table": p.table.bound_bytes}
             self._steps[key] = build_steps(self.device, self.kernels(*key), sizes, t, self._cap)
@@ -363,7 +410,9 @@ class ManyPlan:
         buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
                    "tokens": np.uint32(route.items), **route.buffers}
         if not self.fused:
-            buffers["h"] = self._buffer("h", route.tokens, (p.max_rank,), np.float32)
+            role, columns = ("hp", hp_columns(p.max_rank, self.splits)) if self.matrix else \
+                ("h", p.max_rank)
+            buffers[role] = self._buffer(role, route.tokens, (columns,), np.float32)
         if not route.sort:
             record_steps(self.device, steps, buffers)
             return
@@ -407,6 +456,25 @@ class ManyPlan:
         self._owned = {}
         for slot in list(self._weights):
             self._drop_weight(slot)
+
+
+def check_matrix(device, pool, segments: bool, tile_tokens: int) -> None:
+    """What the matrix form (lora.kernels.many_matrix) needs, refused with
+    what is missing: segments, an f16 pool, f16 -> f32 16x16x16 subgroup
+    matrices on the device, tiles of 16, 32 or 64 rows, in_dim and out_dim
+    multiples of 4."""
+    if not segments:
+        raise ValueError("matrix=True multiplies tiles of rows of one adapter: give "
+                         "segments=True (decode's scattered rows take the SIMT forms)")
+    if pool.dtype != np.float16:
+        raise ValueError(f"matrix=True multiplies f16 fragments: it needs a pool of dtype "
+                         f"float16, got {pool.dtype.name} ({pool!r}); f32 pools take the SIMT "
+                         f"forms (matrix=False)")
+    if FRAGMENT not in getattr(device, "subgroup_matrix_configs", ()):
+        raise FeatureError(f"matrix=True needs {FRAGMENT} subgroup matrices on subgroups of "
+                           f"{FRAGMENT.subgroup_sizes[0]} (chromium-experimental-subgroup-"
+                           f"matrix); device {device.name!r} has none")
+    matrix_layout(tile_tokens, pool.max_rank, pool.in_dim, pool.out_dim)  # tiles, dims
 
 
 def most_tokens(device, pool) -> int:

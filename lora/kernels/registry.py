@@ -16,6 +16,13 @@ from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
 from .many import many_expand, many_fused, many_place, many_shrink
+from .many_matrix import (
+    expand_groups,
+    many_matrix,
+    many_matrix_expand,
+    many_matrix_shrink,
+    matrix_threads,
+)
 from .many_sort import many_sort_count, many_sort_scan, many_sort_scatter
 from .matrix import (
     OUTER,
@@ -260,6 +267,20 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
     KernelSpec("many_expand", many_expand, _threads,
                lambda p: (ceil_div(p["out_dim"], p["threads"]), p["tokens"], 1),
                "output += B_i h for each row's adapter i of a pool, a thread per column"),
+    KernelSpec("many_matrix", many_matrix, lambda p: matrix_threads(),
+               lambda p: (p["tokens"], p["column_splits"], 1),
+               "output += scale_i B_i (A_i x) on matrix units (f16), a workgroup per tile of "
+               "rows sharing adapter i (and per share of the columns)"),
+    KernelSpec("many_matrix_shrink", many_matrix_shrink, lambda p: matrix_threads(),
+               lambda p: (p["tokens"], p["splits"], 1),
+               "hp = scale_i A_i x over slices of in_dim on matrix units (f16), a workgroup per "
+               "tile of rows sharing adapter i and slice"),
+    KernelSpec("many_matrix_expand", many_matrix_expand, lambda p: matrix_threads(),
+               lambda p: (p["tokens"], expand_groups(p["out_dim"], p["tile_tokens"],
+                                                     p["max_rank"], p["column_fragments"],
+                                                     p["column_splits"]), 1),
+               "output += B_i (the slices of hp summed) on matrix units (f16), a workgroup per "
+               "tile of rows sharing adapter i and block of columns"),
     KernelSpec("many_place", many_place, _threads,
                lambda p: (ceil_div(p["tokens"], p["threads"]), 1, 1),
                "dst[at + i] = src[src_at + i]: an adapter written into a pool, or copied out"),
