@@ -243,3 +243,28 @@ def test_f16_adapters_are_written_as_numpy_rounds_them(tmp_path):
     assert [got[k][3] for k in (0, 1, 3, 4)] == bits * 2
     assert got[5][3] == [0, 0, 5, int(np.float32(0.5).view(np.uint32)),
                          5, 180, 5, int(np.float32(0.5).view(np.uint32))]
+
+
+def test_a_batch_whose_h_is_over_one_binding_is_refused(tmp_path):
+    """The split forms' h (a row of config.rankStride f32 per row) over
+    maxStorageBufferBindingSize: refused naming the form, nothing written; x and
+    output fit."""
+    rows = 5000  # x 840000 and output 720000 bytes fit 1 MiB, h 5000 x 64 x 4 does not
+    got = run_node(tmp_path, f"""
+      globalThis.GPUBuffer = class {{ constructor(d) {{ Object.assign(this, d); }} }};
+      dev.createBuffer = d => Object.assign(new GPUBuffer(d), {{destroy() {{}}}});
+      const pool = m.createPool(dev);
+      pool.add({{a: new Float32Array(4 * 42), b: new Float32Array(36 * 4), rank: 4,
+                 scale: 1}});
+      const before = writes.length;
+      const x = dev.createBuffer({{size: {rows} * 42 * 4}});
+      const output = dev.createBuffer({{size: {rows} * 36 * 4}});
+      let refused = null;
+      try {{ pool.record({{x, output}}, new Int32Array({rows})); }}
+      catch (e) {{ refused = e.message; }}
+      return {{refused, writes: writes.length - before, form: pool.formFor([0])}};""",
+                   max_rank=64)
+    assert got["refused"] == ('pool.record: form "split segments t8 rb16" needs h, 1280000 '
+                              'bytes (5000 row(s) of 64 f32), over maxStorageBufferBindingSize '
+                              '= 1048576; record fewer rows at a time')
+    assert got["writes"] == 0 and got["form"] == "split rows rr4 l64 rb16"
