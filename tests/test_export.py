@@ -646,14 +646,24 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
     for name in ("again", "after"):  # the refusals changed nothing; the re-added adapter serves
         np.testing.assert_array_equal(unb64(got[name], np.float32, first.size), first.ravel())
     np.testing.assert_array_equal(unb64(got["host"], np.float32, first.size), first.ravel())
+    check_many_forms(got, ids, want, tol)
+    check_many_refusals(got["refused"], rows, in_dim, out_dim)
+
+
+def check_many_forms(got: dict, ids: np.ndarray, want: np.ndarray, tol: np.ndarray) -> None:
+    """The page recorded the form chosen_form picks, and each form gives float64's."""
     named = ids[ids >= 0]
     assert got["chosen"] == chosen_form(named.size, np.unique(named).size,
                                         float(np.mean(np.array(MANY_RANKS)[named])))
     assert list(got["forms"]) == shipped_forms()
     for form, values in got["forms"].items():
-        out = unb64(values, np.float32, rows * out_dim).reshape(rows, out_dim)
+        out = unb64(values, np.float32, want.size).reshape(want.shape)
         assert np.all(np.abs(out - want) <= tol), (form, np.max(np.abs(out - want) / tol))
-    dims, bad_id, bad_slot, short = got["refused"]
+
+
+def check_many_refusals(refused: list, rows: int, in_dim: int, out_dim: int) -> None:
+    """The messages of test_many_adapters_in_the_page_match_float64's refused calls."""
+    dims, bad_id, bad_slot, short = refused
     assert short.startswith(f"pool.record: x has {(rows - 1) * in_dim * 4} bytes, needs "
                             f"{rows * in_dim * 4} ({rows} row(s) of {in_dim} f32)")
     assert dims == (f"other dims: A [3, {in_dim + 2}] and B [{out_dim}, 3] ({3 * (in_dim + 2)} "
