@@ -17,8 +17,11 @@ import pytest
 
 from lora import reference as R
 from lora.apps.cli import main as lora_main
+from lora.apps.web_many import shipped_forms
+from lora.core.many_plan import CANDIDATES, chosen_form
 from shaderdsl import browser
 from shaderdsl.__main__ import main as shaderdsl_main
+from shaderdsl.export import kernel_info
 
 
 def needs_browser(test):
@@ -112,15 +115,23 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
 
 
 def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
-    """--many: one fused kernel with a run-time item count, its grid one workgroup
-    per tile along x; shapes the pool or the page cannot take are refused."""
+    """--many: a form per case of chosen_form (its constants and names in
+    config.rule), each its kernels with a run-time item count, their grids one
+    workgroup per item along one axis; shapes the pool or the page cannot take
+    are refused."""
     assert lora_main(["export", "--many", str(tmp_path), "--in-dim", "64", "--out-dim", "48",
                       "--max-rank", "32", "--dtype", "f16"]) == 0
     js = (tmp_path / "lora_many.js").read_text()
     assert ('export const config = {"inDim": 64, "outDim": 48, "dtype": "f16", "maxRank": 32, '
-            '"tileTokens": 8, "form": "fused segments", "features": ["shader-f16"]};') in js
-    assert '{"kernel": 0, "grid": [1, 1, 1], "items": 0, "buffers": {"A": "A"' in js
-    assert js.count("  {\n    name: ") == 1 and 'name: "many_fused_f16"' in js
+            '"rankStride": 32, "rule": {"segmentRows": 32, "fusedRows": 1024, "fusedRank": 40, '
+            '"decode": "split rows rr4 l64 rb16", "prefill": "split segments t8 rb16", '
+            '"highRank": "fused segments t16"}, "features": ["shader-f16"]};') in js
+    assert ('"split segments t8 rb16": {"segments": true, "fused": false, "tileTokens": 8, '
+            '"options": {"segments": true, "fused": false, "tile_tokens": 8, "rank_block": 16}, '
+            '"fitted": null, "steps": [{"kernel": 2, "grid": [1, 2, 1], "items": 0, '
+            '"buffers": {"A": "A", "x": "x", "h": "h"') in js
+    assert js.count("  {\n    name: ") == 5 and 'name: "many_fused_f16"' in js
+    assert js.count('name: "many_shrink_f16"') == js.count('name: "many_expand_f16"') == 2
     assert "createPool(device: GPUDevice" in (tmp_path / "lora_many.d.ts").read_text()
     assert (tmp_path / "lora_adapter.js").exists()
     capsys.readouterr()
@@ -129,6 +140,41 @@ def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
         assert lora_main(["export", "--many", str(tmp_path / "no"), *argv]) == 1
         assert why in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
+
+
+def test_the_page_ships_every_form_chosen_form_names():
+    """Every form chosen_form names on a table of batches is one the module ships
+    (a rule naming a new form fails here until the page ships it)."""
+    from lora.apps.web_many import shipped_forms
+    from lora.core.many_plan import chosen_form
+
+    named = {chosen_form(rows, used, rank) for rows in range(0, 5000, 7)
+             for used in (0, 1, 2, 4, 32, 100, 157) for rank in (1.0, 25.0, 39.9, 40.0, 64.0)}
+    assert named == set(shipped_forms())
+
+
+@pytest.mark.parametrize("max_rank, tile", [(64, 12), (16, 15), (8, 15)])
+def test_forms_over_the_default_limits_are_cut_to_the_nearest_that_fits(max_rank, tile):
+    """fused segments t16 needs 16 x (256 + max_rank) f32s of workgroup memory, over
+    WebGPU's default 16384 bytes: the module ships the most rows that fit (as
+    forward_many cuts it on such a device) and says so; the split forms' rank blocks
+    of 16 need max_rank rounded up to 16 as h's row (config.rankStride)."""
+    from lora.apps.web_many import ManyShape, module_forms
+    from lora.kernels.many import shared_floats
+
+    shape = ManyShape(40, 24, "f32", max_rank)
+    kernels, forms = module_forms(shape)
+    stride = shape.rank_stride
+    assert stride == max(16, max_rank)
+    fused = forms["fused segments t16"]
+    assert fused["tileTokens"] == fused["options"]["tile_tokens"] == tile
+    assert 4 * shared_floats(256, stride, tile) <= 16384 < 4 * shared_floats(256, stride, tile + 1)
+    assert fused["fitted"] == (f"tile_tokens 16 -> {tile}: 16 rows' workgroup memory "
+                               f"({4 * shared_floats(256, stride, 16)} bytes) is over "
+                               f"maxComputeWorkgroupStorageSize = 16384")
+    assert forms["split segments t8 rb16"]["fitted"] is None
+    assert forms["split rows rr4 l64 rb16"]["options"] == CANDIDATES["split rows rr4 l64 rb16"]
+    assert all(kernel_info(k)["workgroupBytes"] <= 16384 for k in kernels)
 
 
 # ---------------------------------------------------------------- in the page
@@ -535,7 +581,8 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
     """lora_many.js in Chromium: adapters of mixed ranks read from peft files by
     readPeftAdapter into a pool, rows of scattered ids (-1 among them, runs longer
     than a tile) give float64 forward_many within lora.reference.many_tolerance,
-    by the buffer form and by forward() (the pool grown from one slot and 4 rows); an
+    by the buffer form (in the form chosen_form picks: decode's split rows) and by
+    forward() in every shipped form (the pool grown from one slot and 4 rows); an
     adapter of other dims and a bad id are refused by name, and the pool's next
     forward is unchanged."""
     in_dim, out_dim, rows = 42, 36, 37
@@ -559,9 +606,10 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
       const pool = m.createPool(dev, {{slots: 1, rows: 4}});  // grows: table, A and B
       const slots = layers.slice(0, 4).map((layer, k) => pool.add(layer, `adapter ${{k}}`));
       const ids = Int32Array.from({ids.tolist()});
+      let chosen = null;
       const run = async () => {{
         const output = up("{b64(base)}");
-        pool.record({{x: up("{b64(x)}"), output}}, ids);
+        chosen = pool.record({{x: up("{b64(x)}"), output}}, ids);
         return await down(output); }};
       const first = await run();
       const refused = [];
@@ -577,10 +625,14 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
       const X = new Float32Array(Uint8Array.fromBase64("{b64(x)}").buffer);
       const BASE = new Float32Array(Uint8Array.fromBase64("{b64(base)}").buffer);
       const host = await pool.forward(X, ids, BASE);
+      const forms = {{}};
+      for (const form of Object.keys(m.forms))
+        forms[form] = new Uint8Array((await pool.forward(X, ids, BASE, {{form}})).buffer)
+          .toBase64();
       pool.remove(1);
       const reused = pool.add(layers[1], "adapter 1 again");
       const after = await run();
-      return {{slots, first, again, after, reused, refused, poolSlots: pool.slots,
+      return {{slots, first, again, after, reused, refused, poolSlots: pool.slots, chosen, forms,
                host: new Uint8Array(host.buffer).toBase64(),
                scales: slots.map(s => pool.scale(s))}};""")
     assert got["slots"] == [0, 1, 2, 3] and got["poolSlots"] == [0, 1, 2, 3] and got["reused"] == 1
@@ -594,7 +646,24 @@ def test_many_adapters_in_the_page_match_float64(tmp_path):
     for name in ("again", "after"):  # the refusals changed nothing; the re-added adapter serves
         np.testing.assert_array_equal(unb64(got[name], np.float32, first.size), first.ravel())
     np.testing.assert_array_equal(unb64(got["host"], np.float32, first.size), first.ravel())
-    dims, bad_id, bad_slot, short = got["refused"]
+    check_many_forms(got, ids, want, tol)
+    check_many_refusals(got["refused"], rows, in_dim, out_dim)
+
+
+def check_many_forms(got: dict, ids: np.ndarray, want: np.ndarray, tol: np.ndarray) -> None:
+    """The page recorded the form chosen_form picks, and each form gives float64's."""
+    named = ids[ids >= 0]
+    assert got["chosen"] == chosen_form(named.size, np.unique(named).size,
+                                        float(np.mean(np.array(MANY_RANKS)[named])))
+    assert list(got["forms"]) == shipped_forms()
+    for form, values in got["forms"].items():
+        out = unb64(values, np.float32, want.size).reshape(want.shape)
+        assert np.all(np.abs(out - want) <= tol), (form, np.max(np.abs(out - want) / tol))
+
+
+def check_many_refusals(refused: list, rows: int, in_dim: int, out_dim: int) -> None:
+    """The messages of test_many_adapters_in_the_page_match_float64's refused calls."""
+    dims, bad_id, bad_slot, short = refused
     assert short.startswith(f"pool.record: x has {(rows - 1) * in_dim * 4} bytes, needs "
                             f"{rows * in_dim * 4} ({rows} row(s) of {in_dim} f32)")
     assert dims == (f"other dims: A [3, {in_dim + 2}] and B [{out_dim}, 3] ({3 * (in_dim + 2)} "

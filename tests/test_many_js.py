@@ -1,9 +1,11 @@
 """The page's pool of many adapters (lora_many.js, from lora/apps/web_assets/many.mjs)
 in Node, without a GPU: the ids checked and sorted into tiles as
 lora.core.many_plan does (same order, tiles and messages), float16 rounding as
-numpy's, and adapters placed first-fit at the offsets lora.AdapterPool gives, a
-refused one writing nothing (a stand-in device lists every write). The forward
-itself runs in headless Chromium (tests/test_export.py). Skips without ``node``."""
+numpy's, adapters placed first-fit at the offsets lora.AdapterPool gives, a
+refused one writing nothing (a stand-in device lists every write), and the form
+picked per batch as lora.core.many_plan.chosen_form picks it. The forward
+itself runs in headless Chromium (tests/test_export.py) and in Node on Dawn
+(tests/test_node_modules.py). Skips without ``node``."""
 from __future__ import annotations
 
 import json
@@ -38,12 +40,12 @@ const dev = {features: new Set(),
 """
 
 
-def run_node(tmp_path, body: str, dtype="f32"):
+def run_node(tmp_path, body: str, dtype="f32", max_rank=16):
     """``body`` (returns a JSON-able value) in Node with the exported module (42 -> 36,
-    max_rank 16) as ``m``."""
+    ``max_rank``) as ``m``."""
     if not (tmp_path / "lora_many.js").exists():
         assert lora_main(["export", "--many", str(tmp_path), "--in-dim", "42", "--out-dim", "36",
-                          "--max-rank", "16", "--dtype", dtype]) == 0
+                          "--max-rank", str(max_rank), "--dtype", dtype]) == 0
     script = tmp_path / "run.mjs"
     script.write_text(f"import * as m from {json.dumps((tmp_path / 'lora_many.js').as_uri())};\n"
                       f"{FAKE_DEVICE}\nconst result = (() => {{ {body} }})();\n"
@@ -86,6 +88,46 @@ def test_bad_ids_are_refused_with_pythons_messages(tmp_path):
         assert message == python_message(ids, slots, bound)
     assert got[-1] == ("TypeError: ids: expected integers (an adapter's index, or -1 for none), "
                        "got 1.5 at row 1")
+
+
+def rule_cases() -> list:
+    """(rows, used, rank) around each of chosen_form's boundaries, and far from them."""
+    seg, rows, rank = many_plan.SEGMENT_ROWS, many_plan.FUSED_ROWS, many_plan.FUSED_RANK
+    cases = []
+    for used in (0, 1, 2, 3, 4, 32, 100):
+        edge = seg * max(used, 1)
+        for n in sorted({0, 1, edge - 1, edge, edge + 1, rows - 1, rows, rows + 1, 4096}):
+            cases += [(n, used, r) for r in (0.0, 4.0, rank - 1e-9, float(rank), rank + 0.5,
+                                             64.0)]
+    return cases
+
+
+def test_the_page_picks_the_form_chosen_form_picks(tmp_path):
+    """chooseForm (config.rule, read off many_plan) names what chosen_form names on a
+    table of (rows, used, rank) around each boundary; a pool's formFor counts the rows
+    with an adapter, the adapters used and the mean of their rows' ranks as
+    forward_many does (rows of -1 left out)."""
+    cases = rule_cases()
+    ranks = [4, 64, 40, 39, 8]
+    batches = [[0] * 31 + [-1] * 40, [0] * 32 + [-1] * 5, [0, 1] * 31 + [1],
+               [0, 1] * 32 + [-1], [1] * 1024, [1] * 1023 + [-1], [2] * 1024 + [-1] * 9,
+               [3] * 1100, [2, 3] * 512, [2, 3] * 511 + [2, 2], [-1, -1], list(range(5)) * 40]
+    rng = np.random.default_rng()
+    batches += [rng.integers(-1, 5, n).tolist() for n in (8, 100, 700, 1500, 3000)]
+    layers = [{"a": [0.0] * (r * 42), "b": [0.0] * (36 * r), "rank": r, "scale": 1.0}
+              for r in ranks]
+    got = run_node(tmp_path, f"""
+      const pool = m.createPool(dev);
+      for (const l of {json.dumps(layers)}) pool.add(l);
+      return {{rule: {json.dumps(cases)}.map(([n, u, r]) => m.chooseForm(n, u, r)),
+               batches: {json.dumps(batches)}.map(ids => pool.formFor(ids))}};""",
+                   max_rank=64)
+    assert got["rule"] == [many_plan.chosen_form(*case) for case in cases]
+    assert len(set(got["rule"])) == 3
+    for ids, form in zip(batches, got["batches"]):
+        named = np.array(ids)[np.array(ids) >= 0]
+        rank = float(np.mean(np.array(ranks)[named])) if named.size else 0.0
+        assert form == many_plan.chosen_form(named.size, np.unique(named).size, rank), ids
 
 
 def test_float16_rounds_as_numpy(tmp_path):
@@ -201,3 +243,28 @@ def test_f16_adapters_are_written_as_numpy_rounds_them(tmp_path):
     assert [got[k][3] for k in (0, 1, 3, 4)] == bits * 2
     assert got[5][3] == [0, 0, 5, int(np.float32(0.5).view(np.uint32)),
                          5, 180, 5, int(np.float32(0.5).view(np.uint32))]
+
+
+def test_a_batch_whose_h_is_over_one_binding_is_refused(tmp_path):
+    """The split forms' h (a row of config.rankStride f32 per row) over
+    maxStorageBufferBindingSize: refused naming the form, nothing written; x and
+    output fit."""
+    rows = 5000  # x 840000 and output 720000 bytes fit 1 MiB, h 5000 x 64 x 4 does not
+    got = run_node(tmp_path, f"""
+      globalThis.GPUBuffer = class {{ constructor(d) {{ Object.assign(this, d); }} }};
+      dev.createBuffer = d => Object.assign(new GPUBuffer(d), {{destroy() {{}}}});
+      const pool = m.createPool(dev);
+      pool.add({{a: new Float32Array(4 * 42), b: new Float32Array(36 * 4), rank: 4,
+                 scale: 1}});
+      const before = writes.length;
+      const x = dev.createBuffer({{size: {rows} * 42 * 4}});
+      const output = dev.createBuffer({{size: {rows} * 36 * 4}});
+      let refused = null;
+      try {{ pool.record({{x, output}}, new Int32Array({rows})); }}
+      catch (e) {{ refused = e.message; }}
+      return {{refused, writes: writes.length - before, form: pool.formFor([0])}};""",
+                   max_rank=64)
+    assert got["refused"] == ('pool.record: form "split segments t8 rb16" needs h, 1280000 '
+                              'bytes (5000 row(s) of 64 f32), over maxStorageBufferBindingSize '
+                              '= 1048576; record fewer rows at a time')
+    assert got["writes"] == 0 and got["form"] == "split rows rr4 l64 rb16"

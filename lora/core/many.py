@@ -105,7 +105,13 @@ def plan_options(device, flat: np.ndarray, ranks: list[int], max_rank: int) -> d
     chosen_form names, its tiles cut to fit the device's workgroup memory."""
     named = flat[flat >= 0]
     rank = float(np.mean(np.asarray(ranks)[named])) if named.size else 0.0
-    options = dict(CANDIDATES[chosen_form(named.size, np.unique(named).size, rank)])
+    return form_options(device, chosen_form(named.size, np.unique(named).size, rank), max_rank)
+
+
+def form_options(device, name: str, max_rank: int) -> dict:
+    """ManyPlan's options of the form ``name`` (a key of CANDIDATES), its
+    tiles cut to fit the device's workgroup memory (the nearest that fits)."""
+    options = dict(CANDIDATES[name])
     if options["segments"]:
         room = device.limits.get("max-compute-workgroup-storage-size", 16384) // 4
         threads = options.get("threads", 256)

@@ -1,9 +1,19 @@
 // ---- many adapters in one batch: the pool (createPool) and its forward
-// (pool.record), the form of config.form: host ids sorted into tiles of rows of
-// one adapter (lora.core.many_plan.segments), one fused dispatch per batch.
+// (pool.record), in the form lora.core.many_plan.chosen_form picks for the batch
+// (chooseForm, from config.rule), or the one a caller names: a form of ``forms``.
 const ITEM = config.dtype === "f16" ? 2 : 4;  // bytes of one element of A, B, x, output
 const BAKED = {inDim: config.inDim, outDim: config.outDim, dtype: config.dtype,
                maxRank: config.maxRank};
+
+/** The name (a key of ``forms``) of the form for a batch of ``rows`` rows with
+ *  an adapter, of ``used`` distinct adapters, whose rows' mean rank is
+ *  ``rank``: lora.core.many_plan.chosen_form's rule, its constants config.rule's. */
+export function chooseForm(rows, used, rank) {
+  const rule = config.rule;
+  if (rows < rule.segmentRows * Math.max(used, 1)) return rule.decode;
+  if (rows >= rule.fusedRows && rank >= rule.fusedRank) return rule.highRank;
+  return rule.prefill;
+}
 
 /** ``ids`` (one int per row) as an Int32Array, each -1 (no adapter) or one of
  *  ``slots``; ``bound`` ends the range [-1, bound) the messages name. Throws
@@ -39,6 +49,13 @@ export function segments(ids, tileTokens) {
       tiles.push(first, Math.min(tileTokens, end - first), slot, 0);
   }
   return {order: Uint32Array.from(order), tiles: Uint32Array.from(tiles)};
+}
+
+/** Throws, naming ``form`` and the module's forms, unless it is null or one of them. */
+function knownForm(form, who) {
+  if (form !== null && !Object.hasOwn(forms, form))
+    throw new RangeError(`${who}: no form ${JSON.stringify(form)}; this module has ` +
+                         `${Object.keys(forms).map(f => JSON.stringify(f)).join(", ")}`);
 }
 
 /** A grid over the device's per-dimension limit split over z, as lora.core.plan.split_grid
@@ -251,13 +268,28 @@ class AdapterPool {
     this.device.queue.writeBuffer(this.buffers.table, 0, this.hostTable);
   }
 
+  /** The form ``record`` takes for host ``ids`` (checked): chooseForm of the
+   *  rows with an adapter, the adapters they name and their mean rank. */
+  formFor(ids) {
+    return this.chosen(checkIds(ids, this.slots, this.hostTable.length / 4));
+  }
+
+  chosen(flat) {
+    const named = flat.filter(id => id >= 0);
+    const rank = named.reduce((sum, id) => sum + this.hostTable[4 * id + 2], 0) / named.length;
+    return chooseForm(named.length, new Set(named).size, named.length ? rank : 0);
+  }
+
   /** output += scale_i * B_i @ (A_i @ x) for each row's adapter i: GPUBuffers x
    *  [T, inDim] and output [T, outDim] (config.dtype, row-major), ``ids`` T host
-   *  ints (-1: no delta), checked first. Writes the route (queue.writeBuffer),
-   *  then records one compute pass; submits unless given an ``encoder`` (submit
-   *  it before the next record of this pool: the route is the pool's). */
-  record({x, output}, ids, {encoder = null} = {}) {
+   *  ints (-1: no delta), checked first. ``form``: a key of ``forms``, default the
+   *  one chooseForm picks. Writes the route (queue.writeBuffer), then records one
+   *  compute pass; submits unless given an ``encoder`` (submit it before the next
+   *  record of this pool: the route is the pool's). Returns the form's name, or
+   *  null where no row has an adapter (nothing recorded). */
+  record({x, output}, ids, {encoder = null, form = null} = {}) {
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4);
+    knownForm(form, "pool.record");
     if (!flat.length) throw new RangeError("ids: a batch has at least 1 row, got 0 ids");
     const most = this.device.limits.maxStorageBufferBindingSize;
     for (const [name, buf, dim] of [["x", x, config.inDim], ["output", output, config.outDim]]) {
@@ -269,15 +301,20 @@ class AdapterPool {
           `most maxStorageBufferBindingSize = ${most} (it is bound whole)`);
     }
     if (x === output) throw new RangeError("pool.record: output is also the x buffer");
-    const {order, tiles} = segments(flat, config.tileTokens), items = tiles.length / 4;
-    if (!items) return;  // every row -1: the base alone
-    const all = {...this.buffers, order: this.route("order", order),
-                 tiles: this.route("tiles", tiles), x, output};
+    if (!flat.some(id => id >= 0)) return null;  // every row -1: the base alone
+    const name = form ?? this.chosen(flat), shape = forms[name];
+    const hBytes = shape.fused ? 0 : 4 * flat.length * config.rankStride;
+    if (hBytes > most) throw new RangeError(`pool.record: form "${name}" needs h, ${hBytes} ` +
+      `bytes (${flat.length} row(s) of ${config.rankStride} f32), over ` +
+      `maxStorageBufferBindingSize = ${most}; record fewer rows at a time`);
+    const [route, items] = this.routed(flat, shape);
+    const all = {...this.buffers, x, output, ...route};
+    if (hBytes) all.h = this.sized("h", hBytes);
     this.device.queue.writeBuffer(this.buffers.tokens, 0, Uint32Array.of(items));
     const enc = encoder || this.device.createCommandEncoder({label: "lora many"});
-    const pass = enc.beginComputePass({label: `lora many ${config.form}`});
+    const pass = enc.beginComputePass({label: `lora many ${name}`});
     const cap = this.device.limits.maxComputeWorkgroupsPerDimension;
-    for (const step of steps) {
+    for (const step of shape.steps) {
       const grid = [...step.grid], kernel = kernels[step.kernel];
       grid[step.items] = items;
       const buffers = Object.fromEntries(Object.entries(step.buffers)
@@ -286,23 +323,44 @@ class AdapterPool {
     }
     pass.end();
     if (!encoder) this.device.queue.submit([enc.finish()]);
+    return name;
   }
 
-  /** The pool's buffer for ``role`` holding ``values`` (grown to a power of two
-   *  bytes; the old one is left to the garbage collector, as an encoder not yet
-   *  submitted may hold it). */
-  route(role, values) {
+  /** [route, work items] of checked ids for the form ``shape``, written to the
+   *  pool's buffers: {ids} and a row an item, or {order, tiles} and a tile an item. */
+  routed(flat, shape) {
+    if (!shape.segments) return [{ids: this.route("ids", flat)}, flat.length];
+    const {order, tiles} = segments(flat, shape.tileTokens);
+    return [{order: this.route("order", order), tiles: this.route("tiles", tiles)},
+            tiles.length / 4];
+  }
+
+  /** The pool's buffer for ``role``, of at least ``bytes`` (a power of two,
+   *  within maxStorageBufferBindingSize, where it grows; the old one is left to
+   *  the garbage collector, as an encoder not yet submitted may hold it). */
+  sized(role, bytes) {
     const have = this.buffers[role];
-    if (!have || have.size < values.byteLength)
-      this.buffers[role] = this.make(`many.${role}`, 2 ** Math.ceil(Math.log2(values.byteLength)),
-                                     GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
-    this.device.queue.writeBuffer(this.buffers[role], 0, values);
+    if (!have || have.size < bytes) {
+      const most = Math.floor(this.device.limits.maxStorageBufferBindingSize / 16) * 16;
+      this.buffers[role] = this.make(`many.${role}`,
+        Math.max(bytes, Math.min(2 ** Math.ceil(Math.log2(bytes)), most)),
+        GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
+    }
     return this.buffers[role];
   }
 
+  /** The pool's buffer for ``role`` holding ``values`` at its start. */
+  route(role, values) {
+    const buf = this.sized(role, values.byteLength);
+    this.device.queue.writeBuffer(buf, 0, values);
+    return buf;
+  }
+
   /** base + each row's delta as a Float32Array, from host arrays: x (T * inDim
-   *  numbers), ids (T ints), base (T * outDim numbers, default zeros). */
-  async forward(x, ids, base = null) {
+   *  numbers), ids (T ints), base (T * outDim numbers, default zeros); ``form``
+   *  as record's. */
+  async forward(x, ids, base = null, {form = null} = {}) {
+    knownForm(form, "pool.forward");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4), t = flat.length;
     for (const [name, values, dim] of [["x", x, config.inDim], ["base", base, config.outDim]])
       if (values !== null && values?.length !== t * dim)
@@ -314,7 +372,7 @@ class AdapterPool {
     const xb = up(stored(x)), ob = up(stored(base ?? new Float32Array(t * config.outDim)));
     const read = this.device.createBuffer({size: ob.size, usage: U.MAP_READ | U.COPY_DST});
     const enc = this.device.createCommandEncoder({label: "lora many forward"});
-    this.record({x: xb, output: ob}, flat, {encoder: enc});
+    this.record({x: xb, output: ob}, flat, {encoder: enc, form});
     enc.copyBufferToBuffer(ob, 0, read, 0, ob.size);
     this.device.queue.submit([enc.finish()]);
     await read.mapAsync(GPUMapMode.READ);
