@@ -89,6 +89,19 @@ def test_torch_tensors_give_what_their_numpy_copies_give(device):
                                                   device=device))
 
 
+def test_tensors_save_as_their_values(tmp_path):
+    """save_adapter of (A, B) tensors that require grad (a peft module's
+    lora_A/lora_B weights, as a user would pass them) writes their values;
+    bfloat16 ones are widened to float32."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    a = torch.randn(4, 12, requires_grad=True)
+    b = torch.randn(5, 4).to(torch.bfloat16).requires_grad_()
+    path = lora.save_adapter(tmp_path / "ad", {"q_proj": (a, b)}, alpha=8)
+    got = lora.load_adapter(path)["q_proj"]
+    assert np.array_equal(got.a, a.detach().numpy())
+    assert got.b.dtype == np.float32 and np.array_equal(got.b, b.detach().float().numpy())
+
+
 def test_a_torch_sequential_trains_as_peft_trains_it(device, tmp_path):
     """Network.from_torch on an nn.Sequential with peft's target_modules: 5 AdamW
     steps from the same initial adapters as peft's model give the same adapters
