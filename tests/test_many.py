@@ -426,6 +426,38 @@ def test_host_ids_refused_before_anything(device):
     pool.release()
 
 
+def test_a_pool_routes_rows_by_the_names_add_gave(device):
+    """plan.route takes the names given to pool.add (peft's adapter_names,
+    "__base__" for none) and gives the bits of the same slots; a removed name
+    is forgotten, a taken or reserved name is refused before anything changes."""
+    rng = np.random.default_rng(12)
+    layers = adapters(rng, (3, 8, 5))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip(("support", "legal", "code"), layers):
+        pool.add(layer, name)
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 5, 3)
+    x_buf = device.buffer(x)
+
+    def run(ids):
+        out_buf = device.buffer(base)
+        plan(x_buf, ids, out_buf)
+        return plan.read(out_buf)
+
+    named = run(["code", "__base__", "support", "legal", "code"])
+    assert named.tobytes() == run([2, -1, 0, 1, 2]).tobytes()
+    for bad, match in (("legal", r"the name 'legal' is taken by slot 1; remove it first"),
+                       ("__base__", "a name must be a non-empty str other than '__base__'")):
+        with pytest.raises(ValueError, match=match):
+            pool.add(layers[0], bad)
+    pool.remove(1)
+    assert pool.names == {"support": 0, "code": 2}
+    with pytest.raises(ValueError, match=r"ids: 'legal' names no adapter of the pool \(expected "
+                                         r"one of \['support', 'code'\] or '__base__'"):
+        plan.route(["legal", "code", "code", "code", "code"])
+    pool.release()
+
+
 @pytest.mark.parametrize("form", ["fused rows", "split rows", "fused segments",
                                   "split segments"])
 def test_device_ids_are_reported_at_the_next_read(device, form):

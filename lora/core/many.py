@@ -12,7 +12,7 @@ from shaderdsl.errors import BindingError
 from ..kernels.many import shared_floats
 from . import checks as C
 from .auto import forward
-from .many_plan import CANDIDATES, chosen_form, host_ids
+from .many_plan import CANDIDATES, chosen_form, host_ids, ids_by_name
 from .pool import AdapterPool, checked_layer, refuse_non_layer
 from .weight import storage_dtype
 
@@ -42,30 +42,20 @@ def checked_layers(layers, dtype) -> tuple[list, _Shape]:
     return [checked_layer(layer, f"layers[{k}]", shape) for k, layer in enumerate(layers)], shape
 
 
-BASE = "__base__"  # peft's adapter_names word for a row without an adapter
-
-
 def by_index(layers, ids) -> tuple[list, object]:
     """``layers`` as a list and ``ids`` as indices into it: a mapping
     ``{name: layer}`` lets rows name their adapter as peft's ``adapter_names``
     does (``"__base__"`` for none); ints index the mapping's order."""
     ids = C.host_values(ids)
-    names = ids.astype(object) if ids.dtype.kind in "USO" else None
+    named = ids.dtype.kind in "USO"
     if not isinstance(layers, Mapping):
-        if names is not None:
+        if named:
             raise BindingError("ids: adapter names need layers as a mapping {name: "
                                "lora.LoraLayer}; with a sequence of layers, ids are indices "
                                "(-1 for none)")
         return layers, ids
-    keys = list(layers)
-    if names is None:
-        return list(layers.values()), ids
-    index = {name: k for k, name in enumerate(keys)} | {BASE: -1}
-    unknown = [n for n in names.reshape(-1) if n not in index]
-    if unknown:
-        raise ValueError(f"ids: {unknown[0]!r} names no adapter of layers (expected one of "
-                         f"{keys} or {BASE!r}; {len(unknown)} row(s) refused, nothing ran)")
-    return list(layers.values()), np.vectorize(index.get, otypes=[np.int64])(names)
+    index = {name: k for k, name in enumerate(layers)}
+    return list(layers.values()), (ids_by_name(ids, index, "layers") if named else ids)
 
 
 def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.ndarray:

@@ -97,6 +97,21 @@ def chosen_form(rows: int, used: int, rank: float) -> str:
     return "split segments t8 rb16"  # prefill: 137-334 us, fused segments t8 145-439
 
 
+BASE = "__base__"  # peft's adapter_names word for a row without an adapter
+
+
+def ids_by_name(ids: np.ndarray, index: dict, where: str) -> np.ndarray:
+    """Adapter names (peft's ``adapter_names``: a name per row, ``"__base__"``
+    for none) as the ints ``index`` maps them to; ValueError naming the first
+    unknown one and what ``where`` holds, before anything runs."""
+    names = ids.astype(object)
+    unknown = [n for n in names.reshape(-1) if n != BASE and n not in index]
+    if unknown:
+        raise ValueError(f"ids: {unknown[0]!r} names no adapter of {where} (expected one of "
+                         f"{list(index)} or {BASE!r}; {len(unknown)} row(s) refused, nothing ran)")
+    return np.vectorize({**index, BASE: -1}.get, otypes=[np.int64])(names)
+
+
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
     flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
@@ -286,8 +301,11 @@ class ManyPlan:
     def route(self, ids) -> Route:
         """Host ids checked (ValueError naming the first bad one, before
         anything is written) and written to the plan's buffers: as rows, or
-        sorted into tiles (``segments``). Valid until the next route."""
+        sorted into tiles (``segments``). Valid until the next route. Slots,
+        or the names given to ``pool.add`` (``"__base__"`` for none)."""
         arr = host_values(ids)
+        if arr.dtype.kind in "USO":
+            arr = ids_by_name(arr, self.pool.names, "the pool")
         flat = host_ids(arr, arr.shape, self.pool.slots, len(self.pool.host_table))
         tokens = flat.size
         if not 1 <= tokens <= self.max_tokens:

@@ -20,7 +20,7 @@ from numpy.typing import DTypeLike
 from shaderdsl.errors import BindingError
 
 from .checks import check_f16, count, host_matrix, scale_value
-from .many_plan import ManyPlan
+from .many_plan import BASE, ManyPlan
 from .plan import build_steps, launch
 from .weight import Weight, storage_dtype, wgsl_dtype
 
@@ -129,6 +129,7 @@ class AdapterPool:
         self.b = device.empty((rows * out_dim,), self.dtype, name="pool.B")
         self.table = device.buffer(self.host_table, name="pool.table")
         self.serials = np.zeros(slots, np.int64)  # which add put a slot's adapter (0: free)
+        self.names: dict[str, int] = {}  # add's names -> slots, for routes by name
         self._adds = 0
         self._place = None
 
@@ -153,8 +154,10 @@ class AdapterPool:
     def add(self, layer, name: str | None = None) -> int:
         """Put ``layer`` (an object with ``a`` [rank, in_dim], ``b`` [out_dim,
         rank] and ``scale``, as ``lora.LoraLayer``) in a free slot; returns the
-        slot. ``name`` names it in messages. Refused (ValueError, BindingError)
-        before anything on the device changes."""
+        slot. ``name`` names it in messages and in routes (``plan.route`` takes
+        names as peft's ``adapter_names``); unique. Refused (ValueError,
+        BindingError) before anything on the device changes."""
+        self._check_name(name)
         a, b, scale = checked_layer(layer, name or "the adapter", self)
         rank = a.shape[0]
         slot = self._free_slot()
@@ -178,7 +181,19 @@ class AdapterPool:
         self._adds += 1
         self.serials[slot] = self._adds
         self.device.write(self.table, self.host_table)
+        if name is not None:
+            self.names[name] = slot
         return slot
+
+    def _check_name(self, name) -> None:
+        if name is None:
+            return
+        if not isinstance(name, str) or not name or name == BASE:
+            raise ValueError(f"{self!r}: a name must be a non-empty str other than {BASE!r}, "
+                             f"got {name!r}")
+        if name in self.names:
+            raise ValueError(f"{self!r}: the name {name!r} is taken by slot "
+                             f"{self.names[name]}; remove it first")
 
     def remove(self, slot: int) -> None:
         """Free ``slot`` and its room; the other adapters stay where they are."""
@@ -188,6 +203,7 @@ class AdapterPool:
         self._elems.give(b_at, rank * self.out_dim)
         self.host_table[slot] = 0
         self.serials[slot] = 0
+        self.names = {n: s for n, s in self.names.items() if s != slot}
         self.device.write(self.table, self.host_table)
 
     def read(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
