@@ -368,7 +368,7 @@ def test_bad_layers_are_refused_by_name_before_the_device(layers, match):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_clipping_six_adapted_layers_follows_float64(dtype):
-    """max_grad_norm over more gradients than optim_begin binds (6 adapted
+    """max_grad_norm over more gradients than one kernel binds (6 adapted
     layers, 12 tensors; a frozen seventh outside the norm): norm_partials in
     two dispatches (7 + 5 tensors), then the begin. Clipping at every step
     (max_grad_norm 0.05); the norm, losses and adapters after 4 steps against
@@ -407,16 +407,6 @@ def test_clipping_six_adapted_layers_follows_float64(dtype):
     for (name, pair), s in zip(net.adapters().items(), trained):
         for got, want in zip(pair, s["ad"]):
             assert _rel(got, want) < tol, (name, _rel(got, want))
-
-
-def test_clipping_three_layers_keeps_one_begin():
-    """Up to 3 adapted layers (6 gradients) the begin sums the norm itself, as
-    before norm_partials existed: one dispatch, no partials buffer."""
-    spec = _mlp(np.random.default_rng(0), (4, 5, 4, 3), ("relu", "tanh"))
-    net = _network(spec, optimizer=lora.AdamW(max_grad_norm=1.0))
-    names = [st.kernel.name for plan in net.build(2).net.optimizer.plans() for st in plan.steps]
-    assert names == ["optim_begin"] + ["adamw_update"] * 3
-    assert not hasattr(net.optimizer, "partials")
 
 
 def test_bad_batches_are_refused_before_anything_is_written():

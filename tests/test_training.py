@@ -288,8 +288,8 @@ def test_adamw_schedule_clip_and_settings_without_recompiling(device):
 
 @pytest.mark.parametrize("tensors", [6, 7, 15])
 def test_clipping_any_number_of_tensors(device, tensors):
-    """clip_grad_norm_ over every tensor however many: up to 6 in optim_begin
-    alone, past that norm_partials first (7: one dispatch; 15: 7 + 7 + 1).
+    """clip_grad_norm_ over every tensor however many: norm_partials first,
+    up to 7 tensors a dispatch (6, 7: one; 15: 7 + 7 + 1).
     3 AdamW steps, clipped at each, and the norm, against float64."""
     rng = np.random.default_rng(tensors)
     shapes = [(int(rng.integers(1, 40)), 3) for _ in range(tensors)]
@@ -307,9 +307,52 @@ def test_clipping_any_number_of_tensors(device, tensors):
         got_norm = opt.last_norm()
         assert got_norm is not None and abs(got_norm - norm) <= 1e-6 * norm, (got_norm, norm)
     names = [st.kernel.name for plan in opt.plans() for st in plan.steps]
-    assert names.count("norm_partials") == (0 if tensors <= 6 else -(-tensors // 7))
+    assert names.count("norm_partials") == -(-tensors // 7)
     for got, (want, _, _) in zip(ps, ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_partials_sums_each_chunk(device):
+    """norm_partials: one workgroup per ``chunk`` values of each gradient
+    (ragged last chunks, a gradient smaller than one), every sum of squares
+    in its slot after ``first``, against float64."""
+    from lora.kernels.registry import KERNELS
+    rng = np.random.default_rng(5)
+    sizes, chunk, first = (300, 64, 5, 129), 64, 2
+    grads = [normal(rng, (n,)) for n in sizes]
+    spec = KERNELS["norm_partials"]
+    params = dict(grad_sizes=sizes, chunk=chunk, first=first, slots=first + 5 + 1 + 1 + 3 + 1)
+    out = device.buffer(np.full(params["slots"], -1.0, np.float32))
+    device.dispatch(spec.kernel(**params), {**{f"g{k}": device.buffer(g)
+                                               for k, g in enumerate(grads)}, "partials": out},
+                    spec.grid(**params))
+    want = [np.sum(g[i:i + chunk].astype(np.float64) ** 2)
+            for g in grads for i in range(0, g.size, chunk)]
+    got = device.read(out)
+    assert spec.grid(**params) == (len(want), 1, 1)
+    np.testing.assert_array_equal(got[:first], -1.0)   # slots before ``first`` untouched
+    np.testing.assert_allclose(got[first:first + len(want)], want, rtol=1e-6)
+
+
+def test_clipping_a_gradient_of_many_chunks(device):
+    """A gradient of 3 x NORM_CHUNK + 5 values (four norm_partials
+    workgroups) and a small one: the norm and the clipped AdamW step against
+    float64."""
+    from lora.kernels.optimizer import NORM_CHUNK
+    rng = np.random.default_rng(9)
+    shapes = [(3 * NORM_CHUNK + 5,), (7, 3)]
+    ps, gs = [normal(rng, s) for s in shapes], [normal(rng, s) for s in shapes]
+    opt = AdamW(lr=1e-2, max_grad_norm=1.0, device=device)
+    got = opt.step(ps, gs)
+    norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in gs))
+    got_norm = opt.last_norm()
+    assert got_norm is not None and abs(got_norm - norm) <= 1e-6 * norm, (got_norm, norm)
+    assert opt.partials.size == 4 + 1
+    c = R.clip_scale(gs, 1.0)
+    for p, g, new in zip(ps, gs, got):
+        want, _, _ = R.adamw_step(p.astype(np.float64), c * g.astype(np.float64), 0.0, 0.0, 1,
+                                  1e-2)
+        np.testing.assert_allclose(new, want, rtol=1e-5, atol=1e-6)
 
 
 def test_optimizer_refusals(device):
@@ -673,7 +716,8 @@ def test_one_token_steps_fold_dispatches(device, clip):
                            forward="single:64:1")
     names = [st.kernel.name for plan in trainer.plans() for st in plan.steps]
     folded = ["fused_forward", "mse", "grad_outer_pair", "adamw_update"]
-    assert names == (folded if clip is None else folded[:3] + ["optim_begin", "adamw_update"])
+    clipped = folded[:3] + ["norm_partials", "optim_begin", "adamw_update"]
+    assert names == (folded if clip is None else clipped)
     assert trainer.backward.scratch["dh"].shape == (3, r)
     x, base, target = normal(rng, (1, n_in)), normal(rng, (1, n_out)), normal(rng, (1, n_out))
     xb, ob, tb, bb = (device.buffer(v) for v in (x, np.zeros_like(base), target, base))

@@ -237,11 +237,9 @@ def _training_entries(add) -> None:
         add("grad_input", in_dim=i, rank=rank, tokens=t, threads=64, dtype=dt)
         add("grad_a_input", in_dim=i, rank=rank, tokens=min(t, 2), threads=64,
             with_dx=bool(n % 2), dtype=dt)
-    for n, (schedule, grads) in enumerate(itertools.product(("constant", "linear", "cosine"),
-                                                            ((), (40, 7), (5, 6, 7, 8, 9, 10)))):
-        add("optim_begin", grad_sizes=grads, schedule=schedule, threads=64)
-    add("optim_begin", partials=12, schedule="cosine", threads=64)
-    add("norm_partials", grad_sizes=(40, 7, 5, 6, 7, 8, 9), slots=12, threads=64)
+    for schedule, partials in itertools.product(("constant", "linear", "cosine"), (0, 12)):
+        add("optim_begin", partials=partials, schedule=schedule, threads=64)
+    add("norm_partials", grad_sizes=(40, 7, 5, 6, 7, 8, 9), chunk=16, slots=12, threads=64)
     add("norm_partials", grad_sizes=(40, 7), first=7, slots=12)
     for sizes in ((40,), (24, 320)):
         add("adamw_update", sizes=sizes)

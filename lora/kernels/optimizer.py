@@ -20,11 +20,13 @@ schedule uses a Taylor polynomial, exact in f32.
 
 A step is ``optim_begin`` (one workgroup) then ``adamw_update`` or
 ``sgd_update`` (one thread per parameter, up to two parameter tensors, the
-A and B of one LoRA layer, per dispatch). Clipping more gradients than
-``optim_begin`` binds (MAX_NORM_TENSORS) first sums each one's squares in
-``norm_partials`` (one workgroup per tensor, up to MAX_PARTIAL_TENSORS per
-dispatch) into a small buffer that ``optim_begin`` then adds up. The update follows
-torch.optim.AdamW's order of operations exactly (see lora.reference.adamw_step).
+A and B of one LoRA layer, per dispatch). Clipping first sums the gradients'
+squares in ``norm_partials``: one workgroup per NORM_CHUNK values of each
+gradient (up to MAX_PARTIAL_TENSORS gradients per dispatch), so the norm
+reads the gradients at the whole GPU's bandwidth rather than one
+workgroup's, into a small buffer that ``optim_begin`` then adds up. The
+update follows torch.optim.AdamW's order of operations exactly (see
+lora.reference.adamw_step).
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5, 
 STATE_SIZE = 8
 SCHEDULES = ("constant", "linear", "cosine")  # linear: warm-up, then constant
 MAX_UPDATE_TENSORS = 2  # p and g of each, moments, state, hyper: 7 storage bindings (WebGPU's 8)
-MAX_NORM_TENSORS = 6    # gradients, state, hyper: 8
-MAX_PARTIAL_TENSORS = 7  # gradients, partials: 8
+MAX_PARTIAL_TENSORS = 7  # gradients, partials: 8 storage bindings
+NORM_CHUNK = 4096  # gradient values per norm_partials workgroup (256 threads x 16)
 
 
 def _half_cosine(m, progress):
@@ -70,49 +72,54 @@ def _schedule_lr(m, hp, step, schedule):
     return rate
 
 
-def optim_begin(m, grad_sizes=(), partials=0, schedule="constant", threads=256):
+def optim_begin(m, partials=0, schedule="constant", threads=256):
     """Advance the step and write this step's lr, bias corrections and clip
-    factor to ``state`` (one workgroup). With ``grad_sizes`` (the gradients'
-    lengths, bound as g0, g1, ...) it also computes their global norm; with
-    ``partials`` (a count) it adds that many sums of squares of
-    ``norm_partials`` to it."""
+    factor to ``state`` (one workgroup). With ``partials`` (a count) it also
+    adds that many sums of squares of ``norm_partials``: the gradients'
+    squared global norm, for clipping."""
     check_threads(threads)
-    if len(grad_sizes) + bool(partials) > MAX_NORM_TENSORS:
-        raise ValueError(f"at most {MAX_NORM_TENSORS} gradients per optim_begin "
-                         f"({MAX_NORM_TENSORS - 1} with partials), got {len(grad_sizes)}")
-    grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
-    summed = [(g, n, True) for g, n in zip(grads, grad_sizes)]
-    if partials:
-        summed.append((m.declare_input_buffer("partials", f32, partials), partials, False))
     state, hyper = state_buffers(m)
     tid = m.local_index()
-    sums = []
-    if summed:
+    total = None
+    if partials:
+        sums = m.declare_input_buffer("partials", f32, partials)
         acc = m.var(f32, 0.0, "acc")
-        for g, n, square in summed:
-            with m.loop(tid, n, threads, name="i") as i:
-                acc += g[i] * g[i] if square else g[i]
-        sums = reduce_sum(m, [acc], threads, False)
+        with m.loop(tid, partials, threads, name="i") as i:
+            acc += sums[i]
+        (total,) = reduce_sum(m, [acc], threads, False)
     with m.if_(tid == 0):
-        advance(m, state, hyper, schedule, sums[0] if sums else None)
+        advance(m, state, hyper, schedule, total)
 
 
-def norm_partials(m, grad_sizes, first=0, slots=1, threads=256):
-    """Sums of squares of gradients g0, g1, ... (one workgroup each) into
-    ``partials[first + k]`` of ``slots``: the global norm of more gradients
-    than optim_begin binds, in dispatches of up to MAX_PARTIAL_TENSORS."""
+def norm_workgroups(grad_sizes, chunk=NORM_CHUNK) -> list:
+    """Workgroups (and partial sums) norm_partials gives each gradient."""
+    return [-(-n // chunk) for n in grad_sizes]
+
+
+def norm_partials(m, grad_sizes, first=0, slots=None, chunk=NORM_CHUNK, threads=256):
+    """Sums of squares of gradients g0, g1, ..., ``chunk`` values per workgroup
+    (norm_workgroups), into ``partials[first + workgroup]`` of ``slots`` (the
+    partials of every gradient of the step, default this dispatch's): the
+    global norm at the GPU's bandwidth, in dispatches of up to
+    MAX_PARTIAL_TENSORS gradients."""
     check_threads(threads)
-    if not 1 <= len(grad_sizes) <= MAX_PARTIAL_TENSORS or first + len(grad_sizes) > slots:
-        raise ValueError(f"norm_partials: 1 to {MAX_PARTIAL_TENSORS} gradients in slots "
-                         f"{first}.. of {slots}, got {len(grad_sizes)}")
+    counts = norm_workgroups(grad_sizes, chunk)
+    slots = first + sum(counts) if slots is None else slots
+    if not 1 <= len(grad_sizes) <= MAX_PARTIAL_TENSORS or first + sum(counts) > slots:
+        raise ValueError(f"norm_partials: 1 to {MAX_PARTIAL_TENSORS} gradients whose "
+                         f"{sum(counts)} partials fit slots {first}.. of {slots}, got "
+                         f"{len(grad_sizes)} gradients")
     grads = [m.declare_input_buffer(f"g{k}", f32, n) for k, n in enumerate(grad_sizes)]
     partials = m.declare_output_buffer("partials", f32, slots)
     tid, group = m.local_index(), m.let(m.workgroup_id().x, "group")
     acc = m.var(f32, 0.0, "acc")
-    for k, (g, n) in enumerate(zip(grads, grad_sizes)):
-        with m.if_(group == k):
-            with m.loop(tid, n, threads, name="i") as i:
+    start = 0
+    for g, n, count in zip(grads, grad_sizes, counts):
+        with m.if_((group >= start) & (group < start + count)) if start else m.if_(group < count):
+            begin = m.let((group - start) * chunk, "begin")
+            with m.loop(begin + tid, B.min(begin + chunk, n), threads, name="i") as i:
                 acc += g[i] * g[i]
+        start += count
     (total,) = reduce_sum(m, [acc], threads, False)
     with m.if_(tid == 0):
         partials[first + group] = total

@@ -28,12 +28,12 @@ from ..core.plan import Plan
 from ..kernels.optimizer import (
     HYPER,
     HYPER_SIZE,
-    MAX_NORM_TENSORS,
     MAX_PARTIAL_TENSORS,
     MAX_UPDATE_TENSORS,
     SCHEDULES,
     STATE,
     STATE_SIZE,
+    norm_workgroups,
 )
 
 # (low, high, high excluded) of the settings not in [0, inf): AdamW's betas below
@@ -117,21 +117,17 @@ class _Optimizer:
         return [pairs[i:i + MAX_UPDATE_TENSORS] for i in range(0, len(pairs), MAX_UPDATE_TENSORS)]
 
     def _build(self) -> tuple[list, list]:
-        """The plans of one step: the begin (with clipping of more than
-        MAX_NORM_TENSORS gradients, their norm_partials first), then one
-        update per chunk of tensors."""
+        """The plans of one step: with clipping the gradients' norm_partials
+        first, then the begin, then one update per chunk of tensors."""
         device, groups = self._attached("attach")
-        grads = [g for _, g in groups] if self.settings["max_norm"] else []
         name = type(self).__name__
-        begin = self._norm_plans(grads) if len(grads) > MAX_NORM_TENSORS else []
-        direct = [] if begin else grads
-        bound = {f"g{k}": g for k, g in enumerate(direct)}
-        if begin:
+        begin, bound = [], {"state": self.state, "hyper": self.hyper}
+        if self.settings["max_norm"]:
+            begin = self._norm_plans([g for _, g in groups])
             bound["partials"] = self.partials
         begin.append(Plan(device, f"{name} begin", [("optim_begin", dict(
-            grad_sizes=tuple(g.size for g in direct), partials=len(grads) if begin else 0,
-            schedule=self.schedule))], {}, bound={**bound, "state": self.state,
-                                                  "hyper": self.hyper}))
+            partials=self.partials.size if begin else 0, schedule=self.schedule))], {},
+            bound=bound))
         updates = []
         for chunk, extra in zip(self._chunks(), self.extra):
             bound = {"state": self.state, "hyper": self.hyper, self.extra_role: extra}
@@ -143,14 +139,16 @@ class _Optimizer:
 
     def _norm_plans(self, grads: list) -> list:
         """norm_partials over ``grads`` in groups of MAX_PARTIAL_TENSORS, each
-        gradient's sum of squares into its slot of ``self.partials``."""
+        gradient's chunks' sums of squares into their slots of ``self.partials``."""
         device, _ = self._attached("attach")
-        self.partials = device.empty(len(grads), np.float32, name="optim.norm_partials")
+        counts = norm_workgroups([g.size for g in grads])
+        self.partials = device.empty(sum(counts), np.float32, name="optim.norm_partials")
         plans = []
         for first in range(0, len(grads), MAX_PARTIAL_TENSORS):
             group = grads[first:first + MAX_PARTIAL_TENSORS]
             plans.append(Plan(device, f"{type(self).__name__} norm", [("norm_partials", dict(
-                grad_sizes=tuple(g.size for g in group), first=first, slots=len(grads)))], {},
+                grad_sizes=tuple(g.size for g in group), first=sum(counts[:first]),
+                slots=sum(counts)))], {},
                 bound={**{f"g{k}": g for k, g in enumerate(group)},
                        "partials": self.partials}))
         return plans
