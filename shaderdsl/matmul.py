@@ -15,6 +15,10 @@ column block x, row block y):
   step of K suffices; ``tiling.stages = 1`` keeps one copy (half the
   workgroup memory, so deeper steps or bigger tiles fit) at the cost of a
   second barrier per step, the next slice's reads still in flight;
+* ``tiling.exact`` (M, N and K ints, multiples of the block and the step)
+  drops the edge handling: no bounds tests or selects on the reads, the
+  last step multiplied after the loop so that no read passes K, and no
+  test around the epilogue;
 * each subgroup owns ``fragments`` result matrices and reuses every left and
   right fragment it loads across its row and column of them;
 * the results leave through workgroup memory, one fragment at a time, to
@@ -44,6 +48,7 @@ time, for every call.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -78,7 +83,9 @@ class MatrixTiling:
     see ``origin``); ``read_width`` elements per read of either factor (4,
     or 8 f16 in 16 bytes: Operand); ``stages`` copies of each staged slice
     (2: double buffered, one barrier per step; 1: half the workgroup
-    memory, two barriers per step)."""
+    memory, two barriers per step); ``exact``: the product is a whole
+    number of blocks and steps (checked by ``tiled_product``), so reads and
+    results skip the edge tests."""
 
     config: T.MatrixConfig
     subgroups: tuple = (2, 2)
@@ -88,6 +95,7 @@ class MatrixTiling:
     group: int = 0
     read_width: int = 4
     stages: int = 2
+    exact: bool = False
 
     def __post_init__(self):
         if self.config.result != "f32":
@@ -146,6 +154,13 @@ class MatrixTiling:
         """The workgroups an (M x N) product takes."""
         return (-(-N // self.cols), -(-M // self.rows), 1)
 
+    def whole(self, M, N, K) -> bool:
+        """Whether an (M x K)(K x N) product is a whole number of blocks and
+        steps, as ``exact`` needs (M, N, K ints)."""
+        dims = (M, N, K)
+        return all(isinstance(d, int) for d in dims) and not (
+            M % self.rows or N % self.cols or K % self.k_step)
+
     def origin(self, m) -> tuple:
         """(first row, first column) of this workgroup's block of the product.
         Workgroup (x, y) takes column block x of row block y; with ``group``
@@ -171,8 +186,9 @@ class MatrixTiling:
         grouped = f", group {self.group}" if self.group else ""
         wide = ", 16-byte reads" if self.read_width == 8 else ""
         single = ", single-buffered" if self.stages == 1 else ""
+        exact = ", exact" if self.exact else ""
         return (f"{self.config} x {sr}x{sc} subgroups x {fr}x{fc} fragments, "
-                f"k_step {self.k_step}{grouped}{wide}{single}")
+                f"k_step {self.k_step}{grouped}{wide}{single}{exact}")
 
 
 class _Slice:
@@ -189,7 +205,7 @@ class _Slice:
         self.size = across * self.stride
         self.array = m.shared(T.SCALARS[tiling.config.component], tiling.stages * self.size,
                               name)
-        self.per_read = tiling.read_width
+        self.per_read, self.exact = tiling.read_width, tiling.exact
         self.reads = height * width // self.per_read // tiling.threads
         self.threads = tiling.threads
 
@@ -212,16 +228,22 @@ class _Slice:
             line, quad = idx / per_line, idx % per_line * w
             r, c = (line, quad) if op.axis == 1 else (quad, line)
             gr, gc = origin[0] + r, origin[1] + c
+            if self.exact:
+                out.append((line, quad, m.let(self._checked(op.fetch(gr, gc)), f"{name}{q}")))
+                continue
             inside = (gr < self.extent[0]) & (gc < self.extent[1])
             # the read itself stays inside the matrix (its value is dropped past the edge)
             last = [e - (w if axis == op.axis else 1) for axis, e in enumerate(self.extent)]
-            value = op.fetch(B.min(gr, last[0]), B.min(gc, last[1]))
-            if w == 8 and value.type != vec4u:
-                raise TypeError(f"read_width 8: an Operand's fetch must give eight f16 as a "
-                                f"vec4<u32>, got {value.type}")
+            value = self._checked(op.fetch(B.min(gr, last[0]), B.min(gc, last[1])))
             zero = value.type(0 if w == 8 else 0.0)
             out.append((line, quad, m.let(B.select(zero, value, inside), f"{name}{q}")))
         return out
+
+    def _checked(self, value):
+        if self.per_read == 8 and value.type != vec4u:
+            raise TypeError(f"read_width 8: an Operand's fetch must give eight f16 as a "
+                            f"vec4<u32>, got {value.type}")
+        return value
 
     def store(self, reads, stage):
         """Write ``fetch``'s reads into copy ``stage`` of the slice."""
@@ -270,6 +292,12 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
     m.barrier()
     steps = (K + (tiling.k_step - 1)) / tiling.k_step if not isinstance(K, int) \
         else -(-K // tiling.k_step)
+    if tiling.exact:
+        if not tiling.whole(M, N, K):
+            raise ValueError(f"an exact tiling needs M, N, K ints and multiples of "
+                             f"({tiling.rows}, {tiling.cols}, {tiling.k_step}) (its block "
+                             f"and step), got {(M, N, K)}")
+        steps -= 1    # the last step after the loop, reading nothing past K
     with m.loop(steps, name="kt") as kt:
         # double buffered: multiply copy kt % 2 while the next slice goes into the other
         # (not kt & 1: Tint's range analysis bounds only %); single: copy 0 for both
@@ -283,6 +311,8 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
         sa.store(next_a, 1 - stage if tiling.stages == 2 else 0)
         sb.store(next_b, 1 - stage if tiling.stages == 2 else 0)
         m.barrier()
+    if tiling.exact:
+        _multiply(m, tiling, sa, sb, steps % tiling.stages, (sub_r, sub_c), acc)
     _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
 
 
@@ -320,11 +350,16 @@ def _drain(m, tiling, acc, origin, extent, epilogue) -> None:
                 r, c = e / (cfg.n // 4), e % (cfg.n // 4) * 4
                 row_i = m.let(origin[0] + i * cfg.m + r, "row")
                 col_i = m.let(origin[1] + j * cfg.n + c, "col")
-                with m.if_((row_i < extent[0]) & (col_i < extent[1])):
+                with _inside(m, tiling, (row_i < extent[0]) & (col_i < extent[1])):
                     at = m.let(sg * cells + r * cfg.n + c, "at")
                     epilogue(row_i, col_i, T.vec4f(out[at], out[at + 1], out[at + 2],
                                                    out[at + 3]))
             m.barrier()
+
+
+def _inside(m, tiling, test):
+    """``m.if_(test)``, or no test where the tiling is exact."""
+    return contextlib.nullcontext() if tiling.exact else m.if_(test)
 
 
 def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling) -> None:

@@ -121,6 +121,38 @@ def test_pipeline_variants_match_float64(tiling, a_t, b_t):
     assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
 
 
+@pytest.mark.parametrize("tiling", [
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True),
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8, stages=1, exact=True),
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, exact=True)], ids=str)
+@pytest.mark.parametrize("K", [32, 96])
+def test_exact_tilings_match_float64(tiling, K):
+    """Whole blocks and steps (64 x 128, three of each; K of one 32-wide step:
+    the loop runs no time, the last step after it): no edge tests, the
+    same sums, races checked."""
+    M, N = 64, 128
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=False,
+                   b_t=True)
+    assert "select(" not in k.wgsl and " < 64u" not in k.wgsl
+    dev = h200_interp()
+    bufs = {"A": dev.buffer(_as_bound(a, tiling)), "B": dev.buffer(_as_bound(b.T, tiling)),
+            "C": dev.empty(M * N, np.float32)}
+    dev.dispatch(k, bufs, tiling.grid(M, N))
+    got = dev.read(bufs["C"]).reshape(M, N)
+    assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
+
+
+def test_an_exact_tiling_refuses_a_partial_block():
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True)
+    assert tiling.whole(64, 128, 96) and not tiling.whole(64, 120, 96)
+    with pytest.raises(sd.KernelBuildError, match=r"multiples of \(32, 64, 32\).*\(64, 120, 96\)"):
+        sd.compile(product_kernel, tiling.threads, M=64, N=120, K=96, tiling=tiling, a_t=False,
+                   b_t=False)
+
+
 def test_a_bench_variant_in_the_interpreter():
     """One of the bench's big variants as gemm builds it (256 x 128 blocks of
     16 accumulators per subgroup, 16-byte reads, one copy of each slice) on a

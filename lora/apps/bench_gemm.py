@@ -44,7 +44,12 @@ TILINGS = (_tiling((2, 2), (2, 2), 16), _tiling((2, 2), (2, 4), 32), _tiling((2,
            # 16 accumulators per subgroup in 256 x 128 and 128 x 256 blocks
            _tiling((4, 2), (4, 4), 16), _tiling((4, 2), (4, 4), 16, read_width=8),
            _tiling((4, 2), (4, 4), 32, stages=1, read_width=8),
-           _tiling((2, 4), (4, 4), 16, read_width=8))
+           _tiling((2, 4), (4, 4), 16, read_width=8),
+           # no edge tests (sizes of whole blocks and steps)
+           _tiling((4, 2), (2, 4), 32, exact=True),
+           _tiling((4, 2), (2, 4), 32, read_width=8, exact=True),
+           _tiling((4, 2), (2, 4), 32, group=8, read_width=8, exact=True),
+           _tiling((4, 2), (4, 4), 32, stages=1, read_width=8, exact=True))
 
 
 def torch_mm_us(size: int) -> float | None:
@@ -82,6 +87,9 @@ def gemm_case(device, size: int, log, tilings=TILINGS) -> dict:
     check = slice(0, 64)  # rows checked against float64 (the whole product is slow in numpy)
     want = a[check].astype(np.float64) @ b.astype(np.float64)
     for tiling in tilings:
+        if tiling.exact and not tiling.whole(size, size, size):
+            log(f"  {tiling}: {size}^3 is no whole number of its blocks and steps")
+            continue
         kernel = compile_kernel(gemm, tiling.threads, M=size, N=size, K=size, tiling=tiling)
         bufs = {**inputs[tiling.read_width], "C": out}
         device.write(out, cleared)
