@@ -45,6 +45,7 @@ TILINGS = (_tiling((2, 2), (2, 2), 16), _tiling((2, 2), (2, 4), 32), _tiling((2,
            _tiling((4, 2), (4, 4), 16), _tiling((4, 2), (4, 4), 16, read_width=8),
            _tiling((4, 2), (4, 4), 32, stages=1, read_width=8),
            _tiling((2, 4), (4, 4), 16, read_width=8),
+           _tiling((2, 4), (4, 4), 32, stages=1, read_width=8),
            # no edge tests (sizes of whole blocks and steps)
            _tiling((4, 2), (2, 4), 32, exact=True),
            _tiling((4, 2), (2, 4), 32, read_width=8, exact=True),
