@@ -104,12 +104,24 @@ def gemm_case(device, size: int, log, tilings=TILINGS) -> dict:
         row["tilings"][str(tiling)] = {"us": us, "tflops": 2 * size**3 / us / 1e6, "rel_err": err}
         log(f"{size}^3 {tiling}: {us:.1f} us, {2 * size**3 / us / 1e6:.1f} TFLOP/s, "
             f"rel err {err:.1e}")
+    _log_fastest(row, log)
     if row["torch_mm_us"]:
         log(f"{size}^3 torch.mm fp16: {row['torch_mm_us']:.1f} us, "
             f"{2 * size**3 / row['torch_mm_us'] / 1e6:.1f} TFLOP/s")
     for buf in [out, *(buf for bufs in inputs.values() for buf in bufs.values())]:
         device.release(buf)
     return row
+
+
+def _log_fastest(row: dict, log) -> None:
+    """The fastest tiling of ``row`` beside the best of 2026-12-04 (TILINGS[3])."""
+    timed = row["tilings"]
+    if not timed:
+        return
+    name = max(timed, key=lambda t: timed[t]["tflops"])
+    base = timed.get(str(TILINGS[3]))
+    versus = f", {timed[name]['tflops'] / base['tflops']:.2f}x {TILINGS[3]}" if base else ""
+    log(f"{row['size']}^3 fastest: {name}, {timed[name]['tflops']:.1f} TFLOP/s{versus}")
 
 
 def gemm_main(out_dir: str, sizes, log) -> int:
