@@ -298,22 +298,30 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
                              f"({tiling.rows}, {tiling.cols}, {tiling.k_step}) (its block "
                              f"and step), got {(M, N, K)}")
         steps -= 1    # the last step after the loop, reading nothing past K
-    with m.loop(steps, name="kt") as kt:
-        # double buffered: multiply copy kt % 2 while the next slice goes into the other
-        # (not kt & 1: Tint's range analysis bounds only %); single: copy 0 for both
-        stage = m.let(kt % 2, "stage") if tiling.stages == 2 else 0
-        k_next = m.let((kt + 1) * tiling.k_step, "k_next")
-        next_a = sa.fetch((row0, k_next), "na")    # in flight while this step multiplies
-        next_b = sb.fetch((k_next, col0), "nb")
-        _multiply(m, tiling, sa, sb, stage, (sub_r, sub_c), acc)
-        if tiling.stages == 1:
-            m.barrier()                            # every subgroup done with the copy
-        sa.store(next_a, 1 - stage if tiling.stages == 2 else 0)
-        sb.store(next_b, 1 - stage if tiling.stages == 2 else 0)
-        m.barrier()
+    if not (isinstance(steps, int) and steps == 0):   # exact and one step: no loop
+        with m.loop(steps, name="kt") as kt:
+            _step(m, tiling, (sa, sb), kt, (row0, col0), (sub_r, sub_c), acc)
     if tiling.exact:
         _multiply(m, tiling, sa, sb, steps % tiling.stages, (sub_r, sub_c), acc)
     _drain(m, tiling, acc, (row0 + sub_r, col0 + sub_c), (M, N), epilogue)
+
+
+def _step(m, tiling, slices, kt, origin, sub, acc) -> None:
+    """Step ``kt`` of the loop over K: this slice multiplied while the next
+    one's reads are in flight, then stored for step ``kt + 1``."""
+    sa, sb = slices
+    # double buffered: multiply copy kt % 2 while the next slice goes into the other
+    # (not kt & 1: Tint's range analysis bounds only %); single: copy 0 for both
+    stage = m.let(kt % 2, "stage") if tiling.stages == 2 else 0
+    k_next = m.let((kt + 1) * tiling.k_step, "k_next")
+    next_a = sa.fetch((origin[0], k_next), "na")    # in flight while this step multiplies
+    next_b = sb.fetch((k_next, origin[1]), "nb")
+    _multiply(m, tiling, sa, sb, stage, sub, acc)
+    if tiling.stages == 1:
+        m.barrier()                                 # every subgroup done with the copy
+    sa.store(next_a, 1 - stage if tiling.stages == 2 else 0)
+    sb.store(next_b, 1 - stage if tiling.stages == 2 else 0)
+    m.barrier()
 
 
 def _multiply(m, tiling, sa, sb, stage, sub, acc) -> None:

@@ -137,6 +137,7 @@ def test_exact_tilings_match_float64(tiling, K):
     k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=False,
                    b_t=True)
     assert "select(" not in k.wgsl and " < 64u" not in k.wgsl
+    assert ("for (var kt" in k.wgsl) == (K > tiling.k_step)
     dev = h200_interp()
     bufs = {"A": dev.buffer(_as_bound(a, tiling)), "B": dev.buffer(_as_bound(b.T, tiling)),
             "C": dev.empty(M * N, np.float32)}
