@@ -21,7 +21,7 @@ import shaderdsl as sd
 from examples.matrix_gemm import CONFIG, SMALL, run
 from lora import reference as R
 from lora.kernels.registry import KERNELS
-from shaderdsl import interp, vec4f, vec4h
+from shaderdsl import interp, vec4f, vec4h, vec4u
 from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
 from shaderdsl.types import MatrixConfig
 
@@ -38,14 +38,16 @@ def f32_steps_reference(a, b, step=16):
 
 
 def product_kernel(m, M, N, K, tiling, a_t, b_t):
-    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K]."""
-    A = m.declare_input_buffer("A", vec4h)
-    Bm = m.declare_input_buffer("B", vec4h)
+    """C = A @ B with A stored [M, K] or (``a_t``) [K, M], B [K, N] or [N, K],
+    read as vec4<f16> or (``tiling.read_width`` 8) as vec4<u32>."""
+    w = tiling.read_width
+    A = m.declare_input_buffer("A", vec4h if w == 4 else vec4u)
+    Bm = m.declare_input_buffer("B", vec4h if w == 4 else vec4u)
     C = m.declare_output_buffer("C", vec4f)
-    a = Operand(lambda i, k: A[(k * M + i) / 4], axis=0) if a_t else \
-        Operand(lambda i, k: A[(i * K + k) / 4])
-    b = Operand(lambda k, j: Bm[(j * K + k) / 4], axis=0) if b_t else \
-        Operand(lambda k, j: Bm[(k * N + j) / 4])
+    a = Operand(lambda i, k: A[(k * M + i) / w], axis=0) if a_t else \
+        Operand(lambda i, k: A[(i * K + k) / w])
+    b = Operand(lambda k, j: Bm[(j * K + k) / w], axis=0) if b_t else \
+        Operand(lambda k, j: Bm[(k * N + j) / w])
 
     def store(row, col, value):
         C[(row * N + col) / 4] = value
@@ -75,6 +77,117 @@ def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, group, se
             "C": dev.empty(M * N, np.float32)}
     dev.dispatch(k, bufs, tiling.grid(M, N))
     assert np.array_equal(dev.read(bufs["C"]).reshape(M, N), f32_steps_reference(a, b))
+
+
+# note 40's variants of the staging, small enough for the interpreter: 16-byte reads,
+# one copy of each slice (two barriers a step), both with grouped workgroups
+VARIANTS = (MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8),
+            MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=16, stages=1),
+            MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, stages=1))
+
+
+def _as_bound(x: np.ndarray, tiling: MatrixTiling) -> np.ndarray:
+    """f16 data as ``tiling`` binds it: itself, or its bytes as u32 for 16-byte reads."""
+    flat = np.ascontiguousarray(x, np.float16).reshape(-1)
+    return flat.view(np.uint32) if tiling.read_width == 8 else flat
+
+
+def _within_f32_sums(got, a, b):
+    """Within 1e-5 of |A| @ |B| of float64's product (the GPU test's bound: f16
+    inputs, every product exact in f32, sums rounded to f32)."""
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    bound = 1e-5 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    return bool((np.abs(got - want) <= bound).all())
+
+
+@pytest.mark.parametrize("tiling", VARIANTS, ids=str)
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_pipeline_variants_match_float64(tiling, a_t, b_t):
+    """M, N, K multiples of 8 but of no tile or step (72 x 40 x 56: partial
+    blocks and a partial last step), either factor stored transposed, races
+    checked: equal to the f16 products summed in f32 per 16 of K, and within
+    1e-5 of |A| @ |B| of float64's."""
+    M, N, K = 72, 40, 56
+    rng = np.random.default_rng(sum(map(ord, str(tiling))) + a_t)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=a_t, b_t=b_t)
+    dev = h200_interp()
+    bufs = {"A": dev.buffer(_as_bound(a.T if a_t else a, tiling)),
+            "B": dev.buffer(_as_bound(b.T if b_t else b, tiling)),
+            "C": dev.empty(M * N, np.float32)}
+    dev.dispatch(k, bufs, tiling.grid(M, N))
+    got = dev.read(bufs["C"]).reshape(M, N)
+    assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
+
+
+@pytest.mark.parametrize("tiling", [
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True),
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8, stages=1, exact=True),
+    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, exact=True)], ids=str)
+@pytest.mark.parametrize("K", [32, 96])
+def test_exact_tilings_match_float64(tiling, K):
+    """Whole blocks and steps (64 x 128, three of each; K of one 32-wide step:
+    the loop runs no time, the last step after it): no edge tests, the
+    same sums, races checked."""
+    M, N = 64, 128
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    k = sd.compile(product_kernel, tiling.threads, M=M, N=N, K=K, tiling=tiling, a_t=False,
+                   b_t=True)
+    assert "select(" not in k.wgsl and " < 64u" not in k.wgsl
+    assert ("for (var kt" in k.wgsl) == (K > tiling.k_step)
+    dev = h200_interp()
+    bufs = {"A": dev.buffer(_as_bound(a, tiling)), "B": dev.buffer(_as_bound(b.T, tiling)),
+            "C": dev.empty(M * N, np.float32)}
+    dev.dispatch(k, bufs, tiling.grid(M, N))
+    got = dev.read(bufs["C"]).reshape(M, N)
+    assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
+
+
+def test_an_exact_tiling_refuses_a_partial_block():
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True)
+    assert tiling.whole(64, 128, 96) and not tiling.whole(64, 120, 96)
+    with pytest.raises(sd.KernelBuildError, match=r"multiples of \(32, 64, 32\).*\(64, 120, 96\)"):
+        sd.compile(product_kernel, tiling.threads, M=64, N=120, K=96, tiling=tiling, a_t=False,
+                   b_t=False)
+
+
+def test_a_bench_variant_in_the_interpreter():
+    """One of the bench's big variants as gemm builds it (256 x 128 blocks of
+    16 accumulators per subgroup, 16-byte reads, one copy of each slice) on a
+    product smaller than one block, and on one of two blocks by three steps."""
+    tiling = MatrixTiling(CONFIG, (4, 2), (4, 4), 32, read_width=8, stages=1)
+    from shaderdsl.matmul import gemm
+    for M, N, K in ((40, 24, 48), (264, 136, 96)):
+        rng = np.random.default_rng(M)
+        a = rng.standard_normal((M, K)).astype(np.float16)
+        b = rng.standard_normal((K, N)).astype(np.float16)
+        dev = h200_interp()
+        bufs = {"A": dev.buffer(_as_bound(a, tiling)), "B": dev.buffer(_as_bound(b, tiling)),
+                "C": dev.empty(M * N, np.float32)}
+        dev.dispatch(sd.compile(gemm, tiling.threads, M=M, N=N, K=K, tiling=tiling), bufs,
+                     tiling.grid(M, N))
+        got = dev.read(bufs["C"]).reshape(M, N)
+        assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
+
+
+def test_every_bench_tiling_fits_the_h200_and_is_proven():
+    """``bench --gemm``'s tilings at 4096^3 each fit the H200's 48 KiB of
+    workgroup memory (Dawn's limit there, h200_interp's), leave every
+    workgroup index provable, and are named apart; the single-buffered ones
+    have two barriers a step, the others one."""
+    from lora.apps.bench_gemm import TILINGS
+    from shaderdsl.matmul import gemm
+    assert len({str(t) for t in TILINGS}) == len(TILINGS)
+    limit = h200_interp().limits["max-compute-workgroup-storage-size"]
+    for t in TILINGS:
+        k = sd.compile(gemm, t.threads, M=4096, N=4096, K=4096, tiling=t)
+        assert k.workgroup_bytes <= limit and unproven(k.wgsl) == [], str(t)
+        loop = k.wgsl[k.wgsl.index("for (var kt"):k.wgsl.index("subgroupMatrixStore")]
+        assert loop.count("workgroupBarrier()") == 3 - t.stages, str(t)
+        assert ("bitcast<vec2<f16>>" in k.wgsl) == (t.read_width == 8), str(t)
 
 
 def test_the_wgsl_turns_off_only_tints_workgroup_uniformity_check():
@@ -133,10 +246,32 @@ def test_tints_range_analysis_proves_every_workgroup_index():
     (dict(config=CONFIG, subgroups=(2,)), "subgroups: expected"),
     (dict(config=CONFIG, subgroups=(4, 4), fragments=(1, 1), k_step=16),
      "must split into vec4 reads evenly over 512 threads"),
+    (dict(config=CONFIG, subgroups=(4, 2), fragments=(1, 1), k_step=16, read_width=8),
+     r"must split into 16-byte \(8 f16\) reads evenly over 256 threads"),
+    (dict(config=CONFIG, read_width=16), "read_width: expected 4, or 8"),
+    (dict(config=MatrixConfig("f32", "f32", 16, 16, 16), read_width=8), "8 for f16 factors"),
+    (dict(config=CONFIG, stages=3), "stages: expected 1 or 2"),
 ])
 def test_bad_tilings_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         MatrixTiling(**kw)
+
+
+def _four_halves_as_sixteen_bytes(m, tiling):
+    """A read_width 8 product whose fetches give vec4<f16> (four elements)."""
+    A = m.declare_input_buffer("A", vec4h)
+    C = m.declare_output_buffer("C", vec4f)
+
+    def store(row, col, value):
+        C[row] = value
+    tiled_product(m, tiling, Operand(lambda i, k: A[i]), Operand(lambda k, j: A[k]), 32, 32, 32,
+                  store)
+
+
+def test_a_16_byte_read_must_be_packed_f16():
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8)
+    with pytest.raises(sd.KernelBuildError, match=r"eight f16 as a vec4<u32>, got vec4<f16>"):
+        sd.compile(_four_halves_as_sixteen_bytes, tiling.threads, tiling=tiling)
 
 
 def test_the_example_in_the_interpreter():
@@ -163,6 +298,22 @@ def test_the_example_on_the_gpu(device):
         got = run(device, a, b, tiling)
         bound = 1e-5 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
         assert (np.abs(got - want) <= bound).all(), str(tiling)
+
+
+def test_the_variants_on_the_gpu(device):
+    """Note 40's staging variants as gemm builds them, within 1e-5 of |A| @ |B|."""
+    _has_fragment(device)
+    from shaderdsl.matmul import gemm
+    rng = np.random.default_rng(4)
+    M, N, K = 200, 264, 136
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    for tiling in (*VARIANTS, MatrixTiling(CONFIG, (4, 2), (4, 4), 32, read_width=8, stages=1)):
+        bufs = {"A": device.buffer(_as_bound(a, tiling)), "B": device.buffer(_as_bound(b, tiling)),
+                "C": device.empty(M * N, np.float32)}
+        device.dispatch(sd.compile(gemm, tiling.threads, M=M, N=N, K=K, tiling=tiling), bufs,
+                        tiling.grid(M, N))
+        assert _within_f32_sums(device.read(bufs["C"]).reshape(M, N), a, b), str(tiling)
 
 
 # ------------------------------------------------------------------ LoRA's "matrix" strategy
