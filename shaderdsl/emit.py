@@ -213,6 +213,11 @@ class Emitter:
     def _var(self, st: N.VarDecl, depth, out):
         self._note_type(st.ref.type)
         init = f" = {self.expr(st.init)}" if st.init is not None else ""
+        if not init and isinstance(st.ref.type, T.SubgroupMatrix):
+            # WGSL zeroes a var each time its declaration runs, but Tint's Vulkan
+            # build on the H200 left a matrix var declared in a loop holding the last
+            # iteration's value (many_matrix's accumulators): say the zero explicitly
+            init = f" = {st.ref.type}()"
         self._line(out, depth, f"var {st.ref.name}: {st.ref.type}{init};", st.where)
 
     def _assign(self, st: N.Assign, depth, out):

@@ -498,3 +498,20 @@ def test_matrix_backward_is_the_f16_default_with_fragments():
     with pytest.raises(ValueError, match="the matrix backward multiplies f16 on matrix units"):
         lora.backward_plan(h200_interp(), lora.Weight.from_numpy(
             h200_interp(), np.ones((64, 256)), np.ones((256, 64))), 1.0, 16, "matrix")
+
+
+def test_a_matrix_var_says_its_zero():
+    """A subgroup-matrix var without an initializer is written with the zero
+    value (`= subgroup_matrix_result<f32, 16, 16>()`): WGSL zeroes a var each
+    time its declaration runs, which Tint's Vulkan build on the H200 did not
+    do for one declared inside a loop (many_matrix's expand accumulated one
+    block of columns onto the last)."""
+    def kernel(m):
+        out = m.declare_output_buffer("out", sd.f32, 256)
+        with m.loop(2, name="i"):
+            acc = m.var(CONFIG.types()[2], name="acc")
+            sd.builtins.subgroup_matrix_store(out, 0, acc, 16)
+
+    wgsl = sd.compile(kernel, 32).wgsl
+    assert "var acc: subgroup_matrix_result<f32, 16, 16> = subgroup_matrix_result<f32, 16, 16>();" \
+        in wgsl, wgsl
