@@ -51,6 +51,24 @@ def _identity(op, t: T.WType):
     raise ValueError(f"op {op!r} has no known identity: pass identity=")
 
 
+def _constant(value, t: T.WType):
+    """``value`` as an expression of type ``t``: a Python number is splat over
+    a vector's components, so vector values reduce and scan like scalars."""
+    e = as_expr(value, t)
+    return t(e) if isinstance(t, T.Vector) and not isinstance(e.type, T.Vector) else e
+
+
+def _names(names, count: int) -> list:
+    """One let name (or None) per reduced value; a str names a single value."""
+    if names is None:
+        return [None] * count
+    if isinstance(names, str):
+        names = [names]
+    if len(names) != count:
+        raise type_error(f"names must give one name per reduced value ({count}), got {names!r}")
+    return list(names)
+
+
 def _threads(m) -> int:
     x, y, z = m.workgroup_size
     return x * y * z
@@ -63,7 +81,7 @@ def reduce(m, values, op="sum", *, subgroups: bool = False, lanes: int | None = 
     expression or a list (reduced together, sharing the barriers)."""
     single = not isinstance(values, (list, tuple))
     exprs = [as_expr(v) for v in ([values] if single else values)]
-    names = names or [None] * len(exprs)
+    names = _names(names, len(exprs))
     threads = _threads(m)
     lanes = threads if lanes is None else lanes
     if subgroups and not callable(op) and lanes == threads:
@@ -102,7 +120,7 @@ def _subgroup_reduce(m, exprs, op, threads, names):
     # may have fewer active lanes than slots
     pow2 = threads & (threads - 1) == 0
     stride = size if pow2 else m.let(B.min(size, threads - sg * size), "active")
-    vs = [m.var(t, _identity(op, t), f"v{r}") for r in range(len(exprs))]
+    vs = [m.var(t, _constant(_identity(op, t), t), f"v{r}") for r in range(len(exprs))]
     with m.loop(lane, count, stride, name="j") as j:
         for r in range(len(exprs)):
             if op == "sum":
@@ -125,7 +143,7 @@ def tree(m, values, op, lanes, lane, finish, floats=SHARED_FLOATS):
     threads = _threads(m)
     tid = m.local_index()
     count = len(values)
-    group = max(1, min(count, floats // threads))
+    group = max(1, min(count, 4 * floats // (threads * T.stride(values[0].type))))
     red = m.shared(values[0].type, group * threads, m.free_name("red"))
     top = 1 << max(0, math.ceil(math.log2(lanes)))  # the tree's width, a power of two
     levels = top.bit_length() - 1
@@ -208,7 +226,7 @@ def _subgroup_scan(m, v):
     with m.if_((lane == size - 1) | (m.local_index() == n - 1)):
         totals[sg] = inside
     m.barrier()
-    before = m.var(v.type, _identity("sum", v.type), "before")
+    before = m.var(v.type, _constant(_identity("sum", v.type), v.type), "before")
     with m.loop(0, sg, name="k") as k:
         before += totals[k]
     return m.let(before + inside, "prefix")
@@ -222,5 +240,5 @@ def _exclusive(m, inclusive, t, identity, name):
     prev = m.shared(t, n, m.free_name("scan_prev"))
     prev[tid] = inclusive
     m.barrier()
-    first = as_expr(identity, t)
+    first = _constant(identity, t)
     return m.let(B.select(prev[B.max(tid, 1) - 1], first, tid == 0), name or "scan")

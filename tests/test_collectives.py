@@ -8,7 +8,7 @@ import pytest
 
 import shaderdsl as sd
 from shaderdsl import collectives as C
-from shaderdsl import f32, i32, u32
+from shaderdsl import f32, i32, u32, vec4f
 from shaderdsl.errors import ShaderTypeError
 from shaderdsl.interp import Interpreter
 
@@ -102,3 +102,60 @@ def test_reduce_refuses_an_unknown_op():
 def test_reduce_has_its_barriers():
     k = sd.compile(reduce_kernel, 64, n=64, op="sum", dtype=f32, subgroups=False, lanes=None)
     assert k.wgsl.count("workgroupBarrier();") == 6 + 2  # one per level, store and reuse
+
+
+def vector_kernel(m, n, op, subgroups, how):
+    x = m.declare_input_buffer("x", vec4f, n)
+    out = m.declare_output_buffer("out", vec4f, n)
+    i = m.global_id().x
+    if how == "reduce":
+        out[i] = C.reduce(m, x[i], op, subgroups=subgroups)
+    else:
+        out[i] = C.scan(m, x[i], op, inclusive=how == "inclusive", subgroups=subgroups)
+
+
+@pytest.mark.parametrize("how", ["reduce", "inclusive", "exclusive"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_vector_values_reduce_and_scan_per_component(device, how, op, subgroups):
+    """A vec4 value: the identities (a var's start, the exclusive scan's first
+    value) are splat over the components; it raised "var of type vec4<f32>
+    initialised with f32" before."""
+    if subgroups and not device.has_feature("subgroup"):
+        pytest.skip("adapter lacks 'subgroup'")
+    n = 24
+    x = np.random.default_rng(5).integers(-50, 50, (n, 4)).astype(np.float32)
+    gpu, cpu = run(device, vector_kernel, n, {"x": x, "out": np.zeros_like(x)}, op=op,
+                   subgroups=subgroups, how=how)
+    x64 = x.astype(np.float64)
+    if how == "reduce":
+        want = np.broadcast_to(NUMPY[op](x64, axis=0), x.shape)
+    else:
+        acc = {"sum": np.cumsum, "max": np.maximum.accumulate, "min": np.minimum.accumulate}
+        want = acc[op](x64, axis=0)
+        if how == "exclusive":
+            first = {"sum": 0.0, "max": -3.4028234663852886e38, "min": 3.4028234663852886e38}
+            want = np.concatenate([np.full((1, 4), first[op]), want[:-1]])
+    assert (gpu == want).all() and (cpu == want).all(), (gpu[:3], cpu[:3], want[:3])
+
+
+def named_reduce(m, names):
+    x = m.declare_input_buffer("x", f32, 4)
+    out = m.declare_output_buffer("out", f32, 4)
+    i = m.global_id().x
+    if isinstance(names, list) and len(names) == 2:
+        a, b = C.reduce(m, [x[i], x[i] * 2.0], names=names)
+        out[i] = a + b
+    else:
+        out[i] = C.reduce(m, x[i], names=names)
+
+
+def test_reduce_names_one_per_value():
+    """A str names a single value (it named the let after its first letter);
+    a list of another length is refused at the user's line (was an IndexError)."""
+    wgsl = sd.compile(named_reduce, 4, names="total").wgsl
+    assert "let total = " in wgsl and "let t = " not in wgsl
+    assert "let lo = " in sd.compile(named_reduce, 4, names=["lo", "hi"]).wgsl
+    with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: names must give one "
+                                              r"name per reduced value \(1\), got \['a', 'b', 'c'\]"):
+        sd.compile(named_reduce, 4, names=["a", "b", "c"])
