@@ -17,6 +17,7 @@ size that is not a power of two leaves the missing tree nodes out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from . import builtins as B
 from . import types as T
@@ -74,8 +75,8 @@ def _threads(m) -> int:
     return x * y * z
 
 
-def reduce(m, values, op="sum", *, subgroups: bool = False, lanes: int | None = None,
-           names=None):
+def reduce(m, values, op: str | Callable = "sum", *, subgroups: bool = False,
+           lanes: int | None = None, names=None):
     """Each value combined over the workgroup (or over groups of ``lanes``
     consecutive invocations); a let each invocation can read. ``values`` is one
     expression or a list (reduced together, sharing the barriers)."""
@@ -178,7 +179,7 @@ def tree(m, values, op, lanes, lane, finish, floats=SHARED_FLOATS):
         m.barrier()  # the next group reuses `red`
 
 
-def scan(m, value, op="sum", *, inclusive: bool = True, subgroups: bool = False,
+def scan(m, value, op: str | Callable = "sum", *, inclusive: bool = True, subgroups: bool = False,
          identity=None, name=None):
     """The prefix combination of ``value`` over the workgroup in local_index
     order: invocation k gets values 0..k (inclusive) or 0..k-1 (exclusive; the

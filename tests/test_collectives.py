@@ -95,7 +95,8 @@ def test_scan(device, n, op, inclusive, subgroups):
 
 
 def test_reduce_refuses_an_unknown_op():
-    with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: op must be 'sum', 'max', 'min'"):
+    with pytest.raises(ShaderTypeError,
+                       match=r"test_collectives.py:\d+: op must be 'sum', 'max', 'min'"):
         sd.compile(reduce_kernel, 4, n=4, op="mean", dtype=f32, subgroups=False, lanes=None)
 
 
@@ -156,6 +157,6 @@ def test_reduce_names_one_per_value():
     wgsl = sd.compile(named_reduce, 4, names="total").wgsl
     assert "let total = " in wgsl and "let t = " not in wgsl
     assert "let lo = " in sd.compile(named_reduce, 4, names=["lo", "hi"]).wgsl
-    with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: names must give one "
-                                              r"name per reduced value \(1\), got \['a', 'b', 'c'\]"):
+    want = r"test_collectives.py:\d+: names must give one name per reduced value \(1\), got \['a'"
+    with pytest.raises(ShaderTypeError, match=want):
         sd.compile(named_reduce, 4, names=["a", "b", "c"])

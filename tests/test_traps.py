@@ -96,3 +96,21 @@ def test_reserved_local_names_get_a_trailing_underscore():
         v = m.var(f32, 1.0, "var")
         x[0] = v + B.abs(x[1])
     assert "var var_: f32 = 1.0f;" in build(body).wgsl
+
+
+def _doubled_without_return(m, v):
+    m.let(v * 2.0, "doubled")  # builds the value but forgets `return`
+
+
+@pytest.mark.parametrize("use", [
+    lambda m, x: x.__setitem__(1, _doubled_without_return(m, x[0])),
+    lambda m, x: x.__setitem__(1, x[0] + _doubled_without_return(m, x[0])),
+    lambda m, x: m.if_(_doubled_without_return(m, x[0])),
+])
+def test_a_helper_that_forgets_return_is_named_at_the_users_line(use):
+    """None from a helper without `return` names the use's line and says why
+    (it was "cannot use NoneType None"; as an if_ condition, "number None")."""
+    line = use.__code__.co_firstlineno
+    with pytest.raises(ShaderTypeError, match=rf"test_traps.py:{line}: None used as a shader "
+                                              r"value: a helper function .* must `return` it"):
+        build(use)
