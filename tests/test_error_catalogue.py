@@ -304,7 +304,7 @@ def test_barrier_in_divergent_control_flow_is_refused():
     the DSL refuses it at build, naming the barrier's and the condition's lines."""
     with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+test_error_catalogue"
                        r"\.py:\d+ runs in non-uniform control flow: the if at \S+:\d+, whose "
-                       r"condition reads the read_write buffer 'x' varies"):
+                       r"condition reads the read_write buffer 'x', which varies"):
         sd.compile(barrier_in_divergent_if, 64)
 
 

@@ -362,8 +362,9 @@ def test_the_message_names_the_barrier_and_the_condition():
 
 def test_a_return_and_a_function_are_named():
     with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+ runs in non-uniform "
-                                              r"control flow: the return at \S+, taken by some "
-                                              r"invocations only"):
+                                              r"control flow: the return at \S+, which only "
+                                              r"some invocations take, comes before it \(rather "
+                                              r"than leaving early, guard the work with m.if_\)"):
         sd.compile(return_then_barrier, 64)
     with pytest.raises(UniformityError, match=r"synced\(\) at \S+ \(it reaches "
                                               r"workgroupBarrier\(\) at \S+\) runs in "
