@@ -519,6 +519,8 @@ def check_buffers(kernel, buffers: list, device) -> None:
         need = binding.min_bytes
         if buf.nbytes < need:
             length = f"{binding.length} x " if binding.length else ""
+            if binding.length and binding.shape and len(binding.shape) > 1:
+                length = f"{tuple(binding.shape)} = {length}"
             raise BindingError(f"{where}: buffer has {buf.nbytes} bytes, needs at least {need} "
                                f"({length}{binding.elem}, stride {binding.elem_stride}); "
                                f"got {buf!r}")

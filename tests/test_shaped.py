@@ -174,3 +174,12 @@ def test_a_buffer_whose_rows_differ_from_the_shape_is_refused(device, make):
     np.testing.assert_array_equal(dev.read(yv), xv)
     with pytest.raises(sd.BindingError, match=r"axis 1 is 2, not 3"):
         dev.dispatch(kv, {"x": dev.buffer(xv.reshape(3, 2, 4)), "y": yv}, 1)
+
+
+def test_a_buffer_too_small_for_a_shape_names_the_shape():
+    dev = interp.Device()
+    k = sd.compile(padded_transpose, (TILE, TILE, 1), rows=4, cols=6)
+    want = r"buffer has 80 bytes, needs at least 96 \(\(4, 6\) = 24 x f32, stride 4\)"
+    with pytest.raises(sd.BindingError, match=r"binding 'x' \(@binding\(0\)\): " + want):
+        dev.dispatch(k, {"x": dev.buffer(np.zeros((4, 5), np.float32)),
+                         "y": dev.zeros((6, 4), np.float32)}, 1)
