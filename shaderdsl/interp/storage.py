@@ -66,6 +66,7 @@ class StorageLog:
             f"{at2}: data race on storage buffer element {name}[{i}] in kernel {self.kernel!r}, "
             f"workgroup {self.wid}: {did1} by local_index {k1} at {at1}, then {did2} by "
             f"local_index {k2} at {at2}, with no storageBarrier() between them. On a GPU they "
-            f"run at once and one update can overwrite another: combine into one element with "
-            f"an atomic (B.atomic_add on an atomic buffer) or a workgroup reduction, or give "
-            f"each element one writer")
+            f"run at once, so the read may see either value and one write may undo another: "
+            f"give each element one writer, sum into one element with an atomic "
+            f"(B.atomic_add on an atomic buffer) or a workgroup reduction, or put "
+            f"m.storage_barrier() between the two")
