@@ -59,6 +59,20 @@ def _constant(value, t: T.WType):
     return t(e) if isinstance(t, T.Vector) and not isinstance(e.type, T.Vector) else e
 
 
+def _numbers(what: str, values) -> list:
+    """The values to combine as expressions: numeric scalars or vectors of one type."""
+    exprs = [as_expr(v) for v in values]
+    for e in exprs:
+        if not (isinstance(e.type, (T.Scalar, T.Vector)) and e.type.is_numeric):
+            hint = " (count a condition as u32(cond))" if T.scalar_of(e.type) == T.bool_ else ""
+            raise type_error(f"collectives.{what} combines numbers (f32, f16, i32, u32 or "
+                             f"vectors of them), got {e.type}{hint}")
+    if len({e.type for e in exprs}) > 1:
+        raise type_error(f"collectives.{what} of several values needs them of one type, got "
+                         f"{', '.join(str(e.type) for e in exprs)}")
+    return exprs
+
+
 def _names(names, count: int) -> list:
     """One let name (or None) per reduced value; a str names a single value."""
     if names is None:
@@ -81,10 +95,13 @@ def reduce(m, values, op: str | Callable = "sum", *, subgroups: bool = False,
     consecutive invocations); a let each invocation can read. ``values`` is one
     expression or a list (reduced together, sharing the barriers)."""
     single = not isinstance(values, (list, tuple))
-    exprs = [as_expr(v) for v in ([values] if single else values)]
+    exprs = _numbers("reduce", [values] if single else values)
     names = _names(names, len(exprs))
     threads = _threads(m)
     lanes = threads if lanes is None else lanes
+    if not (isinstance(lanes, int) and lanes >= 1 and threads % lanes == 0):
+        raise type_error(f"lanes must divide the workgroup's {threads} invocations into "
+                         f"groups, got {lanes!r}")
     if subgroups and not callable(op) and lanes == threads:
         out = _subgroup_reduce(m, exprs, op, threads, names)
     else:
@@ -184,7 +201,7 @@ def scan(m, value, op: str | Callable = "sum", *, inclusive: bool = True, subgro
     """The prefix combination of ``value`` over the workgroup in local_index
     order: invocation k gets values 0..k (inclusive) or 0..k-1 (exclusive; the
     first gets ``identity``, known for sum, max and min). A let."""
-    v = as_expr(value)
+    (v,) = _numbers("scan", [value])
     if not inclusive and identity is None:
         identity = _identity(op, v.type)
     if subgroups and op == "sum":

@@ -160,3 +160,38 @@ def test_reduce_names_one_per_value():
     want = r"test_collectives.py:\d+: names must give one name per reduced value \(1\), got \['a'"
     with pytest.raises(ShaderTypeError, match=want):
         sd.compile(named_reduce, 4, names=["a", "b", "c"])
+
+
+def bool_reduce(m):
+    x = m.declare_input_buffer("x", f32, 16)
+    out = m.declare_output_buffer("out", u32, 16)
+    out[m.local_index()] = u32(C.reduce(m, x[m.local_index()] > 0.0))
+
+
+def lanes_reduce(m, lanes):
+    x = m.declare_input_buffer("x", f32, 16)
+    out = m.declare_output_buffer("out", f32, 16)
+    out[m.local_index()] = C.reduce(m, x[m.local_index()], lanes=lanes)
+
+
+def mixed_reduce(m):
+    x = m.declare_input_buffer("x", f32, 16)
+    out = m.declare_output_buffer("out", f32, 16)
+    a, b = C.reduce(m, [x[m.local_index()], m.local_index()])
+    out[m.local_index()] = a + f32(b)
+
+
+@pytest.mark.parametrize("kernel, params, message", [
+    (bool_reduce, {}, r"collectives.reduce combines numbers \(f32, f16, i32, u32 or vectors of "
+                      r"them\), got bool \(count a condition as u32\(cond\)\)"),
+    (lanes_reduce, {"lanes": 5}, r"lanes must divide the workgroup's 16 invocations into groups, "
+                                 r"got 5"),
+    (mixed_reduce, {}, r"collectives.reduce of several values needs them of one type, got f32, "
+                       r"u32"),
+])
+def test_values_a_collective_cannot_combine_are_refused_at_the_line(kernel, params, message):
+    """They failed inside the collective: a KernelBuildError ('bool is not
+    host-shareable'), an OutOfBoundsError on its array at run time (lanes=5
+    of 16), 'cannot assign u32 to a f32 location'."""
+    with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: " + message):
+        sd.compile(kernel, 16, **params)
