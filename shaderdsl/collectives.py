@@ -204,16 +204,17 @@ def scan(m, value, op: str | Callable = "sum", *, inclusive: bool = True, subgro
     (v,) = _numbers("scan", [value])
     if not inclusive and identity is None:
         identity = _identity(op, v.type)
+    last = (name or "scan") if inclusive else "prefix"   # the let the scan ends in
     if subgroups and op == "sum":
-        total = _subgroup_scan(m, v)
+        total = _subgroup_scan(m, v, last)
     else:
-        total = _tree_scan(m, v, _combine(op))
+        total = _tree_scan(m, v, _combine(op), last)
     if inclusive:
-        return m.let(total, name or "scan")
+        return total
     return _exclusive(m, total, v.type, identity, name)
 
 
-def _tree_scan(m, v, combine):
+def _tree_scan(m, v, combine, name: str):
     """Hillis-Steele in workgroup memory: log2(n) rounds of two barriers."""
     n = _threads(m)
     tid = m.local_index()
@@ -229,10 +230,10 @@ def _tree_scan(m, v, combine):
         buf[tid] = mine
         m.barrier()
         s *= 2
-    return m.let(buf[tid], "prefix")
+    return m.let(buf[tid], name)
 
 
-def _subgroup_scan(m, v):
+def _subgroup_scan(m, v, name: str):
     """subgroupInclusiveAdd within each subgroup, then the totals of the
     subgroups before this one, from workgroup memory (one barrier)."""
     n = _threads(m)
@@ -247,7 +248,7 @@ def _subgroup_scan(m, v):
     before = m.var(v.type, _constant(_identity("sum", v.type), v.type), "before")
     with m.loop(0, sg, name="k") as k:
         before += totals[k]
-    return m.let(before + inside, "prefix")
+    return m.let(before + inside, name)
 
 
 def _exclusive(m, inclusive, t, identity, name):

@@ -195,3 +195,11 @@ def test_values_a_collective_cannot_combine_are_refused_at_the_line(kernel, para
     of 16), 'cannot assign u32 to a f32 location'."""
     with pytest.raises(ShaderTypeError, match=r"test_collectives.py:\d+: " + message):
         sd.compile(kernel, 16, **params)
+
+
+def test_an_inclusive_scan_is_one_let_of_its_name():
+    """It was `let prefix = ...; let scan = prefix;`."""
+    for subgroups in (False, True):
+        wgsl = sd.compile(scan_kernel, 16, n=16, op="sum", dtype=i32, subgroups=subgroups,
+                          inclusive=True).wgsl
+        assert "let scan = " in wgsl and "let prefix" not in wgsl and "= prefix;" not in wgsl
