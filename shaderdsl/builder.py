@@ -35,7 +35,7 @@ from .expr import (
     root,
     shaped_length,
 )
-from .location import caller_location
+from .location import caller_location, library_call
 from .names import PREDECLARED, RESERVED, check_user_name
 from .nodes import BUILTIN_VALUES
 from .operators import SHIFT, binary_rule
@@ -580,11 +580,11 @@ class ShaderM:
 
     def barrier(self) -> None:
         """``workgroupBarrier()``: workgroup memory writes before are visible after."""
-        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location(), library_call()))
 
     def storage_barrier(self) -> None:
         """``storageBarrier()``: storage writes of this workgroup are visible after."""
-        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location(), library_call()))
 
     # ------------------------------------------------------------ versions for Expr deps
 

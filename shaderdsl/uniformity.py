@@ -138,7 +138,8 @@ class _Walker:
         elif isinstance(st, S.Effect) and st.ref is not None:
             self.locals[st.ref.name] = self.value(st.call)
         elif isinstance(st, S.Barrier):
-            self._uniform_here(f"{st.kind}Barrier() at {st.where}", cf)
+            via = f" of {st.via}()" if st.via else ""
+            self._uniform_here(f"{st.kind}Barrier(){via} at {st.where}", cf)
         elif isinstance(st, S.CallFunction):
             self._call(st, cf)
         elif isinstance(st, S.If):
