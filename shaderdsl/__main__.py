@@ -105,7 +105,8 @@ def main(argv=None) -> int:
         print(f"// workgroup_size: {kernel.workgroup_size}")
         print(f"// features: {sorted(kernel.features)}")
         for b in kernel.bindings:
-            print(f"// binding {b.index}: {b.name} {b.access} {b.elem} length={b.length}")
+            shape = f" shape={tuple(b.shape)}" if b.shape and len(b.shape) > 1 else ""
+            print(f"// binding {b.index}: {b.name} {b.access} {b.elem} length={b.length}{shape}")
         print(f"// cache_key: {kernel.cache_key}")
     return 0
 

@@ -35,7 +35,7 @@ from .expr import (
     root,
     shaped_length,
 )
-from .location import caller_location
+from .location import caller_location, library_call
 from .names import PREDECLARED, RESERVED, check_user_name
 from .nodes import BUILTIN_VALUES
 from .operators import SHIFT, binary_rule
@@ -78,6 +78,15 @@ class _Block:
                         f"not change a var in the WGSL. Write `m.assign({name}, value)` "
                         f"inside the block")
         return self.ctx.__exit__(*exc)
+
+
+def _given_type(t) -> str:
+    """A type argument for a message; a numpy dtype or a type name gets a hint."""
+    if isinstance(t, str) or isinstance(t, np.dtype) or \
+            (isinstance(t, type) and issubclass(t, np.generic)):
+        return (f"{t!r}: give a shaderdsl type (from shaderdsl import f32, vec4f, ...), "
+                f"not a numpy dtype or a name")
+    return repr(t) if not isinstance(t, T.WType) else str(t)
 
 
 class ShaderM:
@@ -150,7 +159,7 @@ class ShaderM:
     def _buffer(self, name, elem, length, access) -> Ref:
         if not isinstance(elem, T.WType) or isinstance(elem, T.Array):
             raise type_error(f"buffer element type must be a scalar, vector or atomic type, "
-                             f"got {elem!r}")
+                             f"got {_given_type(elem)}")
         if elem == T.bool_ or T.scalar_of(elem) == T.bool_:
             raise type_error("bool is not host-shareable; store u32 instead")
         if isinstance(elem, T.Vector) and elem.size == 3:
@@ -178,7 +187,8 @@ class ShaderM:
     def declare_uniform(self, name: str, type: T.WType) -> Ref:
         """A uniform buffer holding one scalar or vector: ``var<uniform>``."""
         if not isinstance(type, (T.Scalar, T.Vector)) or T.scalar_of(type) == T.bool_:
-            raise type_error(f"a uniform must be a numeric scalar or vector, got {type}")
+            raise type_error(f"a uniform must be a numeric scalar or vector, got "
+                             f"{_given_type(type)}")
         name = self._declare_name(name, "uni")
         ref = Ref(name, type, RefKind.UNIFORM)
         self.bindings.append(ref)
@@ -187,7 +197,7 @@ class ShaderM:
     def override(self, name: str, type: T.Scalar, default=None) -> Ref:
         """A pipeline-overridable constant, set per dispatch without new WGSL."""
         if not isinstance(type, T.Scalar):
-            raise type_error(f"an override must be a scalar type, got {type}")
+            raise type_error(f"an override must be a scalar type, got {_given_type(type)}")
         name = self._declare_name(name, "ovr")
         if default is not None:
             default = literal(default, type)
@@ -198,6 +208,9 @@ class ShaderM:
     def shared(self, elem: T.WType, n, name: str | None = None) -> Ref:
         """A workgroup-shared array ``var<workgroup> name: array<elem, n>``;
         ``n`` an int or a shape of ints such as ``(16, 17)`` for ``tile[r, c]``."""
+        if not isinstance(elem, T.WType):
+            raise type_error(f"a workgroup array's element must be a scalar, vector, array or "
+                             f"atomic type, got {_given_type(elem)}")
         shaped = isinstance(n, (tuple, list))
         dims = tuple(n) if shaped else (n,)
         if not all(is_positive_int(d) for d in dims):
@@ -567,11 +580,11 @@ class ShaderM:
 
     def barrier(self) -> None:
         """``workgroupBarrier()``: workgroup memory writes before are visible after."""
-        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.WORKGROUP, caller_location(), library_call()))
 
     def storage_barrier(self) -> None:
         """``storageBarrier()``: storage writes of this workgroup are visible after."""
-        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location()))
+        self._emit(S.Barrier(S.BarrierKind.STORAGE, caller_location(), library_call()))
 
     # ------------------------------------------------------------ versions for Expr deps
 

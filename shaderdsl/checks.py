@@ -519,9 +519,12 @@ def check_buffers(kernel, buffers: list, device) -> None:
         need = binding.min_bytes
         if buf.nbytes < need:
             length = f"{binding.length} x " if binding.length else ""
+            if binding.length and binding.shape and len(binding.shape) > 1:
+                length = f"{tuple(binding.shape)} = {length}"
             raise BindingError(f"{where}: buffer has {buf.nbytes} bytes, needs at least {need} "
                                f"({length}{binding.elem}, stride {binding.elem_stride}); "
                                f"got {buf!r}")
+        _rows_fit(where, binding, buf)
         binding_size(where, buf.bound_bytes, device, kind)
         seen.setdefault(buf.id, []).append(binding)
     for uses in seen.values():
@@ -531,6 +534,29 @@ def check_buffers(kernel, buffers: list, device) -> None:
                 f"kernel {kernel.name!r}: one buffer is bound to {names}; WebGPU forbids binding "
                 f"a buffer more than once when one use writes it. Use a separate output buffer "
                 f"(device.empty/zeros) and copy back if needed.")
+
+
+def _rows_fit(where: str, binding, buf) -> None:
+    """A buffer whose shape has as many axes as the binding's declared shape
+    (two or more) must agree on every axis after the first: a transposed
+    array or one of another row length would be read with the wrong strides.
+    More rows are fine, and so is a flat buffer; a vector binding's arrays
+    carry its components as a last axis."""
+    shape = binding.shape
+    if shape is None or len(shape) < 2:
+        return
+    have = tuple(buf.shape)
+    if binding.components > 1 and have[-1:] == (binding.components,):
+        have = have[:-1]
+    if len(have) != len(shape):
+        return
+    for axis in range(1, len(shape)):
+        if isinstance(shape[axis], int) and have[axis] != shape[axis]:
+            fits = ", ".join(["any"] + [str(a) for a in shape[1:]])
+            raise BindingError(
+                f"{where}: declared with shape {tuple(shape)}, got {buf!r} of shape {have}: "
+                f"axis {axis} is {have[axis]}, not {shape[axis]}, so it would be read with the "
+                f"wrong strides (a transposed array?); a shape ({fits}) fits")
 
 
 def check_bound(kernel, buffers: list, device, valued=()) -> None:

@@ -17,6 +17,7 @@ size that is not a power of two leaves the missing tree nodes out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from . import builtins as B
 from . import types as T
@@ -51,21 +52,56 @@ def _identity(op, t: T.WType):
     raise ValueError(f"op {op!r} has no known identity: pass identity=")
 
 
+def _constant(value, t: T.WType):
+    """``value`` as an expression of type ``t``: a Python number is splat over
+    a vector's components, so vector values reduce and scan like scalars."""
+    e = as_expr(value, t)
+    return t(e) if isinstance(t, T.Vector) and not isinstance(e.type, T.Vector) else e
+
+
+def _numbers(what: str, values) -> list:
+    """The values to combine as expressions: numeric scalars or vectors of one type."""
+    exprs = [as_expr(v) for v in values]
+    for e in exprs:
+        if not (isinstance(e.type, (T.Scalar, T.Vector)) and e.type.is_numeric):
+            hint = " (count a condition as u32(cond))" if T.scalar_of(e.type) == T.bool_ else ""
+            raise type_error(f"collectives.{what} combines numbers (f32, f16, i32, u32 or "
+                             f"vectors of them), got {e.type}{hint}")
+    if len({e.type for e in exprs}) > 1:
+        raise type_error(f"collectives.{what} of several values needs them of one type, got "
+                         f"{', '.join(str(e.type) for e in exprs)}")
+    return exprs
+
+
+def _names(names, count: int) -> list:
+    """One let name (or None) per reduced value; a str names a single value."""
+    if names is None:
+        return [None] * count
+    if isinstance(names, str):
+        names = [names]
+    if len(names) != count:
+        raise type_error(f"names must give one name per reduced value ({count}), got {names!r}")
+    return list(names)
+
+
 def _threads(m) -> int:
     x, y, z = m.workgroup_size
     return x * y * z
 
 
-def reduce(m, values, op="sum", *, subgroups: bool = False, lanes: int | None = None,
-           names=None):
+def reduce(m, values, op: str | Callable = "sum", *, subgroups: bool = False,
+           lanes: int | None = None, names=None):
     """Each value combined over the workgroup (or over groups of ``lanes``
     consecutive invocations); a let each invocation can read. ``values`` is one
     expression or a list (reduced together, sharing the barriers)."""
     single = not isinstance(values, (list, tuple))
-    exprs = [as_expr(v) for v in ([values] if single else values)]
-    names = names or [None] * len(exprs)
+    exprs = _numbers("reduce", [values] if single else values)
+    names = _names(names, len(exprs))
     threads = _threads(m)
     lanes = threads if lanes is None else lanes
+    if not (isinstance(lanes, int) and lanes >= 1 and threads % lanes == 0):
+        raise type_error(f"lanes must divide the workgroup's {threads} invocations into "
+                         f"groups, got {lanes!r}")
     if subgroups and not callable(op) and lanes == threads:
         out = _subgroup_reduce(m, exprs, op, threads, names)
     else:
@@ -102,7 +138,7 @@ def _subgroup_reduce(m, exprs, op, threads, names):
     # may have fewer active lanes than slots
     pow2 = threads & (threads - 1) == 0
     stride = size if pow2 else m.let(B.min(size, threads - sg * size), "active")
-    vs = [m.var(t, _identity(op, t), f"v{r}") for r in range(len(exprs))]
+    vs = [m.var(t, _constant(_identity(op, t), t), f"v{r}") for r in range(len(exprs))]
     with m.loop(lane, count, stride, name="j") as j:
         for r in range(len(exprs)):
             if op == "sum":
@@ -125,7 +161,7 @@ def tree(m, values, op, lanes, lane, finish, floats=SHARED_FLOATS):
     threads = _threads(m)
     tid = m.local_index()
     count = len(values)
-    group = max(1, min(count, floats // threads))
+    group = max(1, min(count, 4 * floats // (threads * T.stride(values[0].type))))
     red = m.shared(values[0].type, group * threads, m.free_name("red"))
     top = 1 << max(0, math.ceil(math.log2(lanes)))  # the tree's width, a power of two
     levels = top.bit_length() - 1
@@ -160,24 +196,25 @@ def tree(m, values, op, lanes, lane, finish, floats=SHARED_FLOATS):
         m.barrier()  # the next group reuses `red`
 
 
-def scan(m, value, op="sum", *, inclusive: bool = True, subgroups: bool = False,
+def scan(m, value, op: str | Callable = "sum", *, inclusive: bool = True, subgroups: bool = False,
          identity=None, name=None):
     """The prefix combination of ``value`` over the workgroup in local_index
     order: invocation k gets values 0..k (inclusive) or 0..k-1 (exclusive; the
     first gets ``identity``, known for sum, max and min). A let."""
-    v = as_expr(value)
+    (v,) = _numbers("scan", [value])
     if not inclusive and identity is None:
         identity = _identity(op, v.type)
+    last = (name or "scan") if inclusive else "prefix"   # the let the scan ends in
     if subgroups and op == "sum":
-        total = _subgroup_scan(m, v)
+        total = _subgroup_scan(m, v, last)
     else:
-        total = _tree_scan(m, v, _combine(op))
+        total = _tree_scan(m, v, _combine(op), last)
     if inclusive:
-        return m.let(total, name or "scan")
+        return total
     return _exclusive(m, total, v.type, identity, name)
 
 
-def _tree_scan(m, v, combine):
+def _tree_scan(m, v, combine, name: str):
     """Hillis-Steele in workgroup memory: log2(n) rounds of two barriers."""
     n = _threads(m)
     tid = m.local_index()
@@ -193,10 +230,10 @@ def _tree_scan(m, v, combine):
         buf[tid] = mine
         m.barrier()
         s *= 2
-    return m.let(buf[tid], "prefix")
+    return m.let(buf[tid], name)
 
 
-def _subgroup_scan(m, v):
+def _subgroup_scan(m, v, name: str):
     """subgroupInclusiveAdd within each subgroup, then the totals of the
     subgroups before this one, from workgroup memory (one barrier)."""
     n = _threads(m)
@@ -208,10 +245,10 @@ def _subgroup_scan(m, v):
     with m.if_((lane == size - 1) | (m.local_index() == n - 1)):
         totals[sg] = inside
     m.barrier()
-    before = m.var(v.type, _identity("sum", v.type), "before")
+    before = m.var(v.type, _constant(_identity("sum", v.type), v.type), "before")
     with m.loop(0, sg, name="k") as k:
         before += totals[k]
-    return m.let(before + inside, "prefix")
+    return m.let(before + inside, name)
 
 
 def _exclusive(m, inclusive, t, identity, name):
@@ -222,5 +259,5 @@ def _exclusive(m, inclusive, t, identity, name):
     prev = m.shared(t, n, m.free_name("scan_prev"))
     prev[tid] = inclusive
     m.barrier()
-    first = as_expr(identity, t)
+    first = _constant(identity, t)
     return m.let(B.select(prev[B.max(tid, 1) - 1], first, tid == 0), name or "scan")

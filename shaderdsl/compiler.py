@@ -53,7 +53,8 @@ def _bytes(t) -> int:
     return size_and_align(t)[0]
 
 
-def compile(fn, workgroup_size: int | tuple = 64, *, name: str | None = None, **params) -> Kernel:
+def compile(fn, workgroup_size: int | np.integer | tuple = 64, *, name: str | None = None,
+            **params) -> Kernel:
     """Run ``fn(m, **params)`` on a new ShaderM and return its Kernel.
 
     Results are cached by (fn, workgroup_size, name, params) when the params

@@ -340,6 +340,8 @@ def emit(m: N.Module) -> tuple[str, tuple[tuple[int, str], ...], frozenset[str],
     (feature, file:line) of the user's first line needing each, where known."""
     em = Emitter()
     em.features |= m.features
+    for ref in (*(r for r, _ in m.overrides), *m.bindings, *m.workgroup_vars):
+        em._note_type(ref.type, ref._at)  # a declaration of f16 is the first line needing it
     functions: list[tuple[str, str]] = []
     for fn in m.functions:
         em.function(fn, functions)

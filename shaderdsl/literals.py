@@ -20,6 +20,8 @@ I32_MIN, I32_MAX, U32_MAX = -(2 ** 31), 2 ** 31 - 1, 2 ** 32 - 1
 
 def literal_value(value, scalar: T.Scalar, where: str | None = None):
     """A Python number as the value of a literal of ``scalar``, range-checked."""
+    if value is None:
+        raise _not_a_value(value, where)
     if isinstance(value, (bool, np.bool_)):
         if scalar != T.bool_:
             raise type_error(f"bool literal {value!r} used where {scalar} is expected", where)
@@ -45,7 +47,7 @@ def literal_value(value, scalar: T.Scalar, where: str | None = None):
             if not math.isfinite(rounded) or abs(rounded) > limit:
                 raise type_error(f"{value!r} is out of range for {scalar}", where)
         return value
-    raise type_error(f"cannot use {type(value).__name__} {value!r} in a shader expression", where)
+    raise _not_a_value(value, where)
 
 
 def default_scalar(value) -> T.Scalar:
@@ -56,4 +58,15 @@ def default_scalar(value) -> T.Scalar:
         return T.i32
     if isinstance(value, (float, np.floating)):
         return T.f32
-    raise type_error(f"cannot use {type(value).__name__} {value!r} in a shader expression")
+    raise _not_a_value(value)
+
+
+def _not_a_value(value, where: str | None = None):
+    """The error for a Python object that is no number; None mostly comes from
+    a helper function that builds its result but does not return it."""
+    if value is None:
+        return type_error("None used as a shader value: a helper function that builds an "
+                          "expression must `return` it (a function without `return` "
+                          "gives None)", where)
+    return type_error(f"cannot use {type(value).__name__} {value!r} in a shader expression",
+                      where)

@@ -44,6 +44,23 @@ def user_line() -> tuple[str, int] | None:
     return None
 
 
+def library_call() -> str:
+    """``collectives.reduce``: the library function the user's code called that
+    led here, for a node that library code emits; '' when the user called the
+    builder itself (``m.barrier()``)."""
+    f, inner = sys._getframe(1), None
+    while f is not None:
+        filename = f.f_code.co_filename
+        if filename not in _library and (filename in _user or not _classify(filename)):
+            break
+        inner, f = f, f.f_back
+    if f is None or inner is None:
+        return ""
+    module = os.path.relpath(os.path.abspath(inner.f_code.co_filename), _PKG_DIR)
+    module = os.path.splitext(module)[0].replace(os.sep, ".")
+    return "" if module == "builder" else f"{module}.{inner.f_code.co_name}"
+
+
 def shown(at: tuple[str, int] | None) -> str:
     """'file:line' of a ``user_line()`` result, the file relative to the
     working directory."""

@@ -102,9 +102,11 @@ class BarrierKind(StrEnum):
 
 @dataclass
 class Barrier:
-    """``workgroupBarrier()`` or ``storageBarrier()``."""
+    """``workgroupBarrier()`` or ``storageBarrier()``; ``via``: the library
+    function the user called that emitted it (``collectives.reduce``), if any."""
     kind: BarrierKind
     where: str
+    via: str = ""
 
     def __post_init__(self):
         self.kind = BarrierKind(self.kind)

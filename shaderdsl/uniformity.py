@@ -138,7 +138,8 @@ class _Walker:
         elif isinstance(st, S.Effect) and st.ref is not None:
             self.locals[st.ref.name] = self.value(st.call)
         elif isinstance(st, S.Barrier):
-            self._uniform_here(f"{st.kind}Barrier() at {st.where}", cf)
+            via = f" of {st.via}()" if st.via else ""
+            self._uniform_here(f"{st.kind}Barrier(){via} at {st.where}", cf)
         elif isinstance(st, S.CallFunction):
             self._call(st, cf)
         elif isinstance(st, S.If):
@@ -155,8 +156,9 @@ class _Walker:
     def _decided(cf, what: str) -> frozenset:
         """Control flow after ``what``, taken under ``cf``: varying if cf varies."""
         out = frozenset(x for x in cf if x[0] == PARAM)
-        return out | ({(VARYING, f"{what}, taken by some invocations only")} if _varies(cf)
-                      else NONE)
+        return out | ({(VARYING, f"{what}, which only some invocations take, comes before it "
+                                 f"(rather than leaving early, guard the work with m.if_)")}
+                      if _varies(cf) else NONE)
 
     def _assign(self, st: S.Assign, cf) -> None:
         root, parts = st.target, NONE
@@ -175,7 +177,8 @@ class _Walker:
         for cond, body in st.branches:
             c = self.value(cond)
             taken = taken | (frozenset({(VARYING, f"the if at {st.where}, whose condition reads "
-                                              f"{_why(c)}")}) if _varies(c) else NONE) | \
+                                              f"{_why(c)}, which varies between invocations")})
+                             if _varies(c) else NONE) | \
                 {x for x in c if x[0] == PARAM}
             bodies.append((body, taken))
         bodies.append((st.else_body, taken))
@@ -213,7 +216,8 @@ class _Walker:
             if isinstance(st, S.For):
                 c |= self.locals[st.var.name]
             body_cf = cf | (frozenset({(VARYING, f"the loop at {st.where}, whose bounds read "
-                                             f"{_why(c)}")}) if _varies(c) else NONE) | \
+                                             f"{_why(c)}, which varies between invocations")})
+                            if _varies(c) else NONE) | \
                 {x for x in c if x[0] == PARAM}
             self.block(st.body, body_cf)
             self.locals = _merge([head[0], self.locals, *self.exits[-1]["continue"]])
@@ -240,8 +244,7 @@ class _Walker:
             if kind == PARAM:
                 self.param_needs.setdefault(i, what)
         if _varies(cf):
-            self._problem(f"{what} runs in non-uniform control flow: {_why(cf)} varies "
-                          f"between invocations")
+            self._problem(f"{what} runs in non-uniform control flow: {_why(cf)}")
 
     def _uniform_argument(self, i: int, taint, what: str, needed: str = "") -> None:
         """Argument ``i`` of ``what`` must be uniform (``needed``: because it

@@ -14,6 +14,14 @@ def test_wgsl_prints_a_kernel(capsys):
     assert "// binding 0: y read f32 length=100" in out
 
 
+def test_wgsl_info_gives_a_shaped_bindings_shape(capsys):
+    assert main(["wgsl", "examples.stencil:conv2d", "height=5", "width=6", "radius=1",
+                 "--workgroup-size", "4,4", "--info"]) == 0
+    out = capsys.readouterr().out
+    assert "// binding 0: img read f32 length=30 shape=(5, 6)" in out
+    assert "// binding 1: w read f32 length=9 shape=(3, 3)" in out
+
+
 def test_wgsl_reports_bad_input(capsys):
     with pytest.raises(SystemExit, match="expected MODULE:FUNCTION"):
         main(["wgsl", "lora.kernels"])

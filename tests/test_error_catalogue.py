@@ -304,7 +304,7 @@ def test_barrier_in_divergent_control_flow_is_refused():
     the DSL refuses it at build, naming the barrier's and the condition's lines."""
     with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+test_error_catalogue"
                        r"\.py:\d+ runs in non-uniform control flow: the if at \S+:\d+, whose "
-                       r"condition reads the read_write buffer 'x' varies"):
+                       r"condition reads the read_write buffer 'x', which varies"):
         sd.compile(barrier_in_divergent_if, 64)
 
 
@@ -733,7 +733,7 @@ def test_f16_kernel_on_the_opengl_adapter(device):
         gl.dispatch(sd.compile(negate_f16, 4), {"src": gl.buffer(np.ones(4, np.float16)), "dst": dst}, 1)
     msg = str(info.value)
     line = next(n for n, text in enumerate(open(__file__).read().splitlines(), 1)
-                if text.startswith("def negate_f16")) + 5  # dst[i] = -src[i]: the first f16 use
+                if text.startswith("def negate_f16")) + 1  # src's declaration: the first f16 use
     assert (f"kernel 'negate_f16' needs feature(s) 'shader-f16' (first used at "
             f"tests/test_error_catalogue.py:{line}; available on: {where})") in msg
     assert f"device {gl.name!r} ({gl.backend}) lacks it" in msg

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shaderdsl as sd
-from examples import half, histogram, int8_matmul, matmul, reduction, saxpy
-from examples import bitonic, rows as rows_mod, scan
+from examples import bitonic, half, histogram, int8_matmul, matmul, reduction, saxpy, scan, stencil
+from examples import rows as rows_mod
 
 U = 2.0 ** -24
 SETTINGS = settings(max_examples=25, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
 
 
-def nonzero(rng, shape, dtype=np.float32):
+def nonzero(rng, shape, dtype: type = np.float32):
     """Random values in +-[0.1, 1): fresh, varied in sign and size, never zero."""
     mag = rng.uniform(0.1, 1.0, shape)
     return (np.where(rng.random(shape) < 0.5, -mag, mag)).astype(dtype)
@@ -46,7 +47,7 @@ def ragged(workgroup, hi):
 def test_saxpy_matches_numpy(device, n, seed, a_from, bake_n):
     rng = np.random.default_rng(seed)
     x, y = nonzero(rng, n), nonzero(rng, n)
-    a = np.float32(nonzero(rng, ())) * 4
+    a = float(np.float32(nonzero(rng, ())) * 4)  # a float32 value
     got = saxpy.run(device, a, x, y, a_from=a_from, bake_n=bake_n)
     want = f64(a) * f64(x) + f64(y)
     # a*x rounds once and the add once (or an fma once): within 2U of the terms
@@ -177,8 +178,8 @@ def f16_device(device):
 
 
 @SETTINGS
-@given(rows=ragged(half.WORKGROUP_SIZE, 200), cols=st.one_of(st.sampled_from([1, 3, 4, 8, 255, 256]),
-                                                          st.integers(1, 300)), seed=seeds)
+@given(rows=ragged(half.WORKGROUP_SIZE, 200),
+       cols=st.one_of(st.sampled_from([1, 3, 4, 8, 255, 256]), st.integers(1, 300)), seed=seeds)
 def test_half_gemv_matches_numpy(f16_device, rows, cols, seed):
     rng = np.random.default_rng(seed)
     w = nonzero(rng, (rows, cols), np.float16)
@@ -237,11 +238,30 @@ def test_cli_prints_example_wgsl(capsys):
     assert "@workgroup_size(4, 4, 1)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", [saxpy, reduction, matmul, histogram, half, int8_matmul])
+@pytest.mark.parametrize("module", [saxpy, reduction, matmul, histogram, half, int8_matmul,
+                                    stencil])
 def test_example_main_runs(device, module, capsys):
     module.main()
     out = capsys.readouterr().out
     assert "// kernel " in out and "nan" not in out.lower()
+
+
+# ---------------------------------------------------------------- stencil: a tile with a halo
+
+@pytest.mark.examples(quick=8)
+@SETTINGS
+@given(height=ragged(stencil.TILE, 40), width=ragged(stencil.TILE, 40),
+       radius=st.integers(0, 2), tile=st.sampled_from([4, 8]), seed=seeds)
+def test_stencil_matches_numpy(device, height, width, radius, tile, seed):
+    """Every output sums (2r+1)^2 products in order: within taps * U of the
+    sum of absolute terms. Edges read zeros: the tile's halo past the image."""
+    rng = np.random.default_rng(seed)
+    img, weights = nonzero(rng, (height, width)), nonzero(rng, (2 * radius + 1,) * 2)
+    got = stencil.run(device, img, weights, tile=tile)
+    want = stencil.reference(img, weights)
+    terms = stencil.reference(np.abs(img), np.abs(weights))
+    assert np.all(np.abs(got - want) <= (2 * radius + 1) ** 2 * U * terms), \
+        np.abs(got - want).max()
 
 
 # ---------------------------------------------------------------- rows: softmax and LayerNorm
@@ -261,7 +281,8 @@ def test_softmax_rows(device, rows, cols, seed):
 @SETTINGS
 @given(rows=st.integers(1, 5), cols=ragged(rows_mod.WORKGROUP_SIZE, 300), seed=seeds)
 def test_layer_norm_rows(device, rows, cols, seed):
-    """Error bound in units of the output's scale (|gamma| / std + |beta|): 64 U times log2(cols)."""
+    """Error bound in units of the output's scale (|gamma| / std + |beta|):
+    64 U times log2(cols)."""
     rng = np.random.default_rng(seed)
     x = nonzero(rng, (rows, cols)) + 3.0
     gamma, beta = nonzero(rng, cols), nonzero(rng, cols)

@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy, scan,
-                      subgroup_matmul)
-
 from helpers import h200_interp
 
+from examples import (
+    bitonic,
+    half,
+    histogram,
+    int8_matmul,
+    matmul,
+    reduction,
+    rows,
+    saxpy,
+    scan,
+    stencil,
+    subgroup_matmul,
+)
 
-def values(seed, shape, dtype=np.float32):
+
+def values(seed, shape, dtype: type = np.float32):
     rng = np.random.default_rng(seed)
     return rng.uniform(-1, 1, shape).astype(dtype)
 
@@ -58,6 +68,35 @@ def test_rows(interp_device):
     got = rows.run(interp_device, rows.layer_norm, x, gamma=gamma, beta=beta)
     np.testing.assert_allclose(got, rows.layer_norm_reference(x, gamma, beta), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_stencil(interp_device):
+    img, weights = values(15, (11, 13)), values(16, (3, 3))
+    np.testing.assert_allclose(stencil.run(interp_device, img, weights, tile=4),
+                               stencil.reference(img, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_stencil_without_its_barrier_is_a_race_naming_both_lines(interp_device):
+    """The example's docstring promises it: the tile's load and a tap's read."""
+    import inspect
+
+    import shaderdsl as sd
+    from shaderdsl.interp import RaceError
+
+    def no_barrier(m, **params):
+        m.barrier = lambda: None  # the mistake: the same kernel, its barrier forgotten
+        stencil.conv2d(m, **params)
+
+    lines, first = inspect.getsourcelines(stencil.conv2d)
+    load = first + next(i for i, t in enumerate(lines) if "tile[r, c] = pixel" in t)
+    tap = first + next(i for i, t in enumerate(lines) if "acc += w[dy, dx]" in t)
+    k = sd.compile(no_barrier, (4, 4), height=8, width=8, radius=1)
+    bufs = {"img": interp_device.buffer(values(17, (8, 8))),
+            "w": interp_device.buffer(values(18, (3, 3))),
+            "out": interp_device.zeros((8, 8), np.float32)}
+    with pytest.raises(RaceError, match=rf"data race on workgroup array element tile\[.*"
+                                        rf"stencil.py:({load}|{tap}).*stencil.py:({load}|{tap})"):
+        interp_device.dispatch(k, bufs, (2, 2))
 
 
 @pytest.mark.parametrize("subgroups", [False, True])

@@ -43,20 +43,20 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-import shaderdsl as sd
-from shaderdsl import builtins as B
-from shaderdsl import f32, i32, u32
-from shaderdsl import types as T
-from shaderdsl.interp import Interpreter, InterpreterError, OutOfBoundsError, run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import examples.histogram as EH
 import examples.matmul as EM
 import examples.reduction as ER
 import examples.saxpy as ES
 import lora.kernels as K
+import shaderdsl as sd
 from lora import reference as R
+from shaderdsl import builtins as B
+from shaderdsl import f32, i32, u32
+from shaderdsl import types as T
+from shaderdsl.interp import Interpreter, InterpreterError, OutOfBoundsError, run
 
 COMPARED: dict = {}   # kind of random program -> how many were compared GPU vs interpreter
 # Random programs per property test; SHADERDSL_INTERP_EXAMPLES=N multiplies
@@ -141,7 +141,8 @@ def test_histogram_matches_numpy(private):
 
 def _lora_inputs(rank, in_dim, out_dim, tokens, seed=4):
     rng = np.random.default_rng(seed)
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    def f(*s):
+        return rng.standard_normal(s).astype(np.float32)
     return f(rank, in_dim), f(out_dim, rank), f(tokens, in_dim), f(tokens, out_dim)
 
 
@@ -256,7 +257,7 @@ def test_barrier_divergence_is_an_error(monkeypatch):
 
     with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+:\d+ runs in "
                                               r"non-uniform control flow: the if at \S+:\d+, "
-                                              r"whose condition reads local_index varies"):
+                                              r"whose condition reads local_index, which varies"):
         sd.compile(_diverging_barrier, 4)
     monkeypatch.setattr(uniformity, "check", lambda module: None)
     with pytest.raises(InterpreterError, match=r"diverged: .*local_index 0-1.*returned: "
@@ -414,9 +415,9 @@ def test_examples_gpu_agrees(device):
 # mag * 2**frac <= 2**24, and an operation that could round is only chosen
 # when its result's budget stays within that.
 
-F, I, U, BO = "f32", "i32", "u32", "bool"
-WT = {F: T.f32, I: T.i32, U: T.u32, BO: T.bool_}
-NUM = (F, I, U)
+F, SI, U, BO = "f32", "i32", "u32", "bool"
+WT = {F: T.f32, SI: T.i32, U: T.u32, BO: T.bool_}
+NUM = (F, SI, U)
 EXACT = 2.0 ** 24
 NIN = 4            # inputs of each type per invocation
 WS, NWG = 8, 4     # workgroup size, workgroups: 32 invocations
@@ -492,11 +493,11 @@ class ExactGen:
         if s == F:
             v = self.draw(st.integers(-64, 64)) / 4
             return ("lit", (F, 1), v), (abs(v), frac_bits(v))
-        if s == I:
+        if s == SI:
             v = self.draw(st.one_of(st.sampled_from([0, 1, -1, 2, -8, 31, 32, 100, -2**31,
                                                      2**31 - 1]),
                                     st.integers(-2**31, 2**31 - 1)))
-            return ("lit", (I, 1), v), None
+            return ("lit", (SI, 1), v), None
         if s == U:
             v = self.draw(st.one_of(st.sampled_from([0, 1, 2, 7, 31, 32, 33, 255, 2**31,
                                                      2**32 - 1]),
@@ -540,7 +541,7 @@ class ExactGen:
         """A leaf that is not a constant: an input (for bools: two compared)."""
         s, n = ty
         if s == BO:
-            a, b = self.runtime_leaf((I, n)), self.runtime_leaf((I, n))
+            a, b = self.runtime_leaf((SI, n)), self.runtime_leaf((SI, n))
             return ("bin", ty, self.pick([">", "!="]), a[0], b[0]), None
         ins = [("in", (s, 1), self.draw(st.integers(0, NIN - 1))) for _ in range(n)]
         return (ins[0] if n == 1 else ("vec", ty, tuple(ins))), ((16.0, 2) if s == F else None)
@@ -562,7 +563,7 @@ class ExactGen:
         ops = {
             F: ["arith", "arith", "arith", "neg", "abs", "minmax", "clamp", "select", "round",
                 "fract", "saturate", "step", "sign", "fma", "divpow2", "fmodlit", "cast"],
-            I: ["arith", "arith", "divmod", "bits", "shift", "neg", "not", "abs", "minmax",
+            SI: ["arith", "arith", "divmod", "bits", "shift", "neg", "not", "abs", "minmax",
                 "clamp", "select", "sign", "bitfn", "cast"],
             U: ["arith", "arith", "divmod", "bits", "shift", "not", "minmax", "clamp",
                 "select", "bitfn", "cast", "bitcast"],
@@ -620,7 +621,7 @@ class ExactGen:
             if shift:
                 lits = [("lit", (U, 1), self.draw(st.integers(0, 31))) for _ in range(n)]
             else:
-                vals = [-3, -1, 1, 2, 3, 7, 2**31 - 1] if s == I else [1, 2, 3, 7, 2**32 - 1]
+                vals = [-3, -1, 1, 2, 3, 7, 2**31 - 1] if s == SI else [1, 2, 3, 7, 2**32 - 1]
                 lits = [("lit", (s, 1), self.pick(vals)) for _ in range(n)]
             return lits[0] if n == 1 else ("vec", node[1], tuple(lits))
         if node[0] == "vec":
@@ -660,7 +661,7 @@ class ExactGen:
         implementation for floats)."""
         s, n = ty
         x = self.expr(ty, d)
-        (lo, blo), (hi, bhi) = sorted([self.literal(s), self.literal(s)], key=lambda l: l[0][2])
+        (lo, blo), (hi, bhi) = sorted([self.literal(s), self.literal(s)], key=lambda lit: lit[0][2])
         bud = None
         if s == F:
             bud = (max(blo[0], bhi[0]), max(x[1][1], blo[1], bhi[1]))
@@ -732,10 +733,10 @@ class ExactGen:
 
     def op_cast(self, ty, d):
         s, n = ty
-        src = self.pick([x for x in (F, I, U, BO) if x != s])
+        src = self.pick([x for x in (F, SI, U, BO) if x != s])
         a = self.expr((src, n), d)
         if s == F:
-            bud = {I: (2.0 ** 31, 0), U: (2.0 ** 32, 0), BO: (1.0, 0)}[src]
+            bud = {SI: (2.0 ** 31, 0), U: (2.0 ** 32, 0), BO: (1.0, 0)}[src]
             return ("cast", ty, a[0]), bud
         if src == F:
             if a[1][0] >= 2.0 ** 31:                  # keep f32 -> int conversions in range
@@ -901,10 +902,10 @@ def _random_inputs(seed):
     edges_u = np.array([0, 1, 2, 31, 32, 33, 255, 2**31, 2**32 - 1], np.int64)
     uv = np.where(pick == 0, rng.integers(0, 40, n),
                   np.where(pick == 1, rng.choice(edges_u, n), rng.integers(0, 2**32, n)))
-    return {F + "_in": f, I + "_in": iv.astype(np.int32), U + "_in": uv.astype(np.uint32)}
+    return {F + "_in": f, SI + "_in": iv.astype(np.int32), U + "_in": uv.astype(np.uint32)}
 
 
-NP = {F: np.float32, I: np.int32, U: np.uint32}
+NP = {F: np.float32, SI: np.int32, U: np.uint32}
 
 
 def _compare_exact(device, fn, outs, seed, extra_bufs=None, *, workgroup_size=WS,
@@ -912,7 +913,7 @@ def _compare_exact(device, fn, outs, seed, extra_bufs=None, *, workgroup_size=WS
     """Run fn on the GPU and in the interpreter on random inputs; every output
     must be equal bit for bit. Outputs start as a sentinel (unwritten shows)."""
     bufs = _random_inputs(seed)
-    sentinel = {F: -12345.5, I: -777, U: 0xDEADBEEF}
+    sentinel = {F: -12345.5, SI: -777, U: 0xDEADBEEF}
     n = workgroup_size * workgroups
     for s in NUM:
         if outs[s]:
@@ -925,8 +926,8 @@ def _compare_exact(device, fn, outs, seed, extra_bufs=None, *, workgroup_size=WS
     return kernel
 
 
-SCALAR_TYPES = [(F, 1), (I, 1), (U, 1), (BO, 1)]
-VECTOR_TYPES = [(s, n) for s in (F, I, U, BO) for n in (2, 3, 4)]
+SCALAR_TYPES = [(F, 1), (SI, 1), (U, 1), (BO, 1)]
+VECTOR_TYPES = [(s, n) for s in (F, SI, U, BO) for n in (2, 3, 4)]
 
 
 @settings(max_examples=round(40 * SCALE), **SETTINGS)
@@ -951,7 +952,7 @@ def test_random_expressions_gpu_vs_interpreter(device, data, seed):
 # into the budget it had before the loop, so every iteration starts within it.
 
 MAX_TOP = 6        # statements at the top level of a program
-VARS = {"f0": (F, 1), "f1": (F, 1), "i0": (I, 1), "u0": (U, 1), "b0": (BO, 1), "v0": (I, 4)}
+VARS = {"f0": (F, 1), "f1": (F, 1), "i0": (SI, 1), "u0": (U, 1), "b0": (BO, 1), "v0": (SI, 4)}
 
 
 class StmtGen(ExactGen):
@@ -1011,7 +1012,7 @@ class StmtGen(ExactGen):
         return ("compound", name, op, e)
 
     def s_store(self, depth):
-        e, _ = self.expr((I, 1), self.draw(st.integers(0, 2)))
+        e, _ = self.expr((SI, 1), self.draw(st.integers(0, 2)))
         if self.coin():
             return ("store", "v0", self.pick("xyzw"), e)
         idx, _ = self.expr((U, 1), 1)
@@ -1082,7 +1083,7 @@ class StmtGen(ExactGen):
         return ("jump", cond, self.pick(["break", "continue"]))
 
     def s_exchange(self, depth):
-        e, _ = self.expr((I, 1), 2)
+        e, _ = self.expr((SI, 1), 2)
         return ("exchange", e, self.draw(st.integers(1, WS - 1)))
 
     def s_atomic(self, depth):
@@ -1451,13 +1452,13 @@ def device_subgroup_size(device):
 
 
 SG_OPS = [  # (builtin, scalar types)
-    ("subgroup_add", (I, U)), ("subgroup_mul", (I, U)), ("subgroup_max", (F, I, U)),
-    ("subgroup_min", (F, I, U)), ("subgroup_and", (I, U)), ("subgroup_or", (I, U)),
-    ("subgroup_xor", (I, U)), ("subgroup_inclusive_add", (I, U)),
-    ("subgroup_exclusive_add", (I, U)), ("subgroup_broadcast_first", (F, I, U)),
-    ("subgroup_broadcast", (F, I, U)), ("subgroup_shuffle", (F, I, U)),
-    ("subgroup_shuffle_xor", (F, I, U)), ("subgroup_shuffle_up", (F, I, U)),
-    ("subgroup_shuffle_down", (F, I, U)), ("subgroup_all", (BO,)), ("subgroup_any", (BO,)),
+    ("subgroup_add", (SI, U)), ("subgroup_mul", (SI, U)), ("subgroup_max", (F, SI, U)),
+    ("subgroup_min", (F, SI, U)), ("subgroup_and", (SI, U)), ("subgroup_or", (SI, U)),
+    ("subgroup_xor", (SI, U)), ("subgroup_inclusive_add", (SI, U)),
+    ("subgroup_exclusive_add", (SI, U)), ("subgroup_broadcast_first", (F, SI, U)),
+    ("subgroup_broadcast", (F, SI, U)), ("subgroup_shuffle", (F, SI, U)),
+    ("subgroup_shuffle_xor", (F, SI, U)), ("subgroup_shuffle_up", (F, SI, U)),
+    ("subgroup_shuffle_down", (F, SI, U)), ("subgroup_all", (BO,)), ("subgroup_any", (BO,)),
     ("subgroup_ballot", (BO,)),
 ]
 
@@ -1781,7 +1782,8 @@ def const_tree(draw, scalar, depth=3):
         return ("conv", scalar, draw(const_tree("u32" if scalar == "i32" else "i32", depth - 1)))
     op = draw(st.sampled_from(_CONST_OPS))
     rhs = "u32" if op in ("<<", ">>") else scalar
-    return ("bin", scalar, op, draw(const_tree(scalar, depth - 1)), draw(const_tree(rhs, depth - 1)))
+    return ("bin", scalar, op, draw(const_tree(scalar, depth - 1)),
+            draw(const_tree(rhs, depth - 1)))
 
 
 def _dsl(node):

@@ -17,21 +17,25 @@ import re
 
 import numpy as np
 import pytest
-
-import shaderdsl as sd
-from shaderdsl import builtins as B
-from shaderdsl import collectives as C
-from shaderdsl import f16, f32, u32, vec4f
-from shaderdsl.errors import (BindingError, DispatchError, FeatureError,
-                              InterpreterError, OutOfBoundsError, RaceError,
-                              UninitializedReadError,
-                              WGSLCompileError)
-from shaderdsl.interp import Device, InterpDevice, Interpreter
+from helpers import assert_refused_alike, scale128
 
 import examples.histogram as EH
 import examples.saxpy as ES
-
-from helpers import assert_refused_alike, scale128
+import shaderdsl as sd
+from shaderdsl import atomic, f16, f32, u32, vec4f
+from shaderdsl import builtins as B
+from shaderdsl import collectives as C
+from shaderdsl.errors import (
+    BindingError,
+    DispatchError,
+    FeatureError,
+    InterpreterError,
+    OutOfBoundsError,
+    RaceError,
+    UninitializedReadError,
+    WGSLCompileError,
+)
+from shaderdsl.interp import Device, InterpDevice, Interpreter
 
 RTOL_F32 = 2 ** -22          # a few f32 roundings
 
@@ -568,8 +572,80 @@ def test_robust_access_clamps_out_of_bounds_indices_as_a_gpu_does(device):
     with pytest.raises(OutOfBoundsError, match=r"test_interp_device.py:\d+: index 8 is out of "
                                                r"bounds for storage buffer `x` \(8 elements\)"):
         d = Device()
-        d.dispatch(sd.compile(_select_guard, 16), {"x": d.buffer(x), "out": d.zeros(16, np.float32)}, 1)
+        d.dispatch(sd.compile(_select_guard, 16),
+                   {"x": d.buffer(x), "out": d.zeros(16, np.float32)}, 1)
     for d in (Device(robust_access=True), device):
         out = d.zeros(16, np.float32)
         d.dispatch(sd.compile(_select_guard, 16), {"x": d.buffer(x), "out": out}, 1)
         np.testing.assert_array_equal(d.read(out), want)
+
+
+# ---------------------------------------------------------------- races on storage buffers
+
+def forgot_atomic(m):
+    x = m.declare_input_buffer("x", f32)
+    total = m.declare_output_buffer("total", f32, 1)
+    total[0] += x[m.global_id().x]   # RACE: every invocation updates total[0]
+
+
+def neighbours(m, barrier):
+    y = m.declare_output_buffer("y", f32, 16)
+    t = m.local_index()
+    y[t] = f32(t)                     # WRITE
+    if barrier == "storage":
+        m.storage_barrier()
+    elif barrier == "workgroup":
+        m.barrier()
+    y[(t + 1) % 16] += 1.0            # UPDATE: the neighbour's element
+
+
+def per_invocation(m):
+    y = m.declare_output_buffer("y", f32, 16)
+    h = m.declare_output_buffer("h", atomic(u32), 1)
+    t = m.local_index()
+    y[t] = f32(t)
+    y[t] += y[t] * 2.0                # its own element: no race
+    B.atomic_add(h[0], 1)             # atomics do not race
+
+
+def test_a_sum_that_needed_an_atomic_is_a_storage_race(idev):
+    """On lavapipe 64 workgroups of 64 added 512 of 4096 ones; the interpreter
+    added them all and said nothing. Now RaceError names the element, both
+    invocations and the line."""
+    k = sd.compile(forgot_atomic, 64)
+    total = idev.zeros(1, np.float32)
+    with pytest.raises(RaceError, match=r"data race on storage buffer element total\[0\] in "
+                                        r"kernel 'forgot_atomic', workgroup \(0, 0, 0\): "
+                                        r"written by local_index 0 at .*, then read by "
+                                        r"local_index 1 .* no storageBarrier\(\) between them"
+                       ) as info:
+        idev.dispatch(k, {"x": idev.buffer(np.ones(64, np.float32)), "total": total}, 1)
+    assert starts_at(str(info.value), forgot_atomic, "# RACE") and "atomic" in str(info.value)
+    np.testing.assert_array_equal(idev.read(total), [0.0])   # nothing written back
+
+
+@pytest.mark.parametrize("barrier", ["none", "storage", "workgroup"])
+def test_storage_races_end_at_a_barrier(idev, barrier):
+    """Two invocations' accesses to one element race unless a barrier parts
+    them; the check takes a workgroupBarrier() as parting them too (lenient:
+    WGSL orders only workgroup memory with it)."""
+    k = sd.compile(neighbours, 16, barrier=barrier)
+    y = idev.zeros(16, np.float32)
+    if barrier == "none":
+        with pytest.raises(RaceError) as info:
+            idev.dispatch(k, {"y": y}, 1)
+        msg = str(info.value)
+        assert names(msg, neighbours, "# WRITE") and names(msg, neighbours, "# UPDATE")
+        return
+    idev.dispatch(k, {"y": y}, 1)
+    np.testing.assert_array_equal(idev.read(y), np.arange(16) + 1.0)
+
+
+def test_own_elements_and_atomics_are_not_storage_races(idev):
+    y, h = idev.zeros(16, np.float32), idev.zeros(1, np.uint32)
+    idev.dispatch(sd.compile(per_invocation, 16), {"y": y, "h": h}, 1)
+    np.testing.assert_array_equal(idev.read(y), 3.0 * np.arange(16))
+    assert idev.read(h)[0] == 16
+    off = Interpreter(forgot_atomic, 64, check_races=False)
+    got = off.dispatch({"x": np.ones(64, np.float32), "total": np.zeros(1, np.float32)}, 1)
+    assert got["total"][0] == 64.0   # check_races=False: as before, one invocation at a time

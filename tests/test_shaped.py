@@ -139,3 +139,47 @@ def test_numpy_sizes_build_the_same_kernel():
     a = sd.compile(padded_transpose, (TILE, TILE, 1), rows=5, cols=7)
     b = sd.compile(padded_transpose, (TILE, TILE, 1), rows=np.int64(5), cols=np.int32(7))
     assert a.wgsl == b.wgsl
+
+
+def rows_of_vec4(m, rows, cols):
+    x = m.declare_input_buffer("x", sd.vec4f, (rows, cols))
+    y = m.declare_output_buffer("y", sd.vec4f, (rows, cols))
+    r, c = m.global_id().y, m.global_id().x
+    with m.if_((r < rows) & (c < cols)):
+        y[r, c] = x[r, c]
+
+
+@pytest.mark.parametrize("make", ["gpu", "interp"])
+def test_a_buffer_whose_rows_differ_from_the_shape_is_refused(device, make):
+    """A (6, 4) array bound to a (4, 6) binding (transposed by mistake) ran,
+    read with the wrong strides; now BindingError names the binding, both
+    shapes and the axis. More rows, a flat array and a vector binding's
+    trailing components axis still bind."""
+    dev = device if make == "gpu" else interp.Device()
+    k = sd.compile(padded_transpose, (TILE, TILE, 1), rows=4, cols=6)
+    y = dev.zeros((6, 4), np.float32)
+    with pytest.raises(sd.BindingError, match=r"binding 'x' \(@binding\(0\)\): declared with shape "
+                                              r"\(4, 6\), got .* of shape \(6, 4\): axis 1 is 4, "
+                                              r"not 6, .* a shape \(any, 6\) fits"):
+        dev.dispatch(k, {"x": dev.buffer(np.zeros((6, 4), np.float32)), "y": y}, (1, 1, 1))
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for given in (x, x.ravel(), np.concatenate([x, x])):
+        y = dev.zeros((6, 4), np.float32)
+        dev.dispatch(k, {"x": dev.buffer(given), "y": y}, (1, 1, 1))
+        np.testing.assert_array_equal(dev.read(y), x.T)
+    kv = sd.compile(rows_of_vec4, (TILE, TILE, 1), rows=2, cols=3)
+    xv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    yv = dev.zeros((2, 3, 4), np.float32)
+    dev.dispatch(kv, {"x": dev.buffer(xv), "y": yv}, 1)
+    np.testing.assert_array_equal(dev.read(yv), xv)
+    with pytest.raises(sd.BindingError, match=r"axis 1 is 2, not 3"):
+        dev.dispatch(kv, {"x": dev.buffer(xv.reshape(3, 2, 4)), "y": yv}, 1)
+
+
+def test_a_buffer_too_small_for_a_shape_names_the_shape():
+    dev = interp.Device()
+    k = sd.compile(padded_transpose, (TILE, TILE, 1), rows=4, cols=6)
+    want = r"buffer has 80 bytes, needs at least 96 \(\(4, 6\) = 24 x f32, stride 4\)"
+    with pytest.raises(sd.BindingError, match=r"binding 'x' \(@binding\(0\)\): " + want):
+        dev.dispatch(k, {"x": dev.buffer(np.zeros((4, 5), np.float32)),
+                         "y": dev.zeros((6, 4), np.float32)}, 1)

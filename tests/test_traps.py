@@ -96,3 +96,37 @@ def test_reserved_local_names_get_a_trailing_underscore():
         v = m.var(f32, 1.0, "var")
         x[0] = v + B.abs(x[1])
     assert "var var_: f32 = 1.0f;" in build(body).wgsl
+
+
+def _doubled_without_return(m, v):
+    m.let(v * 2.0, "doubled")  # builds the value but forgets `return`
+
+
+@pytest.mark.parametrize("use", [
+    lambda m, x: x.__setitem__(1, _doubled_without_return(m, x[0])),
+    lambda m, x: x.__setitem__(1, x[0] + _doubled_without_return(m, x[0])),
+    lambda m, x: m.if_(_doubled_without_return(m, x[0])),
+])
+def test_a_helper_that_forgets_return_is_named_at_the_users_line(use):
+    """None from a helper without `return` names the use's line and says why
+    (it was "cannot use NoneType None"; as an if_ condition, "number None")."""
+    line = use.__code__.co_firstlineno
+    with pytest.raises(ShaderTypeError, match=rf"test_traps.py:{line}: None used as a shader "
+                                              r"value: a helper function .* must `return` it"):
+        build(use)
+
+
+@pytest.mark.parametrize("declare", [
+    lambda m: m.declare_input_buffer("v", np.float32),
+    lambda m: m.declare_output_buffer("v", "f32"),
+    lambda m: m.shared(np.float32, 4),
+    lambda m: m.declare_uniform("v", np.dtype(np.float32)),
+    lambda m: m.override("v", np.int32),
+])
+def test_a_numpy_dtype_for_a_type_is_refused_with_a_hint(declare):
+    """m.shared(np.float32, 4) raised AttributeError from the emitter; the
+    others named the dtype without saying what to give instead."""
+    line = declare.__code__.co_firstlineno
+    with pytest.raises(ShaderTypeError, match=rf"test_traps.py:{line}: .* got .*: give a "
+                                              r"shaderdsl type \(from shaderdsl import f32"):
+        sd.compile(lambda m: declare(m), 1)

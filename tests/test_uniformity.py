@@ -362,8 +362,9 @@ def test_the_message_names_the_barrier_and_the_condition():
 
 def test_a_return_and_a_function_are_named():
     with pytest.raises(UniformityError, match=r"workgroupBarrier\(\) at \S+ runs in non-uniform "
-                                              r"control flow: the return at \S+, taken by some "
-                                              r"invocations only"):
+                                              r"control flow: the return at \S+, which only "
+                                              r"some invocations take, comes before it \(rather "
+                                              r"than leaving early, guard the work with m.if_\)"):
         sd.compile(return_then_barrier, 64)
     with pytest.raises(UniformityError, match=r"synced\(\) at \S+ \(it reaches "
                                               r"workgroupBarrier\(\) at \S+\) runs in "
@@ -382,3 +383,26 @@ def test_a_varying_shuffle_mask_is_named():
                                               r"uniform"):
         sd.compile(shuffle_argument("subgroup_shuffle_xor", "lid"), 64)
     sd.compile(shuffle_argument("subgroup_shuffle", "lid"), 64)  # any lane may be read
+
+
+def reduce_under_an_if(m):
+    x = m.declare_input_buffer("x", f32)
+    y = m.declare_output_buffer("y", f32)
+    i = m.global_id().x
+    with m.if_(i < B.array_length(x)):
+        y[i] = collectives.reduce(m, x[i])   # THE CALL
+
+
+def test_a_barrier_a_collective_emits_names_the_collective():
+    """The user called collectives.reduce, not workgroupBarrier(): the message
+    says whose barrier it is, at the user's line."""
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.endswith("# THE CALL"))
+    with pytest.raises(UniformityError, match=rf"workgroupBarrier\(\) of collectives.reduce\(\) "
+                                              rf"at tests/test_uniformity.py:{line} runs in "
+                                              rf"non-uniform control flow"):
+        sd.compile(reduce_under_an_if, 64)
+    def plain(m):
+        m.declare_output_buffer("y", f32)
+        m.barrier()
+    assert sd.compile(plain, 64).ir.body.stmts[-1].via == ""   # the user's own m.barrier()

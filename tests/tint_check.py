@@ -49,9 +49,8 @@ if str(ROOT) not in sys.path:  # `examples` is not installed; the repository roo
 # Nothing here may import shaderdsl.runtime at module level: importing it picks
 # the wgpu build (native or Dawn), and the test process has already picked naga.
 import shaderdsl as sd  # noqa: E402
+from shaderdsl import array, atomic, bool_, f16, f32, i32, u32, vec4f, vec4h, vec4i, vec4u  # noqa: E402
 from shaderdsl import builtins as B  # noqa: E402
-from shaderdsl import (array, atomic, bool_, f16, f32, i32, u32, vec4f, vec4h, vec4i,  # noqa: E402
-                       vec4u)
 
 
 @dataclass(frozen=True)
@@ -293,8 +292,18 @@ def planner_entries() -> list[Entry]:
 def example_entries() -> list[Entry]:
     """Every kernel function of examples/, with the parameters its run()
     helpers and tests use, edges included (1-wide workgroups, 1x1 matrices)."""
-    from examples import (bitonic, half, histogram, int8_matmul, matmul, reduction, rows, saxpy,
-                          scan)
+    from examples import (
+        bitonic,
+        half,
+        histogram,
+        int8_matmul,
+        matmul,
+        reduction,
+        rows,
+        saxpy,
+        scan,
+        stencil,
+    )
 
     table = [
         *[(saxpy.saxpy, 64, dict(n=n, a_from=a)) for n in (None, 1, 1000)
@@ -322,6 +331,8 @@ def example_entries() -> list[Entry]:
         (bitonic.bitonic, 256, dict(how="uniform")),
         (bitonic.bitonic, 256, dict(how="override")),
         (bitonic.bitonic, 256, dict(how="bake", k=8, j=2)),
+        *[(stencil.conv2d, ws, dict(height=h, width=w, radius=r))
+          for ws, h, w, r in (((8, 8), 37, 50, 1), ((4, 4), 1, 1, 0), ((16, 16), 5, 70, 2))],
     ]
     out = []
     for fn, ws, params in table:
@@ -353,7 +364,7 @@ def codegen_entries() -> list[Entry]:
     return out
 
 
-# ---------------------------------------------------------------- constructs test_codegen leaves out
+# ------------------------------------------------------------ constructs test_codegen leaves out
 
 def c_subgroup_ops(m, elem):
     """Every subgroup builtin on one element type."""
@@ -630,7 +641,8 @@ def compile_one(device, kernel) -> str:
 # A kernel both compilers must reject (a float literal for a u32): shows that the
 # check really compiles, so an empty list of failures means something.
 CONTROL = sd.Kernel(name="control", workgroup_size=(1, 1, 1), bindings=(),
-                    wgsl="@compute @workgroup_size(1, 1, 1)\nfn main() {\n    let x: u32 = 1.5f;\n}\n")
+                    wgsl="@compute @workgroup_size(1, 1, 1)\nfn main() {\n"
+                         "    let x: u32 = 1.5f;\n}\n")
 
 
 def control_rejected(device) -> bool:

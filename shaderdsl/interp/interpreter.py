@@ -19,6 +19,7 @@ from .host import bind
 from .schedule import Invocation, LaneReads, TraceEvent, invocations, run_workgroup
 from .shared import WorkgroupLog, index_arrays
 from .stmts import StmtCompiler
+from .storage import StorageLog, checked_buffers
 
 DEFAULT_SUBGROUP_SIZE = 32
 DEFAULT_MAX_LOOP_ITERATIONS = 1_000_000
@@ -85,6 +86,7 @@ class Interpreter:
         self.robust_access = bool(robust_access)
         checked = (self.check_races or self.check_uninitialized) and bool(m.workgroup_vars)
         self._offsets = index_arrays(m) if checked else None
+        self._storage = checked_buffers(m) if self.check_races else frozenset()
         self._bodies: dict = {}   # traced? -> (compiled body, local names)
         self._trace = None
         self.lane_reads = LaneReads()
@@ -98,8 +100,10 @@ class Interpreter:
         hit = self._bodies.get(traced)
         if hit is None:
             hook = self._note if traced else None
-            cx = ExprCompiler(self.name, self.robust_access) if self._offsets is None else \
-                CheckedExprCompiler(self.name, self._offsets, self.robust_access)
+            cx = ExprCompiler(self.name, self.robust_access) \
+                if self._offsets is None and not self._storage else \
+                CheckedExprCompiler(self.name, self._offsets or {}, self.robust_access,
+                                    self._storage)
             sc = StmtCompiler(self.name, cx, self.max_loop_iterations, hook)
             hit = self._bodies[traced] = (sc.block(self.module.body), sc.locals)
         return hit
@@ -146,9 +150,11 @@ class Interpreter:
         log = None if self._offsets is None else WorkgroupLog(
             self.name, wid, self.module, self._offsets, self.check_races,
             self.check_uninitialized)
-        invs = invocations(self.module, env, wid, self.subgroup_size, local_names, log)
+        storage = StorageLog(self.name, wid) if self._storage else None
+        invs = invocations(self.module, env, wid, self.subgroup_size, local_names, log, storage)
         try:
-            run_workgroup(self.name, invs, body, self.subgroup_size, log, self.lane_reads)
+            run_workgroup(self.name, invs, body, self.subgroup_size, log, self.lane_reads,
+                          storage)
         except ShaderDSLError:
             raise
         except Exception as e:

@@ -29,7 +29,7 @@ class Invocation:
     """
 
     __slots__ = ("env", "global_id", "local_id", "workgroup_id", "local_index", "sg",
-                 "local_names", "wg")
+                 "local_names", "wg", "st")
 
     def __init__(self, env, global_id, local_id, workgroup_id, local_index, local_names):
         self.env = env
@@ -40,6 +40,7 @@ class Invocation:
         self.sg = {}                   # subgroup call -> its result, for the statement running
         self.local_names = local_names
         self.wg = None                 # workgroup array name -> its ArrayLog, when checked
+        self.st = None                 # the workgroup's StorageLog, when storage is checked
 
     def locals(self) -> dict:
         """Local lets, vars and loop counters declared so far, by WGSL name."""
@@ -73,9 +74,10 @@ class TraceEvent:
 
 
 def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names,
-                log=None) -> list:
+                log=None, storage=None) -> list:
     """The invocations of workgroup ``wid``, sharing fresh zeroed workgroup memory
-    (and ``log``, the WorkgroupLog that checks its use, if given)."""
+    (and ``log``, the WorkgroupLog that checks its use, and ``storage``, the
+    StorageLog that checks storage buffers, if given)."""
     X, Y, Z = module.workgroup_size
     shared = {r.name: V.zero_value(r.type) for r in module.workgroup_vars}
     out = []
@@ -92,6 +94,7 @@ def invocations(module, genv: dict, wid: tuple, subgroup_size: int, local_names,
                     else np.uint32(ids[key])
         inv = Invocation(env, gid, lid, wid, li, local_names)
         inv.wg = log.arrays if log is not None else None
+        inv.st = storage
         out.append(inv)
     return out
 
@@ -112,10 +115,11 @@ class LaneReads:
 
 
 def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
-                  lane_reads: LaneReads | None = None) -> None:
+                  lane_reads: LaneReads | None = None, storage=None) -> None:
     """Run one workgroup's invocations to the end; ``log`` (a WorkgroupLog)
-    hears of every workgroupBarrier() passed and of the end; ``lane_reads``
-    fills reads of lanes that are not active (default: zero)."""
+    hears of every workgroupBarrier() passed and of the end, ``storage`` (a
+    StorageLog) of every barrier; ``lane_reads`` fills reads of lanes
+    that are not active (default: zero)."""
     lane_reads = LaneReads() if lane_reads is None else lane_reads
     n = len(invs)
     gens = [body(inv) for inv in invs]
@@ -142,8 +146,11 @@ def run_workgroup(name: str, invs: list, body, subgroup_size: int, log=None,
                                           log)
             continue
         _check_same_barrier(name, invs, events, alive, live)
-        if log is not None and events[live[0]][1].kind == N.BarrierKind.WORKGROUP:
+        kind = events[live[0]][1].kind
+        if log is not None and kind == N.BarrierKind.WORKGROUP:
             log.barrier()
+        if storage is not None:
+            storage.barrier()
         runnable = live
 
 
