@@ -730,3 +730,36 @@ def test_matrix_form_workgroup_indices_are_proven():
                                                          column_splits=splits * 3))):
             k = KERNELS[name].kernel(**common, **params)
             assert unproven(k.wgsl) == [], (name, tile, rank)
+
+
+def test_a_pool_takes_names_where_it_takes_slots_and_blames_miscounted_ids(device):
+    """pool.remove, rank, scale and read take the name add gave as well as the
+    slot; an unknown name is refused naming the pool's names. A batch whose
+    ids are fewer or more than x's and output's rows is refused naming ids,
+    before anything is written; a mapping's layer is named by its key."""
+    rng = np.random.default_rng(13)
+    layers = adapters(rng, (3, 8))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip(("support", "legal"), layers):
+        pool.add(layer, name)
+    assert pool.rank("legal") == 8 and pool.scale("legal") == pool.scale(1)
+    assert np.array_equal(pool.read("support")[0], pool.read(0)[0])
+    with pytest.raises(ValueError, match=r"no adapter is named 'code' \(names: \['legal', "
+                                         r"'support'\]; slots in use: \[0, 1\]\)"):
+        pool.remove("code")
+    pool.remove("legal")
+    assert pool.names == {"support": 0} and pool.slots == [0]
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 5, 1)
+    x_buf, out_buf = device.buffer(x), device.buffer(base)
+    for ids in (["support"] * 4, device.buffer(np.zeros(6, np.int32))):
+        with pytest.raises(BindingError, match=r"ids: [46] id\(s\) for x and output of 5 rows; "
+                                               r"expected one id per row"):
+            plan.record(x_buf, ids, out_buf)
+    assert np.array_equal(plan.read(out_buf), base)
+    bad = adapters(rng, (2,), out_dim=OUT + 2)[0]
+    with pytest.raises(BindingError, match=r"layers\['v_proj'\]: A \[2, 40\] and B \[26, 2\] do "
+                                           r"not fit the first layer's shape 40 -> 24"):
+        lora.forward_many(x, {"q_proj": layers[0], "v_proj": bad}, [0, 1, 0, 1, 0],
+                          device=device)
+    pool.release()

@@ -391,6 +391,7 @@ class ManyPlan:
     def check(self, x, ids, output) -> Route:
         """Every buffer: live, on this device, the pool's dtype, T rows of
         in_dim / out_dim as the route says, none aliasing another; the route."""
+        _ids_per_row(x, ids, output)
         route = self._route_of(ids)
         p, t = self.pool, route.tokens
         for what, buf, dim in (("x", x, p.in_dim), ("output", output, p.out_dim)):
@@ -474,6 +475,21 @@ class ManyPlan:
         self._owned = {}
         for slot in list(self._weights):
             self._drop_weight(slot)
+
+
+def _ids_per_row(x, ids, output) -> None:
+    """A BindingError naming ``ids`` where x and output agree on a row count
+    and the ids give another (else the shape checks name x or output)."""
+    if isinstance(ids, Route):
+        n = ids.tokens
+    elif isinstance(ids, DeviceBuffer):
+        n = ids.shape[0] if len(ids.shape) == 1 else None
+    else:
+        n = host_values(ids).size
+    rows = {len(b.shape) and b.shape[0] for b in (x, output) if isinstance(b, DeviceBuffer)}
+    if n is not None and len(rows) == 1 and (t := rows.pop()) and t != n:
+        raise BindingError(f"ids: {n} id(s) for x and output of {t} rows; expected one id per "
+                           f"row (-1 or '__base__' for none)")
 
 
 def check_matrix(device, pool, segments: bool, tile_tokens: int) -> None:
