@@ -673,3 +673,45 @@ def test_f16_base_products_on_matrix_units():
                for steps in gpu.forwards + gpu.backwards]   # names end in the dtype
     assert kernels[0][0] == "dense_matrix" and kernels[2][0] == "dense_f16"
     assert kernels[3][-1] == "dense_grad_input_f16"   # the small layer's input gradient
+
+
+def test_one_optimizer_for_two_trainers_is_refused(device):
+    """A second network (or LayerTrainer) given an optimizer another one took
+    is refused: re-attaching it would leave the first network's steps
+    updating the second one's adapters. The first one keeps training."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32)
+    opt = lora.AdamW(lr=1e-2)
+    first = Network([Linear(rng.normal(size=(2, 3)), rank=2, seed=1)], optimizer=opt,
+                    device=device)
+    second = Network([Linear(rng.normal(size=(2, 3)), rank=2, seed=2)], optimizer=opt,
+                     device=device)
+    first.step(x, y)
+    taken = r"this AdamW already updates 2 parameter\(s\) .* give each trainer its own"
+    with pytest.raises(RuntimeError, match=taken):
+        second.step(x, y)
+    with pytest.raises(RuntimeError, match=taken):
+        Network([Linear(np.ones((2, 3)), rank=2)], optimizer=opt, device=NoDevice())
+    weight = lora.Weight.init(device, rank=2, in_dim=3, out_dim=2, seed=0)
+    with pytest.raises(RuntimeError, match=taken):
+        lora.LayerTrainer(device, weight, 1.0, 4, opt)
+    before = first.adapters()["0"][0]
+    first.step(x, y)
+    assert not np.array_equal(first.adapters()["0"][0], before)  # its own adapter moved
+
+
+@pytest.mark.parametrize("optimizer, match", [
+    ("adamw", "optimizer: expected a lora.AdamW or lora.SGD, got str"),
+    (type("AdamW", (), {"__module__": "torch.optim.adamw"}),
+     r"got AdamW \(torch.optim.AdamW is torch's: give lora.AdamW\(lr=...\)"),
+])
+def test_an_optimizer_not_ours_is_refused_when_the_network_is_made(optimizer, match):
+    with pytest.raises(TypeError, match=match):
+        Network([Linear(np.ones((2, 3)), rank=2)], optimizer=optimizer, device=NoDevice())
+
+
+def test_torch_ignore_index_labels_get_a_hint():
+    net = Network([Linear(np.ones((4, 3)), rank=2)], loss="xent", device=NoDevice())
+    with pytest.raises(ValueError, match=r"got -100..2 \(-100 is torch's ignore_index, which the "
+                                         r"loss here does not skip: leave those rows out"):
+        net.step(np.ones((3, 3)), np.array([0, -100, 2]))

@@ -16,6 +16,8 @@ names the same layers.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -29,7 +31,7 @@ from ..kernels.network import ACTIVATIONS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
 from .backward import backward_plan, dropout_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, report_labels
-from .optim import AdamW
+from .optim import AdamW, check_free
 from .trainer import _masters
 
 
@@ -47,6 +49,11 @@ class Linear:
                  name=None, seed=0):
         self.name = "" if name is None else str(name)
         what = f"Linear {self.name!r}" if self.name else "Linear"
+        if hasattr(weight, "in_features") and hasattr(weight, "weight"):
+            raise ValueError(f"{what}: weight is a torch.nn.{type(weight).__name__}, expected its "
+                             f"weight [out, in]: lora.Linear(m.weight, m.bias, rank=8), or "
+                             f"lora.Network.from_torch(model, target_modules=...) for a whole "
+                             f"nn.Sequential")
         self.weight = _matrix(weight, f"{what}: weight", "[out, in]")
         out_dim, in_dim = self.weight.shape
         self.bias = None if bias is None else _vector(bias, f"{what}: bias", out_dim)
@@ -175,17 +182,25 @@ def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> li
     model with the same ``target_modules``), with a fresh adapter where
     ``target_modules`` (child names, or "all-linear") names it; ReLU, GELU
     (exact), SiLU and Tanh by name. ValueError naming anything else."""
+    if hasattr(module, "peft_config"):
+        raise ValueError("Network.from_torch: got a peft model; give the torch model as it was "
+                         "before get_peft_model (peft_model.unload() returns it), and load a "
+                         "saved adapter with net.load_adapter(path)")
     children = list(module.named_children()) if hasattr(module, "named_children") else []
+    if children and not _is_sequential(module):
+        first = children[0][0]
+        part = f"m.{first}" if first.isidentifier() else f"m[{first}]"
+        raise ValueError(f"Network.from_torch: expected a torch.nn.Sequential, got "
+                         f"{type(module).__name__}, whose forward is not read here (it may add, "
+                         f"skip or reorder its children): list its layers in the order forward "
+                         f"runs them, lora.Network([lora.Linear({part}.weight, {part}.bias, "
+                         f"rank=8, name={first!r}), 'relu', "
+                         f"...]), named as the model names them")
     if not children:
         raise ValueError(f"Network.from_torch: expected a torch.nn.Sequential of Linear layers "
                          f"and activations, got {type(module).__name__}")
     linears = [name for name, m in children if hasattr(m, "in_features")]
-    targets = linears if target_modules == "all-linear" else (
-        [target_modules] if isinstance(target_modules, str) else list(target_modules))
-    unknown = [t for t in targets if t not in linears]
-    if unknown:
-        raise ValueError(f"Network.from_torch: target_modules {unknown} name no Linear of the "
-                         f"model (its Linear layers: {linears})")
+    targets = _targets(target_modules, linears)
     layers: list = []
     for k, (name, m) in enumerate(children):
         kind = type(m).__name__
@@ -200,6 +215,38 @@ def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> li
             raise ValueError(f"Network.from_torch: layer {name!r} is {shown}; expected Linear, "
                              f"ReLU, GELU (exact), SiLU or Tanh")
     return layers
+
+
+def _is_sequential(module) -> bool:
+    """Whether ``module`` is a torch.nn.Sequential (or a subclass that keeps its forward)."""
+    kinds = type(module).__mro__
+    seq = next((k for k in kinds if k.__name__ == "Sequential" and
+                k.__module__.startswith("torch.nn")), None)
+    return seq is not None and getattr(type(module), "forward", None) is getattr(seq, "forward")
+
+
+def _targets(target_modules, linears: list[str]) -> list[str]:
+    """The Linear children ``target_modules`` names, as peft reads it: a list of
+    names, "all-linear", or a string: a regex matching whole names (re.fullmatch)."""
+    if target_modules == "all-linear":
+        return linears
+    if isinstance(target_modules, str):
+        try:
+            matched = [name for name in linears if re.fullmatch(target_modules, name)]
+        except re.error as e:
+            raise ValueError(f"Network.from_torch: target_modules {target_modules!r} is not a "
+                             f"valid regex ({e})") from None
+        if not matched:
+            raise ValueError(f"Network.from_torch: target_modules {target_modules!r} (a regex, "
+                             f"as peft reads a string) matches no Linear of the model (its "
+                             f"Linear layers: {linears})")
+        return matched
+    targets = list(target_modules)
+    unknown = [t for t in targets if t not in linears]
+    if unknown:
+        raise ValueError(f"Network.from_torch: target_modules {unknown} name no Linear of the "
+                         f"model (its Linear layers: {linears})")
+    return targets
 
 
 class Network:
@@ -230,13 +277,16 @@ class Network:
                  dtype: DTypeLike = np.float32, device=None, forward=None, backward=None,
                  lora_dropout: float = 0.0, dropout_seed: int = 0):
         if loss not in LOSSES:
-            raise ValueError(f"Network: loss: expected one of {LOSSES}, got {loss!r}")
+            raise ValueError(f"Network: loss: expected one of {LOSSES} (mean squared error, as "
+                             f"torch's mse_loss; softmax cross-entropy of logits against "
+                             f"integer labels, as torch's cross_entropy), got {loss!r}")
         self.layers = check_layers(layers)
         self._dtype = storage_dtype(dtype)
         if self._dtype == np.float16:
             _check_f16_range(self.linears)
         self.kind = loss
         self.optimizer = AdamW() if optimizer is None else optimizer
+        check_free(self.optimizer, "Network")
         self.strategies = (forward, backward)
         threshold(lora_dropout)  # ValueError outside [0, 1)
         if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, (int, np.integer)) \
@@ -287,6 +337,7 @@ class Network:
         """The buffers and plans for ``batch`` rows (made once; the first step does it)."""
         if self._gpu is None:
             self.batch = self.batch or C.count(batch, "Network: batch")
+            check_free(self.optimizer, "Network")  # not taken by another since __init__
             self._gpu = _Built(self, self.device, self.batch)
         return self._gpu
 
@@ -325,8 +376,11 @@ class Network:
                 raise ValueError(f"Network.step: with loss 'xent', y must be {rows} integer "
                                  f"labels, got {y.dtype.name} {y.shape}")
             if y.min(initial=0) < 0 or y.max(initial=0) >= self.out_dim:
+                ignored = (" (-100 is torch's ignore_index, which the loss here does not skip: "
+                           "leave those rows out of the batch)") if np.any(y == -100) else ""
                 raise ValueError(f"Network.step: labels must be in 0..{self.out_dim - 1} (the "
-                                 f"output has {self.out_dim} classes), got {y.min()}..{y.max()}")
+                                 f"output has {self.out_dim} classes), got {y.min()}..{y.max()}"
+                                 f"{ignored}")
             return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, np.uint32)
         if y.dtype.kind not in "fiu" or y.shape != (rows, self.out_dim):
             raise ValueError(f"Network.step: with loss 'mse', y must be [{rows}, "
