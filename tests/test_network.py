@@ -424,7 +424,7 @@ def test_bad_batches_are_refused_before_anything_is_written():
                   device=NoDevice())
     with pytest.raises(ValueError, match=r"x must be \[rows, 3\] numbers, got float64 \(2, 4\)"):
         net.step(np.ones((2, 4)), np.zeros(2, int))
-    with pytest.raises(ValueError, match="batches of 2 rows, x has 3"):
+    with pytest.raises(ValueError, match=r"batches of 2 rows \(Network\(batch=2\)\), x has 3"):
         net.step(np.ones((3, 3)), np.zeros(3, int))
     with pytest.raises(ValueError, match=r"labels must be in 0..3 .* got 0..4"):
         net.step(np.ones((2, 3)), np.array([0, 4]))
@@ -715,3 +715,24 @@ def test_torch_ignore_index_labels_get_a_hint():
     with pytest.raises(ValueError, match=r"got -100..2 \(-100 is torch's ignore_index, which the "
                                          r"loss here does not skip: leave those rows out"):
         net.step(np.ones((3, 3)), np.array([0, -100, 2]))
+
+
+def test_build_of_another_batch_is_refused():
+    """build(16) of a network of batch 4 returned buffers of 4 rows."""
+    given = Network([Linear(np.ones((2, 3)), rank=2)], batch=4, device=NoDevice())
+    with pytest.raises(ValueError, match=r"Network.build: this network takes batches of 4 rows "
+                                         r"\(Network\(batch=4\)\), not 16"):
+        given.build(16)
+
+
+def test_forward_first_then_a_step_of_another_size(device):
+    """forward before any step sets the batch (its buffers are made then): a
+    step of another size says so and how to choose; build too."""
+    rng = np.random.default_rng(5)
+    net = Network([Linear(rng.normal(size=(2, 3)), rank=2)], device=device)
+    assert net.forward(rng.normal(size=(3, 3))).shape == (3, 2)
+    with pytest.raises(ValueError, match=r"batches of 3 rows \(set by the first forward\(x\), of 3 "
+                                         r"rows, before any step: give Network\(..., batch=rows\)"):
+        net.step(np.ones((8, 3)), np.ones((8, 2)))
+    with pytest.raises(ValueError, match=r"takes batches of 3 rows \(set by the first forward"):
+        net.build(8)

@@ -296,6 +296,7 @@ class Network:
         self.dropout = (float(lora_dropout), int(dropout_seed))
         self._device = device
         self.batch = 0 if batch is None else C.count(batch, "Network: batch")
+        self._batch_from = f"Network(batch={batch})"  # what set it: that, a step or forward
         self._gpu = None       # _Built, made at the first step
         self._steps = 0
 
@@ -335,6 +336,10 @@ class Network:
 
     def build(self, batch: int) -> "_Built":
         """The buffers and plans for ``batch`` rows (made once; the first step does it)."""
+        if self.batch and batch != self.batch:
+            raise ValueError(f"Network.build: this network takes batches of {self.batch} "
+                             f"rows ({self._batch_from}), not {batch}; make another Network "
+                             f"for {batch}")
         if self._gpu is None:
             self.batch = self.batch or C.count(batch, "Network: batch")
             check_free(self.optimizer, "Network")  # not taken by another since __init__
@@ -345,6 +350,8 @@ class Network:
         """One training step on x [batch, in] and y (mse: targets [batch, out];
         xent: labels [batch]): written, then recorded in one submit."""
         x, y = self._inputs(x, y)
+        if not self.batch:
+            self._batch_from = "set by the first step"
         gpu = self.build(len(x))
         self.device.write(gpu.values[0], x)
         self.device.write(gpu.target, y)
@@ -368,8 +375,8 @@ class Network:
         rows = x.shape[0]
         if self.batch and rows != self.batch:
             raise ValueError(f"Network.step: this network steps on batches of {self.batch} "
-                             f"rows, x has {rows}; drop a smaller last batch or make another "
-                             f"Network for it")
+                             f"rows ({self._batch_from}), x has {rows}; drop a smaller last "
+                             f"batch or make another Network for it")
         y = C.host_values(y)
         if self.kind == "xent":
             if y.dtype.kind not in "iu" or y.shape != (rows,):
@@ -413,6 +420,9 @@ class Network:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
         self.report_labels()
+        if not self.batch:
+            self._batch_from = (f"set by the first forward(x), of {len(x)} rows, before any "
+                                f"step: give Network(..., batch=rows) to step on another")
         gpu = self.build(self.batch or len(x))
         out = []
         for start in range(0, len(x), self.batch):
