@@ -154,7 +154,8 @@ def test_one_adapter_on_every_row_is_lora_forward(device, dtype, monkeypatch):
 def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     """ManyPlan with host ids all naming one slot: lora.forward's plan (the
     same strategy, on a copy of the adapter), not the many kernels; a slot
-    refilled since gets a new copy, an emptied one no delta."""
+    refilled since gets a new copy; a route made before its slot was emptied
+    is refused."""
     rng = np.random.default_rng(12)
     layers = adapters(rng, (4, 64, 9))
     pool = lora.AdapterPool(device, IN, OUT)
@@ -183,7 +184,9 @@ def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     route = plan.route(np.full(20, 0))
     pool.remove(0)
     out_buf = device.buffer(base)
-    plan.record(x_buf, route, out_buf)
+    with pytest.raises(BindingError, match=r"this route names slot\(s\) \[0\], whose adapter was "
+                                           r"removed"):
+        plan.record(x_buf, route, out_buf)
     assert np.array_equal(plan.read(out_buf), base)
     plan.release()
     assert not plan._weights
@@ -762,4 +765,40 @@ def test_a_pool_takes_names_where_it_takes_slots_and_blames_miscounted_ids(devic
                                            r"not fit the first layer's shape 40 -> 24"):
         lora.forward_many(x, {"q_proj": layers[0], "v_proj": bad}, [0, 1, 0, 1, 0],
                           device=device)
+    pool.release()
+
+
+@pytest.mark.parametrize("segments", [True, False])
+def test_a_route_is_refused_once_an_adapter_it_names_is_gone(device, segments):
+    """A route made before pool.remove gave the removed adapter's rows no
+    delta, and one made before its slot was refilled ran the new adapter on
+    them, both silently; now both are refused, the output untouched. A route
+    whose adapters all stay serves on after other adapters come and go."""
+    rng = np.random.default_rng(14)
+    layers = adapters(rng, (4, 8, 3))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip("abc", layers):
+        pool.add(layer, name)
+    plan = pool.forward_plan(8, segments=segments)
+    x, base, _ = batch(rng, 5, 1)
+    x_buf = device.buffer(x)
+    for ids in (["a", "b", "a", "b", "a"], ["b"] * 5):
+        route = plan.route(ids)
+        pool.remove("b")
+        for refill in (False, True):
+            if refill:
+                pool.add(layers[2], "b again")  # into slot 1
+            out_buf = device.buffer(base)
+            with pytest.raises(BindingError, match=r"this route names slot\(s\) \[1\], whose "
+                                                   r"adapter was removed \(or replaced\)"):
+                plan.record(x_buf, route, out_buf)
+            assert np.array_equal(plan.read(out_buf), base)
+        pool.remove("b again")
+        pool.add(layers[1], "b")
+    route = plan.route(["a", "__base__", "a", "a", "a"])
+    pool.remove("c")
+    pool.add(layers[2], "c")
+    out_buf = device.buffer(base)
+    plan.record(x_buf, route, out_buf)
+    check(plan.read(out_buf), x, [layers[0]], [0, -1, 0, 0, 0], base, np.float32)
     pool.release()

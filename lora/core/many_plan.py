@@ -170,6 +170,7 @@ class Route:
     generation: int = -1
     sort: bool = False  # device ids sorted into segments on the GPU first
     single: int = -1  # the slot every row names (host ids): lora.forward's own plan for it
+    adapters: tuple = ()  # (slot, the pool's serial of its adapter) of each slot the ids name
 
 
 class ManyPlan:
@@ -311,19 +312,20 @@ class ManyPlan:
         if not 1 <= tokens <= self.max_tokens:
             raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
         self._generation += 1
+        named = tuple((int(k), int(self.pool.serials[k])) for k in np.unique(flat[flat >= 0]))
         if self.one_adapter and flat[0] >= 0 and np.all(flat == flat[0]):
             self.single_plan(int(flat[0]), tokens)  # copied and compiled now, not in a batch
             return Route(tokens, tokens, False, {}, False, self._generation,
-                         single=int(flat[0]))
+                         single=int(flat[0]), adapters=named)
         if not self.segments:
             self._put("ids", flat)
             return Route(tokens, tokens, False, {"ids": self._owned["ids"]}, False,
-                         self._generation)
+                         self._generation, adapters=named)
         order, tiles = segments(flat, self.tile_tokens)
         self._put("order", order)
         self._put("tiles", tiles)
         return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
-                     False, self._generation)
+                     False, self._generation, adapters=named)
 
     def single_plan(self, slot: int, tokens: int):
         """``lora.forward``'s own plan (``auto_plan``: the tuned or the model's
@@ -408,6 +410,11 @@ class ManyPlan:
             if not ids.on_device and ids.generation != self._generation:
                 raise BindingError(f"{self!r}: this route was replaced by a later route(); "
                                    f"route the ids again")
+            gone = [k for k, serial in ids.adapters if self.pool.serials[k] != serial]
+            if gone:
+                raise BindingError(f"{self!r}: this route names slot(s) {gone}, whose adapter "
+                                   f"was removed (or replaced) since the route was made; route "
+                                   f"the ids again")
             return ids
         return self.device_route(ids) if isinstance(ids, DeviceBuffer) else self.route(ids)
 
@@ -421,7 +428,7 @@ class ManyPlan:
         route = self.check(x, ids, output)
         if route.single >= 0:
             plan = self.single_plan(route.single, route.tokens)
-            if plan is not None:  # else the slot was emptied since: no delta, as the kernels
+            if plan is not None:  # (the route's adapters were checked: it is not)
                 plan(x, output)
             return
         steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
