@@ -802,3 +802,28 @@ def test_a_route_is_refused_once_an_adapter_it_names_is_gone(device, segments):
     plan.record(x_buf, route, out_buf)
     check(plan.read(out_buf), x, [layers[0]], [0, -1, 0, 0, 0], base, np.float32)
     pool.release()
+
+
+def test_a_refused_record_leaves_the_last_route(device):
+    """plan.record(x, host ids, output) with an output of another dtype or
+    shape routed the ids first, which replaced the plan's last route (a
+    Route the server held was then refused as replaced): x and output are now
+    checked before the ids are routed."""
+    rng = np.random.default_rng(15)
+    layers = adapters(rng, (4, 8))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip("ab", layers):
+        pool.add(layer, name)
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 5, 2)
+    x_buf = device.buffer(x)
+    held = plan.route(["a", "b", "__base__", "b", "a"])
+    for bad, match in ((device.buffer(base.astype(np.float16)), "expected dtype float32"),
+                       (device.buffer(np.zeros((5, OUT + 1), np.float32)),
+                        r"output: expected shape \(5, 24\)")):
+        with pytest.raises(BindingError, match=match):
+            plan.record(x_buf, ["b"] * 5, bad)
+    out_buf = device.buffer(base)
+    plan.record(x_buf, held, out_buf)
+    check(plan.read(out_buf), x, layers, [0, 1, -1, 1, 0], base, np.float32)
+    pool.release()

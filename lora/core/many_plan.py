@@ -392,15 +392,21 @@ class ManyPlan:
 
     def check(self, x, ids, output) -> Route:
         """Every buffer: live, on this device, the pool's dtype, T rows of
-        in_dim / out_dim as the route says, none aliasing another; the route."""
-        _ids_per_row(x, ids, output)
-        route = self._route_of(ids)
-        p, t = self.pool, route.tokens
-        for what, buf, dim in (("x", x, p.in_dim), ("output", output, p.out_dim)):
+        in_dim / out_dim as the ids say, none aliasing another; the route.
+        x and output are checked before host ids are routed, so a refused
+        call leaves the plan's last route as it was."""
+        p, given = self.pool, _ids_per_row(x, ids, output)
+        bufs = (("x", x, p.in_dim), ("output", output, p.out_dim))
+        for what, buf, dim in bufs:
             C.storage(self.device, buf, what, p.dtype, " (the pool's dtype)")
-            C.shaped(buf, t, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
-        checks.distinct(("x", x, False), ("output", output, True), ("pool A", p.a, False),
-                        ("pool B", p.b, False), ("pool table", p.table, False),
+            if given is not None:
+                C.shaped(buf, given, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        mine = (("pool A", p.a, False), ("pool B", p.b, False), ("pool table", p.table, False))
+        checks.distinct(("x", x, False), ("output", output, True), *mine)
+        route = self._route_of(ids)
+        for what, buf, dim in bufs:
+            C.shaped(buf, route.tokens, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        checks.distinct(("x", x, False), ("output", output, True), *mine,
                         *((role, b, False) for role, b in route.buffers.items()
                           if role != "flags"))
         return route
@@ -484,9 +490,10 @@ class ManyPlan:
             self._drop_weight(slot)
 
 
-def _ids_per_row(x, ids, output) -> None:
-    """A BindingError naming ``ids`` where x and output agree on a row count
-    and the ids give another (else the shape checks name x or output)."""
+def _ids_per_row(x, ids, output) -> int | None:
+    """How many ids there are (None where a device buffer's shape says no
+    count); a BindingError naming ``ids`` where x and output agree on a row
+    count and the ids give another (else the shape checks name x or output)."""
     if isinstance(ids, Route):
         n = ids.tokens
     elif isinstance(ids, DeviceBuffer):
@@ -497,6 +504,7 @@ def _ids_per_row(x, ids, output) -> None:
     if n is not None and len(rows) == 1 and (t := rows.pop()) and t != n:
         raise BindingError(f"ids: {n} id(s) for x and output of {t} rows; expected one id per "
                            f"row (-1 or '__base__' for none)")
+    return n
 
 
 def check_matrix(device, pool, segments: bool, tile_tokens: int) -> None:
