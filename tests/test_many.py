@@ -827,3 +827,44 @@ def test_a_refused_record_leaves_the_last_route(device):
     plan.record(x_buf, held, out_buf)
     check(plan.read(out_buf), x, layers, [0, 1, -1, 1, 0], base, np.float32)
     pool.release()
+
+
+def test_adding_and_removing_in_one_thread_while_another_serves(device):
+    """A server thread records batches naming adapter "a" by name while
+    another thread adds and removes other adapters: add, remove and route
+    hold the device's lock, so each batch sees the pool before or after a
+    change and gives what one thread gives, bit for bit."""
+    import threading
+
+    rng = np.random.default_rng(16)
+    layers = adapters(rng, (4, 8, 13))
+    pool = lora.AdapterPool(device, IN, OUT)
+    pool.add(layers[0], "a")
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 6, 1)
+    x_buf = device.buffer(x)
+    ids = ["a", "__base__", "a", "a", "__base__", "a"]
+
+    def serve():
+        out_buf = device.buffer(base)
+        plan.record(x_buf, ids, out_buf)
+        return plan.read(out_buf).tobytes()
+
+    want, got, errors = serve(), [], []
+
+    def churn():
+        try:
+            for k in range(12):
+                pool.add(layers[1 + k % 2], "churn")
+                pool.remove("churn")
+        except BaseException as e:  # raised below, in the test's thread
+            errors.append(e)
+
+    other = threading.Thread(target=churn, daemon=True)
+    other.start()
+    while other.is_alive() and len(got) < 40:
+        got.append(serve())
+    other.join(120)
+    assert not errors and not other.is_alive()
+    assert got and all(g == want for g in got)
+    pool.release()

@@ -303,7 +303,12 @@ class ManyPlan:
         """Host ids checked (ValueError naming the first bad one, before
         anything is written) and written to the plan's buffers: as rows, or
         sorted into tiles (``segments``). Valid until the next route. Slots,
-        or the names given to ``pool.add`` (``"__base__"`` for none)."""
+        or the names given to ``pool.add`` (``"__base__"`` for none). Holds
+        the device's lock (the pool's slots and the plan's buffers)."""
+        with self.device.lock:
+            return self._route(ids)
+
+    def _route(self, ids) -> Route:
         arr = host_values(ids)
         if arr.dtype.kind in "USO":
             arr = ids_by_name(arr, self.pool.names, "the pool")

@@ -156,7 +156,12 @@ class AdapterPool:
         rank] and ``scale``, as ``lora.LoraLayer``) in a free slot; returns the
         slot. ``name`` names it in messages and in routes (``plan.route`` takes
         names as peft's ``adapter_names``); unique. Refused (ValueError,
-        BindingError) before anything on the device changes."""
+        BindingError) before anything on the device changes. Holds the
+        device's lock: a record in another thread sees the pool before or after."""
+        with self.device.lock:
+            return self._add(layer, name)
+
+    def _add(self, layer, name: str | None) -> int:
         self._check_name(name)
         a, b, scale = checked_layer(layer, name or "the adapter", self)
         rank = a.shape[0]
@@ -197,8 +202,11 @@ class AdapterPool:
 
     def remove(self, slot: int | str) -> None:
         """Free ``slot`` (or the slot of the name ``add`` gave) and its room;
-        the other adapters stay where they are."""
-        slot = self._used(slot)
+        the other adapters stay where they are. Holds the device's lock."""
+        with self.device.lock:
+            self._remove(self._used(slot))
+
+    def _remove(self, slot: int) -> None:
         a_at, b_at, rank, _ = (int(v) for v in self.host_table[slot])
         self._rows.give(a_at, rank)
         self._elems.give(b_at, rank * self.out_dim)
