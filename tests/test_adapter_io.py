@@ -343,6 +343,18 @@ def test_the_tensors_file_instead_of_its_directory(tmp_path):
             r"takes the adapter's directory\)", naming=tmp_path / "notes.txt")
 
 
+def test_a_folder_of_several_adapters_names_them(tmp_path):
+    """peft's save_pretrained of several adapters writes each (but "default")
+    in a folder of its name; loading the folder above says which to load."""
+    for name in ("support", "legal"):
+        write_peft(tmp_path / name, pair(2, 3, 3))
+    (tmp_path / "README.md").write_text("")
+    refused(tmp_path, match=r"missing; a peft adapter directory holds adapter_config.json and "
+            r"adapter_model.safetensors; .* holds the adapters \['legal', 'support'\] in folders "
+            r"of their names \(peft's save_pretrained of several adapters\): load_adapter\(",
+            naming=tmp_path / "legal")
+
+
 @pytest.mark.parametrize("gone", [CONFIG_NAME, WEIGHTS_NAME])
 def test_missing_file(tmp_path, gone):
     write_peft(tmp_path, pair(2, 3, 3))

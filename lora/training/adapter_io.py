@@ -243,12 +243,26 @@ def _check_targets(config: dict, where: str) -> None:
         _check_regex(targets, where, "target_modules")
 
 
+def _adapters_inside(folder: Path) -> str:
+    """Where ``folder`` holds adapter directories (peft's save_pretrained of
+    several adapters writes each but "default" in a folder of its name), how to
+    load one of them; else ""."""
+    try:
+        inside = sorted(d.name for d in folder.iterdir() if (d / CONFIG_NAME).is_file())
+    except OSError:
+        return ""
+    if not inside:
+        return ""
+    return (f"; {folder} holds the adapters {inside} in folders of their names (peft's "
+            f"save_pretrained of several adapters): load_adapter({str(folder / inside[0])!r})")
+
+
 def _read_config(file: Path) -> dict:
     """adapter_config.json, with the fields the loader honours checked: r,
     lora_alpha, the patterns, target_modules; DoRA and other peft types refused."""
     if not file.is_file():
         raise AdapterFileError(f"{file}: missing; a peft adapter directory holds "
-                               f"{CONFIG_NAME} and {WEIGHTS_NAME}")
+                               f"{CONFIG_NAME} and {WEIGHTS_NAME}{_adapters_inside(file.parent)}")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, an int of 4300+ digits
