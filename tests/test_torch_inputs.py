@@ -1,6 +1,8 @@
 """What a torch user passes: parameters that require grad, bfloat16 tensors and
 torch modules where this library wants arrays and names. Tensors are read as
 their values (the same results as their numpy copies); modules get a hint."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -190,14 +192,17 @@ def test_a_torch_linear_given_as_the_weight_gets_a_hint():
 
 def test_from_torch_reads_target_modules_as_peft_does():
     """A string is a regex matched against whole child names (peft's
-    re.fullmatch); torch.float16 is a dtype; a peft model is refused with the
-    way back to its base."""
+    re.fullmatch); alpha defaults to peft's 8 (the scale was 1 without one);
+    torch.float16 is a dtype; a peft model is refused with the way back to
+    its base."""
     torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
     peft = pytest.importorskip("peft", reason="peft is not installed")
     nn = torch.nn
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
     net = lora.Network.from_torch(model, target_modules=r"[02]", rank=2)
     assert [x.name for x in net.linears if x.adapter is not None] == ["0", "2"]
+    theirs = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["0"]))
+    assert net.linears[0].scale == theirs.base_model.model[0].scaling["default"] == 4.0
     with pytest.raises(ValueError, match=r"target_modules '\[13\]' \(a regex, as peft reads a "
                                          r"string\) matches no Linear of the model"):
         lora.Network.from_torch(model, target_modules=r"[13]")

@@ -301,12 +301,13 @@ class Network:
         self._steps = 0
 
     @classmethod
-    def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=None, seed: int = 0,
+    def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=8, seed: int = 0,
                    **options) -> "Network":
         """The network of a torch ``nn.Sequential`` (Linear layers and
         activations), adapters on the Linear children ``target_modules`` names
         as peft's ``LoraConfig(r=rank, lora_alpha=alpha, target_modules=...)``
-        does; ``options`` are the constructor's (loss, optimizer, ...)."""
+        does, with its defaults (r 8, lora_alpha 8: the scale alpha / rank);
+        ``options`` are the constructor's (loss, optimizer, ...)."""
         return cls(layers_from_torch(module, target_modules, rank, alpha, seed), **options)
 
     @property
