@@ -2,6 +2,7 @@
 torch modules where this library wants arrays and names. Tensors are read as
 their values (the same results as their numpy copies); modules get a hint."""
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -239,3 +240,56 @@ def test_from_torch_refuses_a_module_whose_forward_it_cannot_read():
 
     net = lora.Network.from_torch(Plain(nn.Linear(3, 3)), target_modules="all-linear", rank=2)
     assert [x.name for x in net.linears] == ["0"]
+
+
+def test_rslora_trains_saves_and_loads_as_peft_does(tmp_path):
+    """from_torch(use_rslora=True) is LoraConfig(use_rslora=True): the scale
+    alpha / sqrt(rank), 5 AdamW steps beside peft's, and the saved adapter
+    says use_rslora with the same alpha, so peft loads it to our outputs and
+    net.load_adapter reads it back. A layer without it among them saves each
+    alpha as scale * rank (peft's flag is one for the whole adapter)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = torch.randn(12, 6), torch.randn(12, 3)
+    net = lora.Network.from_torch(model, target_modules="all-linear", rank=4, alpha=8,
+                                  use_rslora=True, optimizer=lora.AdamW(lr=1e-2))
+    theirs = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(
+        r=4, lora_alpha=8, use_rslora=True, target_modules="all-linear"))
+    for name, (a, b) in net.adapters().items():
+        layer = theirs.base_model.model[int(name)]
+        assert net.linears[int(name) // 2].scale == layer.scaling["default"] == 4.0
+        with torch.no_grad():
+            layer.lora_A["default"].weight.copy_(torch.from_numpy(a))
+            layer.lora_B["default"].weight.copy_(torch.from_numpy(b))
+    trained = [p for p in theirs.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-2)
+    for _ in range(5):
+        net.step(x, y)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(theirs(x), y).backward()
+        opt.step()
+    for name, (a, b) in net.adapters().items():
+        layer = theirs.base_model.model[int(name)]
+        for part, mine in (("lora_A", a), ("lora_B", b)):
+            got = getattr(layer, part)["default"].weight.detach().numpy()
+            assert np.abs(got - mine).max() <= 1e-5 * np.abs(mine).max()
+    path = net.save_adapter(tmp_path / "rs")
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert config["use_rslora"] is True and config["lora_alpha"] == 8
+    loaded = peft.PeftModel.from_pretrained(copy.deepcopy(model), path)
+    with torch.no_grad():
+        want = loaded(x).numpy()
+    assert np.abs(net.forward(x) - want).max() <= 1e-5 * np.abs(want).max()
+    again = lora.Network.from_torch(model, target_modules="all-linear", rank=4, alpha=8,
+                                    use_rslora=True)
+    again.load_adapter(path)
+    mixed = lora.Network([lora.Linear(np.eye(3), rank=4, alpha=8, use_rslora=True, name="a"),
+                          lora.Linear(np.eye(3), rank=4, alpha=8, name="b")])
+    config = json.loads((mixed.save_adapter(tmp_path / "mixed") / "adapter_config.json")
+                        .read_text())
+    assert config["use_rslora"] is False
+    assert {n: layer.scale for n, layer in lora.load_adapter(tmp_path / "mixed").items()} == \
+        {"a": 4.0, "b": 2.0}

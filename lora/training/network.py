@@ -16,6 +16,7 @@ names the same layers.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -42,11 +43,13 @@ class Linear:
     ``adapter``: (A [rank, in], B [out, rank]) or a lora.LoraLayer (which
     brings its alpha); or ``rank``: a fresh adapter as peft makes one (B = 0,
     A Kaiming-uniform, seeded by ``seed``). The scale is ``scale``, else
-    ``alpha / rank``, else 1. ``name``: the module name in adapter files.
+    ``alpha / rank`` (``alpha / sqrt(rank)`` with ``use_rslora``, as peft's
+    rsLoRA, which a LoraLayer's flag also sets), else 1. ``name``: the module
+    name in adapter files.
     """
 
     def __init__(self, weight, bias=None, *, adapter=None, rank=None, alpha=None, scale=None,
-                 name=None, seed=0):
+                 name=None, seed=0, use_rslora=False):
         self.name = "" if name is None else str(name)
         what = f"Linear {self.name!r}" if self.name else "Linear"
         if hasattr(weight, "in_features") and hasattr(weight, "weight"):
@@ -57,9 +60,10 @@ class Linear:
         self.weight = _matrix(weight, f"{what}: weight", "[out, in]")
         out_dim, in_dim = self.weight.shape
         self.bias = None if bias is None else _vector(bias, f"{what}: bias", out_dim)
+        rslora = bool(use_rslora)
         if isinstance(adapter, LoraLayer):
             if alpha is None and scale is None:
-                scale = adapter.scale
+                alpha, rslora = adapter.alpha, rslora or adapter.use_rslora
             adapter = (adapter.a, adapter.b)
         if adapter is not None and rank is not None:
             raise ValueError(f"{what}: give adapter=(A, B) or rank=r, not both")
@@ -68,8 +72,10 @@ class Linear:
             adapter = R.init_lora(in_dim, out_dim, rank, seed=seed)
         self.adapter = None if adapter is None else _pair(adapter, what, in_dim, out_dim)
         self.rank = 0 if self.adapter is None else self.adapter[0].shape[0]
-        self.scale = C.scale_of(alpha, scale, self.rank or 1)
-        self.alpha = self.scale * (self.rank or 1)
+        root = math.sqrt(self.rank) if rslora and self.rank else float(self.rank or 1)
+        self.scale = C.scale_of(alpha, scale, root)
+        self.use_rslora = rslora
+        self.alpha = self.scale * root  # as peft's config would hold it
 
     @property
     def in_dim(self) -> int:
@@ -176,7 +182,8 @@ def check_layers(layers) -> list:
     return layers
 
 
-def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> list:
+def layers_from_torch(module, target_modules, rank: int, alpha, seed: int,
+                      use_rslora: bool = False) -> list:
     """A torch ``nn.Sequential``'s children as Network's layers: each Linear a
     lora.Linear named as its child (so a saved adapter loads into the torch
     model with the same ``target_modules``), with a fresh adapter where
@@ -207,7 +214,8 @@ def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> li
         if hasattr(m, "in_features"):
             adapted = name in targets
             layers.append(Linear(m.weight, m.bias, rank=rank if adapted else None,
-                                 alpha=alpha if adapted else None, name=name, seed=seed + k))
+                                 alpha=alpha if adapted else None, name=name, seed=seed + k,
+                                 use_rslora=use_rslora))
         elif kind.lower() in ACTIVATIONS and getattr(m, "approximate", "none") == "none":
             layers.append(kind.lower())
         else:
@@ -302,13 +310,15 @@ class Network:
 
     @classmethod
     def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=8, seed: int = 0,
-                   **options) -> "Network":
+                   use_rslora: bool = False, **options) -> "Network":
         """The network of a torch ``nn.Sequential`` (Linear layers and
         activations), adapters on the Linear children ``target_modules`` names
         as peft's ``LoraConfig(r=rank, lora_alpha=alpha, target_modules=...)``
-        does, with its defaults (r 8, lora_alpha 8: the scale alpha / rank);
-        ``options`` are the constructor's (loss, optimizer, ...)."""
-        return cls(layers_from_torch(module, target_modules, rank, alpha, seed), **options)
+        does, with its defaults (r 8, lora_alpha 8: the scale alpha / rank;
+        ``use_rslora``: alpha / sqrt(rank)); ``options`` are the constructor's
+        (loss, optimizer, ...)."""
+        return cls(layers_from_torch(module, target_modules, rank, alpha, seed, use_rslora),
+                   **options)
 
     @property
     def dtype(self) -> np.dtype:
@@ -449,9 +459,16 @@ class Network:
     def save_adapter(self, path, **kw):
         """Every adapter as one peft adapter (lora.save_adapter), module names
         the layers' names, each layer's alpha (peft's alpha_pattern where they
-        differ); extra keywords go to save_adapter."""
-        alphas = {x.name: x.alpha for x in self.linears if x.adapter is not None}
-        return save_adapter(path, self.adapters(), alpha=alphas, **kw)
+        differ), use_rslora where every adapted layer has it (peft's one flag;
+        otherwise each alpha is written as scale * rank); extra keywords go to
+        save_adapter."""
+        adapted = [x for x in self.linears if x.adapter is not None]
+        if "use_rslora" in kw:
+            raise ValueError("Network.save_adapter: use_rslora comes from the layers (each "
+                             "Linear's use_rslora), not from a keyword")
+        rslora = all(x.use_rslora for x in adapted)  # peft's flag is one for every module
+        alphas = {x.name: x.alpha if rslora else x.scale * x.rank for x in adapted}
+        return save_adapter(path, self.adapters(), alpha=alphas, use_rslora=rslora, **kw)
 
     def load_adapter(self, path) -> None:
         """Every adapted layer's A and B from a peft adapter (lora.load_adapter)
