@@ -400,7 +400,8 @@ def test_host_ids_refused_before_anything(device):
     for ids, match in (([0, 3, 1, 0], r"ids: id 3 at row 1 is outside \[-1, 3\)"),
                        ([0, -2, 1, 0], r"id -2 at row 1 is outside \[-1, 3\)"),
                        ([0, 1.0, 1, 0], "expected integers"),
-                       ([0, 1, 1], r"one id per row of x, shape \(4,\)")):
+                       ([0, 1, 1], r"one id per row of x, shape \(4,\)"),
+                       ([[0, 1]] * 2, r"one id per row of x, shape \(4,\) .*got \(2, 2\)")):
         with pytest.raises((ValueError, BindingError), match=match):
             lora.forward_many(x, layers, ids, base, device=device)
     bad = adapters(rng, (2,), out_dim=OUT + 2)
@@ -523,7 +524,8 @@ def test_interpreter_small_shapes(form):
 
 def test_peft_mixed_batches(device):
     """peft's ``model(x, adapter_names=[...])`` on a Linear with three adapters
-    (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5."""
+    (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5;
+    on sequences [samples, tokens, in], one name per sample as peft takes them."""
     torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
     peft = pytest.importorskip("peft", reason="peft is not installed")
     torch.manual_seed(0)
@@ -549,6 +551,12 @@ def test_peft_mixed_batches(device):
                                 module.lora_B[n].weight.detach().numpy(), specs[n][1],
                                 use_rslora=specs[n][2]) for n in specs}
     got = lora.forward_many(x.numpy(), layers, names, base, device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    seqs = torch.randn(3, 4, IN)  # peft's adapter_names: one per sample, its every token
+    with torch.no_grad():
+        want = model(seqs, adapter_names=["c", "__base__", "b"]).numpy()
+        base = module.base_layer(seqs).numpy()
+    got = lora.forward_many(seqs, layers, ["c", "__base__", "b"], base, device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -868,3 +876,17 @@ def test_adding_and_removing_in_one_thread_while_another_serves(device):
     assert not errors and not other.is_alive()
     assert got and all(g == want for g in got)
     pool.release()
+
+
+def test_one_id_per_sample_of_sequences(device):
+    """x [samples, tokens, in] takes ids per row ([samples, tokens] or flat)
+    or one per sample (peft's adapter_names): each of its tokens gets it."""
+    rng = np.random.default_rng(17)
+    layers = adapters(rng, (4, 8))
+    x = rng.standard_normal((3, 2, IN)).astype(np.float32)
+    per_row = lora.forward_many(x, layers, [[1, 1], [-1, -1], [0, 0]], device=device)
+    assert np.array_equal(lora.forward_many(x, layers, [1, -1, 0], device=device), per_row)
+    with pytest.raises(BindingError, match=r"expected one id per row of x, shape \(3, 2\) "
+                                           r"\(x.shape\[:-1\]\) or \(6,\), or one per sample "
+                                           r"\(3,\) as peft's adapter_names, got \(2,\)"):
+        lora.forward_many(x, layers, [0, 1], device=device)

@@ -114,17 +114,23 @@ def ids_by_name(ids: np.ndarray, index: dict, where: str) -> np.ndarray:
 
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
-    flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
-    range [-1, bound) named in messages."""
+    flat; or, where x has sequences, one per sample, shaped ``shape[:1]``, as
+    peft's ``adapter_names``) as int32 per row, each -1 or a slot in
+    ``slots``; ``bound``: the end of the range [-1, bound) named in messages."""
     arr = host_values(ids)
     rows = int(np.prod(shape, dtype=np.int64))
     if arr.size and arr.dtype.kind not in "iu":  # [] is float64 to numpy
         raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
                            f"dtype {arr.dtype.name}")
+    samples = int(shape[0]) if shape else 1
+    if len(shape) >= 2 and arr.shape == (samples,):  # every token of a sample takes its id
+        arr = np.repeat(arr, rows // max(samples, 1))
     if arr.shape != shape and arr.shape != (rows,):
         flat = "" if shape == (rows,) else f" or ({rows},)"
+        sample = f", or one per sample {shape[:1]} as peft's adapter_names" \
+            if len(shape) >= 2 else ""
         raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1])"
-                           f"{flat}, got {arr.shape}")
+                           f"{flat}{sample}, got {arr.shape}")
     flat = arr.reshape(-1).astype(np.int64)
     known = np.zeros(max(bound, 1) + 1, bool)
     known[0] = True  # -1, shifted to 0
