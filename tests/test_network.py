@@ -736,3 +736,17 @@ def test_forward_first_then_a_step_of_another_size(device):
         net.step(np.ones((8, 3)), np.ones((8, 2)))
     with pytest.raises(ValueError, match=r"takes batches of 3 rows \(set by the first forward"):
         net.build(8)
+
+
+def test_f16_inputs_past_its_range_are_refused():
+    """An f16 network stored x = 1e5 as infinity (numpy's overflow warning
+    only) and trained or answered NaN; now refused by name, as lora.forward
+    refuses it, before anything is written."""
+    net = Network([Linear(np.ones((6, 8)), rank=2)], dtype=np.float16, device=NoDevice())
+    past = r"x holds 100000, past float16's range \(65504\): stored as float16 it would be infinite"
+    with pytest.raises(ValueError, match=r"Network.step: " + past):
+        net.step(np.full((4, 8), 1e5), np.zeros((4, 6)))
+    with pytest.raises(ValueError, match=r"Network.step: y holds 70000"):
+        net.step(np.ones((4, 8)), np.full((4, 6), 7e4))
+    with pytest.raises(ValueError, match=r"Network.forward: " + past):
+        net.forward(np.full((4, 8), 1e5))

@@ -399,11 +399,21 @@ class Network:
                 raise ValueError(f"Network.step: labels must be in 0..{self.out_dim - 1} (the "
                                  f"output has {self.out_dim} classes), got {y.min()}..{y.max()}"
                                  f"{ignored}")
-            return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, np.uint32)
+            return self._stored(x, "x", "step"), np.ascontiguousarray(y, np.uint32)
         if y.dtype.kind not in "fiu" or y.shape != (rows, self.out_dim):
             raise ValueError(f"Network.step: with loss 'mse', y must be [{rows}, "
                              f"{self.out_dim}] numbers, got {y.dtype.name} {y.shape}")
-        return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, self.dtype)
+        return self._stored(x, "x", "step"), self._stored(y, "y", "step")
+
+    def _stored(self, values: np.ndarray, what: str, call: str) -> np.ndarray:
+        """``values`` as the network's dtype; a ValueError where a finite value
+        would be stored as infinity (past float16's 65504), as lora.forward refuses."""
+        top = np.abs(values[np.isfinite(values)]).max(initial=0)
+        if self.dtype == np.float16 and top > np.finfo(np.float16).max:
+            raise ValueError(f"Network.{call}: {what} holds {top:g}, past float16's range "
+                             f"(65504): stored as float16 it would be infinite; scale it or "
+                             f"make the network with dtype=np.float32")
+        return np.ascontiguousarray(values, self.dtype)
 
     def loss(self) -> float:
         """The last step's loss (reads back: waits for the GPU), after
@@ -430,6 +440,7 @@ class Network:
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
+        x = self._stored(x, "x", "forward")
         self.report_labels()
         if not self.batch:
             self._batch_from = (f"set by the first forward(x), of {len(x)} rows, before any "
