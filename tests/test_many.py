@@ -890,3 +890,19 @@ def test_one_id_per_sample_of_sequences(device):
                                            r"\(x.shape\[:-1\]\) or \(6,\), or one per sample "
                                            r"\(3,\) as peft's adapter_names, got \(2,\)"):
         lora.forward_many(x, layers, [0, 1], device=device)
+
+
+@pytest.mark.parametrize("form", ["fused segments", "split segments", "fused rows"])
+def test_a_batch_without_adapters_leaves_the_output(device, form):
+    """A batch whose rows are all "__base__" (host ids) made no tile, and the
+    segment forms dispatched 0 workgroups (DispatchError); now nothing is
+    dispatched and the output keeps the base layer's values."""
+    rng = np.random.default_rng(18)
+    pool = lora.AdapterPool(device, IN, OUT)
+    pool.add(adapters(rng, (4,))[0], "a")
+    plan = pool.forward_plan(8, **FORMS[form])
+    x, base, _ = batch(rng, 5, 1)
+    out_buf = device.buffer(base)
+    plan.record(device.buffer(x), ["__base__"] * 5, out_buf)
+    assert np.array_equal(plan.read(out_buf), base)
+    pool.release()

@@ -448,6 +448,8 @@ class ManyPlan:
             if plan is not None:  # (the route's adapters were checked: it is not)
                 plan(x, output)
             return
+        if not route.items:  # host ids all -1 ("__base__"): no tile, and nothing to add
+            return
         steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
         p = self.pool
         buffers = {"A": p.a, "B": p.b, "table": p.table, "x": x, "output": output,
