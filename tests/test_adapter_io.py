@@ -655,6 +655,21 @@ def test_save_adapter_refuses_foreign_targets_and_bad_alphas(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_save_adapter_writes_lora_dropout(tmp_path):
+    """The config's lora_dropout is the argument (0.0 by default), which peft
+    applies when it trains the adapter on; one outside [0, 1) writes nothing."""
+    layers = random_layers(np.random.default_rng(0), [(2, 3, 3)], np.float32)
+    config = json.loads((save_adapter(tmp_path / "a", layers, alpha=4, lora_dropout=0.1)
+                         / CONFIG_NAME).read_text())
+    assert config["lora_dropout"] == 0.1
+    assert json.loads((save_adapter(tmp_path / "b", layers, alpha=4) / CONFIG_NAME)
+                      .read_text())["lora_dropout"] == 0.0
+    with pytest.raises(AdapterFileError, match=r"lora_dropout must be a probability in "
+                                               r"\[0, 1\), got 1.0"):
+        save_adapter(tmp_path / "c", layers, alpha=4, lora_dropout=1.0)
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d.pop("layers.0.v"), re.escape("layers.{i}.q and layers.{i}.v")),
     (lambda d: d.update({"layers.2.q": d["layers.0.q"]}), re.escape("and nothing else")),

@@ -1,6 +1,7 @@
 """lora.Network: a stack of frozen layers with LoRA trained together on the GPU,
 checked against a float64 numpy autograd written out here, against torch+peft
 where torch is installed, and the digits app (lora.apps.finetune) built on it."""
+import json
 import math
 
 import numpy as np
@@ -750,3 +751,9 @@ def test_f16_inputs_past_its_range_are_refused():
         net.step(np.ones((4, 8)), np.full((4, 6), 7e4))
     with pytest.raises(ValueError, match=r"Network.forward: " + past):
         net.forward(np.full((4, 8), 1e5))
+
+
+def test_save_adapter_writes_the_networks_lora_dropout(tmp_path, device):
+    net = Network([Linear(np.ones((2, 3)), rank=2)], lora_dropout=0.25, device=device)
+    config = json.loads((net.save_adapter(tmp_path / "a") / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.25 and config["use_rslora"] is False

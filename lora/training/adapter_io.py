@@ -611,7 +611,8 @@ def _target_list(path: Path, layers: dict, target_modules):
 
 
 def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rslora=False,
-                 fan_in_fan_out=False, base_model_name_or_path=None) -> Path:
+                 fan_in_fan_out=False, base_model_name_or_path=None,
+                 lora_dropout=0.0) -> Path:
     """Write ``{module: (A [r, in], B [out, r])}`` as a peft adapter directory
     (created if missing): adapter_config.json and adapter_model.safetensors.
 
@@ -621,8 +622,13 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
     number or ``{module: number}``. Modules may differ in rank and alpha: the config's
     ``r`` (``rank`` if given) and ``lora_alpha`` are the most common values, and the
     other modules are named in ``rank_pattern`` and ``alpha_pattern``, as peft writes them.
+    ``lora_dropout``: the config's (what peft applies when it trains the adapter on).
     """
     path = Path(path)
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, numbers.Real) or \
+            not 0 <= lora_dropout < 1:
+        raise AdapterFileError(f"{path}: lora_dropout must be a probability in [0, 1), got "
+                               f"{lora_dropout!r}")
     if rank is not None:
         rank = _positive_int(rank, str(path), "rank")
     tensors, ranks = _peft_tensors(path, layers)
@@ -630,6 +636,7 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
     targets = _target_list(path, layers, target_modules)
     config = _peft_config(ranks, alphas, rank, targets, use_rslora, fan_in_fan_out,
                           base_model_name_or_path)
+    config["lora_dropout"] = float(lora_dropout)
     text = json.dumps(config, indent=2) + "\n"
     path.mkdir(parents=True, exist_ok=True)
     _commit({path / WEIGHTS_NAME: lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}),

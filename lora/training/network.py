@@ -471,14 +471,15 @@ class Network:
         """Every adapter as one peft adapter (lora.save_adapter), module names
         the layers' names, each layer's alpha (peft's alpha_pattern where they
         differ), use_rslora where every adapted layer has it (peft's one flag;
-        otherwise each alpha is written as scale * rank); extra keywords go to
-        save_adapter."""
+        otherwise each alpha is written as scale * rank), the network's
+        lora_dropout; extra keywords go to save_adapter."""
         adapted = [x for x in self.linears if x.adapter is not None]
         if "use_rslora" in kw:
             raise ValueError("Network.save_adapter: use_rslora comes from the layers (each "
                              "Linear's use_rslora), not from a keyword")
         rslora = all(x.use_rslora for x in adapted)  # peft's flag is one for every module
         alphas = {x.name: x.alpha if rslora else x.scale * x.rank for x in adapted}
+        kw.setdefault("lora_dropout", self.dropout[0])
         return save_adapter(path, self.adapters(), alpha=alphas, use_rslora=rslora, **kw)
 
     def load_adapter(self, path) -> None:
