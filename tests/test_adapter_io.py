@@ -343,6 +343,18 @@ def test_the_tensors_file_instead_of_its_directory(tmp_path):
             r"takes the adapter's directory\)", naming=tmp_path / "notes.txt")
 
 
+def test_a_folder_of_several_adapters_names_them(tmp_path):
+    """peft's save_pretrained of several adapters writes each (but "default")
+    in a folder of its name; loading the folder above says which to load."""
+    for name in ("support", "legal"):
+        write_peft(tmp_path / name, pair(2, 3, 3))
+    (tmp_path / "README.md").write_text("")
+    refused(tmp_path, match=r"missing; a peft adapter directory holds adapter_config.json and "
+            r"adapter_model.safetensors; .* holds the adapters \['legal', 'support'\] in folders "
+            r"of their names \(peft's save_pretrained of several adapters\): load_adapter\(",
+            naming=tmp_path / "legal")
+
+
 @pytest.mark.parametrize("gone", [CONFIG_NAME, WEIGHTS_NAME])
 def test_missing_file(tmp_path, gone):
     write_peft(tmp_path, pair(2, 3, 3))
@@ -641,6 +653,21 @@ def test_save_adapter_refuses_foreign_targets_and_bad_alphas(tmp_path):
             f"alpha['{first}'] must be a finite number, got nan")):
         save_adapter(tmp_path / "a", layers, alpha={m: math.nan for m in layers})
     assert not (tmp_path / "a").exists()
+
+
+def test_save_adapter_writes_lora_dropout(tmp_path):
+    """The config's lora_dropout is the argument (0.0 by default), which peft
+    applies when it trains the adapter on; one outside [0, 1) writes nothing."""
+    layers = random_layers(np.random.default_rng(0), [(2, 3, 3)], np.float32)
+    config = json.loads((save_adapter(tmp_path / "a", layers, alpha=4, lora_dropout=0.1)
+                         / CONFIG_NAME).read_text())
+    assert config["lora_dropout"] == 0.1
+    assert json.loads((save_adapter(tmp_path / "b", layers, alpha=4) / CONFIG_NAME)
+                      .read_text())["lora_dropout"] == 0.0
+    with pytest.raises(AdapterFileError, match=r"lora_dropout must be a probability in "
+                                               r"\[0, 1\), got 1.0"):
+        save_adapter(tmp_path / "c", layers, alpha=4, lora_dropout=1.0)
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("mutate, match", [

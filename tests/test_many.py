@@ -154,7 +154,8 @@ def test_one_adapter_on_every_row_is_lora_forward(device, dtype, monkeypatch):
 def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     """ManyPlan with host ids all naming one slot: lora.forward's plan (the
     same strategy, on a copy of the adapter), not the many kernels; a slot
-    refilled since gets a new copy, an emptied one no delta."""
+    refilled since gets a new copy; a route made before its slot was emptied
+    is refused."""
     rng = np.random.default_rng(12)
     layers = adapters(rng, (4, 64, 9))
     pool = lora.AdapterPool(device, IN, OUT)
@@ -183,7 +184,9 @@ def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     route = plan.route(np.full(20, 0))
     pool.remove(0)
     out_buf = device.buffer(base)
-    plan.record(x_buf, route, out_buf)
+    with pytest.raises(BindingError, match=r"this route names slot\(s\) \[0\], whose adapter was "
+                                           r"removed"):
+        plan.record(x_buf, route, out_buf)
     assert np.array_equal(plan.read(out_buf), base)
     plan.release()
     assert not plan._weights
@@ -397,7 +400,8 @@ def test_host_ids_refused_before_anything(device):
     for ids, match in (([0, 3, 1, 0], r"ids: id 3 at row 1 is outside \[-1, 3\)"),
                        ([0, -2, 1, 0], r"id -2 at row 1 is outside \[-1, 3\)"),
                        ([0, 1.0, 1, 0], "expected integers"),
-                       ([0, 1, 1], r"one id per row of x, shape \(4,\)")):
+                       ([0, 1, 1], r"one id per row of x, shape \(4,\)"),
+                       ([[0, 1]] * 2, r"one id per row of x, shape \(4,\) .*got \(2, 2\)")):
         with pytest.raises((ValueError, BindingError), match=match):
             lora.forward_many(x, layers, ids, base, device=device)
     bad = adapters(rng, (2,), out_dim=OUT + 2)
@@ -520,7 +524,8 @@ def test_interpreter_small_shapes(form):
 
 def test_peft_mixed_batches(device):
     """peft's ``model(x, adapter_names=[...])`` on a Linear with three adapters
-    (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5."""
+    (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5;
+    on sequences [samples, tokens, in], one name per sample as peft takes them."""
     torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
     peft = pytest.importorskip("peft", reason="peft is not installed")
     torch.manual_seed(0)
@@ -546,6 +551,12 @@ def test_peft_mixed_batches(device):
                                 module.lora_B[n].weight.detach().numpy(), specs[n][1],
                                 use_rslora=specs[n][2]) for n in specs}
     got = lora.forward_many(x.numpy(), layers, names, base, device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    seqs = torch.randn(3, 4, IN)  # peft's adapter_names: one per sample, its every token
+    with torch.no_grad():
+        want = model(seqs, adapter_names=["c", "__base__", "b"]).numpy()
+        base = module.base_layer(seqs).numpy()
+    got = lora.forward_many(seqs, layers, ["c", "__base__", "b"], base, device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -730,3 +741,168 @@ def test_matrix_form_workgroup_indices_are_proven():
                                                          column_splits=splits * 3))):
             k = KERNELS[name].kernel(**common, **params)
             assert unproven(k.wgsl) == [], (name, tile, rank)
+
+
+def test_a_pool_takes_names_where_it_takes_slots_and_blames_miscounted_ids(device):
+    """pool.remove, rank, scale and read take the name add gave as well as the
+    slot; an unknown name is refused naming the pool's names. A batch whose
+    ids are fewer or more than x's and output's rows is refused naming ids,
+    before anything is written; a mapping's layer is named by its key."""
+    rng = np.random.default_rng(13)
+    layers = adapters(rng, (3, 8))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip(("support", "legal"), layers):
+        pool.add(layer, name)
+    assert pool.rank("legal") == 8 and pool.scale("legal") == pool.scale(1)
+    assert np.array_equal(pool.read("support")[0], pool.read(0)[0])
+    with pytest.raises(ValueError, match=r"no adapter is named 'code' \(names: \['legal', "
+                                         r"'support'\]; slots in use: \[0, 1\]\)"):
+        pool.remove("code")
+    pool.remove("legal")
+    assert pool.names == {"support": 0} and pool.slots == [0]
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 5, 1)
+    x_buf, out_buf = device.buffer(x), device.buffer(base)
+    for ids in (["support"] * 4, device.buffer(np.zeros(6, np.int32))):
+        with pytest.raises(BindingError, match=r"ids: [46] id\(s\) for x and output of 5 rows; "
+                                               r"expected one id per row"):
+            plan.record(x_buf, ids, out_buf)
+    assert np.array_equal(plan.read(out_buf), base)
+    bad = adapters(rng, (2,), out_dim=OUT + 2)[0]
+    with pytest.raises(BindingError, match=r"layers\['v_proj'\]: A \[2, 40\] and B \[26, 2\] do "
+                                           r"not fit the first layer's shape 40 -> 24"):
+        lora.forward_many(x, {"q_proj": layers[0], "v_proj": bad}, [0, 1, 0, 1, 0],
+                          device=device)
+    pool.release()
+
+
+@pytest.mark.parametrize("segments", [True, False])
+def test_a_route_is_refused_once_an_adapter_it_names_is_gone(device, segments):
+    """A route made before pool.remove gave the removed adapter's rows no
+    delta, and one made before its slot was refilled ran the new adapter on
+    them, both silently; now both are refused, the output untouched. A route
+    whose adapters all stay serves on after other adapters come and go."""
+    rng = np.random.default_rng(14)
+    layers = adapters(rng, (4, 8, 3))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip("abc", layers):
+        pool.add(layer, name)
+    plan = pool.forward_plan(8, segments=segments)
+    x, base, _ = batch(rng, 5, 1)
+    x_buf = device.buffer(x)
+    for ids in (["a", "b", "a", "b", "a"], ["b"] * 5):
+        route = plan.route(ids)
+        pool.remove("b")
+        for refill in (False, True):
+            if refill:
+                pool.add(layers[2], "b again")  # into slot 1
+            out_buf = device.buffer(base)
+            with pytest.raises(BindingError, match=r"this route names slot\(s\) \[1\], whose "
+                                                   r"adapter was removed \(or replaced\)"):
+                plan.record(x_buf, route, out_buf)
+            assert np.array_equal(plan.read(out_buf), base)
+        pool.remove("b again")
+        pool.add(layers[1], "b")
+    route = plan.route(["a", "__base__", "a", "a", "a"])
+    pool.remove("c")
+    pool.add(layers[2], "c")
+    out_buf = device.buffer(base)
+    plan.record(x_buf, route, out_buf)
+    check(plan.read(out_buf), x, [layers[0]], [0, -1, 0, 0, 0], base, np.float32)
+    pool.release()
+
+
+def test_a_refused_record_leaves_the_last_route(device):
+    """plan.record(x, host ids, output) with an output of another dtype or
+    shape routed the ids first, which replaced the plan's last route (a
+    Route the server held was then refused as replaced): x and output are now
+    checked before the ids are routed."""
+    rng = np.random.default_rng(15)
+    layers = adapters(rng, (4, 8))
+    pool = lora.AdapterPool(device, IN, OUT)
+    for name, layer in zip("ab", layers):
+        pool.add(layer, name)
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 5, 2)
+    x_buf = device.buffer(x)
+    held = plan.route(["a", "b", "__base__", "b", "a"])
+    for bad, match in ((device.buffer(base.astype(np.float16)), "expected dtype float32"),
+                       (device.buffer(np.zeros((5, OUT + 1), np.float32)),
+                        r"output: expected shape \(5, 24\)")):
+        with pytest.raises(BindingError, match=match):
+            plan.record(x_buf, ["b"] * 5, bad)
+    out_buf = device.buffer(base)
+    plan.record(x_buf, held, out_buf)
+    check(plan.read(out_buf), x, layers, [0, 1, -1, 1, 0], base, np.float32)
+    pool.release()
+
+
+def test_adding_and_removing_in_one_thread_while_another_serves(device):
+    """A server thread records batches naming adapter "a" by name while
+    another thread adds and removes other adapters: add, remove and route
+    hold the device's lock, so each batch sees the pool before or after a
+    change and gives what one thread gives, bit for bit."""
+    import threading
+
+    rng = np.random.default_rng(16)
+    layers = adapters(rng, (4, 8, 13))
+    pool = lora.AdapterPool(device, IN, OUT)
+    pool.add(layers[0], "a")
+    plan = pool.forward_plan(8)
+    x, base, _ = batch(rng, 6, 1)
+    x_buf = device.buffer(x)
+    ids = ["a", "__base__", "a", "a", "__base__", "a"]
+
+    def serve():
+        out_buf = device.buffer(base)
+        plan.record(x_buf, ids, out_buf)
+        return plan.read(out_buf).tobytes()
+
+    want, got, errors = serve(), [], []
+
+    def churn():
+        try:
+            for k in range(12):
+                pool.add(layers[1 + k % 2], "churn")
+                pool.remove("churn")
+        except BaseException as e:  # raised below, in the test's thread
+            errors.append(e)
+
+    other = threading.Thread(target=churn, daemon=True)
+    other.start()
+    while other.is_alive() and len(got) < 40:
+        got.append(serve())
+    other.join(120)
+    assert not errors and not other.is_alive()
+    assert got and all(g == want for g in got)
+    pool.release()
+
+
+def test_one_id_per_sample_of_sequences(device):
+    """x [samples, tokens, in] takes ids per row ([samples, tokens] or flat)
+    or one per sample (peft's adapter_names): each of its tokens gets it."""
+    rng = np.random.default_rng(17)
+    layers = adapters(rng, (4, 8))
+    x = rng.standard_normal((3, 2, IN)).astype(np.float32)
+    per_row = lora.forward_many(x, layers, [[1, 1], [-1, -1], [0, 0]], device=device)
+    assert np.array_equal(lora.forward_many(x, layers, [1, -1, 0], device=device), per_row)
+    with pytest.raises(BindingError, match=r"expected one id per row of x, shape \(3, 2\) "
+                                           r"\(x.shape\[:-1\]\) or \(6,\), or one per sample "
+                                           r"\(3,\) as peft's adapter_names, got \(2,\)"):
+        lora.forward_many(x, layers, [0, 1], device=device)
+
+
+@pytest.mark.parametrize("form", ["fused segments", "split segments", "fused rows"])
+def test_a_batch_without_adapters_leaves_the_output(device, form):
+    """A batch whose rows are all "__base__" (host ids) made no tile, and the
+    segment forms dispatched 0 workgroups (DispatchError); now nothing is
+    dispatched and the output keeps the base layer's values."""
+    rng = np.random.default_rng(18)
+    pool = lora.AdapterPool(device, IN, OUT)
+    pool.add(adapters(rng, (4,))[0], "a")
+    plan = pool.forward_plan(8, **FORMS[form])
+    x, base, _ = batch(rng, 5, 1)
+    out_buf = device.buffer(base)
+    plan.record(device.buffer(x), ["__base__"] * 5, out_buf)
+    assert np.array_equal(plan.read(out_buf), base)
+    pool.release()

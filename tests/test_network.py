@@ -1,6 +1,7 @@
 """lora.Network: a stack of frozen layers with LoRA trained together on the GPU,
 checked against a float64 numpy autograd written out here, against torch+peft
 where torch is installed, and the digits app (lora.apps.finetune) built on it."""
+import json
 import math
 
 import numpy as np
@@ -414,7 +415,7 @@ def test_bad_batches_are_refused_before_anything_is_written():
                   device=NoDevice())
     with pytest.raises(ValueError, match=r"x must be \[rows, 3\] numbers, got float64 \(2, 4\)"):
         net.step(np.ones((2, 4)), np.zeros(2, int))
-    with pytest.raises(ValueError, match="batches of 2 rows, x has 3"):
+    with pytest.raises(ValueError, match=r"batches of 2 rows \(Network\(batch=2\)\), x has 3"):
         net.step(np.ones((3, 3)), np.zeros(3, int))
     with pytest.raises(ValueError, match=r"labels must be in 0..3 .* got 0..4"):
         net.step(np.ones((2, 3)), np.array([0, 4]))
@@ -663,3 +664,86 @@ def test_f16_base_products_on_matrix_units():
                for steps in gpu.forwards + gpu.backwards]   # names end in the dtype
     assert kernels[0][0] == "dense_matrix" and kernels[2][0] == "dense_f16"
     assert kernels[3][-1] == "dense_grad_input_f16"   # the small layer's input gradient
+
+
+def test_one_optimizer_for_two_trainers_is_refused(device):
+    """A second network (or LayerTrainer) given an optimizer another one took
+    is refused: re-attaching it would leave the first network's steps
+    updating the second one's adapters. The first one keeps training."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32)
+    opt = lora.AdamW(lr=1e-2)
+    first = Network([Linear(rng.normal(size=(2, 3)), rank=2, seed=1)], optimizer=opt,
+                    device=device)
+    second = Network([Linear(rng.normal(size=(2, 3)), rank=2, seed=2)], optimizer=opt,
+                     device=device)
+    first.step(x, y)
+    taken = r"this AdamW already updates 2 parameter\(s\) .* give each trainer its own"
+    with pytest.raises(RuntimeError, match=taken):
+        second.step(x, y)
+    with pytest.raises(RuntimeError, match=taken):
+        Network([Linear(np.ones((2, 3)), rank=2)], optimizer=opt, device=NoDevice())
+    weight = lora.Weight.init(device, rank=2, in_dim=3, out_dim=2, seed=0)
+    with pytest.raises(RuntimeError, match=taken):
+        lora.LayerTrainer(device, weight, 1.0, 4, opt)
+    before = first.adapters()["0"][0]
+    first.step(x, y)
+    assert not np.array_equal(first.adapters()["0"][0], before)  # its own adapter moved
+
+
+@pytest.mark.parametrize("optimizer, match", [
+    ("adamw", "optimizer: expected a lora.AdamW or lora.SGD, got str"),
+    (type("AdamW", (), {"__module__": "torch.optim.adamw"}),
+     r"got AdamW \(torch.optim.AdamW is torch's: give lora.AdamW\(lr=...\)"),
+])
+def test_an_optimizer_not_ours_is_refused_when_the_network_is_made(optimizer, match):
+    with pytest.raises(TypeError, match=match):
+        Network([Linear(np.ones((2, 3)), rank=2)], optimizer=optimizer, device=NoDevice())
+
+
+def test_torch_ignore_index_labels_get_a_hint():
+    net = Network([Linear(np.ones((4, 3)), rank=2)], loss="xent", device=NoDevice())
+    with pytest.raises(ValueError, match=r"got -100..2 \(-100 is torch's ignore_index, which the "
+                                         r"loss here does not skip: leave those rows out"):
+        net.step(np.ones((3, 3)), np.array([0, -100, 2]))
+
+
+def test_build_of_another_batch_is_refused():
+    """build(16) of a network of batch 4 returned buffers of 4 rows."""
+    given = Network([Linear(np.ones((2, 3)), rank=2)], batch=4, device=NoDevice())
+    with pytest.raises(ValueError, match=r"Network.build: this network takes batches of 4 rows "
+                                         r"\(Network\(batch=4\)\), not 16"):
+        given.build(16)
+
+
+def test_forward_first_then_a_step_of_another_size(device):
+    """forward before any step sets the batch (its buffers are made then): a
+    step of another size says so and how to choose; build too."""
+    rng = np.random.default_rng(5)
+    net = Network([Linear(rng.normal(size=(2, 3)), rank=2)], device=device)
+    assert net.forward(rng.normal(size=(3, 3))).shape == (3, 2)
+    with pytest.raises(ValueError, match=r"batches of 3 rows \(set by the first forward\(x\), of 3 "
+                                         r"rows, before any step: give Network\(..., batch=rows\)"):
+        net.step(np.ones((8, 3)), np.ones((8, 2)))
+    with pytest.raises(ValueError, match=r"takes batches of 3 rows \(set by the first forward"):
+        net.build(8)
+
+
+def test_f16_inputs_past_its_range_are_refused():
+    """An f16 network stored x = 1e5 as infinity (numpy's overflow warning
+    only) and trained or answered NaN; now refused by name, as lora.forward
+    refuses it, before anything is written."""
+    net = Network([Linear(np.ones((6, 8)), rank=2)], dtype=np.float16, device=NoDevice())
+    past = r"x holds 100000, past float16's range \(65504\): stored as float16 it would be infinite"
+    with pytest.raises(ValueError, match=r"Network.step: " + past):
+        net.step(np.full((4, 8), 1e5), np.zeros((4, 6)))
+    with pytest.raises(ValueError, match=r"Network.step: y holds 70000"):
+        net.step(np.ones((4, 8)), np.full((4, 6), 7e4))
+    with pytest.raises(ValueError, match=r"Network.forward: " + past):
+        net.forward(np.full((4, 8), 1e5))
+
+
+def test_save_adapter_writes_the_networks_lora_dropout(tmp_path, device):
+    net = Network([Linear(np.ones((2, 3)), rank=2)], lora_dropout=0.25, device=device)
+    config = json.loads((net.save_adapter(tmp_path / "a") / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.25 and config["use_rslora"] is False

@@ -1,6 +1,9 @@
 """What a torch user passes: parameters that require grad, bfloat16 tensors and
 torch modules where this library wants arrays and names. Tensors are read as
 their values (the same results as their numpy copies); modules get a hint."""
+import copy
+import json
+
 import numpy as np
 import pytest
 
@@ -159,4 +162,134 @@ def test_torch_layers_it_cannot_run_are_refused_by_name():
              r"\['0'\]\)"),
             (nn.Linear(4, 4), {}, "expected a torch.nn.Sequential")):
         with pytest.raises(ValueError, match=match):
-            lora.Network.from_torch(model, **({"target_modules": "all-linear"} | kw))
+            lora.Network.from_torch(model, target_modules=kw.get("target_modules", "all-linear"))
+
+
+class _TorchDtype:
+    """What storage_dtype reads of torch.float16: its module and its str."""
+
+    __module__ = "torch"
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+def test_torch_dtypes_name_the_storage_dtype():
+    from lora.core.weight import storage_dtype
+    assert storage_dtype(_TorchDtype("float16")) == np.float16
+    assert storage_dtype(_TorchDtype("float32")) == np.float32
+    with pytest.raises(ValueError, match="dtype: expected float32 or float16, got "):
+        storage_dtype(_TorchDtype("bfloat16"))
+
+
+def test_a_torch_linear_given_as_the_weight_gets_a_hint():
+    with pytest.raises(ValueError, match=r"Linear: weight is a torch.nn.Linear, expected its "
+                                         r"weight \[out, in\]: lora.Linear\(m.weight, m.bias"):
+        lora.Linear(Linear(), rank=2)
+
+
+def test_from_torch_reads_target_modules_as_peft_does():
+    """A string is a regex matched against whole child names (peft's
+    re.fullmatch); alpha defaults to peft's 8 (the scale was 1 without one);
+    torch.float16 is a dtype; a peft model is refused with the way back to
+    its base."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    net = lora.Network.from_torch(model, target_modules=r"[02]", rank=2)
+    assert [x.name for x in net.linears if x.adapter is not None] == ["0", "2"]
+    theirs = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["0"]))
+    assert net.linears[0].scale == theirs.base_model.model[0].scaling["default"] == 4.0
+    with pytest.raises(ValueError, match=r"target_modules '\[13\]' \(a regex, as peft reads a "
+                                         r"string\) matches no Linear of the model"):
+        lora.Network.from_torch(model, target_modules=r"[13]")
+    assert lora.Network.from_torch(model, target_modules="0", dtype=torch.float16).dtype == \
+        np.float16
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["0"]))
+    with pytest.raises(ValueError, match=r"got a peft model; give the torch model as it was "
+                                         r"before get_peft_model"):
+        lora.Network.from_torch(adapted, target_modules=["0"])
+
+
+def test_from_torch_refuses_a_module_whose_forward_it_cannot_read():
+    """A custom Module's children chained in order gave another function (its
+    forward adds x back): 1.16 from torch's output, silently. Refused now; a
+    Sequential, or a subclass keeping Sequential's forward, is taken."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    nn = torch.nn
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)) + x)
+
+    with pytest.raises(ValueError, match=r"expected a torch.nn.Sequential, got Residual, whose "
+                                         r"forward is not read here .*lora.Linear\(m.fc1.weight, "
+                                         r"m.fc1.bias, rank=8, name='fc1'\)"):
+        lora.Network.from_torch(Residual(), target_modules=["fc1"])
+
+    class Plain(nn.Sequential):
+        pass
+
+    net = lora.Network.from_torch(Plain(nn.Linear(3, 3)), target_modules="all-linear", rank=2)
+    assert [x.name for x in net.linears] == ["0"]
+
+
+def test_rslora_trains_saves_and_loads_as_peft_does(tmp_path):
+    """from_torch(use_rslora=True) is LoraConfig(use_rslora=True): the scale
+    alpha / sqrt(rank), 5 AdamW steps beside peft's, and the saved adapter
+    says use_rslora with the same alpha, so peft loads it to our outputs and
+    net.load_adapter reads it back. A layer without it among them saves each
+    alpha as scale * rank (peft's flag is one for the whole adapter)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = torch.randn(12, 6), torch.randn(12, 3)
+    net = lora.Network.from_torch(model, target_modules="all-linear", rank=4, alpha=8,
+                                  use_rslora=True, optimizer=lora.AdamW(lr=1e-2))
+    theirs = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(
+        r=4, lora_alpha=8, use_rslora=True, target_modules="all-linear"))
+    for name, (a, b) in net.adapters().items():
+        layer = theirs.base_model.model[int(name)]
+        assert net.linears[int(name) // 2].scale == layer.scaling["default"] == 4.0
+        with torch.no_grad():
+            layer.lora_A["default"].weight.copy_(torch.from_numpy(a))
+            layer.lora_B["default"].weight.copy_(torch.from_numpy(b))
+    trained = [p for p in theirs.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-2)
+    for _ in range(5):
+        net.step(x, y)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(theirs(x), y).backward()
+        opt.step()
+    for name, (a, b) in net.adapters().items():
+        layer = theirs.base_model.model[int(name)]
+        for part, mine in (("lora_A", a), ("lora_B", b)):
+            got = getattr(layer, part)["default"].weight.detach().numpy()
+            assert np.abs(got - mine).max() <= 1e-5 * np.abs(mine).max()
+    path = net.save_adapter(tmp_path / "rs")
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert config["use_rslora"] is True and config["lora_alpha"] == 8
+    loaded = peft.PeftModel.from_pretrained(copy.deepcopy(model), path)
+    with torch.no_grad():
+        want = loaded(x).numpy()
+    assert np.abs(net.forward(x) - want).max() <= 1e-5 * np.abs(want).max()
+    again = lora.Network.from_torch(model, target_modules="all-linear", rank=4, alpha=8,
+                                    use_rslora=True)
+    again.load_adapter(path)
+    mixed = lora.Network([lora.Linear(np.eye(3), rank=4, alpha=8, use_rslora=True, name="a"),
+                          lora.Linear(np.eye(3), rank=4, alpha=8, name="b")])
+    config = json.loads((mixed.save_adapter(tmp_path / "mixed") / "adapter_config.json")
+                        .read_text())
+    assert config["use_rslora"] is False
+    assert {n: layer.scale for n, layer in lora.load_adapter(tmp_path / "mixed").items()} == \
+        {"a": 4.0, "b": 2.0}

@@ -887,3 +887,14 @@ def test_default_backward_by_shape():
     assert pick(4096, 64, 2561, 2560) == pick(4096, 66, 64, 64) == "split"  # gemm needs 4 | dims
     assert Backward.for_shape(lora.LayerShape(64, 63, 64, 16), subgroups=True) == \
         Split(subgroups=True, rank_group=8)
+
+
+def test_a_trainer_given_arrays_says_how_to_make_buffers(device):
+    """LayerTrainer.record takes device buffers; numpy arrays (what a torch
+    user passes first) are refused naming device.buffer, before any dispatch."""
+    weight = lora.Weight.init(device, rank=2, in_dim=8, out_dim=6, seed=0)
+    trainer = lora.LayerTrainer(device, weight, 2.0, 5, lora.AdamW(lr=1e-2))
+    arrays = [np.zeros((5, 8), np.float32)] + [np.zeros((5, 6), np.float32)] * 3
+    with pytest.raises(BindingError, match=r"must be a live Buffer on .*, got ndarray \(device"
+                                           r".buffer\(values\) puts values on the device\)"):
+        trainer.record(*arrays)

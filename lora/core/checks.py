@@ -229,8 +229,8 @@ def host_problem(x, a, b, base, dtype, base_name: str = "base") -> HostProblem:
     return HostProblem(xs, am, bm, out, shape)
 
 
-def scale_of(alpha, scale, rank: int) -> float:
-    """``scale``, else ``alpha / rank``, else 1."""
+def scale_of(alpha, scale, rank: float) -> float:
+    """``scale``, else ``alpha / rank`` (rank: rsLoRA's sqrt(rank) where it says so), else 1."""
     if alpha is not None and scale is not None:
         raise ValueError("give alpha or scale, not both (scale = alpha / rank)")
     if scale is None and alpha is not None:

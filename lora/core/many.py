@@ -27,25 +27,27 @@ class _Shape:
         return f"the first layer's shape {self.in_dim} -> {self.out_dim}"
 
 
-def checked_layers(layers, dtype) -> tuple[list, _Shape]:
+def checked_layers(layers, dtype, labels=None) -> tuple[list, _Shape]:
     """Each layer checked against the first one's in and out dims, naming it
-    ``layers[k]``; the shape the pool will have (max_rank: the largest rank,
+    ``labels[k]`` (default ``layers[k]``); the shape the pool will have (max_rank: the largest rank,
     rounded up to 16, which the chosen forms' rank blocks divide)."""
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or not len(layers):
         raise TypeError(f"layers: expected a non-empty sequence of lora.LoraLayer, got "
                         f"{type(layers).__name__}")
+    labels = labels or [f"layers[{k}]" for k in range(len(layers))]
     first = layers[0]
-    refuse_non_layer(first, "layers[0]")
+    refuse_non_layer(first, labels[0])
     ranks = [np.shape(getattr(layer, "a", ()))[:1] or (1,) for layer in layers]
     top = max(int(r[0]) for r in ranks)
     shape = _Shape(np.shape(first.a)[-1], np.shape(first.b)[0], max(16, -(-top // 16) * 16), dtype)
-    return [checked_layer(layer, f"layers[{k}]", shape) for k, layer in enumerate(layers)], shape
+    return [checked_layer(layer, labels[k], shape) for k, layer in enumerate(layers)], shape
 
 
-def by_index(layers, ids) -> tuple[list, object]:
-    """``layers`` as a list and ``ids`` as indices into it: a mapping
-    ``{name: layer}`` lets rows name their adapter as peft's ``adapter_names``
-    does (``"__base__"`` for none); ints index the mapping's order."""
+def by_index(layers, ids) -> tuple[list, object, list | None]:
+    """``layers`` as a list, ``ids`` as indices into it and the layers' labels
+    in messages (None: ``layers[k]``): a mapping ``{name: layer}`` lets rows
+    name their adapter as peft's ``adapter_names`` does (``"__base__"`` for
+    none), labelled ``layers['name']``; ints index the mapping's order."""
     ids = C.host_values(ids)
     named = ids.dtype.kind in "USO"
     if not isinstance(layers, Mapping):
@@ -53,9 +55,10 @@ def by_index(layers, ids) -> tuple[list, object]:
             raise BindingError("ids: adapter names need layers as a mapping {name: "
                                "lora.LoraLayer}; with a sequence of layers, ids are indices "
                                "(-1 for none)")
-        return layers, ids
+        return layers, ids, None
     index = {name: k for k, name in enumerate(layers)}
-    return list(layers.values()), (ids_by_name(ids, index, "layers") if named else ids)
+    return (list(layers.values()), ids_by_name(ids, index, "layers") if named else ids,
+            [f"layers[{name!r}]" for name in layers])
 
 
 def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.ndarray:
@@ -76,8 +79,8 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     from shaderdsl.runtime import get_device
 
     dt = storage_dtype(np.float32 if dtype is None else dtype)
-    layers, ids = by_index(layers, ids)
-    checked, shape = checked_layers(layers, dt)
+    layers, ids, labels = by_index(layers, ids)
+    checked, shape = checked_layers(layers, dt, labels)
     first = checked[0]
     p = C.host_problem(x, first[0], first[1], base, dt)
     flat = host_ids(ids, p.shape[:-1], list(range(len(checked))), len(checked))

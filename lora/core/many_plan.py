@@ -114,17 +114,23 @@ def ids_by_name(ids: np.ndarray, index: dict, where: str) -> np.ndarray:
 
 def host_ids(ids, shape: tuple, slots: list[int], bound: int) -> np.ndarray:
     """``ids`` (one int per row: shaped ``shape``, x's leading dimensions, or
-    flat) as int32, each -1 or a slot in ``slots``; ``bound``: the end of the
-    range [-1, bound) named in messages."""
+    flat; or, where x has sequences, one per sample, shaped ``shape[:1]``, as
+    peft's ``adapter_names``) as int32 per row, each -1 or a slot in
+    ``slots``; ``bound``: the end of the range [-1, bound) named in messages."""
     arr = host_values(ids)
     rows = int(np.prod(shape, dtype=np.int64))
     if arr.size and arr.dtype.kind not in "iu":  # [] is float64 to numpy
         raise BindingError(f"ids: expected integers (an adapter's index, or -1 for none), got "
                            f"dtype {arr.dtype.name}")
+    samples = int(shape[0]) if shape else 1
+    if len(shape) >= 2 and arr.shape == (samples,):  # every token of a sample takes its id
+        arr = np.repeat(arr, rows // max(samples, 1))
     if arr.shape != shape and arr.shape != (rows,):
         flat = "" if shape == (rows,) else f" or ({rows},)"
+        sample = f", or one per sample {shape[:1]} as peft's adapter_names" \
+            if len(shape) >= 2 else ""
         raise BindingError(f"ids: expected one id per row of x, shape {shape} (x.shape[:-1])"
-                           f"{flat}, got {arr.shape}")
+                           f"{flat}{sample}, got {arr.shape}")
     flat = arr.reshape(-1).astype(np.int64)
     known = np.zeros(max(bound, 1) + 1, bool)
     known[0] = True  # -1, shifted to 0
@@ -170,6 +176,7 @@ class Route:
     generation: int = -1
     sort: bool = False  # device ids sorted into segments on the GPU first
     single: int = -1  # the slot every row names (host ids): lora.forward's own plan for it
+    adapters: tuple = ()  # (slot, the pool's serial of its adapter) of each slot the ids name
 
 
 class ManyPlan:
@@ -302,7 +309,12 @@ class ManyPlan:
         """Host ids checked (ValueError naming the first bad one, before
         anything is written) and written to the plan's buffers: as rows, or
         sorted into tiles (``segments``). Valid until the next route. Slots,
-        or the names given to ``pool.add`` (``"__base__"`` for none)."""
+        or the names given to ``pool.add`` (``"__base__"`` for none). Holds
+        the device's lock (the pool's slots and the plan's buffers)."""
+        with self.device.lock:
+            return self._route(ids)
+
+    def _route(self, ids) -> Route:
         arr = host_values(ids)
         if arr.dtype.kind in "USO":
             arr = ids_by_name(arr, self.pool.names, "the pool")
@@ -311,19 +323,20 @@ class ManyPlan:
         if not 1 <= tokens <= self.max_tokens:
             raise BindingError(f"{self!r}: {tokens} ids; a batch has 1 to {self.max_tokens} rows")
         self._generation += 1
+        named = tuple((int(k), int(self.pool.serials[k])) for k in np.unique(flat[flat >= 0]))
         if self.one_adapter and flat[0] >= 0 and np.all(flat == flat[0]):
             self.single_plan(int(flat[0]), tokens)  # copied and compiled now, not in a batch
             return Route(tokens, tokens, False, {}, False, self._generation,
-                         single=int(flat[0]))
+                         single=int(flat[0]), adapters=named)
         if not self.segments:
             self._put("ids", flat)
             return Route(tokens, tokens, False, {"ids": self._owned["ids"]}, False,
-                         self._generation)
+                         self._generation, adapters=named)
         order, tiles = segments(flat, self.tile_tokens)
         self._put("order", order)
         self._put("tiles", tiles)
         return Route(tokens, len(tiles), True, {r: self._owned[r] for r in ("order", "tiles")},
-                     False, self._generation)
+                     False, self._generation, adapters=named)
 
     def single_plan(self, slot: int, tokens: int):
         """``lora.forward``'s own plan (``auto_plan``: the tuned or the model's
@@ -390,14 +403,21 @@ class ManyPlan:
 
     def check(self, x, ids, output) -> Route:
         """Every buffer: live, on this device, the pool's dtype, T rows of
-        in_dim / out_dim as the route says, none aliasing another; the route."""
-        route = self._route_of(ids)
-        p, t = self.pool, route.tokens
-        for what, buf, dim in (("x", x, p.in_dim), ("output", output, p.out_dim)):
+        in_dim / out_dim as the ids say, none aliasing another; the route.
+        x and output are checked before host ids are routed, so a refused
+        call leaves the plan's last route as it was."""
+        p, given = self.pool, _ids_per_row(x, ids, output)
+        bufs = (("x", x, p.in_dim), ("output", output, p.out_dim))
+        for what, buf, dim in bufs:
             C.storage(self.device, buf, what, p.dtype, " (the pool's dtype)")
-            C.shaped(buf, t, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
-        checks.distinct(("x", x, False), ("output", output, True), ("pool A", p.a, False),
-                        ("pool B", p.b, False), ("pool table", p.table, False),
+            if given is not None:
+                C.shaped(buf, given, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        mine = (("pool A", p.a, False), ("pool B", p.b, False), ("pool table", p.table, False))
+        checks.distinct(("x", x, False), ("output", output, True), *mine)
+        route = self._route_of(ids)
+        for what, buf, dim in bufs:
+            C.shaped(buf, route.tokens, dim, what, f"{'in' if what == 'x' else 'out'}_dim")
+        checks.distinct(("x", x, False), ("output", output, True), *mine,
                         *((role, b, False) for role, b in route.buffers.items()
                           if role != "flags"))
         return route
@@ -407,6 +427,11 @@ class ManyPlan:
             if not ids.on_device and ids.generation != self._generation:
                 raise BindingError(f"{self!r}: this route was replaced by a later route(); "
                                    f"route the ids again")
+            gone = [k for k, serial in ids.adapters if self.pool.serials[k] != serial]
+            if gone:
+                raise BindingError(f"{self!r}: this route names slot(s) {gone}, whose adapter "
+                                   f"was removed (or replaced) since the route was made; route "
+                                   f"the ids again")
             return ids
         return self.device_route(ids) if isinstance(ids, DeviceBuffer) else self.route(ids)
 
@@ -420,8 +445,10 @@ class ManyPlan:
         route = self.check(x, ids, output)
         if route.single >= 0:
             plan = self.single_plan(route.single, route.tokens)
-            if plan is not None:  # else the slot was emptied since: no delta, as the kernels
+            if plan is not None:  # (the route's adapters were checked: it is not)
                 plan(x, output)
+            return
+        if not route.items:  # host ids all -1 ("__base__"): no tile, and nothing to add
             return
         steps = launch(self.steps(route.segments, route.on_device), route.items, self._cap)
         p = self.pool
@@ -474,6 +501,23 @@ class ManyPlan:
         self._owned = {}
         for slot in list(self._weights):
             self._drop_weight(slot)
+
+
+def _ids_per_row(x, ids, output) -> int | None:
+    """How many ids there are (None where a device buffer's shape says no
+    count); a BindingError naming ``ids`` where x and output agree on a row
+    count and the ids give another (else the shape checks name x or output)."""
+    if isinstance(ids, Route):
+        n = ids.tokens
+    elif isinstance(ids, DeviceBuffer):
+        n = ids.shape[0] if len(ids.shape) == 1 else None
+    else:
+        n = host_values(ids).size
+    rows = {len(b.shape) and b.shape[0] for b in (x, output) if isinstance(b, DeviceBuffer)}
+    if n is not None and len(rows) == 1 and (t := rows.pop()) and t != n:
+        raise BindingError(f"ids: {n} id(s) for x and output of {t} rows; expected one id per "
+                           f"row (-1 or '__base__' for none)")
+    return n
 
 
 def check_matrix(device, pool, segments: bool, tile_tokens: int) -> None:

@@ -261,8 +261,10 @@ class Plan:
             if not isinstance(buf, DeviceBuffer) or buf.device is not self.device \
                     or buf.released:
                 got = repr(buf) if isinstance(buf, DeviceBuffer) else type(buf).__name__
+                hint = "" if isinstance(buf, DeviceBuffer) or buf is None else \
+                    " (device.buffer(values) puts values on the device)"
                 raise BindingError(f"{self!r}: {spec.what} must be a live Buffer on "
-                                   f"{self.device!r}, got {got}")
+                                   f"{self.device!r}, got {got}{hint}")
         t = self._check_shapes(given, tokens) if self.tokens is None else \
             self._check_baked(given, self.tokens)
         checks.distinct(*((spec.what, given[r], spec.writes) for r, spec in self.roles.items()),

@@ -145,10 +145,10 @@ class AdapterPool:
         """The slots holding an adapter, in order."""
         return [int(s) for s in np.flatnonzero(self.host_table[:, 2])]
 
-    def rank(self, slot: int) -> int:
+    def rank(self, slot: int | str) -> int:
         return int(self.host_table[self._used(slot), 2])
 
-    def scale(self, slot: int) -> float:
+    def scale(self, slot: int | str) -> float:
         return float(self.host_table[self._used(slot), 3:4].view(np.float32)[0])
 
     def add(self, layer, name: str | None = None) -> int:
@@ -156,7 +156,12 @@ class AdapterPool:
         rank] and ``scale``, as ``lora.LoraLayer``) in a free slot; returns the
         slot. ``name`` names it in messages and in routes (``plan.route`` takes
         names as peft's ``adapter_names``); unique. Refused (ValueError,
-        BindingError) before anything on the device changes."""
+        BindingError) before anything on the device changes. Holds the
+        device's lock: a record in another thread sees the pool before or after."""
+        with self.device.lock:
+            return self._add(layer, name)
+
+    def _add(self, layer, name: str | None) -> int:
         self._check_name(name)
         a, b, scale = checked_layer(layer, name or "the adapter", self)
         rank = a.shape[0]
@@ -195,9 +200,13 @@ class AdapterPool:
             raise ValueError(f"{self!r}: the name {name!r} is taken by slot "
                              f"{self.names[name]}; remove it first")
 
-    def remove(self, slot: int) -> None:
-        """Free ``slot`` and its room; the other adapters stay where they are."""
-        slot = self._used(slot)
+    def remove(self, slot: int | str) -> None:
+        """Free ``slot`` (or the slot of the name ``add`` gave) and its room;
+        the other adapters stay where they are. Holds the device's lock."""
+        with self.device.lock:
+            self._remove(self._used(slot))
+
+    def _remove(self, slot: int) -> None:
         a_at, b_at, rank, _ = (int(v) for v in self.host_table[slot])
         self._rows.give(a_at, rank)
         self._elems.give(b_at, rank * self.out_dim)
@@ -206,14 +215,14 @@ class AdapterPool:
         self.names = {n: s for n, s in self.names.items() if s != slot}
         self.device.write(self.table, self.host_table)
 
-    def read(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, slot: int | str) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) of the adapter in ``slot``, read back from the device."""
         a_at, b_at, rank, _ = (int(v) for v in self.host_table[self._used(slot)])
         a = self.device.read(self.a)[a_at:a_at + rank]
         b = self.device.read(self.b)[b_at:b_at + rank * self.out_dim]
         return a.copy(), b.reshape(self.out_dim, rank).copy()
 
-    def weight(self, slot: int) -> Weight:
+    def weight(self, slot: int | str) -> Weight:
         """A new ``Weight`` holding a copy of the adapter in ``slot`` (copied on
         the device), for ``lora.forward``'s own plans; the caller releases it."""
         a_at, b_at, rank, _ = (int(v) for v in self.host_table[self._used(slot)])
@@ -237,6 +246,13 @@ class AdapterPool:
     # ------------------------------------------------------------ checks
 
     def _used(self, slot) -> int:
+        """The slot ``slot`` names (a slot, or the name ``add`` gave) holding an
+        adapter, else a ValueError naming what the pool holds."""
+        if isinstance(slot, str):
+            if slot not in self.names:
+                raise ValueError(f"{self!r}: no adapter is named {slot!r} (names: "
+                                 f"{sorted(self.names)}; slots in use: {self.slots})")
+            return self.names[slot]
         if isinstance(slot, bool) or not isinstance(slot, numbers.Integral) or \
                 not 0 <= int(slot) < len(self.host_table) or not self.host_table[int(slot), 2]:
             raise ValueError(f"{self!r}: slot {slot!r} holds no adapter (slots in use: "

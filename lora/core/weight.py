@@ -16,9 +16,11 @@ STORAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def storage_dtype(dtype) -> np.dtype:
-    """float32 or float16 as a numpy dtype, or a ValueError naming the choices."""
+    """float32 or float16 as a numpy dtype (given as numpy takes it, or as
+    torch's ``torch.float16``), or a ValueError naming the choices."""
+    name = str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
     try:
-        dt = np.dtype(dtype)
+        dt = np.dtype(name)
     except TypeError:
         dt = None
     if dt is None or dt not in STORAGE_DTYPES:

@@ -243,12 +243,26 @@ def _check_targets(config: dict, where: str) -> None:
         _check_regex(targets, where, "target_modules")
 
 
+def _adapters_inside(folder: Path) -> str:
+    """Where ``folder`` holds adapter directories (peft's save_pretrained of
+    several adapters writes each but "default" in a folder of its name), how to
+    load one of them; else ""."""
+    try:
+        inside = sorted(d.name for d in folder.iterdir() if (d / CONFIG_NAME).is_file())
+    except OSError:
+        return ""
+    if not inside:
+        return ""
+    return (f"; {folder} holds the adapters {inside} in folders of their names (peft's "
+            f"save_pretrained of several adapters): load_adapter({str(folder / inside[0])!r})")
+
+
 def _read_config(file: Path) -> dict:
     """adapter_config.json, with the fields the loader honours checked: r,
     lora_alpha, the patterns, target_modules; DoRA and other peft types refused."""
     if not file.is_file():
         raise AdapterFileError(f"{file}: missing; a peft adapter directory holds "
-                               f"{CONFIG_NAME} and {WEIGHTS_NAME}")
+                               f"{CONFIG_NAME} and {WEIGHTS_NAME}{_adapters_inside(file.parent)}")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, an int of 4300+ digits
@@ -597,7 +611,8 @@ def _target_list(path: Path, layers: dict, target_modules):
 
 
 def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rslora=False,
-                 fan_in_fan_out=False, base_model_name_or_path=None) -> Path:
+                 fan_in_fan_out=False, base_model_name_or_path=None,
+                 lora_dropout=0.0) -> Path:
     """Write ``{module: (A [r, in], B [out, r])}`` as a peft adapter directory
     (created if missing): adapter_config.json and adapter_model.safetensors.
 
@@ -607,8 +622,13 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
     number or ``{module: number}``. Modules may differ in rank and alpha: the config's
     ``r`` (``rank`` if given) and ``lora_alpha`` are the most common values, and the
     other modules are named in ``rank_pattern`` and ``alpha_pattern``, as peft writes them.
+    ``lora_dropout``: the config's (what peft applies when it trains the adapter on).
     """
     path = Path(path)
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, numbers.Real) or \
+            not 0 <= lora_dropout < 1:
+        raise AdapterFileError(f"{path}: lora_dropout must be a probability in [0, 1), got "
+                               f"{lora_dropout!r}")
     if rank is not None:
         rank = _positive_int(rank, str(path), "rank")
     tensors, ranks = _peft_tensors(path, layers)
@@ -616,6 +636,7 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
     targets = _target_list(path, layers, target_modules)
     config = _peft_config(ranks, alphas, rank, targets, use_rslora, fan_in_fan_out,
                           base_model_name_or_path)
+    config["lora_dropout"] = float(lora_dropout)
     text = json.dumps(config, indent=2) + "\n"
     path.mkdir(parents=True, exist_ok=True)
     _commit({path / WEIGHTS_NAME: lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}),

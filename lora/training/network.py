@@ -16,6 +16,9 @@ names the same layers.
 """
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -29,7 +32,7 @@ from ..kernels.network import ACTIVATIONS
 from .adapter_io import LoraLayer, load_adapter, save_adapter
 from .backward import backward_plan, dropout_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, report_labels
-from .optim import AdamW
+from .optim import AdamW, check_free
 from .trainer import _masters
 
 
@@ -40,19 +43,27 @@ class Linear:
     ``adapter``: (A [rank, in], B [out, rank]) or a lora.LoraLayer (which
     brings its alpha); or ``rank``: a fresh adapter as peft makes one (B = 0,
     A Kaiming-uniform, seeded by ``seed``). The scale is ``scale``, else
-    ``alpha / rank``, else 1. ``name``: the module name in adapter files.
+    ``alpha / rank`` (``alpha / sqrt(rank)`` with ``use_rslora``, as peft's
+    rsLoRA, which a LoraLayer's flag also sets), else 1. ``name``: the module
+    name in adapter files.
     """
 
     def __init__(self, weight, bias=None, *, adapter=None, rank=None, alpha=None, scale=None,
-                 name=None, seed=0):
+                 name=None, seed=0, use_rslora=False):
         self.name = "" if name is None else str(name)
         what = f"Linear {self.name!r}" if self.name else "Linear"
+        if hasattr(weight, "in_features") and hasattr(weight, "weight"):
+            raise ValueError(f"{what}: weight is a torch.nn.{type(weight).__name__}, expected its "
+                             f"weight [out, in]: lora.Linear(m.weight, m.bias, rank=8), or "
+                             f"lora.Network.from_torch(model, target_modules=...) for a whole "
+                             f"nn.Sequential")
         self.weight = _matrix(weight, f"{what}: weight", "[out, in]")
         out_dim, in_dim = self.weight.shape
         self.bias = None if bias is None else _vector(bias, f"{what}: bias", out_dim)
+        rslora = bool(use_rslora)
         if isinstance(adapter, LoraLayer):
             if alpha is None and scale is None:
-                scale = adapter.scale
+                alpha, rslora = adapter.alpha, rslora or adapter.use_rslora
             adapter = (adapter.a, adapter.b)
         if adapter is not None and rank is not None:
             raise ValueError(f"{what}: give adapter=(A, B) or rank=r, not both")
@@ -61,8 +72,10 @@ class Linear:
             adapter = R.init_lora(in_dim, out_dim, rank, seed=seed)
         self.adapter = None if adapter is None else _pair(adapter, what, in_dim, out_dim)
         self.rank = 0 if self.adapter is None else self.adapter[0].shape[0]
-        self.scale = C.scale_of(alpha, scale, self.rank or 1)
-        self.alpha = self.scale * (self.rank or 1)
+        root = math.sqrt(self.rank) if rslora and self.rank else float(self.rank or 1)
+        self.scale = C.scale_of(alpha, scale, root)
+        self.use_rslora = rslora
+        self.alpha = self.scale * root  # as peft's config would hold it
 
     @property
     def in_dim(self) -> int:
@@ -169,30 +182,40 @@ def check_layers(layers) -> list:
     return layers
 
 
-def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> list:
+def layers_from_torch(module, target_modules, rank: int, alpha, seed: int,
+                      use_rslora: bool = False) -> list:
     """A torch ``nn.Sequential``'s children as Network's layers: each Linear a
     lora.Linear named as its child (so a saved adapter loads into the torch
     model with the same ``target_modules``), with a fresh adapter where
     ``target_modules`` (child names, or "all-linear") names it; ReLU, GELU
     (exact), SiLU and Tanh by name. ValueError naming anything else."""
+    if hasattr(module, "peft_config"):
+        raise ValueError("Network.from_torch: got a peft model; give the torch model as it was "
+                         "before get_peft_model (peft_model.unload() returns it), and load a "
+                         "saved adapter with net.load_adapter(path)")
     children = list(module.named_children()) if hasattr(module, "named_children") else []
+    if children and not _is_sequential(module):
+        first = children[0][0]
+        part = f"m.{first}" if first.isidentifier() else f"m[{first}]"
+        raise ValueError(f"Network.from_torch: expected a torch.nn.Sequential, got "
+                         f"{type(module).__name__}, whose forward is not read here (it may add, "
+                         f"skip or reorder its children): list its layers in the order forward "
+                         f"runs them, lora.Network([lora.Linear({part}.weight, {part}.bias, "
+                         f"rank=8, name={first!r}), 'relu', "
+                         f"...]), named as the model names them")
     if not children:
         raise ValueError(f"Network.from_torch: expected a torch.nn.Sequential of Linear layers "
                          f"and activations, got {type(module).__name__}")
     linears = [name for name, m in children if hasattr(m, "in_features")]
-    targets = linears if target_modules == "all-linear" else (
-        [target_modules] if isinstance(target_modules, str) else list(target_modules))
-    unknown = [t for t in targets if t not in linears]
-    if unknown:
-        raise ValueError(f"Network.from_torch: target_modules {unknown} name no Linear of the "
-                         f"model (its Linear layers: {linears})")
+    targets = _targets(target_modules, linears)
     layers: list = []
     for k, (name, m) in enumerate(children):
         kind = type(m).__name__
         if hasattr(m, "in_features"):
             adapted = name in targets
             layers.append(Linear(m.weight, m.bias, rank=rank if adapted else None,
-                                 alpha=alpha if adapted else None, name=name, seed=seed + k))
+                                 alpha=alpha if adapted else None, name=name, seed=seed + k,
+                                 use_rslora=use_rslora))
         elif kind.lower() in ACTIVATIONS and getattr(m, "approximate", "none") == "none":
             layers.append(kind.lower())
         else:
@@ -200,6 +223,38 @@ def layers_from_torch(module, target_modules, rank: int, alpha, seed: int) -> li
             raise ValueError(f"Network.from_torch: layer {name!r} is {shown}; expected Linear, "
                              f"ReLU, GELU (exact), SiLU or Tanh")
     return layers
+
+
+def _is_sequential(module) -> bool:
+    """Whether ``module`` is a torch.nn.Sequential (or a subclass that keeps its forward)."""
+    kinds = type(module).__mro__
+    seq = next((k for k in kinds if k.__name__ == "Sequential" and
+                k.__module__.startswith("torch.nn")), None)
+    return seq is not None and getattr(type(module), "forward", None) is getattr(seq, "forward")
+
+
+def _targets(target_modules, linears: list[str]) -> list[str]:
+    """The Linear children ``target_modules`` names, as peft reads it: a list of
+    names, "all-linear", or a string: a regex matching whole names (re.fullmatch)."""
+    if target_modules == "all-linear":
+        return linears
+    if isinstance(target_modules, str):
+        try:
+            matched = [name for name in linears if re.fullmatch(target_modules, name)]
+        except re.error as e:
+            raise ValueError(f"Network.from_torch: target_modules {target_modules!r} is not a "
+                             f"valid regex ({e})") from None
+        if not matched:
+            raise ValueError(f"Network.from_torch: target_modules {target_modules!r} (a regex, "
+                             f"as peft reads a string) matches no Linear of the model (its "
+                             f"Linear layers: {linears})")
+        return matched
+    targets = list(target_modules)
+    unknown = [t for t in targets if t not in linears]
+    if unknown:
+        raise ValueError(f"Network.from_torch: target_modules {unknown} name no Linear of the "
+                         f"model (its Linear layers: {linears})")
+    return targets
 
 
 class Network:
@@ -230,13 +285,16 @@ class Network:
                  dtype: DTypeLike = np.float32, device=None, forward=None, backward=None,
                  lora_dropout: float = 0.0, dropout_seed: int = 0):
         if loss not in LOSSES:
-            raise ValueError(f"Network: loss: expected one of {LOSSES}, got {loss!r}")
+            raise ValueError(f"Network: loss: expected one of {LOSSES} (mean squared error, as "
+                             f"torch's mse_loss; softmax cross-entropy of logits against "
+                             f"integer labels, as torch's cross_entropy), got {loss!r}")
         self.layers = check_layers(layers)
         self._dtype = storage_dtype(dtype)
         if self._dtype == np.float16:
             _check_f16_range(self.linears)
         self.kind = loss
         self.optimizer = AdamW() if optimizer is None else optimizer
+        check_free(self.optimizer, "Network")
         self.strategies = (forward, backward)
         threshold(lora_dropout)  # ValueError outside [0, 1)
         if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, (int, np.integer)) \
@@ -246,17 +304,21 @@ class Network:
         self.dropout = (float(lora_dropout), int(dropout_seed))
         self._device = device
         self.batch = 0 if batch is None else C.count(batch, "Network: batch")
+        self._batch_from = f"Network(batch={batch})"  # what set it: that, a step or forward
         self._gpu = None       # _Built, made at the first step
         self._steps = 0
 
     @classmethod
-    def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=None, seed: int = 0,
-                   **options) -> "Network":
+    def from_torch(cls, module, *, target_modules, rank: int = 8, alpha=8, seed: int = 0,
+                   use_rslora: bool = False, **options) -> "Network":
         """The network of a torch ``nn.Sequential`` (Linear layers and
         activations), adapters on the Linear children ``target_modules`` names
         as peft's ``LoraConfig(r=rank, lora_alpha=alpha, target_modules=...)``
-        does; ``options`` are the constructor's (loss, optimizer, ...)."""
-        return cls(layers_from_torch(module, target_modules, rank, alpha, seed), **options)
+        does, with its defaults (r 8, lora_alpha 8: the scale alpha / rank;
+        ``use_rslora``: alpha / sqrt(rank)); ``options`` are the constructor's
+        (loss, optimizer, ...)."""
+        return cls(layers_from_torch(module, target_modules, rank, alpha, seed, use_rslora),
+                   **options)
 
     @property
     def dtype(self) -> np.dtype:
@@ -285,8 +347,13 @@ class Network:
 
     def build(self, batch: int) -> "_Built":
         """The buffers and plans for ``batch`` rows (made once; the first step does it)."""
+        if self.batch and batch != self.batch:
+            raise ValueError(f"Network.build: this network takes batches of {self.batch} "
+                             f"rows ({self._batch_from}), not {batch}; make another Network "
+                             f"for {batch}")
         if self._gpu is None:
             self.batch = self.batch or C.count(batch, "Network: batch")
+            check_free(self.optimizer, "Network")  # not taken by another since __init__
             self._gpu = _Built(self, self.device, self.batch)
         return self._gpu
 
@@ -294,6 +361,8 @@ class Network:
         """One training step on x [batch, in] and y (mse: targets [batch, out];
         xent: labels [batch]): written, then recorded in one submit."""
         x, y = self._inputs(x, y)
+        if not self.batch:
+            self._batch_from = "set by the first step"
         gpu = self.build(len(x))
         self.device.write(gpu.values[0], x)
         self.device.write(gpu.target, y)
@@ -317,21 +386,34 @@ class Network:
         rows = x.shape[0]
         if self.batch and rows != self.batch:
             raise ValueError(f"Network.step: this network steps on batches of {self.batch} "
-                             f"rows, x has {rows}; drop a smaller last batch or make another "
-                             f"Network for it")
+                             f"rows ({self._batch_from}), x has {rows}; drop a smaller last "
+                             f"batch or make another Network for it")
         y = C.host_values(y)
         if self.kind == "xent":
             if y.dtype.kind not in "iu" or y.shape != (rows,):
                 raise ValueError(f"Network.step: with loss 'xent', y must be {rows} integer "
                                  f"labels, got {y.dtype.name} {y.shape}")
             if y.min(initial=0) < 0 or y.max(initial=0) >= self.out_dim:
+                ignored = (" (-100 is torch's ignore_index, which the loss here does not skip: "
+                           "leave those rows out of the batch)") if np.any(y == -100) else ""
                 raise ValueError(f"Network.step: labels must be in 0..{self.out_dim - 1} (the "
-                                 f"output has {self.out_dim} classes), got {y.min()}..{y.max()}")
-            return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, np.uint32)
+                                 f"output has {self.out_dim} classes), got {y.min()}..{y.max()}"
+                                 f"{ignored}")
+            return self._stored(x, "x", "step"), np.ascontiguousarray(y, np.uint32)
         if y.dtype.kind not in "fiu" or y.shape != (rows, self.out_dim):
             raise ValueError(f"Network.step: with loss 'mse', y must be [{rows}, "
                              f"{self.out_dim}] numbers, got {y.dtype.name} {y.shape}")
-        return np.ascontiguousarray(x, self.dtype), np.ascontiguousarray(y, self.dtype)
+        return self._stored(x, "x", "step"), self._stored(y, "y", "step")
+
+    def _stored(self, values: np.ndarray, what: str, call: str) -> np.ndarray:
+        """``values`` as the network's dtype; a ValueError where a finite value
+        would be stored as infinity (past float16's 65504), as lora.forward refuses."""
+        top = np.abs(values[np.isfinite(values)]).max(initial=0)
+        if self.dtype == np.float16 and top > np.finfo(np.float16).max:
+            raise ValueError(f"Network.{call}: {what} holds {top:g}, past float16's range "
+                             f"(65504): stored as float16 it would be infinite; scale it or "
+                             f"make the network with dtype=np.float32")
+        return np.ascontiguousarray(values, self.dtype)
 
     def loss(self) -> float:
         """The last step's loss (reads back: waits for the GPU), after
@@ -358,7 +440,11 @@ class Network:
         if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"Network.forward: x must be [rows, {self.in_dim}] numbers, got "
                              f"{x.dtype.name} {x.shape}")
+        x = self._stored(x, "x", "forward")
         self.report_labels()
+        if not self.batch:
+            self._batch_from = (f"set by the first forward(x), of {len(x)} rows, before any "
+                                f"step: give Network(..., batch=rows) to step on another")
         gpu = self.build(self.batch or len(x))
         out = []
         for start in range(0, len(x), self.batch):
@@ -384,9 +470,17 @@ class Network:
     def save_adapter(self, path, **kw):
         """Every adapter as one peft adapter (lora.save_adapter), module names
         the layers' names, each layer's alpha (peft's alpha_pattern where they
-        differ); extra keywords go to save_adapter."""
-        alphas = {x.name: x.alpha for x in self.linears if x.adapter is not None}
-        return save_adapter(path, self.adapters(), alpha=alphas, **kw)
+        differ), use_rslora where every adapted layer has it (peft's one flag;
+        otherwise each alpha is written as scale * rank), the network's
+        lora_dropout; extra keywords go to save_adapter."""
+        adapted = [x for x in self.linears if x.adapter is not None]
+        if "use_rslora" in kw:
+            raise ValueError("Network.save_adapter: use_rslora comes from the layers (each "
+                             "Linear's use_rslora), not from a keyword")
+        rslora = all(x.use_rslora for x in adapted)  # peft's flag is one for every module
+        alphas = {x.name: x.alpha if rslora else x.scale * x.rank for x in adapted}
+        kw.setdefault("lora_dropout", self.dropout[0])
+        return save_adapter(path, self.adapters(), alpha=alphas, use_rslora=rslora, **kw)
 
     def load_adapter(self, path) -> None:
         """Every adapted layer's A and B from a peft adapter (lora.load_adapter)

@@ -60,6 +60,26 @@ def _real(value, what: str, low: float = 0.0, high: float = math.inf,
     return v
 
 
+def check_free(optimizer, who: str) -> None:
+    """A TypeError unless ``optimizer`` is a lora.AdamW or lora.SGD, a
+    RuntimeError where it is attached already: a second trainer re-attaching it
+    would leave the first one's steps updating the second one's parameters."""
+    if not isinstance(optimizer, _Optimizer):
+        name = getattr(optimizer, "__name__", type(optimizer).__name__)
+        module = getattr(optimizer, "__module__", "") or ""
+        ours = f"lora.{name}(lr=...)" if name in ("AdamW", "SGD") else "lora.AdamW(lr=...)"
+        hint = (f" (torch.optim.{name} is torch's: give {ours}, torch's update on the GPU)"
+                if module.startswith("torch") else "")
+        raise TypeError(f"{who}: optimizer: expected a lora.AdamW or lora.SGD, got "
+                        f"{name}{hint}")
+    if optimizer.groups is not None:
+        raise RuntimeError(f"{who}: this {type(optimizer).__name__} already updates "
+                           f"{len(optimizer.groups)} parameter(s) (of another trainer or "
+                           f"network, or of its own step()); it holds one set of moments and "
+                           f"one step count, so give each trainer its own: "
+                           f"lora.{type(optimizer).__name__}(lr=...)")
+
+
 class _Optimizer:
     """What AdamW and SGD share: settings, buffers, the recorded step."""
 
@@ -89,7 +109,9 @@ class _Optimizer:
 
     def attach(self, device, params: list) -> None:
         """Use ``params``: a list of (parameter buffer, gradient buffer), f32, on
-        ``device``. Allocates the moments, the state and the settings buffers."""
+        ``device``. Allocates the moments, the state and the settings buffers.
+        Once only: an optimizer holds one set of moments and one step count."""
+        check_free(self, f"{type(self).__name__}.attach")
         pairs = list(params)
         for k, (p, g) in enumerate(pairs):
             for what, buf in ((f"params[{k}]", p), (f"grads[{k}]", g)):

@@ -12,6 +12,7 @@ from ..core.weight import wgsl_dtype
 from ..kernels.dropout import threshold
 from .backward import backward_plan, dropout_plan, train_forward_plan
 from .losses import LOSSES, loss_plan, loss_value, mse_parts, report_labels
+from .optim import check_free
 
 
 class LayerTrainer:
@@ -44,6 +45,7 @@ class LayerTrainer:
         if loss not in LOSSES:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
         check_f16(device, weight.dtype, "LayerTrainer")
+        check_free(optimizer, "LayerTrainer")
         self.device, self.tokens, self.kind, self.weight = device, tokens, loss, weight
         self.h = device.empty((tokens, weight.rank), np.float32, name="lora.h")
         self.forward = train_forward_plan(device, weight, scale, tokens, forward)
