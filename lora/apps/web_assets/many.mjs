@@ -150,6 +150,7 @@ function checkedLayer(layer, what) {
  *  as adds need. inDim, outDim, dtype and maxRank are the module's (config);
  *  given, they must match. */
 export function createPool(device, options = {}) {
+  checkDevice(device, "createPool");
   return new AdapterPool(device, options);
 }
 
@@ -288,6 +289,7 @@ class AdapterPool {
    *  record of this pool: the route is the pool's). Returns the form's name, or
    *  null where no row has an adapter (nothing recorded). */
   record({x, output}, ids, {encoder = null, form = null} = {}) {
+    checkDevice(this.device, "pool.record");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4);
     knownForm(form, "pool.record");
     if (!flat.length) throw new RangeError("ids: a batch has at least 1 row, got 0 ids");
@@ -365,7 +367,7 @@ class AdapterPool {
     for (const [name, values, dim] of [["x", x, config.inDim], ["base", base, config.outDim]])
       if (values !== null && values?.length !== t * dim)
         throw new RangeError(`pool.forward: ${name} has ${values?.length} values, expected ` +
-                             `${t * dim} (${t} row(s) of ${dim})`);
+                             `${t * dim} (${t} row(s) of ${dim}: a row per id, ${t} id(s))`);
     const U = GPUBufferUsage, bytes = t * config.outDim * ITEM;
     const up = values => { const buf = this.make("many.host", values.byteLength, U.STORAGE |
       U.COPY_SRC | U.COPY_DST); this.device.queue.writeBuffer(buf, 0, values); return buf; };
@@ -375,7 +377,7 @@ class AdapterPool {
     this.record({x: xb, output: ob}, flat, {encoder: enc, form});
     enc.copyBufferToBuffer(ob, 0, read, 0, ob.size);
     this.device.queue.submit([enc.finish()]);
-    await read.mapAsync(GPUMapMode.READ);
+    await mapRead(this.device, read, "pool.forward");
     const raw = read.getMappedRange(0, bytes).slice(0);
     for (const buf of [read, xb, ob]) buf.destroy();
     return ITEM === 4 ? new Float32Array(raw) : Float32Array.from(new Uint16Array(raw), halfValue);

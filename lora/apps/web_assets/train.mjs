@@ -113,6 +113,7 @@ function checkSettings(changes, values) {
  *  inputs are config.given (each a TypedArray written into the trainer's own buffer, or
  *  a GPUBuffer of that size). */
 export async function loraTrainer(device, weights = {}) {
+  checkDevice(device, "loraTrainer");
   await prepare(device);
   const first = {};
   for (const [module, layer] of Object.entries(weights))
@@ -129,8 +130,8 @@ export async function loraTrainer(device, weights = {}) {
     }
   }
   const readLayer = async (module, l) => {
-    const [a, b] = await Promise.all([readBack(device, own[l.a], buffers[l.a].bytes),
-                                      readBack(device, own[l.b], buffers[l.b].bytes)]);
+    const [a, b] = await Promise.all([l.a, l.b].map(name => readBack(device, own[name],
+      buffers[name].bytes, `loraTrainer: ${module}'s adapter`)));
     return {a: new Float32Array(a), b: new Float32Array(b), rank: l.rank, inDim: l.inDim,
             outDim: l.outDim, alpha: l.alpha, scale: l.scale};
   };
@@ -156,7 +157,7 @@ export async function loraTrainer(device, weights = {}) {
     const name = config.loss.seen;
     if (!name || !taken) return;
     const error = labelsError(new Uint32Array(await readBack(device, own[name],
-                                                             buffers[name].bytes)));
+      buffers[name].bytes, "loraTrainer: the labels' record")));
     if (!error) return;
     // rows 1 and 2 cleared; row 0 (each token's step count) is the kernel's
     device.queue.writeBuffer(own[name], 4 * config.tokens, new Uint32Array(2 * config.tokens));
@@ -179,7 +180,11 @@ export async function loraTrainer(device, weights = {}) {
       device.queue.writeBuffer(own[hyperName], 0, hyper);
     },
     step(inputs) {
+      checkDevice(device, "loraTrainer.step");
       const bound = {...own};
+      const unknown = Object.keys(inputs ?? {}).filter(key => !config.given.includes(key));
+      if (unknown.length) throw new TypeError(`loraTrainer.step: no input named ` +
+        `${unknown.join(", ")}; it takes ${config.given.join(", ")}`);
       for (const what of config.given) checkInput(what, inputs?.[what]);
       for (const what of config.given) {
         const value = inputs[what];
@@ -212,14 +217,16 @@ export async function loraTrainer(device, weights = {}) {
     async loss() {
       if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
       await reportLabels();
-      return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes)));
+      return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes,
+                                                               "loraTrainer.loss")));
     },
     /** The loss of every step taken, from a history the steps keep on the GPU (one
      *  read back, here; none per step). */
     async losses() {
       if (!taken) return [];
       await reportLabels();
-      const sums = new Float32Array(await readBack(device, history, taken * lossBytes));
+      const sums = new Float32Array(await readBack(device, history, taken * lossBytes,
+                                                             "loraTrainer.losses"));
       const per = lossBytes / 4;
       return Array.from({length: taken}, (_, k) => meanLoss(sums.subarray(k * per, (k + 1) * per)));
     },
