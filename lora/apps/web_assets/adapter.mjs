@@ -426,14 +426,40 @@ function alphasOf(layers, modules, alpha) {
   return Object.fromEntries(modules.map(m => [m, finite(alpha[m], `alpha[${pyStr(m)}]`)]));
 }
 
+/** use_rslora for ``layers``: ``useRslora`` where given, else what the layers' own
+ *  scales say (readPeftAdapter's layers of an rslora file have scale alpha / sqrt(r));
+ *  throws where a layer's scale and alpha fit neither rule, or not the one written, as
+ *  peft would then scale that module otherwise than the layer does. */
+function rsloraOf(layers, modules, useRslora) {
+  const f = Math.fround, said = [];
+  for (const m of modules) {
+    const {scale, alpha, rank} = layers[m];
+    if (typeof scale !== "number" || typeof alpha !== "number" || rank === 1) continue;
+    const plain = alpha / rank, rs = alpha / Math.sqrt(rank);
+    if (f(scale) !== f(plain) && f(scale) !== f(rs))
+      throw new AdapterFileError(`module ${m}: scale ${scale} is neither alpha / r (${plain}) ` +
+        `nor alpha / sqrt(r) (${rs}) for alpha ${alpha}, r ${rank}; peft would not read it back`);
+    said.push([m, f(scale) === f(rs)]);
+  }
+  const chosen = useRslora ?? (said.length ? said[0][1] : false);
+  const off = said.filter(([, rs]) => rs !== Boolean(chosen)).map(([m]) => m);
+  if (off.length)
+    throw new AdapterFileError(`use_rslora would be ${Boolean(chosen)}, but module(s) ` +
+      `${off.join(", ")} have scale alpha / ${chosen ? "r" : "sqrt(r) (rslora)"}: peft would ` +
+      `scale them otherwise; give {useRslora: ${!chosen}} or layers of one rule`);
+  return Boolean(chosen);
+}
+
 /** The two files of a peft adapter for ``layers`` ({module: {a, b, rank, inDim, outDim}},
  * a and b row-major Float32Arrays): {config: text, tensors: bytes}. As Python's
  * save_adapter (the same config text for the same layers): ``alpha`` one number,
  * ``{module: number}``, or left out for each layer's ``alpha``; r and lora_alpha the most
- * common values, rank_pattern and alpha_pattern the modules that differ. */
-export function writePeftAdapter(layers, {alpha, targetModules, useRslora = false} = {}) {
+ * common values, rank_pattern and alpha_pattern the modules that differ; use_rslora
+ * ``useRslora``, else what the layers' scales say (rsloraOf). */
+export function writePeftAdapter(layers, {alpha, targetModules, useRslora} = {}) {
   const modules = Object.keys(layers);
   if (!modules.length) throw new AdapterFileError("layers must hold at least one module");
+  const rslora = rsloraOf(layers, modules, useRslora);
   const alphas = alphasOf(layers, modules, alpha);
   const ranks = Object.fromEntries(modules.map(m => [m, layers[m].rank]));
   const tensors = Object.create(null);
@@ -455,6 +481,6 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora = fals
                   layers_to_transform: null, lora_alpha: new PyFloat(loraAlpha),
                   lora_dropout: new PyFloat(0), modules_to_save: null, peft_type: "LORA", r,
                   rank_pattern: patternOf(ranks, r), revision: null, target_modules: targets,
-                  task_type: null, use_dora: false, use_rslora: Boolean(useRslora)};
+                  task_type: null, use_dora: false, use_rslora: rslora};
   return {config: `${pyJson(config)}\n`, tensors: writeSafetensors(tensors)};
 }
