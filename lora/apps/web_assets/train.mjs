@@ -107,6 +107,40 @@ function checkSettings(changes, values) {
   }
 }
 
+/** {buffer name: values} of ``weights`` ({module: {a, b}}, or readPeftAdapter's layers),
+ *  every module one of config.adapters and every part a Float32Array of its size; a
+ *  rank, dims or scale given with it must be the trainer's (they are baked into the
+ *  step): a module name or a scale that does not fit was ignored before, silently. */
+function startingWeights(weights) {
+  const modules = Object.keys(config.adapters).join(", ");
+  if (weights === null || typeof weights !== "object" || ArrayBuffer.isView(weights))
+    throw new TypeError(`loraTrainer: weights must be {module: {a, b}} (modules: ${modules}), ` +
+                        `got ${weights === null ? "null" : weights.constructor?.name ?? typeof weights}`);
+  const first = {};
+  for (const [module, layer] of Object.entries(weights)) {
+    const want = config.adapters[module];
+    if (!want) throw new RangeError(`loraTrainer: weights name the module ${module}; this ` +
+                                    `trainer's are ${modules}`);
+    const differ = ["rank", "inDim", "outDim"].filter(key => layer?.[key] !== undefined &&
+      layer[key] !== want[key]).map(key => `${key} ${layer[key]} (the trainer's ${want[key]})`);
+    if (typeof layer?.scale === "number" && Math.fround(layer.scale) !== Math.fround(want.scale))
+      differ.push(`scale ${layer.scale} (the trainer's ${want.scale})`);
+    for (const part of ["a", "b"]) {
+      const values = layer?.[part], count = buffers[want[part]].bytes / 4;
+      if (!(values instanceof Float32Array))
+        throw new TypeError(`loraTrainer: weights.${module}.${part} must be a Float32Array ` +
+          `(row-major), got ${values?.constructor?.name ?? typeof values}`);
+      if (values.length !== count)
+        differ.push(`${part} of ${values.length} values (the trainer's ${count})`);
+      first[want[part]] = values;
+    }
+    if (differ.length) throw new RangeError(`loraTrainer: weights.${module} does not fit ` +
+      `this trainer: ${differ.join("; ")}. Rank, dims and scale are baked into the step: ` +
+      `export one for it (python -m lora export --train ...)`);
+  }
+  return first;
+}
+
 /** A trainer on ``device``: its buffers made and filled (as exported: A and B as peft
  *  initialises them, or ``weights`` {module: {a, b}} of row-major Float32Arrays), every
  *  pipeline compiled. ``step(inputs)`` records one training step into one submit; its
@@ -114,10 +148,8 @@ function checkSettings(changes, values) {
  *  a GPUBuffer of that size). */
 export async function loraTrainer(device, weights = {}) {
   checkDevice(device, "loraTrainer");
+  const first = startingWeights(weights);
   await prepare(device);
-  const first = {};
-  for (const [module, layer] of Object.entries(weights))
-    for (const part of ["a", "b"]) if (layer?.[part]) first[`${module}.${part}`] = layer[part];
   const own = {};
   for (const [name, info] of Object.entries(buffers)) {
     own[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, info.bytes),
