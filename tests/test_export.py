@@ -255,11 +255,19 @@ def test_exported_dispatch_checks_its_buffers(tmp_path):
       for (const t of tries) {{ try {{ m.dispatch(dev, t, [2, 3]); out.push("none"); }}
                                catch (e) {{ out.push(e.message); }} }}
       try {{ m.dispatch(dev, {{A: ok, B: ok, C: ok}}, 0); }} catch (e) {{ out.push(e.message); }}
+      // a device not yet awaited, or none: was a WeakMap key error, or deep in WebGPU
+      await m.prepare(Promise.resolve(dev)).catch(e => out.push(e.message));
+      try {{ m.dispatch(undefined, {{A: ok, B: ok, C: ok}}, 1); }}
+      catch (e) {{ out.push(e.message); }}
       return JSON.stringify(out);"""))
     assert "binding 'C' (@binding(2)): no buffer given" in errors[0]
     assert "binding 'A' (@binding(0)): buffer has 16 bytes, needs at least 468" in errors[1]
     assert "has no binding(s) D" in errors[2]
     assert "workgroup counts must be integers >= 1" in errors[3]
+    assert errors[4] == ("kernel matmul: device must be a GPUDevice (from await "
+                         "adapter.requestDevice()), got a Promise (await "
+                         "adapter.requestDevice() before passing the device)")
+    assert errors[5].endswith("got undefined")
 
 
 @needs_browser
