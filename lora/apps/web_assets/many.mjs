@@ -21,6 +21,9 @@ export function chooseForm(rows, used, rank) {
 export function checkIds(ids, slots, bound) {
   const values = ArrayBuffer.isView(ids) || Array.isArray(ids) ? Array.from(ids) : null;
   const odd = values === null ? -1 : values.findIndex(v => !Number.isInteger(v));
+  if (typeof values?.[odd] === "string")
+    throw new TypeError(`ids: got the name ${JSON.stringify(values[odd])} at row ${odd}; this ` +
+      `pool routes rows by slot: the number pool.add returned for that adapter, or -1 for none`);
   if (values === null || odd >= 0)
     throw new TypeError(`ids: expected integers (an adapter's index, or -1 for none), got ` +
       (values === null ? `${typeof ids}` : `${String(values[odd])} at row ${odd}`));
