@@ -212,6 +212,7 @@ class AdapterPool {
    *  table, A or B doubled where full, the others not moved); returns the slot.
    *  Refused, naming ``name``, before anything is written. */
   add(layer, name = "the adapter") {
+    this.alive("pool.add");
     const {a, b, rank, scale} = checkedLayer(layer, name);
     let slot = this.hostTable.findIndex((v, k) => k % 4 === 2 && v === 0) >> 2;
     const rows = this.growth(this.aRoom, rank, "A rows", config.inDim, name);
@@ -265,6 +266,7 @@ class AdapterPool {
 
   /** Free ``slot`` and its room; the other adapters stay where they are. */
   remove(slot) {
+    this.alive("pool.remove");
     const [aAt, bAt, rank] = this.hostTable.subarray(4 * this.used(slot), 4 * slot + 3);
     this.aRoom.give(aAt, rank);
     this.bRoom.give(bAt, rank * config.outDim);
@@ -293,6 +295,7 @@ class AdapterPool {
    *  null where no row has an adapter (nothing recorded). */
   record({x, output}, ids, {encoder = null, form = null} = {}) {
     checkDevice(this.device, "pool.record");
+    this.alive("pool.record");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4);
     knownForm(form, "pool.record");
     if (!flat.length) throw new RangeError("ids: a batch has at least 1 row, got 0 ids");
@@ -365,6 +368,7 @@ class AdapterPool {
    *  numbers), ids (T ints), base (T * outDim numbers, default zeros); ``form``
    *  as record's. */
   async forward(x, ids, base = null, {form = null} = {}) {
+    this.alive("pool.forward");
     knownForm(form, "pool.forward");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4), t = flat.length;
     for (const [name, values, dim] of [["x", x, config.inDim], ["base", base, config.outDim]])
@@ -389,5 +393,14 @@ class AdapterPool {
   /** Free the pool's buffers. */
   destroy() {
     for (const buf of Object.values(this.buffers)) buf.destroy();
+    this.destroyed = true;
+  }
+
+  /** Throws where the pool was destroyed: its buffers are gone, and WebGPU would only
+   *  log a validation error (a forward read back zeros). */
+  alive(what) {
+    if (this.destroyed)
+      throw new Error(`${what}: this pool was destroyed (pool.destroy()); make another ` +
+                      `with createPool`);
   }
 }

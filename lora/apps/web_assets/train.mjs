@@ -181,7 +181,13 @@ export async function loraTrainer(device, weights = {}) {
     if (old) enc.copyBufferToBuffer(old, 0, history, 0, taken * lossBytes);
     return old;
   };
-  let taken = 0;
+  let taken = 0, destroyed = false;
+  /** Throws where the trainer was destroyed: WebGPU would only log a validation error
+   *  (a step did nothing, a read gave zeros). */
+  const alive = what => {
+    if (destroyed) throw new Error(`${what}: this trainer was destroyed (trainer.destroy()); ` +
+                                   `make another with loraTrainer`);
+  };
   /** With xent: throws for labels outside the classes in any step since the last report
    *  (read from the step's sticky record on the GPU, then cleared), as LayerTrainer's
    *  report_labels; loss(), losses(), adapters() and adapter() call it first. */
@@ -204,6 +210,7 @@ export async function loraTrainer(device, weights = {}) {
      *  rebuilt): lr, weightDecay, beta1, beta2, eps (or momentum), warmup, total,
      *  minRatio, maxGradNorm (clipping stays on or off as exported). */
     set(changes) {
+      alive("loraTrainer.set");
       checkSettings(changes, values);
       for (const [key, value] of Object.entries(changes)) {
         values[key] = value;
@@ -213,6 +220,7 @@ export async function loraTrainer(device, weights = {}) {
     },
     step(inputs) {
       checkDevice(device, "loraTrainer.step");
+      alive("loraTrainer.step");
       const bound = {...own};
       const unknown = Object.keys(inputs ?? {}).filter(key => !config.given.includes(key));
       if (unknown.length) throw new TypeError(`loraTrainer.step: no input named ` +
@@ -247,6 +255,7 @@ export async function loraTrainer(device, weights = {}) {
     /** The last step's loss (reads back: waits for the GPU); labels out of range in
      *  any step since the last report throw here first. */
     async loss() {
+      alive("loraTrainer.loss");
       if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
       await reportLabels();
       return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes,
@@ -255,6 +264,7 @@ export async function loraTrainer(device, weights = {}) {
     /** The loss of every step taken, from a history the steps keep on the GPU (one
      *  read back, here; none per step). */
     async losses() {
+      alive("loraTrainer.losses");
       if (!taken) return [];
       await reportLabels();
       const sums = new Float32Array(await readBack(device, history, taken * lossBytes,
@@ -264,6 +274,7 @@ export async function loraTrainer(device, weights = {}) {
     },
     /** Every adapter now: {module: {a, b, rank, inDim, outDim, alpha, scale}}. */
     async adapters() {
+      alive("loraTrainer.adapters");
       await reportLabels();
       const out = {};
       for (const [module, l] of Object.entries(config.adapters))
@@ -272,11 +283,15 @@ export async function loraTrainer(device, weights = {}) {
     },
     /** The (first) adapter now, for writePeftAdapter({name: ...}). */
     async adapter() {
+      alive("loraTrainer.adapter");
       await reportLabels();
       const [module, l] = Object.entries(config.adapters)[0];
       return readLayer(module, l);
     },
-    /** Free every buffer the trainer made. */
-    destroy() { for (const buf of [...Object.values(own), history]) buf?.destroy(); },
+    /** Free every buffer the trainer made; any later call throws. */
+    destroy() {
+      for (const buf of [...Object.values(own), history]) buf?.destroy();
+      destroyed = true;
+    },
   };
 }
