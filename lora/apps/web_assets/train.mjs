@@ -103,7 +103,8 @@ function checkSettings(changes, values) {
     if (typeof value !== "number" || !Number.isFinite(value) || value < low || value > top ||
         (below && value === top))
       throw new RangeError(`loraTrainer.set: ${key}: expected a finite number in [${low}, ` +
-                           `${top}${below ? ")" : "]"}, got ${value}`);
+        `${top}${below ? ")" : "]"}, got ${typeof value === "string" ?
+          `the string ${JSON.stringify(value)}` : value}`);
   }
 }
 
