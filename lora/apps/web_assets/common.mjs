@@ -4,8 +4,9 @@ const prepared = new WeakMap();  // GPUDevice -> Promise of every pipeline
 const lostOf = new WeakMap();  // GPUDevice -> its GPUDeviceLostInfo once lost (null before)
 
 /** Throws, in the caller's words (``what``), unless ``device`` is a GPUDevice not known to
- *  be lost: undefined, a Promise (a call before ``await adapter.requestDevice()``) or a
- *  destroyed device would otherwise fail deep inside WebGPU, or silently. */
+ *  be lost, given the module's features: undefined, a Promise (a call before ``await
+ *  adapter.requestDevice()``) or a destroyed device would otherwise fail deep inside
+ *  WebGPU, or silently, and a missing feature be named by the first kernel needing it. */
 function checkDevice(device, what) {
   if (device === null || typeof device !== "object" ||
       typeof device.createBuffer !== "function" || !device.queue) {
@@ -21,6 +22,12 @@ function checkDevice(device, what) {
   }
   const info = lostOf.get(device);
   if (info) throw lostError(what, info);
+  const missing = config.features.filter(f => !device.features?.has(f));
+  if (missing.length) throw new Error(`${what}: this module needs the WebGPU feature(s) ` +
+    `${missing.join(", ")}, which the device was not given: request them with ` +
+    `adapter.requestDevice({requiredFeatures: ${JSON.stringify(missing)}}) where ` +
+    `adapter.features has them` + (missing.includes("shader-f16") ? "; where it has not " +
+    "(SwiftShader, some GPUs), export the module with --dtype f32" : ""));
 }
 
 function lostError(what, info) {

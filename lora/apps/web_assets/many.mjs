@@ -168,9 +168,6 @@ class AdapterPool {
     for (const [key, value] of [["slots", slots], ["rows", rows]])
       if (!Number.isInteger(value) || value < 1)
         throw new RangeError(`createPool: ${key} must be an integer >= 1, got ${value}`);
-    const missing = config.features.filter(f => !device.features.has(f));
-    if (missing.length) throw new Error(`createPool: this module needs the WebGPU feature(s) ` +
-      `${missing.join(", ")}; request them: adapter.requestDevice({requiredFeatures: [...]})`);
     this.device = device;
     this.hostTable = new Uint32Array(slots * 4);  // per slot: A row, B element, rank, scale bits
     this.aRoom = new Extents(rows);  // A rows
