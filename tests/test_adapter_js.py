@@ -175,3 +175,27 @@ def test_an_rslora_adapter_read_in_the_page_is_written_back_rslora(tmp_path):
         assert after[module].scale == before[module].scale == before[module].alpha / np.sqrt(
             before[module].rank)
         assert np.array_equal(after[module].a, before[module].a)
+
+
+def test_the_page_reader_names_what_it_was_given_instead_of_a_file(tmp_path):
+    """A Promise (a fetch not awaited), a Blob, or the config already parsed is refused
+    naming what came and how to get the file's text or bytes; the bytes were read as
+    '0 bytes: too short for a safetensors file', the object as '[object Object]' JSON."""
+    save_adapter(tmp_path / "a", {"fc": (np.ones((2, 4)), np.ones((3, 2)))}, alpha=4.0)
+    got = run_node(tmp_path, """
+      const text = readFileSync(`${dir}/a/adapter_config.json`, "utf8");
+      const bytes = readFileSync(`${dir}/a/adapter_model.safetensors`);
+      const refused = f => { try { f(); return null; } catch (e) { return e.message; } };
+      console.log(JSON.stringify([
+        refused(() => m.readPeftAdapter(text, Promise.resolve(bytes))),
+        refused(() => m.readPeftAdapter(text, new Blob([bytes]))),
+        refused(() => m.readPeftAdapter(JSON.parse(text), bytes)),
+        refused(() => m.readPeftAdapter(text, new Uint8Array(bytes).buffer))]));
+    """)
+    want = ("adapter_model.safetensors: expected the file's bytes (an ArrayBuffer or a "
+            "Uint8Array: await file.arrayBuffer(), or await response.arrayBuffer()), got ")
+    assert got[0] == want + "a Promise (await it first)"
+    assert got[1] == want + "Blob"
+    assert got[2] == ("adapter_config.json: expected the file's text (a string: await "
+                      "file.text(), or await response.text()), got Object")
+    assert got[3] is None

@@ -106,7 +106,18 @@ function reservedMessage(key, part) {
  * (data: Float32Array for F32, Float64Array for F64, Uint16Array of the bits for F16 and
  * BF16); ``tensors`` has no
  * prototype, and keys naming __proto__, constructor or prototype are refused. */
+/** What a caller passed instead of a file's text or bytes, for the message. */
+function passed(value) {
+  if (typeof value?.then === "function") return "a Promise (await it first)";
+  if (value === null || typeof value !== "object") return String(typeof value);
+  return value.constructor?.name ?? "an object";
+}
+
 export function readSafetensors(bytes, name = "adapter_model.safetensors") {
+  if (!(bytes instanceof ArrayBuffer || ArrayBuffer.isView(bytes) || Array.isArray(bytes)))
+    throw new AdapterFileError(`${name}: expected the file's bytes (an ArrayBuffer or a ` +
+      `Uint8Array: await file.arrayBuffer(), or await response.arrayBuffer()), got ` +
+      passed(bytes));
   // A plain Uint8Array even for a Node Buffer, whose slice() is a view, not a copy.
   const u8 = ArrayBuffer.isView(bytes) ? new Uint8Array(bytes.buffer, bytes.byteOffset,
                                                         bytes.byteLength) : new Uint8Array(bytes);
@@ -271,6 +282,9 @@ function patternValue(entries, module, fallback) {
  * r, lora_alpha, rank_pattern, alpha_pattern, target_modules; DoRA and other peft
  * types refused), with the patterns and target_modules as tests of a module name. */
 function readConfig(configText, cfgName) {
+  if (typeof configText !== "string")
+    throw new AdapterFileError(`${cfgName}: expected the file's text (a string: await ` +
+      `file.text(), or await response.text()), got ${passed(configText)}`);
   let config;
   try { config = JSON.parse(configText); }
   catch (e) { throw new AdapterFileError(`${cfgName}: not valid JSON (${e.message})`); }
