@@ -126,7 +126,12 @@ function checkedLayer(layer, what) {
   if (!Number.isInteger(rank) || rank < 1)
     throw new RangeError(`${what}: rank must be an integer >= 1, got ${rank}`);
   const [i, o] = [layer.inDim ?? layer.a.length / rank, layer.outDim ?? layer.b.length / rank];
-  if (i !== inDim || o !== outDim || layer.a.length !== rank * i || layer.b.length !== o * rank)
+  if (i === inDim && o === outDim &&
+      (layer.a.length !== rank * inDim || layer.b.length !== outDim * rank))
+    throw new RangeError(`${what}: rank ${rank} needs A of ${rank * inDim} values ([${rank}, ` +
+      `${inDim}]) and B of ${outDim * rank} ([${outDim}, ${rank}]); a has ${layer.a.length}, ` +
+      `b ${layer.b.length}`);
+  if (i !== inDim || o !== outDim)
     throw new RangeError(`${what}: A [${rank}, ${i}] and B [${o}, ${rank}] (${layer.a.length} ` +
       `and ${layer.b.length} values) do not fit the pool: expected A [rank, ${inDim}] and B ` +
       `[${outDim}, rank]`);
