@@ -141,7 +141,19 @@ RUNTIME_JS = r"""// ---- runtime: pipelines and bind groups made once per GPUDev
 // GPUDevice -> Map(kernel -> {module, layouts, pipelines, groups})
 const perDevice = new WeakMap();
 
+/** Throws unless ``device`` is a GPUDevice: undefined, or a Promise not yet awaited,
+ *  would fail as a WeakMap key or deep inside WebGPU. */
+function checkedDevice(device, kernel) {
+  if (typeof device?.createShaderModule !== "function")
+    throw new TypeError(`kernel ${kernel.name}: device must be a GPUDevice (from await ` +
+      `adapter.requestDevice()), got ${typeof device?.then === "function" ? "a Promise " +
+      "(await adapter.requestDevice() before passing the device)" : device === null ? "null" :
+      device?.constructor?.name ?? typeof device}`);
+  return device;
+}
+
 function stateOf(device, kernel) {
+  checkedDevice(device, kernel);
   let kernels = perDevice.get(device);
   if (!kernels) perDevice.set(device, kernels = new Map());
   let s = kernels.get(kernel);
@@ -278,7 +290,7 @@ export function encodeKernel(pass, device, kernel, buffers, grid, constants = {}
 /** One dispatch in its own pass; submitted at once unless an ``encoder`` is given. */
 export function dispatchKernel(device, kernel, buffers, grid,
                                {constants = {}, encoder = null} = {}) {
-  const enc = encoder || device.createCommandEncoder({label: kernel.name});
+  const enc = encoder || checkedDevice(device, kernel).createCommandEncoder({label: kernel.name});
   const pass = enc.beginComputePass({label: kernel.name});
   encodeKernel(pass, device, kernel, buffers, grid, constants);
   pass.end();

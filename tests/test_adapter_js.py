@@ -136,3 +136,66 @@ def test_the_page_writes_the_config_python_writes(tmp_path):
     for module, (a, b) in layers.items():
         assert (back[module].rank, back[module].alpha) == MIXED[module]
         assert np.array_equal(back[module].a, a) and np.array_equal(back[module].b, b)
+
+
+def test_an_rslora_adapter_read_in_the_page_is_written_back_rslora(tmp_path):
+    """readPeftAdapter's layers of an rslora file (scale alpha / sqrt(r)), written back
+    by writePeftAdapter with no options, say use_rslora: true, so peft and load_adapter
+    scale them as before (the file said false: every module's scale halved at rank 4).
+    A use_rslora the layers' scales contradict, or a scale of neither rule, is refused."""
+    rng = np.random.default_rng(3)
+    layers = {"fc1": (rng.standard_normal((4, 12)), rng.standard_normal((8, 4))),
+              "fc2": (rng.standard_normal((2, 8)), rng.standard_normal((6, 2)))}
+    save_adapter(tmp_path / "rs", layers, alpha={"fc1": 8.0, "fc2": 6.0}, use_rslora=True)
+    got = run_node(tmp_path, """
+      const read = m.readPeftAdapter(readFileSync(`${dir}/rs/adapter_config.json`, "utf8"),
+                                     readFileSync(`${dir}/rs/adapter_model.safetensors`));
+      const files = m.writePeftAdapter(read.layers);
+      writeFileSync(`${dir}/back_config.json`, files.config);
+      writeFileSync(`${dir}/back.safetensors`, files.tensors);
+      const refused = f => { try { f(); return null; } catch (e) { return e.message; } };
+      const fc1 = read.layers.fc1;
+      console.log(JSON.stringify([
+        refused(() => m.writePeftAdapter(read.layers, {useRslora: false})),
+        refused(() => m.writePeftAdapter({fc1: {...fc1, scale: 3}})),
+        refused(() => m.writePeftAdapter({fc1: {...fc1, scale: 2}}))]));
+    """)
+    assert got[0] == ("use_rslora would be false, but module(s) fc1, fc2 have scale alpha / "
+                      "sqrt(r) (rslora): peft would scale them otherwise; give {useRslora: true} "
+                      "or layers of one rule")
+    assert got[1] == ("module fc1: scale 3 is neither alpha / r (2) nor alpha / sqrt(r) (4) for "
+                      "alpha 8, r 4; peft would not read it back")
+    assert got[2] is None  # alpha / r: a plain adapter
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back_config.json").rename(tmp_path / "back" / CONFIG_NAME)
+    (tmp_path / "back.safetensors").rename(tmp_path / "back" / "adapter_model.safetensors")
+    assert json.loads((tmp_path / "back" / CONFIG_NAME).read_text())["use_rslora"] is True
+    before, after = load_adapter(tmp_path / "rs"), load_adapter(tmp_path / "back")
+    for module in layers:
+        assert after[module].scale == before[module].scale == before[module].alpha / np.sqrt(
+            before[module].rank)
+        assert np.array_equal(after[module].a, before[module].a)
+
+
+def test_the_page_reader_names_what_it_was_given_instead_of_a_file(tmp_path):
+    """A Promise (a fetch not awaited), a Blob, or the config already parsed is refused
+    naming what came and how to get the file's text or bytes; the bytes were read as
+    '0 bytes: too short for a safetensors file', the object as '[object Object]' JSON."""
+    save_adapter(tmp_path / "a", {"fc": (np.ones((2, 4)), np.ones((3, 2)))}, alpha=4.0)
+    got = run_node(tmp_path, """
+      const text = readFileSync(`${dir}/a/adapter_config.json`, "utf8");
+      const bytes = readFileSync(`${dir}/a/adapter_model.safetensors`);
+      const refused = f => { try { f(); return null; } catch (e) { return e.message; } };
+      console.log(JSON.stringify([
+        refused(() => m.readPeftAdapter(text, Promise.resolve(bytes))),
+        refused(() => m.readPeftAdapter(text, new Blob([bytes]))),
+        refused(() => m.readPeftAdapter(JSON.parse(text), bytes)),
+        refused(() => m.readPeftAdapter(text, new Uint8Array(bytes).buffer))]));
+    """)
+    want = ("adapter_model.safetensors: expected the file's bytes (an ArrayBuffer or a "
+            "Uint8Array: await file.arrayBuffer(), or await response.arrayBuffer()), got ")
+    assert got[0] == want + "a Promise (await it first)"
+    assert got[1] == want + "Blob"
+    assert got[2] == ("adapter_config.json: expected the file's text (a string: await "
+                      "file.text(), or await response.text()), got Object")
+    assert got[3] is None

@@ -444,3 +444,34 @@ window.result = {y: Array.from(new Float32Array(read.getMappedRange())), url: lo
     assert capsys.readouterr().out == '{"y": [3, 5, 7, 9], "url": "http:"}\n'
     assert run_main(["run", str(tmp_path / "nothing.html"), "--eval", "1"]) == 2
     assert "nothing.html: no such file" in capsys.readouterr().err
+
+
+def test_the_run_tool_reports_a_page_that_stops(web, tmp_path, capsys):
+    """A page that throws (uncaught), or whose module import fails to load, is reported
+    at once with what it threw, not after --timeout as "still unset"; a file:// URL is
+    served over http as a path is (the driver's Chromium would read module scripts from
+    file://, which a browser refuses)."""
+    from shaderdsl.browser.__main__ import main as run_main
+
+    (tmp_path / "throws.html").write_text("""<!doctype html><script type="module">
+const device = navigator.gpu.requestAdapter();  // not awaited
+throw new TypeError("loraForward: device must be a GPUDevice");
+</script>""")
+    (tmp_path / "missing.html").write_text("""<!doctype html><script type="module">
+import { loraForward } from "./lora_forwrd.js";
+window.result = 1;
+</script>""")
+    (tmp_path / "fine.html").write_text("<script>window.result = location.protocol;</script>")
+    capsys.readouterr()
+    started = time.monotonic()
+    assert run_main(["run", str(tmp_path / "throws.html"), "--eval", "window.result"]) == 1
+    assert ("the page stopped before window.result was set: TypeError: loraForward: device "
+            "must be a GPUDevice") in capsys.readouterr().err
+    assert run_main(["run", str(tmp_path / "missing.html"), "--eval", "window.result"]) == 1
+    assert ("a script failed to load: an inline module script (one of its imports: a wrong "
+            "path, a 404?)") in capsys.readouterr().err
+    assert time.monotonic() - started < 30  # not the default --timeout of 120 s
+    assert run_main(["run", (tmp_path / "fine.html").as_uri(), "--eval", "window.result"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == '"http:"\n' and "served" not in captured.out
+    assert "serving" in captured.err and "over http" in captured.err

@@ -114,6 +114,24 @@ def test_lora_export_writes_the_forward(tmp_path, capsys):
     assert "strategy" in capsys.readouterr().err
 
 
+def test_lora_export_package_keeps_a_projects_own_package_json(tmp_path, capsys):
+    """--package into a folder holding a package.json it did not write (a project's root)
+    writes nothing and says to give the package a folder of its own; before, the
+    project's package.json was replaced. Its own package.json it rewrites."""
+    mine = '{"name": "my-app", "dependencies": {"react": "18"}}'
+    (tmp_path / "package.json").write_text(mine)
+    assert lora_main(["export", "--package", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'package.json'} exists and was not written by `python -m lora " in err
+    assert "(it is 'my-app'); " in err and f"`npm install {tmp_path / 'lora-webgpu'}`" in err
+    assert (tmp_path / "package.json").read_text() == mine
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["package.json"]
+    own = tmp_path / "lora-webgpu"
+    assert lora_main(["export", "--package", str(own)]) == 0
+    assert lora_main(["export", "--package", str(own), "--package-name", "again"]) == 0
+    assert json.loads((own / "package.json").read_text())["name"] == "again"
+
+
 def test_lora_export_writes_the_many_adapter_module(tmp_path, capsys):
     """--many: a form per case of chosen_form (its constants and names in
     config.rule), each its kernels with a run-time item count, their grids one
@@ -255,11 +273,19 @@ def test_exported_dispatch_checks_its_buffers(tmp_path):
       for (const t of tries) {{ try {{ m.dispatch(dev, t, [2, 3]); out.push("none"); }}
                                catch (e) {{ out.push(e.message); }} }}
       try {{ m.dispatch(dev, {{A: ok, B: ok, C: ok}}, 0); }} catch (e) {{ out.push(e.message); }}
+      // a device not yet awaited, or none: was a WeakMap key error, or deep in WebGPU
+      await m.prepare(Promise.resolve(dev)).catch(e => out.push(e.message));
+      try {{ m.dispatch(undefined, {{A: ok, B: ok, C: ok}}, 1); }}
+      catch (e) {{ out.push(e.message); }}
       return JSON.stringify(out);"""))
     assert "binding 'C' (@binding(2)): no buffer given" in errors[0]
     assert "binding 'A' (@binding(0)): buffer has 16 bytes, needs at least 468" in errors[1]
     assert "has no binding(s) D" in errors[2]
     assert "workgroup counts must be integers >= 1" in errors[3]
+    assert errors[4] == ("kernel matmul: device must be a GPUDevice (from await "
+                         "adapter.requestDevice()), got a Promise (await "
+                         "adapter.requestDevice() before passing the device)")
+    assert errors[5].endswith("got undefined")
 
 
 @needs_browser

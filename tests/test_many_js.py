@@ -81,11 +81,14 @@ def test_bad_ids_are_refused_with_pythons_messages(tmp_path):
     got = run_node(tmp_path, f"""
       const out = {json.dumps(cases)}.map(([ids, slots, bound]) => {{
         try {{ m.checkIds(ids, slots, bound); return null; }} catch (e) {{ return e.message; }} }});
+      try {{ m.checkIds([0, "support"], [0, 1], 2); }} catch (e) {{ out.push(e.message); }}
       try {{ m.checkIds([0, 1.5], [0, 1], 2); }}
       catch (e) {{ out.push(`${{e.name}}: ${{e.message}}`); }}
       return out;""")
     for (ids, slots, bound), message in zip(cases, got):
         assert message == python_message(ids, slots, bound)
+    assert got[-2] == ('ids: got the name "support" at row 1; this pool routes rows by slot: '
+                       'the number pool.add returned for that adapter, or -1 for none')
     assert got[-1] == ("TypeError: ids: expected integers (an adapter's index, or -1 for none), "
                        "got 1.5 at row 1")
 

@@ -52,25 +52,45 @@ def get_device(*, timeout: float | None = None) -> Device:
     return _shared[0]
 
 
+# Run in a page load_page opens before the page's own scripts: keeps what would
+# otherwise reach only its console (an uncaught exception, an unhandled rejection, a
+# script or module import that failed to load), so a page that stops is reported.
+_PAGE_ERRORS = """
+window.__shaderdslPageErrors = [];
+addEventListener("error", e => __shaderdslPageErrors.push(e.error !== undefined ?
+  String(e.error) : e.target?.tagName === "SCRIPT" ? "a script failed to load: " +
+  (e.target.src || "an inline module script (one of its imports: a wrong path, a 404?)") :
+  String(e.message)), true);
+addEventListener("unhandledrejection", e => __shaderdslPageErrors.push(
+  "unhandled rejection: " + String(e.reason)));
+"""
+
+
 def load_page(page, until: str, *, timeout: float = 120.0, screenshot=None):
     """Open ``page`` (a path or URL) in a new tab of the shared browser, wait
     until the JavaScript expression ``until`` is no longer null or undefined,
     save a PNG of the page to ``screenshot`` if given, close the tab and
-    return the expression's value (JSON-able). BrowserTimeoutError after ``timeout`` s."""
+    return the expression's value (JSON-able). BrowserTimeoutError after ``timeout`` s;
+    BrowserError at once where the page throws (uncaught) or a script fails to load
+    before ``until`` is set, with what it threw."""
     import json
     import time
     from pathlib import Path
 
     host = get_device().host
     url = page if "://" in str(page) else Path(page).resolve().as_uri()
-    session = host.open(url, timeout)
+    session = host.open(url, timeout, before=_PAGE_ERRORS)
     try:
         deadline = time.monotonic() + timeout
-        probe = f"JSON.stringify({until} ?? null)"
-        while (value := json.loads(host.evaluate(probe, timeout, session))) is None:
+        probe = f"JSON.stringify([{until} ?? null, window.__shaderdslPageErrors ?? []])"
+        while (value := json.loads(host.evaluate(probe, timeout, session)))[0] is None:
+            if value[1]:
+                raise BrowserError(f"{url}: the page stopped before {until} was set: "
+                                   + "; ".join(value[1]))
             if time.monotonic() > deadline:
                 raise BrowserTimeoutError(f"{url}: {until} still unset after {timeout:g} s")
             time.sleep(0.05)
+        value = value[0]
         if screenshot:
             host.capture(session, screenshot, timeout=timeout)
         return value

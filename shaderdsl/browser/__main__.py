@@ -5,7 +5,9 @@ print the value of a JavaScript expression once it is set.
 A page that imports ES modules needs http: browsers refuse module scripts from
 ``file://``. A local PAGE is therefore served with its folder over http on
 127.0.0.1 (a secure context, so ``navigator.gpu`` exists) for as long as the run
-lasts; a URL is opened as it is.
+lasts, and so is a ``file://`` URL (the driver's Chromium reads files for its own
+harness, so a module page opened from ``file://`` would pass here and fail in a
+browser); another URL is opened as it is.
 """
 from __future__ import annotations
 
@@ -58,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     from . import load_page
 
     args = parser().parse_args(argv)
+    if args.page.startswith("file://"):
+        from urllib.parse import urlparse
+        from urllib.request import url2pathname
+
+        args.page = url2pathname(urlparse(args.page).path)
+        print(f"note: serving {args.page} over http, as a browser refuses module scripts "
+              f"from file://", file=sys.stderr)
     local = "://" not in args.page
     if local and not Path(args.page).is_file():
         print(f"error: {args.page}: no such file", file=sys.stderr)

@@ -71,13 +71,20 @@ class Host:
             f.write(HOST_HTML)
         return "file://" + path
 
-    def open(self, url: str, timeout: float) -> str:
-        """A new tab at ``url``, loaded; its CDP session id."""
-        target = self.chromium.call("Target.createTarget", {"url": url}, timeout=timeout)
+    def open(self, url: str, timeout: float, before: str = "") -> str:
+        """A new tab at ``url``, loaded; its CDP session id. ``before``: a script run in
+        the page before any of its own (the tab is opened blank, then navigated)."""
+        target = self.chromium.call("Target.createTarget", {"url": "about:blank" if before
+                                                            else url}, timeout=timeout)
         session = self.chromium.call("Target.attachToTarget", {"targetId": target["targetId"],
                                                                "flatten": True},
                                      timeout=timeout)["sessionId"]
         self._targets[session] = target["targetId"]
+        if before:
+            self.chromium.call("Page.enable", session=session, timeout=timeout)
+            self.chromium.call("Page.addScriptToEvaluateOnNewDocument", {"source": before},
+                               session=session, timeout=timeout)
+            self.chromium.call("Page.navigate", {"url": url}, session=session, timeout=timeout)
         deadline = time.monotonic() + timeout
         check = "location.href !== 'about:blank' && document.readyState === 'complete'"
         while not self.evaluate(check, timeout, session):

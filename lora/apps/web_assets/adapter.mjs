@@ -106,7 +106,18 @@ function reservedMessage(key, part) {
  * (data: Float32Array for F32, Float64Array for F64, Uint16Array of the bits for F16 and
  * BF16); ``tensors`` has no
  * prototype, and keys naming __proto__, constructor or prototype are refused. */
+/** What a caller passed instead of a file's text or bytes, for the message. */
+function passed(value) {
+  if (typeof value?.then === "function") return "a Promise (await it first)";
+  if (value === null || typeof value !== "object") return String(typeof value);
+  return value.constructor?.name ?? "an object";
+}
+
 export function readSafetensors(bytes, name = "adapter_model.safetensors") {
+  if (!(bytes instanceof ArrayBuffer || ArrayBuffer.isView(bytes) || Array.isArray(bytes)))
+    throw new AdapterFileError(`${name}: expected the file's bytes (an ArrayBuffer or a ` +
+      `Uint8Array: await file.arrayBuffer(), or await response.arrayBuffer()), got ` +
+      passed(bytes));
   // A plain Uint8Array even for a Node Buffer, whose slice() is a view, not a copy.
   const u8 = ArrayBuffer.isView(bytes) ? new Uint8Array(bytes.buffer, bytes.byteOffset,
                                                         bytes.byteLength) : new Uint8Array(bytes);
@@ -271,6 +282,9 @@ function patternValue(entries, module, fallback) {
  * r, lora_alpha, rank_pattern, alpha_pattern, target_modules; DoRA and other peft
  * types refused), with the patterns and target_modules as tests of a module name. */
 function readConfig(configText, cfgName) {
+  if (typeof configText !== "string")
+    throw new AdapterFileError(`${cfgName}: expected the file's text (a string: await ` +
+      `file.text(), or await response.text()), got ${passed(configText)}`);
   let config;
   try { config = JSON.parse(configText); }
   catch (e) { throw new AdapterFileError(`${cfgName}: not valid JSON (${e.message})`); }
@@ -426,14 +440,40 @@ function alphasOf(layers, modules, alpha) {
   return Object.fromEntries(modules.map(m => [m, finite(alpha[m], `alpha[${pyStr(m)}]`)]));
 }
 
+/** use_rslora for ``layers``: ``useRslora`` where given, else what the layers' own
+ *  scales say (readPeftAdapter's layers of an rslora file have scale alpha / sqrt(r));
+ *  throws where a layer's scale and alpha fit neither rule, or not the one written, as
+ *  peft would then scale that module otherwise than the layer does. */
+function rsloraOf(layers, modules, useRslora) {
+  const f = Math.fround, said = [];
+  for (const m of modules) {
+    const {scale, alpha, rank} = layers[m];
+    if (typeof scale !== "number" || typeof alpha !== "number" || rank === 1) continue;
+    const plain = alpha / rank, rs = alpha / Math.sqrt(rank);
+    if (f(scale) !== f(plain) && f(scale) !== f(rs))
+      throw new AdapterFileError(`module ${m}: scale ${scale} is neither alpha / r (${plain}) ` +
+        `nor alpha / sqrt(r) (${rs}) for alpha ${alpha}, r ${rank}; peft would not read it back`);
+    said.push([m, f(scale) === f(rs)]);
+  }
+  const chosen = useRslora ?? (said.length ? said[0][1] : false);
+  const off = said.filter(([, rs]) => rs !== Boolean(chosen)).map(([m]) => m);
+  if (off.length)
+    throw new AdapterFileError(`use_rslora would be ${Boolean(chosen)}, but module(s) ` +
+      `${off.join(", ")} have scale alpha / ${chosen ? "r" : "sqrt(r) (rslora)"}: peft would ` +
+      `scale them otherwise; give {useRslora: ${!chosen}} or layers of one rule`);
+  return Boolean(chosen);
+}
+
 /** The two files of a peft adapter for ``layers`` ({module: {a, b, rank, inDim, outDim}},
  * a and b row-major Float32Arrays): {config: text, tensors: bytes}. As Python's
  * save_adapter (the same config text for the same layers): ``alpha`` one number,
  * ``{module: number}``, or left out for each layer's ``alpha``; r and lora_alpha the most
- * common values, rank_pattern and alpha_pattern the modules that differ. */
-export function writePeftAdapter(layers, {alpha, targetModules, useRslora = false} = {}) {
+ * common values, rank_pattern and alpha_pattern the modules that differ; use_rslora
+ * ``useRslora``, else what the layers' scales say (rsloraOf). */
+export function writePeftAdapter(layers, {alpha, targetModules, useRslora} = {}) {
   const modules = Object.keys(layers);
   if (!modules.length) throw new AdapterFileError("layers must hold at least one module");
+  const rslora = rsloraOf(layers, modules, useRslora);
   const alphas = alphasOf(layers, modules, alpha);
   const ranks = Object.fromEntries(modules.map(m => [m, layers[m].rank]));
   const tensors = Object.create(null);
@@ -455,6 +495,6 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora = fals
                   layers_to_transform: null, lora_alpha: new PyFloat(loraAlpha),
                   lora_dropout: new PyFloat(0), modules_to_save: null, peft_type: "LORA", r,
                   rank_pattern: patternOf(ranks, r), revision: null, target_modules: targets,
-                  task_type: null, use_dora: false, use_rslora: Boolean(useRslora)};
+                  task_type: null, use_dora: false, use_rslora: rslora};
   return {config: `${pyJson(config)}\n`, tensors: writeSafetensors(tensors)};
 }

@@ -13,6 +13,9 @@ export type Input = GPUBuffer | Float32Array | Uint16Array;
 export type ForwardInputs = {x: Input; output: Input} &
   ({a: Input; b: Input; adapter?: undefined} | {adapter: AdapterLayer; a?: undefined; b?: undefined});
 export declare function checkAdapter(layer: AdapterLayer, what?: string): void;
-/** Resolves with the new output where output was an array, else once the work is queued. */
-export declare function loraForward(device: GPUDevice, inputs: ForwardInputs,
-  options?: {encoder?: GPUCommandEncoder}): Promise<Float32Array | Uint16Array | undefined>;
+/** output a GPUBuffer: resolves once the work is queued (or recorded into ``encoder``). */
+export declare function loraForward(device: GPUDevice, inputs: ForwardInputs & {output: GPUBuffer},
+  options?: {encoder?: GPUCommandEncoder}): Promise<undefined>;
+/** output an array: resolves with the new output read back (a new array). */
+export declare function loraForward(device: GPUDevice,
+  inputs: ForwardInputs & {output: Float32Array | Uint16Array}): Promise<OutputArray>;

@@ -1,5 +1,6 @@
 // ---- the forward: every step into one compute pass
 const ownOf = new WeakMap();      // GPUDevice -> {h, y, and x, a, b, output where arrays came}
+const INPUTS = ["x", "a", "b", "output", "adapter"];
 const ITEM = config.dtype === "f16" ? 2 : 4;
 const SHAPES = {x: ["tokens", "inDim"], a: ["rank", "inDim"], b: ["outDim", "rank"],
                 output: ["tokens", "outDim"]};
@@ -99,8 +100,12 @@ function bound(device, inputs) {
  *  resolves once the work is queued, or, where output is a TypedArray, with the new
  *  output read back (a new array; the one given is left as it was). */
 export async function loraForward(device, inputs, {encoder = null} = {}) {
+  checkDevice(device, "loraForward");
   if (inputs === null || typeof inputs !== "object")
     throw new TypeError("loraForward: expected {x, a, b, output} or {x, adapter, output}");
+  const unknown = Object.keys(inputs).filter(key => !INPUTS.includes(key));
+  if (unknown.length) throw new TypeError(`loraForward: no input named ${unknown.join(", ")}; ` +
+                                          `it takes x, output and a, b (or adapter)`);
   if (encoder && !(inputs.output instanceof GPUBuffer))
     throw new Error("loraForward: with an encoder, output must be a GPUBuffer (an array's " +
                     "result is read back after a submit of the module's own)");
@@ -116,6 +121,6 @@ export async function loraForward(device, inputs, {encoder = null} = {}) {
   pass.end();
   if (!encoder) device.queue.submit([enc.finish()]);
   if (inputs.output instanceof GPUBuffer) return;
-  const out = await readBack(device, all.output, sizes.output, "loraForward read");
+  const out = await readBack(device, all.output, sizes.output, "loraForward");
   return ITEM === 2 ? new Uint16Array(out) : new Float32Array(out);
 }

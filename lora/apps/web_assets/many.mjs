@@ -21,6 +21,9 @@ export function chooseForm(rows, used, rank) {
 export function checkIds(ids, slots, bound) {
   const values = ArrayBuffer.isView(ids) || Array.isArray(ids) ? Array.from(ids) : null;
   const odd = values === null ? -1 : values.findIndex(v => !Number.isInteger(v));
+  if (typeof values?.[odd] === "string")
+    throw new TypeError(`ids: got the name ${JSON.stringify(values[odd])} at row ${odd}; this ` +
+      `pool routes rows by slot: the number pool.add returned for that adapter, or -1 for none`);
   if (values === null || odd >= 0)
     throw new TypeError(`ids: expected integers (an adapter's index, or -1 for none), got ` +
       (values === null ? `${typeof ids}` : `${String(values[odd])} at row ${odd}`));
@@ -123,7 +126,12 @@ function checkedLayer(layer, what) {
   if (!Number.isInteger(rank) || rank < 1)
     throw new RangeError(`${what}: rank must be an integer >= 1, got ${rank}`);
   const [i, o] = [layer.inDim ?? layer.a.length / rank, layer.outDim ?? layer.b.length / rank];
-  if (i !== inDim || o !== outDim || layer.a.length !== rank * i || layer.b.length !== o * rank)
+  if (i === inDim && o === outDim &&
+      (layer.a.length !== rank * inDim || layer.b.length !== outDim * rank))
+    throw new RangeError(`${what}: rank ${rank} needs A of ${rank * inDim} values ([${rank}, ` +
+      `${inDim}]) and B of ${outDim * rank} ([${outDim}, ${rank}]); a has ${layer.a.length}, ` +
+      `b ${layer.b.length}`);
+  if (i !== inDim || o !== outDim)
     throw new RangeError(`${what}: A [${rank}, ${i}] and B [${o}, ${rank}] (${layer.a.length} ` +
       `and ${layer.b.length} values) do not fit the pool: expected A [rank, ${inDim}] and B ` +
       `[${outDim}, rank]`);
@@ -150,6 +158,7 @@ function checkedLayer(layer, what) {
  *  as adds need. inDim, outDim, dtype and maxRank are the module's (config);
  *  given, they must match. */
 export function createPool(device, options = {}) {
+  checkDevice(device, "createPool");
   return new AdapterPool(device, options);
 }
 
@@ -164,9 +173,6 @@ class AdapterPool {
     for (const [key, value] of [["slots", slots], ["rows", rows]])
       if (!Number.isInteger(value) || value < 1)
         throw new RangeError(`createPool: ${key} must be an integer >= 1, got ${value}`);
-    const missing = config.features.filter(f => !device.features.has(f));
-    if (missing.length) throw new Error(`createPool: this module needs the WebGPU feature(s) ` +
-      `${missing.join(", ")}; request them: adapter.requestDevice({requiredFeatures: [...]})`);
     this.device = device;
     this.hostTable = new Uint32Array(slots * 4);  // per slot: A row, B element, rank, scale bits
     this.aRoom = new Extents(rows);  // A rows
@@ -208,6 +214,7 @@ class AdapterPool {
    *  table, A or B doubled where full, the others not moved); returns the slot.
    *  Refused, naming ``name``, before anything is written. */
   add(layer, name = "the adapter") {
+    this.alive("pool.add");
     const {a, b, rank, scale} = checkedLayer(layer, name);
     let slot = this.hostTable.findIndex((v, k) => k % 4 === 2 && v === 0) >> 2;
     const rows = this.growth(this.aRoom, rank, "A rows", config.inDim, name);
@@ -261,6 +268,7 @@ class AdapterPool {
 
   /** Free ``slot`` and its room; the other adapters stay where they are. */
   remove(slot) {
+    this.alive("pool.remove");
     const [aAt, bAt, rank] = this.hostTable.subarray(4 * this.used(slot), 4 * slot + 3);
     this.aRoom.give(aAt, rank);
     this.bRoom.give(bAt, rank * config.outDim);
@@ -288,6 +296,8 @@ class AdapterPool {
    *  record of this pool: the route is the pool's). Returns the form's name, or
    *  null where no row has an adapter (nothing recorded). */
   record({x, output}, ids, {encoder = null, form = null} = {}) {
+    checkDevice(this.device, "pool.record");
+    this.alive("pool.record");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4);
     knownForm(form, "pool.record");
     if (!flat.length) throw new RangeError("ids: a batch has at least 1 row, got 0 ids");
@@ -360,12 +370,13 @@ class AdapterPool {
    *  numbers), ids (T ints), base (T * outDim numbers, default zeros); ``form``
    *  as record's. */
   async forward(x, ids, base = null, {form = null} = {}) {
+    this.alive("pool.forward");
     knownForm(form, "pool.forward");
     const flat = checkIds(ids, this.slots, this.hostTable.length / 4), t = flat.length;
     for (const [name, values, dim] of [["x", x, config.inDim], ["base", base, config.outDim]])
       if (values !== null && values?.length !== t * dim)
         throw new RangeError(`pool.forward: ${name} has ${values?.length} values, expected ` +
-                             `${t * dim} (${t} row(s) of ${dim})`);
+                             `${t * dim} (${t} row(s) of ${dim}: a row per id, ${t} id(s))`);
     const U = GPUBufferUsage, bytes = t * config.outDim * ITEM;
     const up = values => { const buf = this.make("many.host", values.byteLength, U.STORAGE |
       U.COPY_SRC | U.COPY_DST); this.device.queue.writeBuffer(buf, 0, values); return buf; };
@@ -375,7 +386,7 @@ class AdapterPool {
     this.record({x: xb, output: ob}, flat, {encoder: enc, form});
     enc.copyBufferToBuffer(ob, 0, read, 0, ob.size);
     this.device.queue.submit([enc.finish()]);
-    await read.mapAsync(GPUMapMode.READ);
+    await mapRead(this.device, read, "pool.forward");
     const raw = read.getMappedRange(0, bytes).slice(0);
     for (const buf of [read, xb, ob]) buf.destroy();
     return ITEM === 4 ? new Float32Array(raw) : Float32Array.from(new Uint16Array(raw), halfValue);
@@ -384,5 +395,14 @@ class AdapterPool {
   /** Free the pool's buffers. */
   destroy() {
     for (const buf of Object.values(this.buffers)) buf.destroy();
+    this.destroyed = true;
+  }
+
+  /** Throws where the pool was destroyed: its buffers are gone, and WebGPU would only
+   *  log a validation error (a forward read back zeros). */
+  alive(what) {
+    if (this.destroyed)
+      throw new Error(`${what}: this pool was destroyed (pool.destroy()); make another ` +
+                      `with createPool`);
   }
 }

@@ -33,4 +33,5 @@ export interface LoraTrainer {
   destroy(): void;
 }
 export declare function loraTrainer(device: GPUDevice,
-  weights?: Record<string, { a?: Float32Array; b?: Float32Array }>): Promise<LoraTrainer>;
+  weights?: Record<string, { a: Float32Array; b: Float32Array; rank?: number; inDim?: number;
+    outDim?: number; scale?: number }>): Promise<LoraTrainer>;

@@ -103,8 +103,43 @@ function checkSettings(changes, values) {
     if (typeof value !== "number" || !Number.isFinite(value) || value < low || value > top ||
         (below && value === top))
       throw new RangeError(`loraTrainer.set: ${key}: expected a finite number in [${low}, ` +
-                           `${top}${below ? ")" : "]"}, got ${value}`);
+        `${top}${below ? ")" : "]"}, got ${typeof value === "string" ?
+          `the string ${JSON.stringify(value)}` : value}`);
   }
+}
+
+/** {buffer name: values} of ``weights`` ({module: {a, b}}, or readPeftAdapter's layers),
+ *  every module one of config.adapters and every part a Float32Array of its size; a
+ *  rank, dims or scale given with it must be the trainer's (they are baked into the
+ *  step): a module name or a scale that does not fit was ignored before, silently. */
+function startingWeights(weights) {
+  const modules = Object.keys(config.adapters).join(", ");
+  if (weights === null || typeof weights !== "object" || ArrayBuffer.isView(weights))
+    throw new TypeError(`loraTrainer: weights must be {module: {a, b}} (modules: ${modules}), ` +
+                        `got ${weights === null ? "null" : weights.constructor?.name ?? typeof weights}`);
+  const first = {};
+  for (const [module, layer] of Object.entries(weights)) {
+    const want = config.adapters[module];
+    if (!want) throw new RangeError(`loraTrainer: weights name the module ${module}; this ` +
+                                    `trainer's are ${modules}`);
+    const differ = ["rank", "inDim", "outDim"].filter(key => layer?.[key] !== undefined &&
+      layer[key] !== want[key]).map(key => `${key} ${layer[key]} (the trainer's ${want[key]})`);
+    if (typeof layer?.scale === "number" && Math.fround(layer.scale) !== Math.fround(want.scale))
+      differ.push(`scale ${layer.scale} (the trainer's ${want.scale})`);
+    for (const part of ["a", "b"]) {
+      const values = layer?.[part], count = buffers[want[part]].bytes / 4;
+      if (!(values instanceof Float32Array))
+        throw new TypeError(`loraTrainer: weights.${module}.${part} must be a Float32Array ` +
+          `(row-major), got ${values?.constructor?.name ?? typeof values}`);
+      if (values.length !== count)
+        differ.push(`${part} of ${values.length} values (the trainer's ${count})`);
+      first[want[part]] = values;
+    }
+    if (differ.length) throw new RangeError(`loraTrainer: weights.${module} does not fit ` +
+      `this trainer: ${differ.join("; ")}. Rank, dims and scale are baked into the step: ` +
+      `export one for it (python -m lora export --train ...)`);
+  }
+  return first;
 }
 
 /** A trainer on ``device``: its buffers made and filled (as exported: A and B as peft
@@ -113,10 +148,9 @@ function checkSettings(changes, values) {
  *  inputs are config.given (each a TypedArray written into the trainer's own buffer, or
  *  a GPUBuffer of that size). */
 export async function loraTrainer(device, weights = {}) {
+  checkDevice(device, "loraTrainer");
+  const first = startingWeights(weights);
   await prepare(device);
-  const first = {};
-  for (const [module, layer] of Object.entries(weights))
-    for (const part of ["a", "b"]) if (layer?.[part]) first[`${module}.${part}`] = layer[part];
   const own = {};
   for (const [name, info] of Object.entries(buffers)) {
     own[name] = device.createBuffer({label: `lora ${name}`, size: Math.max(16, info.bytes),
@@ -129,8 +163,8 @@ export async function loraTrainer(device, weights = {}) {
     }
   }
   const readLayer = async (module, l) => {
-    const [a, b] = await Promise.all([readBack(device, own[l.a], buffers[l.a].bytes),
-                                      readBack(device, own[l.b], buffers[l.b].bytes)]);
+    const [a, b] = await Promise.all([l.a, l.b].map(name => readBack(device, own[name],
+      buffers[name].bytes, `loraTrainer: ${module}'s adapter`)));
     return {a: new Float32Array(a), b: new Float32Array(b), rank: l.rank, inDim: l.inDim,
             outDim: l.outDim, alpha: l.alpha, scale: l.scale};
   };
@@ -148,7 +182,13 @@ export async function loraTrainer(device, weights = {}) {
     if (old) enc.copyBufferToBuffer(old, 0, history, 0, taken * lossBytes);
     return old;
   };
-  let taken = 0;
+  let taken = 0, destroyed = false;
+  /** Throws where the trainer was destroyed: WebGPU would only log a validation error
+   *  (a step did nothing, a read gave zeros). */
+  const alive = what => {
+    if (destroyed) throw new Error(`${what}: this trainer was destroyed (trainer.destroy()); ` +
+                                   `make another with loraTrainer`);
+  };
   /** With xent: throws for labels outside the classes in any step since the last report
    *  (read from the step's sticky record on the GPU, then cleared), as LayerTrainer's
    *  report_labels; loss(), losses(), adapters() and adapter() call it first. */
@@ -156,7 +196,7 @@ export async function loraTrainer(device, weights = {}) {
     const name = config.loss.seen;
     if (!name || !taken) return;
     const error = labelsError(new Uint32Array(await readBack(device, own[name],
-                                                             buffers[name].bytes)));
+      buffers[name].bytes, "loraTrainer: the labels' record")));
     if (!error) return;
     // rows 1 and 2 cleared; row 0 (each token's step count) is the kernel's
     device.queue.writeBuffer(own[name], 4 * config.tokens, new Uint32Array(2 * config.tokens));
@@ -171,6 +211,7 @@ export async function loraTrainer(device, weights = {}) {
      *  rebuilt): lr, weightDecay, beta1, beta2, eps (or momentum), warmup, total,
      *  minRatio, maxGradNorm (clipping stays on or off as exported). */
     set(changes) {
+      alive("loraTrainer.set");
       checkSettings(changes, values);
       for (const [key, value] of Object.entries(changes)) {
         values[key] = value;
@@ -179,7 +220,12 @@ export async function loraTrainer(device, weights = {}) {
       device.queue.writeBuffer(own[hyperName], 0, hyper);
     },
     step(inputs) {
+      checkDevice(device, "loraTrainer.step");
+      alive("loraTrainer.step");
       const bound = {...own};
+      const unknown = Object.keys(inputs ?? {}).filter(key => !config.given.includes(key));
+      if (unknown.length) throw new TypeError(`loraTrainer.step: no input named ` +
+        `${unknown.join(", ")}; it takes ${config.given.join(", ")}`);
       for (const what of config.given) checkInput(what, inputs?.[what]);
       for (const what of config.given) {
         const value = inputs[what];
@@ -210,21 +256,26 @@ export async function loraTrainer(device, weights = {}) {
     /** The last step's loss (reads back: waits for the GPU); labels out of range in
      *  any step since the last report throw here first. */
     async loss() {
+      alive("loraTrainer.loss");
       if (!taken) throw new Error("loraTrainer.loss: no step taken yet; call step(...) first");
       await reportLabels();
-      return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes)));
+      return meanLoss(new Float32Array(await readBack(device, lossBuffer, lossBytes,
+                                                               "loraTrainer.loss")));
     },
     /** The loss of every step taken, from a history the steps keep on the GPU (one
      *  read back, here; none per step). */
     async losses() {
+      alive("loraTrainer.losses");
       if (!taken) return [];
       await reportLabels();
-      const sums = new Float32Array(await readBack(device, history, taken * lossBytes));
+      const sums = new Float32Array(await readBack(device, history, taken * lossBytes,
+                                                             "loraTrainer.losses"));
       const per = lossBytes / 4;
       return Array.from({length: taken}, (_, k) => meanLoss(sums.subarray(k * per, (k + 1) * per)));
     },
     /** Every adapter now: {module: {a, b, rank, inDim, outDim, alpha, scale}}. */
     async adapters() {
+      alive("loraTrainer.adapters");
       await reportLabels();
       const out = {};
       for (const [module, l] of Object.entries(config.adapters))
@@ -233,11 +284,15 @@ export async function loraTrainer(device, weights = {}) {
     },
     /** The (first) adapter now, for writePeftAdapter({name: ...}). */
     async adapter() {
+      alive("loraTrainer.adapter");
       await reportLabels();
       const [module, l] = Object.entries(config.adapters)[0];
       return readLayer(module, l);
     },
-    /** Free every buffer the trainer made. */
-    destroy() { for (const buf of [...Object.values(own), history]) buf?.destroy(); },
+    /** Free every buffer the trainer made; any later call throws. */
+    destroy() {
+      for (const buf of [...Object.values(own), history]) buf?.destroy();
+      destroyed = true;
+    },
   };
 }
