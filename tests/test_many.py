@@ -193,21 +193,32 @@ def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     pool.release()
 
 
-def test_the_form_rule_follows_the_h200_table():
-    """chosen_form picks, on every batch of the H200's table, a form within
-    1.13x of the fastest there."""
-    path = pathlib.Path(__file__).parent.parent / "docs" / "bench" / "h200-many-tint.json"
+@pytest.mark.parametrize("table", ["h200-many-tint.json", "h200-many-matrix-tint.json"])
+def test_the_form_rule_follows_the_h200_table(table):
+    """chosen_form picks, on every batch of the H200's tables with more than one
+    adapter (one adapter takes lora.forward's plan), a form within 1.13x of the
+    fastest there: the SIMT forms where the table has no matrix forms (the first,
+    and f32), the matrix forms' rule in f16 where it has them."""
+    path = pathlib.Path(__file__).parent.parent / "docs" / "bench" / table
     cycle = (4, 8, 16, 32, 64)
     for row in json.loads(path.read_text())["rows"]:
         n, label = row["adapters"], row["label"]
+        if n == 1 and "one adapter: lora.forward's plan" in row["forms"]:
+            assert row["one_adapter_us"] <= 1.1 * row["forms"]["one adapter: lora.forward's plan"]
+            continue
         ranks = ([64] * n if n == 1 or "padded" in label else
                  [4] * 31 + [64] if label.startswith("31") else [cycle[k % 5] for k in range(n)])
-        form = chosen_form(row["rows"], row["used"], float(np.mean(ranks)))
+        matrix = any(form.startswith("matrix") for form in row["forms"])
+        form = chosen_form(row["rows"], row["used"], float(np.mean(ranks)), matrix)
         best = min(row["forms"].values())
         assert row["forms"][form] <= 1.13 * best, (label, row["dtype"], row["kind"], form)
     assert chosen_form(64, 4, 24.8) == "split rows rr4 l64 rb16"
     assert chosen_form(4096, 4, 24.8) == "split segments t8 rb16"
     assert chosen_form(4096, 1, 64.0) == "fused segments t16"
+    assert chosen_form(64, 4, 24.8, matrix=True) == "split rows rr4 l64 rb16"
+    assert chosen_form(64, 25, 24.8, matrix=True) == "matrix split t16 s2 cs8"
+    assert chosen_form(4000, 100, 24.8, matrix=True) == "matrix fused t64"
+    assert chosen_form(4096, 32, 24.8, matrix=True) == "matrix split t32 s2 cs8"
 
 
 @pytest.mark.parametrize("rows, ranks, ids, form", [
@@ -906,3 +917,32 @@ def test_a_batch_without_adapters_leaves_the_output(device, form):
     plan.record(device.buffer(x), ["__base__"] * 5, out_buf)
     assert np.array_equal(plan.read(out_buf), base)
     pool.release()
+
+
+@pytest.mark.parametrize("rows, used", [(64, 20), (1200, 20), (4000, 4)])
+def test_forward_many_takes_the_matrix_forms_where_they_run(device, monkeypatch, rows, used):
+    """An f16 batch where the device has f16 16x16x16 subgroup matrices (the H200
+    under Dawn): forward_many takes the matrix form chosen_form names (decode of
+    many adapters: split t16; prefill of few rows per adapter: fused t64; of
+    many: split t32), right against float64 (check_matrix)."""
+    from lora.core.many import matrix_runs
+    from lora.kernels.matrix import FRAGMENT
+    if not matrix_runs(device, np.float16, MATRIX_IN, MATRIX_OUT, 64):
+        pytest.skip(f"{device.name} has no f16 {FRAGMENT} subgroup matrices (or the room)")
+    chosen = []
+
+    def rule(*args):
+        chosen.append(chosen_form(*args))
+        return chosen[-1]
+
+    monkeypatch.setattr(many_module, "chosen_form", rule)
+    rng = np.random.default_rng(rows)
+    ranks = [(4, 13, 64, 8)[k % 4] for k in range(used)]
+    layers = adapters(rng, ranks, MATRIX_IN, MATRIX_OUT, dtype=np.float16)
+    ids = rng.integers(-1, used, rows) if rows < 32 * used else \
+        np.repeat(np.arange(used), -(-rows // used))[:rows]
+    x = rng.standard_normal((rows, MATRIX_IN)).astype(np.float16)
+    base = rng.standard_normal((rows, MATRIX_OUT)).astype(np.float16)
+    got = lora.forward_many(x, layers, ids, base, device=device, dtype=np.float16)
+    assert chosen[0].startswith("matrix"), chosen
+    check_matrix(got, x, layers, ids, base, chosen[0])

@@ -32,6 +32,7 @@ from shaderdsl.runtime import COMPILER, get_device
 
 from ..core import reference as R
 from ..core.auto import auto_plan
+from ..core.many import matrix_runs
 from ..core.many_plan import CANDIDATES, chosen_form
 from ..core.pool import AdapterPool
 from ..core.tuning import time_plan
@@ -178,8 +179,10 @@ def _row(device, label: str, case: dict, copy: float, log, forms) -> dict:
            "rows": len(case["ids"]), "adapters": len(case["ranks"]), "used": case["used"],
            "floor_us": floor_us, **mine, **torch_many_us(case)}
     named = case["ids"][case["ids"] >= 0]  # forward_many's choice (where not one adapter)
+    matrix = matrix_runs(device, np.float16 if case["dtype"] == "f16" else np.float32,
+                         case["x"].shape[1], case["x"].shape[1], max(case["ranks"]))
     row["chosen"] = chosen_form(named.size, case["used"],
-                                float(np.mean(np.asarray(case["ranks"])[named])))
+                                float(np.mean(np.asarray(case["ranks"])[named])), matrix)
     if len(case["ranks"]) == 1:
         row["one_adapter_us"] = one_adapter_us(device, case)
     extra = [f"lora.forward {row['one_adapter_us']:.1f}"] if "one_adapter_us" in row else []

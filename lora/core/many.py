@@ -10,6 +10,8 @@ import numpy as np
 from shaderdsl.errors import BindingError
 
 from ..kernels.many import shared_floats
+from ..kernels.many_matrix import TILES, matrix_shared_bytes
+from ..kernels.matrix import FRAGMENT
 from . import checks as C
 from .auto import forward
 from .many_plan import CANDIDATES, chosen_form, host_ids, ids_by_name
@@ -93,19 +95,31 @@ def forward_many(x, layers, ids, base=None, *, dtype=None, device=None) -> np.nd
     return _many(dev, p, checked, layers, flat, shape)
 
 
-def plan_options(device, flat: np.ndarray, ranks: list[int], max_rank: int) -> dict:
-    """ManyPlan's options for these ids (of adapters of ``ranks``): the form
-    chosen_form names, its tiles cut to fit the device's workgroup memory."""
+def plan_options(device, flat: np.ndarray, ranks: list[int], shape) -> dict:
+    """ManyPlan's options for these ids (of adapters of ``ranks``, in a pool
+    of ``shape``): the form chosen_form names, its tiles cut to fit the
+    device's workgroup memory."""
     named = flat[flat >= 0]
     rank = float(np.mean(np.asarray(ranks)[named])) if named.size else 0.0
-    return form_options(device, chosen_form(named.size, np.unique(named).size, rank), max_rank)
+    matrix = matrix_runs(device, shape.dtype, shape.in_dim, shape.out_dim, shape.max_rank)
+    name = chosen_form(named.size, np.unique(named).size, rank, matrix)
+    return form_options(device, name, shape.max_rank)
+
+
+def matrix_runs(device, dtype, in_dim: int, out_dim: int, max_rank: int) -> bool:
+    """Whether the matrix forms run for a pool of these on ``device``: f16,
+    f16 16x16x16 subgroup matrices, and workgroup memory for every tile."""
+    room = device.limits.get("max-compute-workgroup-storage-size", 16384)
+    return (np.dtype(dtype) == np.float16 and device.has_feature("shader-f16")
+            and FRAGMENT in getattr(device, "subgroup_matrix_configs", ())
+            and all(matrix_shared_bytes(t, max_rank, in_dim, out_dim) <= room for t in TILES))
 
 
 def form_options(device, name: str, max_rank: int) -> dict:
     """ManyPlan's options of the form ``name`` (a key of CANDIDATES), its
     tiles cut to fit the device's workgroup memory (the nearest that fits)."""
     options = dict(CANDIDATES[name])
-    if options["segments"]:
+    if options["segments"] and not options.get("matrix"):  # matrix tiles: matrix_runs
         room = device.limits.get("max-compute-workgroup-storage-size", 16384) // 4
         threads = options.get("threads", 256)
         per_tile = shared_floats(threads, max_rank, 1, options["fused"])
@@ -123,7 +137,7 @@ def _many(dev, p, checked, layers, flat, shape) -> np.ndarray:
         for k, layer in enumerate(layers):
             pool.add(layer, f"layers[{k}]")
         ranks = [a.shape[0] for a, _, _ in checked]
-        plan = pool.forward_plan(p.tokens, **plan_options(dev, flat, ranks, shape.max_rank))
+        plan = pool.forward_plan(p.tokens, **plan_options(dev, flat, ranks, shape))
         made.append(plan)
         x_buf = dev.buffer(p.x.reshape(p.tokens, -1), name="many.x")
         out_buf = dev.buffer(p.out.reshape(p.tokens, -1), name="many.output")

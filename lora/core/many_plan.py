@@ -60,8 +60,8 @@ CANDIDATES = {
     "split rows rb16": dict(segments=False, fused=False, rank_block=16),
     "split rows rr4 l64 rb16": dict(segments=False, fused=False, rank_rows=4, lanes=64,
                                     rank_block=16),
-    # on matrix units (f16 pools, devices with f16 -> f32 16x16x16 subgroup matrices; not
-    # yet timed on the H200): tiles of 16, 32 or 64 rows, one dispatch (one or two
+    # on matrix units (f16 pools, devices with f16 -> f32 16x16x16 subgroup matrices):
+    # tiles of 16, 32 or 64 rows, one dispatch (one or two
     # workgroups per tile) or two (the shrink over slices of in_dim)
     "matrix fused t16": dict(segments=True, matrix=True, tile_tokens=16),
     "matrix fused t32": dict(segments=True, matrix=True, tile_tokens=32),
@@ -77,20 +77,33 @@ CANDIDATES = {
                                 splits=4),
 }
 
-# The rule forward_many follows (chosen_form), read off the H200's table
-# (docs/benchmarks.md, docs/bench/h200-many-tint.json): the same forms won in f16 and
-# f32, and at 4, 32 and 100 adapters; the rows per adapter, the batch's rows and the
-# ranks the rows read pick one.
+# The rule forward_many follows (chosen_form), read off the H200's tables
+# (docs/benchmarks.md; docs/bench/h200-many-tint.json, the SIMT forms, and
+# h200-many-matrix-tint.json, with the matrix forms): among the SIMT forms the same won
+# in f16 and f32, and at 4, 32 and 100 adapters; the rows per adapter, the batch's rows
+# and the ranks the rows read pick one. Where the matrix forms run (f16 pools on devices
+# with f16 16x16x16 subgroup matrices) they won every prefill and decode from 25 adapters.
 SEGMENT_ROWS = 32  # rows per adapter from which segments won (decode: <= 16, prefill: >= 40)
 FUSED_ROWS, FUSED_RANK = 1024, 40  # fused tiles of 16 won at 4096 rows of rank 64, not at 64
 # rows (4 tiles: too few workgroups) nor where the ranks cycle 4-64 (a mean of 25)
+MATRIX_DECODE_USED = 16  # decode on matrix units from this many adapters (won at 25 and 46
+# used, lost 1.2x at 4)
+MATRIX_FUSED_ROWS = 64  # fewer rows per adapter: one fused tile of 64 rows each (40: 186 us
+# where the split form took 226); more: the split form (128 and 1024: 125-138 us)
 
 
-def chosen_form(rows: int, used: int, rank: float) -> str:
+def chosen_form(rows: int, used: int, rank: float, matrix: bool = False) -> str:
     """The name in CANDIDATES of the form fastest on the H200 for a batch of
     ``rows`` rows with an adapter, of ``used`` distinct adapters, whose rows'
-    mean rank is ``rank`` (within 1.13x of the fastest on every batch there)."""
-    if rows < SEGMENT_ROWS * max(used, 1):
+    mean rank is ``rank`` (within 1.13x of the fastest on every batch there);
+    ``matrix``: the matrix forms can run (an f16 pool on a device with them)."""
+    decode = rows < SEGMENT_ROWS * max(used, 1)
+    if matrix and not (decode and used < MATRIX_DECODE_USED):
+        if decode:
+            return "matrix split t16 s2 cs8"  # 25, 46 used: 29.6, 35.3 us; SIMT 33.3, 46.6
+        return "matrix fused t64" if rows < MATRIX_FUSED_ROWS * max(used, 1) \
+            else "matrix split t32 s2 cs8"  # 4, 32, 100 adapters: 121-186 us; SIMT 136-237
+    if decode:
         return "split rows rr4 l64 rb16"  # decode: 19.7-46.4 us, fused segments t8 74-166
     if rows >= FUSED_ROWS and rank >= FUSED_RANK:
         return "fused segments t16"  # rank 64: 409-434 us, split segments t8 rb16 590-666
