@@ -74,7 +74,8 @@ def test_wgsl_text_and_features():
     assert k.features == frozenset({FEATURE})
     lines = k.wgsl.splitlines()
     assert lines[1] == "enable chromium_experimental_subgroup_matrix;"
-    for text in ("var acc: subgroup_matrix_result<i32, 16, 16>;",
+    zero = "subgroup_matrix_result<i32, 16, 16>"
+    for text in (f"var acc: {zero} = {zero}();",
                  "subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&A, ",
                  "subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&B, ",
                  "acc = subgroupMatrixMultiplyAccumulate(a, b, acc);",
