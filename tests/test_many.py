@@ -221,20 +221,26 @@ def test_the_form_rule_follows_the_h200_table(table):
     assert chosen_form(4096, 32, 24.8, matrix=True) == "matrix split t32 s2 cs8"
 
 
+@pytest.fixture
+def chosen(monkeypatch) -> list:
+    """The forms forward_many's calls of chosen_form return, in order."""
+    names: list = []
+
+    def rule(*args):
+        names.append(chosen_form(*args))
+        return names[-1]
+
+    monkeypatch.setattr(many_module, "chosen_form", rule)
+    return names
+
+
 @pytest.mark.parametrize("rows, ranks, ids, form", [
     (24, (4, 13, 8), "scattered", "split rows rr4 l64 rb16"),
     (96, (4, 13, 8), "segments", "split segments t8 rb16"),
     (2200, (64,), "every other", "fused segments t16"),
 ])
-def test_forward_many_takes_the_chosen_form(device, monkeypatch, rows, ranks, ids, form):
+def test_forward_many_takes_the_chosen_form(device, chosen, rows, ranks, ids, form):
     """Each form the rule can choose, chosen and right against float64."""
-    chosen = []
-
-    def rule(*args):
-        chosen.append(chosen_form(*args))
-        return chosen[-1]
-
-    monkeypatch.setattr(many_module, "chosen_form", rule)
     rng = np.random.default_rng(rows)
     layers = adapters(rng, ranks)
     x, base, _ = batch(rng, rows, len(ranks))
@@ -920,7 +926,7 @@ def test_a_batch_without_adapters_leaves_the_output(device, form):
 
 
 @pytest.mark.parametrize("rows, used", [(64, 20), (1200, 20), (4000, 4)])
-def test_forward_many_takes_the_matrix_forms_where_they_run(device, monkeypatch, rows, used):
+def test_forward_many_takes_the_matrix_forms_where_they_run(device, chosen, rows, used):
     """An f16 batch where the device has f16 16x16x16 subgroup matrices (the H200
     under Dawn): forward_many takes the matrix form chosen_form names (decode of
     many adapters: split t16; prefill of few rows per adapter: fused t64; of
@@ -929,13 +935,6 @@ def test_forward_many_takes_the_matrix_forms_where_they_run(device, monkeypatch,
     from lora.kernels.matrix import FRAGMENT
     if not matrix_runs(device, np.float16, MATRIX_IN, MATRIX_OUT, 64):
         pytest.skip(f"{device.name} has no f16 {FRAGMENT} subgroup matrices (or the room)")
-    chosen = []
-
-    def rule(*args):
-        chosen.append(chosen_form(*args))
-        return chosen[-1]
-
-    monkeypatch.setattr(many_module, "chosen_form", rule)
     rng = np.random.default_rng(rows)
     ranks = [(4, 13, 64, 8)[k % 4] for k in range(used)]
     layers = adapters(rng, ranks, MATRIX_IN, MATRIX_OUT, dtype=np.float16)
