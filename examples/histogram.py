@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 import shaderdsl as sd
-from shaderdsl import builtins as B
 from shaderdsl import atomic, u32
+from shaderdsl import builtins as B
 
 WORKGROUP_SIZE = 128
 

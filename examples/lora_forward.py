@@ -19,8 +19,12 @@ import numpy as np
 
 import lora
 from lora import reference as R
-from lora.hesper import (execute_lora_forward, execute_lora_forward_fused,
-                          execute_lora_forward_single, save_activation)
+from lora.hesper import (
+    execute_lora_forward,
+    execute_lora_forward_fused,
+    execute_lora_forward_single,
+    save_activation,
+)
 from shaderdsl.runtime import get_device
 
 

@@ -45,7 +45,7 @@ def reduce_sum(m):
     # one must reach every barrier below.
     value = m.var(f32, 0.0, "value")
     with m.if_(i < B.array_length(x)):
-        m.assign(value, x[i])                  # `value = x[i];` (Python's `=` would rebind the name)
+        m.assign(value, x[i])  # `value = x[i];` (Python's `=` would rebind the name)
     scratch[lid] = value
     m.barrier()
 

@@ -96,7 +96,7 @@ def main() -> None:
     print(sd.compile(softmax, WORKGROUP_SIZE, rows=3, cols=100).wgsl)
     got = run(device, softmax, x)
     print("softmax max abs error vs float64:", np.abs(got - softmax_reference(x)).max())
-    gamma, beta = rng.standard_normal(100).astype(np.float32), rng.standard_normal(100).astype(np.float32)
+    gamma, beta = (rng.standard_normal(100).astype(np.float32) for _ in range(2))
     got = run(device, layer_norm, x, gamma=gamma, beta=beta)
     print("layer_norm max abs error vs float64:",
           np.abs(got - layer_norm_reference(x, gamma, beta)).max())

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The lint and type gate (sets itself up first; CI runs it before the tests):
 # ruff (pyflakes, pycodestyle, import order; 100 columns) and pyright (basic) on
-# shaderdsl/ and lora/, as pyproject.toml configures them, and `node --check` on
-# the JavaScript the package ships; no tracked file over 256 kB and no wheel or
-# shared library (pre-commit-hooks' check-added-large-files). Arguments go to ruff check (e.g. --fix).
+# shaderdsl/, lora/, tests/ and examples/, as pyproject.toml configures them, and
+# `node --check` on the JavaScript the package ships; no tracked file over 256 kB
+# and no wheel or shared library (pre-commit-hooks' check-added-large-files).
+# Arguments go to ruff check (e.g. --fix).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 status=0

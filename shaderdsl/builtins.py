@@ -76,9 +76,11 @@ def stub() -> str:
     """The text of builtins.pyi: one typed function per registry entry."""
     lines = ['"""Generated from the registry (shaderdsl.ops.BUILTINS); do not edit. Regenerate:',
              "", f"    {_REGENERATE}", '"""',
-             "from . import types as T", "from .expr import Expr, ExprLike", "from .ops import Op",
+             "from pathlib import Path", "", "from . import types as T",
+             "from .expr import Expr, ExprLike", "from .ops import Op",
              "", "__all__ = [", '    "call",', *(f'    "{name}",' for name in BUILTINS), "]", "",
-             "def call(op: Op, *args: object) -> Expr | None: ..."]
+             "def call(op: Op, *args: object) -> Expr | None: ...",
+             "def stub() -> str: ...", "def write_stub(path: Path = ...) -> None: ..."]
     for op in BUILTINS.values():
         doc = textwrap.wrap(_doc(op), 88, break_on_hyphens=False)
         doc[0] = '"""' + doc[0]

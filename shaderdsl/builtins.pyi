@@ -2,6 +2,8 @@
 
     .venv/bin/python -c "import shaderdsl.builtins as B; B.write_stub()"
 """
+from pathlib import Path
+
 from . import types as T
 from .expr import Expr, ExprLike
 from .ops import Op
@@ -103,6 +105,8 @@ __all__ = [
 ]
 
 def call(op: Op, *args: object) -> Expr | None: ...
+def stub() -> str: ...
+def write_stub(path: Path = ...) -> None: ...
 def sqrt(x: ExprLike, /) -> Expr:
     """WGSL ``sqrt``: 1 argument(s) of one float scalar or vector type"""
 def inverse_sqrt(x: ExprLike, /) -> Expr:

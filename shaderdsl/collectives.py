@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import overload
 
 from . import builtins as B
 from . import types as T
 from .context import type_error
-from .expr import as_expr
+from .expr import ExprLike, Ref, as_expr
 
 SHARED_FLOATS = 4096  # 16 KiB: WebGPU's default maxComputeWorkgroupStorageSize
 _SUBGROUP = {"sum": B.subgroup_add, "max": B.subgroup_max, "min": B.subgroup_min}
@@ -87,6 +88,17 @@ def _names(names, count: int) -> list:
 def _threads(m) -> int:
     x, y, z = m.workgroup_size
     return x * y * z
+
+
+# One expression gives its let, a list theirs (what a type checker sees: the overloads).
+@overload
+def reduce(m, values: ExprLike, op: str | Callable = "sum", *, subgroups: bool = False,
+           lanes: int | None = None, names=None) -> Ref: ...
+
+
+@overload
+def reduce(m, values: list | tuple, op: str | Callable = "sum", *, subgroups: bool = False,
+           lanes: int | None = None, names=None) -> list[Ref]: ...
 
 
 def reduce(m, values, op: str | Callable = "sum", *, subgroups: bool = False,

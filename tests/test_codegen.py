@@ -4,22 +4,24 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shaderdsl as sd
+from shaderdsl import array, atomic, f16, f32, i32, u32, vec2f, vec3u, vec4f, vec4h, vec4u
 from shaderdsl import builtins as B
-from shaderdsl import f16, f32, i32, u32, vec2f, vec3u, vec4f, vec4h, vec4u, array, atomic
 from shaderdsl.emit import float_text
 
 
 def body(kernel):
     """The entry point's statement lines, stripped of indentation."""
     lines = kernel.wgsl.splitlines()
-    start = next(k for k, l in enumerate(lines) if l.startswith(") {") or (l.startswith("fn main") and l.endswith("{")))
-    return [l.strip() for l in lines[start + 1:-1]]
+    start = next(k for k, line in enumerate(lines)
+                 if line.startswith(") {") or (line.startswith("fn main") and line.endswith("{")))
+    return [line.strip() for line in lines[start + 1:-1]]
 
 
-def k_of(fn, ws=64, **params):
+def k_of(fn, ws: int | tuple = 64, **params):
     return sd.compile(fn, ws, **params)
 
 
@@ -62,10 +64,12 @@ def test_section_order_and_declarations(naga):
 
     k = k_of(decls, (8, 4))
     text = k.wgsl
-    order = [text.index(s) for s in ("override count: u32;", "@binding(0) var<storage, read_write> o: array<f32, 16>;",
+    order = [text.index(s) for s in ("override count: u32;",
+                                      "@binding(0) var<storage, read_write> o: array<f32, 16>;",
                                       "@binding(1) var<uniform> params: vec4<u32>;",
                                       "@binding(2) var<storage, read> x: array<vec4<f32>>;",
-                                      "var<workgroup> tile: array<f32, 32>;", "@compute @workgroup_size(8, 4, 1)")]
+                                      "var<workgroup> tile: array<f32, 32>;",
+                                      "@compute @workgroup_size(8, 4, 1)")]
     assert order == sorted(order)
     assert [b.access for b in k.bindings] == ["read_write", "uniform", "read"]
     assert k.bindings[0].length == 16 and k.bindings[1].elem == vec4u
@@ -84,10 +88,12 @@ def test_builtins_declared_only_when_used(naga):
 
     def all_(m):
         o = m.declare_output_buffer("o", u32)
-        o[m.global_id().x] = m.local_id().y + m.workgroup_id().z + m.num_workgroups().x + m.local_index()
+        o[m.global_id().x] = (m.local_id().y + m.workgroup_id().z + m.num_workgroups().x
+                              + m.local_index())
 
     k = k_of(all_)
-    for b in ("global_invocation_id", "local_invocation_id", "workgroup_id", "num_workgroups", "local_invocation_index"):
+    for b in ("global_invocation_id", "local_invocation_id", "workgroup_id", "num_workgroups",
+              "local_invocation_index"):
         assert f"@builtin({b})" in k.wgsl
     naga(k)
 
@@ -110,7 +116,7 @@ def test_operators_and_precedence(naga):
     assert "o[2u] = (a + b) * (a - b) / 2.0f % 3.0f - -a;" in lines
     assert "q[1u] = (i & 255u) | (i ^ 3u) | ((i << 2u) >> 1u);" in lines
     assert "q[2u] = ~i + i / 3u;" in lines
-    assert any(l.endswith("= (a < b && b >= 1.0f) || !(a == b);") for l in lines)
+    assert any(line.endswith("= (a < b && b >= 1.0f) || !(a == b);") for line in lines)
     naga(k)
 
 
@@ -334,7 +340,8 @@ def test_kernel_function_raising_is_wrapped():
         m.declare_input_buffer("x", f32)
         raise ValueError("boom")
 
-    with pytest.raises(sd.KernelBuildError, match="raised ValueError at .*test_codegen.py:\\d+: boom"):
+    with pytest.raises(sd.KernelBuildError,
+                       match="raised ValueError at .*test_codegen.py:\\d+: boom"):
         k_of(k)
     # the builder stack is clean afterwards: a good kernel still compiles
     assert "fn main" in k_of(lambda m: m.declare_input_buffer("x", f32)).wgsl
@@ -412,7 +419,8 @@ def test_math_builtins_compile(naga):
         c = m.let(B.cross(v[0].xyz, v[1].xyz))
         v[3] = vec4f(c, 1.0)
         u = m.declare_output_buffer("u", u32)
-        u[0] = B.count_ones(u[1]) + B.reverse_bits(u[2]) + B.first_leading_bit(u[3]) + B.first_trailing_bit(u[4])
+        u[0] = (B.count_ones(u[1]) + B.reverse_bits(u[2]) + B.first_leading_bit(u[3])
+                + B.first_trailing_bit(u[4]))
         with m.if_(B.all_(v[0] > vec4f(0.0)) & B.any_(v[1] < vec4f(0.0))):
             o[2] = 1.0
 
@@ -436,7 +444,8 @@ def test_source_map_points_at_python_lines():
     kern = k_of(k)
     line = next(n for n, text in enumerate(kern.wgsl.splitlines(), 1) if "o[0u] = 1.0f;" in text)
     where = kern.python_line(line)
-    assert where.endswith(f"test_codegen.py:{test_source_map_points_at_python_lines.__code__.co_firstlineno + 3}")
+    first = test_source_map_points_at_python_lines.__code__.co_firstlineno
+    assert where is not None and where.endswith(f"test_codegen.py:{first + 3}")
 
 
 @settings(max_examples=300, deadline=None)

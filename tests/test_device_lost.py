@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import wgpu  # after shaderdsl.runtime: it installs Dawn's build as wgpu under SHADERDSL_WGPU=dawn
 
 import lora
 import shaderdsl as sd
@@ -13,8 +14,6 @@ from shaderdsl import DeviceLostError, f32
 from shaderdsl import builtins as B
 from shaderdsl.runtime import device as runtime_device
 from shaderdsl.runtime import get_device
-
-import wgpu  # after shaderdsl.runtime, which installs Dawn's build as wgpu under SHADERDSL_WGPU=dawn
 
 LOST = r"was lost \(.*\): nothing more runs on it.*get_device\(\)"
 

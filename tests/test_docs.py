@@ -10,8 +10,8 @@ from lora.apps.cli import main
 
 DOCS = [Path(__file__).resolve().parent.parent / "docs" / name
         for name in ("lora.md", "training.md")]
-LISTING = re.compile(r"`(python -m lora wgsl [^`]+)`\s*\n(?:\s*<details>[^\n]*\n)?\s*```wgsl\n(.*?)```",
-                     re.S)
+LISTING = re.compile(r"`(python -m lora wgsl [^`]+)`\s*\n(?:\s*<details>[^\n]*\n)?"
+                     r"\s*```wgsl\n(.*?)```", re.S)
 
 
 def listings():

@@ -108,8 +108,9 @@ def test_100k_forwards_exact_and_flat(device, capsys):
     assert grew["modules"] == grew["pipelines"] == grew["bind_groups"] == 0, grew
     growth = rss_after - rss_before
     with capsys.disabled():
-        print(f"\n[endurance] {FORWARDS} forwards ({STRATEGY}, rank {RANK}, {IN}->{OUT}, 1 token) on "
-              f"{device!r}: {end - start:.1f} s in all, {(end - steady) / (FORWARDS - BATCH) * 1e6:.1f} us "
+        per_us = (end - steady) / (FORWARDS - BATCH) * 1e6
+        print(f"\n[endurance] {FORWARDS} forwards ({STRATEGY}, rank {RANK}, {IN}->{OUT}, 1 token) "
+              f"on {device!r}: {end - start:.1f} s in all, {per_us:.1f} us "
               f"per forward after warm-up; RSS {mib(rss_before)} after warm-up -> "
               f"{mib(rss_after)} at the end ({growth / 2**20:+.2f} MiB)")
     assert growth < RSS_LIMIT, f"RSS grew by {mib(growth)} over {FORWARDS} forwards"
@@ -126,18 +127,23 @@ def test_allocation_churn_is_flat(device, capsys):
         got = lora.forward(x, a, b, base, device=device, strategy=STRATEGY)
         assert np.array_equal(got, want)
 
+    def sizes():
+        """The bind-group cache's, its holders' and the live plans' counts."""
+        plans = sum(isinstance(o, lora.Plan) for o in gc.get_objects())
+        return len(cache.bind_groups), len(cache._holders), plans
+
     for _ in range(50):
         call()
     gc.collect()
     rss_before = rss_bytes()
-    sizes_before = (len(cache.bind_groups), len(cache._holders), sum(isinstance(o, lora.Plan) for o in gc.get_objects()))
+    sizes_before = sizes()
     start = time.perf_counter()
     for _ in range(CHURN_CALLS):
         call()
     end = time.perf_counter()
     gc.collect()
     rss_after = rss_bytes()
-    assert (len(cache.bind_groups), len(cache._holders), sum(isinstance(o, lora.Plan) for o in gc.get_objects())) == sizes_before
+    assert sizes() == sizes_before
     growth = rss_after - rss_before
     with capsys.disabled():
         print(f"\n[endurance] {CHURN_CALLS} lora.forward calls (allocate, run, read, release) on "

@@ -23,22 +23,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import shaderdsl as sd
-from shaderdsl import builtins as B
-from shaderdsl import f16, f32, u32
-from shaderdsl.errors import (AliasingError, BindingError, DispatchError, FeatureError,
-                             UniformityError,
-                              KernelBuildError, NoAdapterError, ShaderNameError, ShaderTypeError,
-                              WGSLCompileError)
-from shaderdsl.runtime import get_device, list_adapters
-
 from helpers import device_or_skip
 
-from lora import Weight
-from lora import forward
+import shaderdsl as sd
+from lora import Strategy, Weight, forward, forward_plan
 from lora.hesper import execute_lora_forward_auto
-from lora import Strategy, forward_plan
+from shaderdsl import builtins as B
+from shaderdsl import f16, f32, u32
+from shaderdsl.errors import (
+    AliasingError,
+    BindingError,
+    DispatchError,
+    FeatureError,
+    KernelBuildError,
+    NoAdapterError,
+    ShaderNameError,
+    ShaderTypeError,
+    UniformityError,
+    WGSLCompileError,
+)
+from shaderdsl.runtime import get_device, list_adapters
 
 ROOT = Path(__file__).resolve().parents[1]
 STORAGE_CAP = "max-storage-buffer-binding-size"
@@ -76,7 +80,8 @@ def refused(devices, exc, match=None, buffers=()):
         yield info
     for dev, stats in zip(devices, before):
         for key, value in stats.items():
-            assert dev.stats[key] == value, f"{key} changed on {dev!r} although the call was refused"
+            assert dev.stats[key] == value, \
+                f"{key} changed on {dev!r} although the call was refused"
     for buf, raw in snaps:
         assert buf.read().tobytes() == raw, f"{buf!r} changed although the call was refused"
 
@@ -103,7 +108,8 @@ def opengl_device():
 
 
 def is_llvmpipe(device) -> bool:
-    """lavapipe (Vulkan) or llvmpipe (OpenGL): the adapters whose NaN handling docs/errors.md records."""
+    """lavapipe (Vulkan) or llvmpipe (OpenGL): the adapters whose NaN handling
+    docs/errors.md records."""
     return "llvmpipe" in device.name.lower()
 
 
@@ -154,7 +160,8 @@ def build_raising_inside_blocks(m, fail):
 def test_kernel_function_raising_inside_open_blocks(device):
     """KernelBuildError with the original as __cause__, even when the function
     dies with an if_ and a loop open; the next compile (and dispatch) works."""
-    with pytest.raises(KernelBuildError, match=r"raised KeyError at .*test_error_catalogue\.py:\d+: 'missing'") as info:
+    with pytest.raises(KernelBuildError, match=r"raised KeyError at .*test_error_catalogue\.py:"
+                                               r"\d+: 'missing'") as info:
         sd.compile(build_raising_inside_blocks, 8, fail=True)
     assert isinstance(info.value.__cause__, KeyError)
     src = inspect.getsource(build_raising_inside_blocks).splitlines()
@@ -176,9 +183,10 @@ def test_dsl_error_raised_midway_is_not_wrapped():
     def mixes_types(m):
         x = m.declare_input_buffer("x", f32)
         with m.if_(m.global_id().x < 4):
-            x[0] + m.global_id().x
+            _ = x[0] + m.global_id().x  # raises: f32 + u32
 
-    with pytest.raises(ShaderTypeError, match=r"test_error_catalogue\.py:\d+: `\+` between f32 and u32"):
+    with pytest.raises(ShaderTypeError,
+                       match=r"test_error_catalogue\.py:\d+: `\+` between f32 and u32"):
         sd.compile(mixes_types, 1)
 
 
@@ -202,11 +210,14 @@ def test_bad_compile_arguments():
     def k(m):
         m.declare_input_buffer("x", f32)
 
-    with pytest.raises(ValueError, match=r"workgroup_size must be 1 to 3 positive ints, got \(0,\)"):
+    with pytest.raises(ValueError,
+                       match=r"workgroup_size must be 1 to 3 positive ints, got \(0,\)"):
         sd.compile(k, (0,))
-    with pytest.raises(ValueError, match=r"workgroup_size must be 1 to 3 positive ints, got \(1, 1, 1, 1\)"):
+    with pytest.raises(ValueError,
+                       match=r"workgroup_size must be 1 to 3 positive ints, got \(1, 1, 1, 1\)"):
         sd.compile(k, (1, 1, 1, 1))
-    with pytest.raises(ValueError, match=r"kernel name must be a one-line printable str, got 'a\\nb'"):
+    with pytest.raises(ValueError,
+                       match=r"kernel name must be a one-line printable str, got 'a\\nb'"):
         sd.compile(k, 1, name="a\nb")
 
 
@@ -224,7 +235,8 @@ def assign_to_swizzle(m):
 
 
 @pytest.mark.parametrize("fn, match", [
-    (index_out_of_range, r"test_error_catalogue\.py:\d+: index 7 is out of range for array<f32, 4>"),
+    (index_out_of_range,
+     r"test_error_catalogue\.py:\d+: index 7 is out of range for array<f32, 4>"),
     (assign_to_swizzle, r"test_error_catalogue\.py:\d+: WGSL cannot assign to a swizzle \('xy'\)"),
 ])
 def test_more_build_time_type_errors(fn, match):
@@ -329,41 +341,53 @@ def add_scaled_by_override(m):
 # mistakes as in test_runtime.py, which proves the output unchanged; here the
 # dispatch and copy counters are checked too.
 RUNTIME_REFUSALS = {
-    "wrong dtype": (lambda d, x, out: {"x": d.buffer(np.ones(64, np.int32)), "out": out}, 1, "add_one",
-                    BindingError, r"expected dtype float32 \(WGSL f32\), got int32"),
-    "too small": (lambda d, x, out: {"x": d.buffer(np.ones(100, np.float32)), "out": out}, 1, "fixed_128",
-                  BindingError, r"buffer has 400 bytes, needs at least 512 \(128 x f32, stride 4\)"),
-    "missing name": (lambda d, x, out: {"out": out}, 1, "add_one",
-                     BindingError, r"bindings do not match: it takes \['x', 'out'\]; missing \['x'\]"),
+    "wrong dtype": (lambda d, x, out: {"x": d.buffer(np.ones(64, np.int32)), "out": out}, 1,
+                    "add_one", BindingError, r"expected dtype float32 \(WGSL f32\), got int32"),
+    "too small": (lambda d, x, out: {"x": d.buffer(np.ones(100, np.float32)), "out": out}, 1,
+                  "fixed_128", BindingError,
+                  r"buffer has 400 bytes, needs at least 512 \(128 x f32, stride 4\)"),
+    "missing name": (lambda d, x, out: {"out": out}, 1, "add_one", BindingError,
+                     r"bindings do not match: it takes \['x', 'out'\]; missing \['x'\]"),
     "unknown name": (lambda d, x, out: {"x": x, "out": out, "z": x}, 1, "add_one",
                      BindingError, r"unknown \['z'\]"),
     "wrong count": (lambda d, x, out: [x], 1, "add_one",
                     BindingError, r"takes 2 bindings \['x', 'out'\], got 1"),
-    "uniform for storage": (lambda d, x, out: {"x": d.uniform(np.ones(64, np.float32)), "out": out}, 1,
-                            "add_one", BindingError, r"needs a storage buffer, got a uniform buffer"),
-    "storage for uniform": (lambda d, x, out: {"s": d.buffer(np.ones(4, np.float32)), "out": out}, 1,
-                            "read_uniform", BindingError, r"needs a uniform buffer, got a storage buffer"),
-    "read and write aliasing": (lambda d, x, out: {"x": out, "out": out}, 1, "add_one", AliasingError,
+    "uniform for storage": (lambda d, x, out: {"x": d.uniform(np.ones(64, np.float32)),
+                                               "out": out}, 1, "add_one", BindingError,
+                            r"needs a storage buffer, got a uniform buffer"),
+    "storage for uniform": (lambda d, x, out: {"s": d.buffer(np.ones(4, np.float32)), "out": out},
+                            1, "read_uniform", BindingError,
+                            r"needs a uniform buffer, got a storage buffer"),
+    "read and write aliasing": (lambda d, x, out: {"x": out, "out": out}, 1, "add_one",
+                                AliasingError,
                                 r"one buffer is bound to 'x' \(read\), 'out' \(read_write\)"),
     "released": (lambda d, x, out: (x.release(), {"x": x, "out": out})[1], 1, "add_one",
-                 BindingError, r"binding 'x' \(@binding\(0\)\): <Buffer #\d+ storage float32\[64\] released> was released"),
-    "workgroups 0": (None, 0, "add_one", DispatchError, r"workgroup count 0 on axis x must be >= 1"),
-    "workgroups -1": (None, -1, "add_one", DispatchError, r"workgroup count -1 on axis x must be >= 1"),
+                 BindingError, r"binding 'x' \(@binding\(0\)\): "
+                               r"<Buffer #\d+ storage float32\[64\] released> was released"),
+    "workgroups 0": (None, 0, "add_one", DispatchError,
+                     r"workgroup count 0 on axis x must be >= 1"),
+    "workgroups -1": (None, -1, "add_one", DispatchError,
+                      r"workgroup count -1 on axis x must be >= 1"),
     "workgroups (1, 0)": (None, (1, 0), "add_one", DispatchError, r"workgroup count 0 on axis y"),
-    "workgroups 70000": (None, 70000, "add_one", DispatchError, r"workgroup count 70000 on axis x exceeds"),
+    "workgroups 70000": (None, 70000, "add_one", DispatchError,
+                         r"workgroup count 70000 on axis x exceeds"),
     "workgroups 4 ints": (None, (1, 1, 1, 1), "add_one", DispatchError,
                           r"workgroups must be an int or 1 to 3 ints, got \(1, 1, 1, 1\)"),
-    "workgroups ()": (None, (), "add_one", DispatchError, r"workgroups must be an int or 1 to 3 ints, got \(\)"),
-    "workgroups 2.5": (None, 2.5, "add_one", DispatchError, r"workgroup counts must be ints, got 2.5"),
+    "workgroups ()": (None, (), "add_one", DispatchError,
+                      r"workgroups must be an int or 1 to 3 ints, got \(\)"),
+    "workgroups 2.5": (None, 2.5, "add_one", DispatchError,
+                       r"workgroup counts must be ints, got 2.5"),
     "dispatch_1d n=0": (None, "n=0", "add_one", DispatchError, r"dispatch_1d needs n >= 1, got 0"),
     "missing feature": (None, 1, "needs_fake", FeatureError,
-                        r"needs feature\(s\) 'fake-feature' \(available on: no adapter on this machine\)"),
+                        r"needs feature\(s\) 'fake-feature' "
+                        r"\(available on: no adapter on this machine\)"),
     "too many invocations": (None, 1, "huge", DispatchError,
-                             r"workgroup_size \(64, 64, 1\) has 4096 invocations, over max-compute-invocations"),
-    "unknown override": (None, ("overrides", {"scael": 1.0}), "add_scaled_by_override", DispatchError,
-                         r"has no override\(s\) \['scael'\]; it has \['a'\]"),
-    "override not a number": (None, ("overrides", {"a": "big"}), "add_scaled_by_override", DispatchError,
-                              r"override 'a': f32 needs a number, got 'big'"),
+                             r"workgroup_size \(64, 64, 1\) has 4096 invocations, "
+                             r"over max-compute-invocations"),
+    "unknown override": (None, ("overrides", {"scael": 1.0}), "add_scaled_by_override",
+                         DispatchError, r"has no override\(s\) \['scael'\]; it has \['a'\]"),
+    "override not a number": (None, ("overrides", {"a": "big"}), "add_scaled_by_override",
+                              DispatchError, r"override 'a': f32 needs a number, got 'big'"),
     "override bool": (None, ("overrides", {"a": True}), "add_scaled_by_override", DispatchError,
                       r"override 'a': bool given for f32"),
 }
@@ -396,7 +420,8 @@ def test_copy_refusals_record_nothing(device):
     """The copy mistakes of test_runtime.py::test_copy, with the copy counter checked."""
     src = device.buffer(np.arange(10, dtype=np.uint32))
     dst = device.buffer(np.full(10, 7, np.uint32))
-    with refused(device, BindingError, r"copy: nbytes=6 must be a non-negative multiple of 4", [dst]):
+    with refused(device, BindingError, r"copy: nbytes=6 must be a non-negative multiple of 4",
+                 [dst]):
         device.copy(src, dst, nbytes=6)
     with refused(device, BindingError, r"copy: nbytes=40 is larger than", [dst]):
         device.copy(src, device.zeros(2, np.uint32), nbytes=40)
@@ -443,8 +468,8 @@ def test_uniform_values_refused(device, value, match):
 
 def test_write_needs_a_numpy_array(device):
     buf = poisoned(device, 5)
-    with refused(device, BindingError, r"write to <Buffer 'out' #\d+ storage float32\[5\]>: expected a numpy array, got list",
-                 [buf]):
+    with refused(device, BindingError, r"write to <Buffer 'out' #\d+ storage float32\[5\]>: "
+                                       r"expected a numpy array, got list", [buf]):
         buf.write([1.0, 2.0, 3.0, 4.0, 5.0])
 
 
@@ -456,7 +481,8 @@ def test_bindings_that_do_not_fit(device, what):
          "wrong dtype int32": device.buffer(np.ones(64, np.int32)),
          "wrong dtype float16": device.buffer(np.ones(64, np.float16)),
          "empty buffer": device.buffer(np.zeros(0, np.float32))}[what]
-    match = {"ndarray": r"binding 'x' \(@binding\(0\)\): expected a Buffer \(device.buffer\(array\)\), got ndarray",
+    match = {"ndarray": r"binding 'x' \(@binding\(0\)\): expected a Buffer "
+                        r"\(device.buffer\(array\)\), got ndarray",
              "None": r"expected a Buffer .* got NoneType",
              "wrong dtype int32": r"expected dtype float32 \(WGSL f32\), got int32",
              "wrong dtype float16": r"expected dtype float32 \(WGSL f32\), got float16",
@@ -467,7 +493,8 @@ def test_bindings_that_do_not_fit(device, what):
 
 def test_unsigned_binding_refuses_signed_buffer(device):
     hits = device.buffer(np.array([7], np.int32))
-    with refused(device, BindingError, r"binding 'hits' .* expected dtype uint32 .*got int32", [hits]):
+    with refused(device, BindingError, r"binding 'hits' .* expected dtype uint32 .*got int32",
+                 [hits]):
         device.dispatch(sd.compile(count, 1), {"hits": hits}, 1)
 
 
@@ -486,7 +513,8 @@ def test_write_write_aliasing(device):
     kernel = sd.compile(two_outputs, 1)
     out = poisoned(device, 4)
     with refused(device, AliasingError, r"kernel 'two_outputs': one buffer is bound to 'a' "
-                                        r"\(read_write\), 'b' \(read_write\); WebGPU forbids", [out]):
+                                        r"\(read_write\), 'b' \(read_write\); WebGPU forbids",
+                 [out]):
         device.dispatch(kernel, [out, out], 1)
 
 
@@ -512,14 +540,14 @@ def test_storage_binding_over_a_patched_limit(device, monkeypatch):
     monkeypatch.setitem(device.limits, STORAGE_CAP, 1024)
     x = device.buffer(np.ones(300, np.float32))        # 1200 bytes
     out = poisoned(device, 16)
-    with refused(device, BindingError, rf"binding 'x' .*buffer of 1200 bytes is over {STORAGE_CAP} = 1024",
-                 [out]):
+    with refused(device, BindingError,
+                 rf"binding 'x' .*buffer of 1200 bytes is over {STORAGE_CAP} = 1024", [out]):
         device.dispatch(ADD_ONE, {"x": x, "out": out}, 1)
     rng = np.random.default_rng(0)
     w = Weight.from_numpy(device, rng.standard_normal((2, 200)), rng.standard_normal((16, 2)))
     x = device.buffer(np.ones(200, np.float32))  # 800 bytes: fits, A does not
-    with refused(device, BindingError, rf"kernel 'fused_forward' binding 'A' .*buffer of 1600 bytes "
-                                       rf"is over {STORAGE_CAP} = 1024", [out]):
+    with refused(device, BindingError, rf"kernel 'fused_forward' binding 'A' .*buffer of 1600 "
+                                       rf"bytes is over {STORAGE_CAP} = 1024", [out]):
         execute_lora_forward_auto(device, w, 1.0, x, out, strategy="single:64:1")
 
 
@@ -541,9 +569,10 @@ def test_buffer_over_max_buffer_size(device, monkeypatch):
     bystander = poisoned(device, 4)
     for make, size in ((lambda: device.buffer(np.zeros(257, np.float32)), 1028),
                        (lambda: device.empty(257, np.float32), 1028),
-                       (lambda: device.uniform(np.zeros(257, np.float32)), 1040)):  # 16-byte padding
-        with refused(device, BindingError, rf"buffer of {size} bytes is over max-buffer-size = 1024",
-                     [bystander]):
+                       # 16-byte padding:
+                       (lambda: device.uniform(np.zeros(257, np.float32)), 1040)):
+        with refused(device, BindingError,
+                     rf"buffer of {size} bytes is over max-buffer-size = 1024", [bystander]):
             make()
     device.buffer(np.zeros(256, np.float32))  # exactly at the limit: fine
 
@@ -555,7 +584,8 @@ def test_released_buffers_everywhere(device):
     dead.release()
     dead.release()  # no error
     out = poisoned(device, 4)
-    with refused(device, BindingError, r"write: <Buffer #\d+ storage float32\[4\] released> was released"):
+    with refused(device, BindingError,
+                 r"write: <Buffer #\d+ storage float32\[4\] released> was released"):
         dead.write(np.zeros(4, np.float32))
     with refused(device, BindingError, r"copy source: .* was released", [out]):
         device.copy(dead, out)
@@ -565,8 +595,8 @@ def test_released_buffers_everywhere(device):
     rng = np.random.default_rng(1)
     w = Weight.from_numpy(device, rng.standard_normal((2, 4)), rng.standard_normal((4, 2)))
     plan = forward_plan(device, w, 1.0, 1, Strategy.parse("seed"))
-    with refused(device, BindingError, r"<Plan seed .*>: input buffer must be a live Buffer on .* released>",
-                 [out]):
+    with refused(device, BindingError,
+                 r"<Plan seed .*>: input buffer must be a live Buffer on .* released>", [out]):
         plan(dead, out)
     # a weight released after its auto plan was cached: refused by the argument checks
     x = device.buffer(np.ones(4, np.float32))
@@ -583,20 +613,23 @@ def test_buffers_of_another_device(device):
     other = other_device(device)
     foreign = other.buffer(np.arange(4, dtype=np.float32))
     mine = poisoned(device, 4)
-    with refused([device, other], BindingError, r"read: <Buffer #\d+ storage float32\[4\]> belongs to another device",
-                 [foreign]):
+    with refused([device, other], BindingError,
+                 r"read: <Buffer #\d+ storage float32\[4\]> belongs to another device", [foreign]):
         device.read(foreign)
     with refused([device, other], BindingError, r"write: .* belongs to another device", [foreign]):
         device.write(foreign, np.zeros(4, np.float32))
-    with refused([device, other], BindingError, r"copy destination: .* belongs to another device", [foreign, mine]):
+    with refused([device, other], BindingError, r"copy destination: .* belongs to another device",
+                 [foreign, mine]):
         device.copy(mine, foreign)
     with refused([device, other], BindingError,
-                 r"kernel 'add_one' binding 'x' \(@binding\(0\)\): .* belongs to another device", [foreign, mine]):
+                 r"kernel 'add_one' binding 'x' \(@binding\(0\)\): .* belongs to another device",
+                 [foreign, mine]):
         device.dispatch(ADD_ONE, {"x": foreign, "out": mine}, 1)
     rng = np.random.default_rng(2)
     w = Weight.from_numpy(device, rng.standard_normal((2, 4)), rng.standard_normal((4, 2)))
     plan = forward_plan(device, w, 1.0, 1, Strategy.parse("single:64:1"))
-    with refused([device, other], BindingError, r"input buffer must be a live Buffer on", [foreign, mine]):
+    with refused([device, other], BindingError, r"input buffer must be a live Buffer on",
+                 [foreign, mine]):
         plan(foreign, mine)
     with refused([device, other], BindingError, r"Weight: a must be a Buffer on"):
         Weight(device, foreign, w.b, 4, 4, 1)
@@ -637,7 +670,8 @@ def test_release_through_the_wrong_device():
     env.pop("SHADERDSL_BACKEND", None)
     r = subprocess.run([sys.executable, "-c", RELEASE_ON_THE_WRONG_DEVICE], capture_output=True,
                        text=True, cwd=ROOT, env=env, timeout=120)
-    assert r.returncode == 0 and "refused:" in r.stdout and "belongs to another device" in r.stdout, \
+    assert r.returncode == 0 and "refused:" in r.stdout \
+        and "belongs to another device" in r.stdout, \
         (r.returncode, r.stdout[-500:], r.stderr[-500:])
     assert "after: 2.0" in r.stdout
 
@@ -659,8 +693,9 @@ def test_workgroup_count_at_and_over_the_limit(device, axis):
     assert hits.read()[0] == cap
     grid[axis] = cap + 1
     with refused(device, DispatchError, rf"kernel 'count': workgroup count {cap + 1} on axis "
-                                        rf"{'xyz'[axis]} exceeds max-compute-workgroups-per-dimension "
-                                        rf"= {cap}; split the grid", [hits]):
+                                        rf"{'xyz'[axis]} exceeds "
+                                        rf"max-compute-workgroups-per-dimension = {cap}; "
+                                        rf"split the grid", [hits]):
         device.dispatch(kernel, {"hits": hits}, tuple(grid))
 
 
@@ -696,8 +731,9 @@ def big_shared(m):
 def test_workgroup_size_and_memory_over_the_limits(device):
     out = poisoned(device, 4)
     cap_x = device.limits["max-compute-workgroup-size-x"]
-    with refused(device, DispatchError, rf"kernel 'wide': workgroup_size\[0\] = {2 * cap_x} exceeds "
-                                        rf"max-compute-workgroup-size-x = {cap_x}", [out]):
+    with refused(device, DispatchError, rf"kernel 'wide': workgroup_size\[0\] = {2 * cap_x} "
+                                        rf"exceeds max-compute-workgroup-size-x = {cap_x}",
+                 [out]):
         device.dispatch(sd.compile(wide, (2 * cap_x,)), {"out": out}, 1)
     cap_z = device.limits["max-compute-workgroup-size-z"]
     with refused(device, DispatchError, rf"workgroup_size\[2\] = {2 * cap_z} exceeds "
@@ -707,7 +743,8 @@ def test_workgroup_size_and_memory_over_the_limits(device):
     if mem >= 36000:
         pytest.skip(f"max-compute-workgroup-storage-size = {mem}: 36,000 bytes fit")
     with refused(device, DispatchError, rf"kernel 'big_shared' declares 36000 bytes of workgroup "
-                                        rf"memory, over max-compute-workgroup-storage-size = {mem}", [out]):
+                                        rf"memory, over max-compute-workgroup-storage-size = "
+                                        rf"{mem}", [out]):
         device.dispatch(sd.compile(big_shared, 64), {"out": out}, 1)
 
 
@@ -730,7 +767,8 @@ def test_f16_kernel_on_the_opengl_adapter(device):
     where = ", ".join(having) if having else "no adapter on this machine"
     dst = gl.buffer(np.arange(4, dtype=np.float16))
     with refused(gl, FeatureError, None, [dst]) as info:
-        gl.dispatch(sd.compile(negate_f16, 4), {"src": gl.buffer(np.ones(4, np.float16)), "dst": dst}, 1)
+        src = gl.buffer(np.ones(4, np.float16))
+        gl.dispatch(sd.compile(negate_f16, 4), {"src": src, "dst": dst}, 1)
     msg = str(info.value)
     line = next(n for n, text in enumerate(open(__file__).read().splitlines(), 1)
                 if text.startswith("def negate_f16")) + 1  # src's declaration: the first f16 use
@@ -745,8 +783,9 @@ def test_required_feature_on_a_backend_without_it():
     if gl.has_feature("shader-f16"):
         pytest.skip("this OpenGL adapter has shader-f16")
     settle()
-    with pytest.raises(FeatureError, match=r"no matching adapter has feature\(s\) \['shader-f16'\]; "
-                                           r"adapters with all of \['shader-f16'\]: "):
+    with pytest.raises(FeatureError,
+                       match=r"no matching adapter has feature\(s\) \['shader-f16'\]; "
+                             r"adapters with all of \['shader-f16'\]: "):
         get_device(backend="OpenGL", features=["shader-f16"])
 
 
@@ -756,8 +795,8 @@ def test_lora_subgroup_strategy_on_the_opengl_adapter():
         pytest.skip("this OpenGL adapter has subgroups")
     w = Weight.from_numpy(gl, np.ones((2, 4)), np.ones((4, 2)))
     out = gl.buffer(np.arange(4, dtype=np.float32))
-    with refused(gl, FeatureError, r"strategy single\(threads=64, subgroups=True\) needs the 'subgroup' feature, which "
-                                   r".* \(OpenGL\) lacks", [out]):
+    with refused(gl, FeatureError, r"strategy single\(threads=64, subgroups=True\) needs the "
+                                   r"'subgroup' feature, which .* \(OpenGL\) lacks", [out]):
         execute_lora_forward_auto(gl, w, 1.0, gl.buffer(np.ones(4, np.float32)), out,
                                   strategy="single:64:1:sg")
 
@@ -820,7 +859,8 @@ def test_lora_auto_path_arguments(device):
 def test_lora_forward_refuses_non_finite_weights_but_not_activations(device):
     """lora.forward: NaN/Inf in A or B is refused (Weight); in x or base it is computed."""
     a, b = np.ones((2, 3)), np.ones((4, 2))
-    with pytest.raises(BindingError, match=r"Weight: a has 1 NaN or infinite value\(s\) as float32"):
+    with pytest.raises(BindingError,
+                       match=r"Weight: a has 1 NaN or infinite value\(s\) as float32"):
         forward(np.ones(3), np.array([[1, np.inf, 1], [1, 1, 1]]), b, device=device)
     got = forward(np.array([1.0, np.nan, 1.0]), a, b, np.zeros(4), device=device,
                   strategy="single:64:1")
@@ -911,7 +951,8 @@ def test_lora_scale_zero_with_nan_inf(device, strategy):
     if is_llvmpipe(device):
         np.testing.assert_array_equal(got, base)
     else:
-        assert np.array_equal(got, base, equal_nan=True) or np.array_equal(got, want, equal_nan=True)
+        assert (np.array_equal(got, base, equal_nan=True)
+                or np.array_equal(got, want, equal_nan=True))
 
 
 SPECIALS_X = np.array([1, np.nan, np.inf, -np.inf, 0, np.inf, 2, -1, 0.5] * 8, np.float32)
@@ -941,7 +982,8 @@ def test_saxpy_zero_times_inf(device):
     if is_llvmpipe(device):
         np.testing.assert_array_equal(got, SPECIALS_Y)
     else:
-        assert np.array_equal(got, SPECIALS_Y, equal_nan=True) or np.array_equal(got, want, equal_nan=True)
+        assert (np.array_equal(got, SPECIALS_Y, equal_nan=True)
+                or np.array_equal(got, want, equal_nan=True))
 
 
 @pytest.mark.parametrize("special, want", [(np.nan, np.nan), ("inf-inf", np.nan),

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
-
-from shaderdsl.errors import BindingError, FeatureError
+from helpers import problem
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_strategies import EDGE_DIMS, STRATEGY_TEXTS
 
 import lora
 import lora.hesper as E
-from lora import Weight, reference as R
+from lora import Strategy, Weight, forward_plan
+from lora import reference as R
 from lora.core import tuning
-from lora import Strategy, forward_plan
-
-from helpers import problem
-from test_strategies import EDGE_DIMS, STRATEGY_TEXTS
+from shaderdsl.errors import BindingError, FeatureError
 
 F16 = np.float16
 SETTINGS = settings(max_examples=25, deadline=None,
@@ -165,7 +164,8 @@ def test_add_scaled_f16_output(device):
     want = base.astype(np.float64) + 0.75 * y
     got = device.read(out).astype(np.float64)
     tol32 = R.RTOL_ADD * (np.abs(base.astype(np.float64)) + 0.75 * np.abs(y))  # f32 sum
-    assert np.all(np.abs(got - want) <= R.F16_ROUNDING * (np.abs(want) + tol32) + tol32 + 2.0 ** -25)
+    bound = R.F16_ROUNDING * (np.abs(want) + tol32) + tol32 + 2.0 ** -25
+    assert np.all(np.abs(got - want) <= bound)
 
 
 def test_mixed_dtypes_refused_before_dispatch(device):
@@ -212,7 +212,8 @@ def test_bad_storage_dtype(device, bad):
 
 
 def test_values_beyond_f16_range_refused(device):
-    with pytest.raises(BindingError, match=r"a has 16 NaN or infinite value\(s\) as float16 \(float16 holds at most 65504\)"):
+    with pytest.raises(BindingError, match=r"a has 16 NaN or infinite value\(s\) as float16 "
+                                           r"\(float16 holds at most 65504\)"):
         Weight.from_numpy(device, np.full((2, 8), 70000.0), np.ones((8, 2)), dtype=F16)
     with pytest.raises(BindingError, match="x: values beyond float16's range"):
         lora.forward(np.full(8, 1e5), np.ones((2, 8)), np.ones((8, 2)), device=device, dtype=F16)

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import DTypeLike
 
 import shaderdsl as sd
+from examples import reduction, saxpy
 from shaderdsl import builtins as B
 from shaderdsl import f16, f32, u32, vec4h
-from examples import reduction, saxpy
 
 U = 2.0 ** -24
 SETTINGS = settings(max_examples=20, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
 
 
-def nonzero(rng, shape, dtype=np.float32):
+def nonzero(rng, shape, dtype: DTypeLike = np.float32):
     mag = rng.uniform(0.1, 1.0, shape)
     return np.where(rng.random(shape) < 0.5, -mag, mag).astype(dtype)
 
@@ -108,7 +110,8 @@ def test_f32_to_f16_conversion_rounds_to_a_neighbour(f16_device, n, seed):
     rng = np.random.default_rng(seed)
     src = (nonzero(rng, n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(np.float32)
     dst = f16_device.buffer(np.full(n, np.nan, np.float16))
-    f16_device.dispatch_1d(sd.compile(narrow, 64, n=n), {"src": f16_device.buffer(src), "dst": dst}, n)
+    f16_device.dispatch_1d(sd.compile(narrow, 64, n=n), {"src": f16_device.buffer(src), "dst": dst},
+                           n)
     got = f16_device.read(dst).astype(np.float64)
     # WGSL allows either neighbour of an inexact value: within one f16 step of it
     step = np.spacing(np.abs(src.astype(np.float16))).astype(np.float64)
@@ -194,8 +197,8 @@ def _saxpy_chain(device, x, y0, coefficients):
     x_buf, y_buf = device.buffer(x), device.buffer(y0)
     for k, a in enumerate(coefficients):
         if k % 2:
-            device.dispatch_1d(by_uniform, {"x": x_buf, "y": y_buf, "a": device.uniform(np.float32(a))},
-                               x.size)
+            a_buf = device.uniform(np.float32(a))
+            device.dispatch_1d(by_uniform, {"x": x_buf, "y": y_buf, "a": a_buf}, x.size)
         else:
             device.dispatch_1d(by_override, {"x": x_buf, "y": y_buf}, x.size,
                                overrides={"a": float(a)})

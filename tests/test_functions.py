@@ -1,5 +1,8 @@
 """@sd.function: one typed WGSL fn per module, callable from any kernel, run by
 the GPU and the interpreter alike."""
+# pyright: reportInvalidTypeForm=false
+# (@sd.function annotates parameters and results with WGSL types, f32 and the like: DSL
+# values, which pyright checks as Python type expressions and refuses)
 import numpy as np
 import pytest
 

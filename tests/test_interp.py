@@ -62,9 +62,9 @@ COMPARED: dict = {}   # kind of random program -> how many were compared GPU vs 
 # Random programs per property test; SHADERDSL_INTERP_EXAMPLES=N multiplies
 # them (N / 40 times as many) for a longer search.
 SCALE = int(os.environ.get("SHADERDSL_INTERP_EXAMPLES", "40")) / 40
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                      HealthCheck.data_too_large,
-                                                      HealthCheck.filter_too_much])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                          HealthCheck.data_too_large,
+                                                          HealthCheck.filter_too_much])
 
 
 class _Summary:
@@ -443,6 +443,14 @@ def join(*bs):
     return (max(b[0] for b in bs), max(b[1] for b in bs))
 
 
+def budget_of(pair) -> tuple[float, int]:
+    """The budget of an f32 expression's (node, budget) or an f32 variable's (type,
+    budget): its bound on the magnitude and its fraction bits. Every f32 one has a
+    budget; other types have None, and asking for theirs is a bug of the generator."""
+    assert pair[1] is not None, f"no budget: {pair[0]!r} is not f32"
+    return pair[1]
+
+
 def exact(b) -> bool:
     return b is None or b[0] * 2.0 ** b[1] <= EXACT
 
@@ -585,7 +593,7 @@ class ExactGen:
         a, b = self.expr(ty, d), self.expr(ty, d)
         if ty[0] != F:
             return ("bin", ty, op, a[0], b[0]), None
-        (ma, fa), (mb, fb) = a[1], b[1]
+        (ma, fa), (mb, fb) = budget_of(a), budget_of(b)
         bud = (ma + mb, max(fa, fb)) if op in "+-" else (ma * mb, fa + fb)
         if not exact(bud):
             return self._fallback(ty, a, b)
@@ -597,7 +605,7 @@ class ExactGen:
         op = self.pick("+-*")
         a, b = self.expr(ty, d), self.expr((s, 1), d)
         if s == F:
-            (ma, fa), (mb, fb) = a[1], b[1]
+            (ma, fa), (mb, fb) = budget_of(a), budget_of(b)
             bud = (ma + mb, max(fa, fb)) if op in "+-" else (ma * mb, fa + fb)
             if not exact(bud):
                 return a
@@ -661,10 +669,12 @@ class ExactGen:
         implementation for floats)."""
         s, n = ty
         x = self.expr(ty, d)
-        (lo, blo), (hi, bhi) = sorted([self.literal(s), self.literal(s)], key=lambda lit: lit[0][2])
+        low, high = sorted([self.literal(s), self.literal(s)], key=lambda lit: lit[0][2])
+        lo, hi = low[0], high[0]
         bud = None
         if s == F:
-            bud = (max(blo[0], bhi[0]), max(x[1][1], blo[1], bhi[1]))
+            (mlo, flo), (mhi, fhi) = budget_of(low), budget_of(high)
+            bud = (max(mlo, mhi), max(budget_of(x)[1], flo, fhi))
         if n > 1:
             lo, hi = ("splat", ty, lo), ("splat", ty, hi)
         return ("call", ty, "clamp", (x[0], lo, hi)), bud
@@ -679,15 +689,15 @@ class ExactGen:
     def op_round(self, ty, d):
         a = self.expr(ty, d)
         return ("call", ty, self.pick(["floor", "ceil", "trunc", "round"]), (a[0],)), \
-            (a[1][0] + 1, 0)
+            (budget_of(a)[0] + 1, 0)
 
     def op_fract(self, ty, d):
         a = self.expr(ty, d)
-        return ("call", ty, "fract", (a[0],)), (1.0, a[1][1])
+        return ("call", ty, "fract", (a[0],)), (1.0, budget_of(a)[1])
 
     def op_saturate(self, ty, d):
         a = self.expr(ty, d)
-        return ("call", ty, "saturate", (a[0],)), (1.0, a[1][1])
+        return ("call", ty, "saturate", (a[0],)), (1.0, budget_of(a)[1])
 
     def op_step(self, ty, d):
         a, b = self.expr(ty, d), self.expr(ty, d)
@@ -699,7 +709,8 @@ class ExactGen:
 
     def op_fma(self, ty, d):
         a, b, c = self.expr(ty, d), self.expr(ty, d), self.expr(ty, d)
-        bud = (a[1][0] * b[1][0] + c[1][0], max(a[1][1] + b[1][1], c[1][1]))
+        (ma, fa), (mb, fb), (mc, fc) = budget_of(a), budget_of(b), budget_of(c)
+        bud = (ma * mb + mc, max(fa + fb, fc))
         if not exact(bud):
             return self._fallback(ty, a, c)
         return ("call", ty, "fma", (a[0], b[0], c[0])), bud
@@ -707,7 +718,8 @@ class ExactGen:
     def op_divpow2(self, ty, d):
         a = self.expr(ty, d)
         k = self.pick([-2, -1, 1, 2, 3])              # x / 2**k
-        bud = (a[1][0] / 2.0 ** k, max(a[1][1] + k, 0))
+        ma, fa = budget_of(a)
+        bud = (ma / 2.0 ** k, max(fa + k, 0))
         if not exact(bud):
             return a
         div = ("lit", (F, 1), 2.0 ** k)
@@ -719,12 +731,12 @@ class ExactGen:
         """x % c for a literal c: exact (the quotient is never within rounding of an integer)."""
         a = self.expr(ty, d)
         c = self.pick([1.5, 2.0, 3.0, 0.75, -2.5, 5.0])
-        if a[1][0] > 2.0 ** 12:
+        if budget_of(a)[0] > 2.0 ** 12:
             return a
         div = ("lit", (F, 1), c)
         if ty[1] > 1:
             div = ("splat", ty, div)
-        return ("bin", ty, "%", a[0], div), (abs(c), max(a[1][1], frac_bits(c)))
+        return ("bin", ty, "%", a[0], div), (abs(c), max(budget_of(a)[1], frac_bits(c)))
 
     def op_bitfn(self, ty, d):
         a = self.expr(ty, d)
@@ -739,7 +751,7 @@ class ExactGen:
             bud = {SI: (2.0 ** 31, 0), U: (2.0 ** 32, 0), BO: (1.0, 0)}[src]
             return ("cast", ty, a[0]), bud
         if src == F:
-            if a[1][0] >= 2.0 ** 31:                  # keep f32 -> int conversions in range
+            if budget_of(a)[0] >= 2.0 ** 31:                  # keep f32 -> int conversions in range
                 return self.leaf(ty)
             if s == U:                                # u32(abs(x)): no negative values
                 return ("cast", ty, ("call", (F, n), "abs", (a[0],))), None
@@ -797,7 +809,8 @@ class ExactGen:
         n = self.pick([2, 3, 4])
         a, b = self.expr((ty[0], n), d), self.expr((ty[0], n), d)
         if ty[0] == F:
-            bud = (n * a[1][0] * b[1][0], a[1][1] + b[1][1])
+            (ma, fa), (mb, fb) = budget_of(a), budget_of(b)
+            bud = (n * ma * mb, fa + fb)
             if not exact(bud):
                 return self.leaf(ty)
             return ("call", ty, "dot", (a[0], b[0])), bud
@@ -930,7 +943,7 @@ SCALAR_TYPES = [(F, 1), (SI, 1), (U, 1), (BO, 1)]
 VECTOR_TYPES = [(s, n) for s in (F, SI, U, BO) for n in (2, 3, 4)]
 
 
-@settings(max_examples=round(40 * SCALE), **SETTINGS)
+@settings(SETTINGS, max_examples=round(40 * SCALE))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_random_expressions_gpu_vs_interpreter(device, data, seed):
     gen = ExactGen(data)
@@ -1003,7 +1016,7 @@ class StmtGen(ExactGen):
         if op in ("/", "%", "<<", ">>"):
             e = self.safe_rhs(e, op in ("<<", ">>"))
         if ty[0] == F:
-            (mv, fv), (me, fe) = self.vars[name][1], b
+            (mv, fv), (me, fe) = budget_of(self.vars[name]), budget_of((e, b))
             bud = (mv + me, max(fv, fe)) if op in "+-" else (mv * me, fv + fe)
             if not exact(bud):
                 self.set_budget(name, b)
@@ -1169,7 +1182,7 @@ def stmt_kernel(m, inits, stmts):
     _store_results(m, i, outputs, outs, [(ctx.names[v], VARS[v]) for v in VARS])
 
 
-@settings(max_examples=round(40 * SCALE), **SETTINGS)
+@settings(SETTINGS, max_examples=round(40 * SCALE))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_random_statements_gpu_vs_interpreter(device, data, seed):
     gen = StmtGen(data)
@@ -1358,7 +1371,7 @@ def float_kernel(m, trees):
         out[i * len(trees) + k] = fbuild(tree, x, i)
 
 
-@settings(max_examples=round(30 * SCALE), **SETTINGS)
+@settings(SETTINGS, max_examples=round(30 * SCALE))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_random_float_expressions_gpu_vs_interpreter(device, data, seed):
     gen = FloatGen(data)
@@ -1426,7 +1439,8 @@ def test_float_builtins_gpu_vs_interpreter(device, name, make, domain, rtol, ato
         i = m.let(m.global_id().x, "i")
         out[i] = make(x[3 * i], x[3 * i + 1], x[3 * i + 2])
 
-    x = np.random.default_rng(7).uniform(*domain, 3 * 64).astype(np.float32)
+    low, high = domain
+    x = np.random.default_rng(7).uniform(low, high, 3 * 64).astype(np.float32)
     got, want, kernel = _gpu_and_interp(device, k, 64, 1, {"x": x, "out": np.zeros(64, np.float32)})
     np.testing.assert_allclose(got["out"], want["out"], rtol=rtol, atol=atol, err_msg=kernel.wgsl)
 
@@ -1503,7 +1517,7 @@ def subgroup_kernel(m, ops, size):
     _store_results(m, i, outputs, outs, values)
 
 
-@settings(max_examples=round(15 * SCALE), **SETTINGS)
+@settings(SETTINGS, max_examples=round(15 * SCALE))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_random_subgroup_ops_gpu_vs_interpreter(device, device_subgroup_size, data, seed):
     size = device_subgroup_size
@@ -1807,7 +1821,7 @@ def _constant_kernel(m, tree):
     out[0] = _dsl(tree)
 
 
-@settings(max_examples=round(30 * SCALE), **SETTINGS)
+@settings(SETTINGS, max_examples=round(30 * SCALE))
 @given(tree=st.sampled_from(["u32", "i32"]).flatmap(const_tree))
 def test_constant_integer_values_match_the_gpu(device, tree):
     """shaderdsl.consts against the GPU and the interpreter: every constant

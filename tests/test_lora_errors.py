@@ -9,17 +9,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import device_or_skip
 
 import lora
-from lora import Config, Weight, reference as R
-from lora.hesper import (execute_add_scaled, execute_fused_b_add, execute_lora_forward,
-                          execute_lora_forward_fused, execute_lora_forward_single,
-                          execute_project_a, execute_project_b, save_activation)
-from lora import forward
-from lora import Strategy, forward_plan
+from lora import Config, Strategy, Weight, forward, forward_plan
+from lora import reference as R
+from lora.hesper import (
+    execute_add_scaled,
+    execute_fused_b_add,
+    execute_lora_forward,
+    execute_lora_forward_fused,
+    execute_lora_forward_single,
+    execute_project_a,
+    execute_project_b,
+    save_activation,
+)
 from shaderdsl.errors import AliasingError, BindingError, DispatchError, FeatureError
-
-from helpers import device_or_skip
 
 RANK, IN, OUT = 3, 40, 24
 
@@ -76,10 +81,12 @@ def calls(device, w, b):
 # ---------------------------------------------------------------- buffers
 
 WRONG_SHAPES = [
-    ("x", (IN + 1,), "three", r"input_buf: expected shape \(in_dim,\) = \(40,\) or \(tokens, 40\), got \[41\]"),
+    ("x", (IN + 1,), "three",
+     r"input_buf: expected shape \(in_dim,\) = \(40,\) or \(tokens, 40\), got \[41\]"),
     ("x", (IN, 2), "single", r"input_buf: expected shape .* got \[40, 2\]"),
     ("x", (IN + 1,), "project_a", r"x_buf: expected shape \(in_dim,\)"),
-    ("h", (RANK + 1,), "fused", r"h_buf: expected shape \(3,\) or \(1, 3\) for 1 token\(s\) of rank = 3, got \[4\]"),
+    ("h", (RANK + 1,), "fused",
+     r"h_buf: expected shape \(3,\) or \(1, 3\) for 1 token\(s\) of rank = 3, got \[4\]"),
     ("h", (2, RANK), "three", r"h_buf: expected shape \(3,\) or \(1, 3\)"),
     ("y", (OUT - 1,), "three", r"y_buf: expected shape \(24,\) or \(1, 24\) .* got \[23\]"),
     ("y", (OUT + 1,), "project_b", r"y_buf: expected shape \(24,\)"),
@@ -197,8 +204,11 @@ def test_weight_buffer_as_output(device):
 
 def test_bad_arguments(device, setup):
     w, b, host = setup
-    run = lambda **kw: execute_lora_forward(device, w, kw.pop("scale", 1.0), b["x"], b["out"],
-                                            b["h"], b["y"], **kw)
+
+    def run(**kw):
+        return execute_lora_forward(device, w, kw.pop("scale", 1.0), b["x"], b["out"], b["h"],
+                                    b["y"], **kw)
+
     with NoDispatch(device, ValueError, r"scale: expected a finite float32 value, got nan"):
         run(scale=float("nan"))
     with NoDispatch(device, ValueError, r"scale: expected a finite"):
@@ -298,7 +308,8 @@ def test_save_activation_errors(device, setup):
     w, b, host = setup
     with NoDispatch(device, AliasingError, r"src_buf and dst_buf are the same buffer"):
         save_activation(device, b["x"], b["x"])
-    with NoDispatch(device, BindingError, r"dst_buf: num_elements = 40 but the buffer holds only 24"):
+    with NoDispatch(device, BindingError,
+                    r"dst_buf: num_elements = 40 but the buffer holds only 24"):
         save_activation(device, b["x"], b["out"])
     with NoDispatch(device, BindingError, r"dst_buf: expected dtype float32, got int32"):
         save_activation(device, b["x"], device.buffer(np.zeros(IN, np.int32)))
@@ -310,7 +321,8 @@ def test_save_activation_errors(device, setup):
 def test_numpy_forward_errors(device):
     a, b = np.ones((2, 5)), np.ones((3, 2))
     x = np.ones(5)
-    with pytest.raises(BindingError, match=r"x: a is \[rank, in_dim\] = \[2, 5\], so x must end in 5"):
+    with pytest.raises(BindingError,
+                       match=r"x: a is \[rank, in_dim\] = \[2, 5\], so x must end in 5"):
         forward(np.ones(6), a, b, device=device)
     with pytest.raises(BindingError, match=r"x: expected a real floating dtype .* got int64"):
         forward(np.ones(5, np.int64), a, b, device=device)
@@ -326,7 +338,8 @@ def test_numpy_forward_errors(device):
     with pytest.raises(ValueError, match="give alpha or scale, not both"):
         forward(x, a, b, alpha=1.0, scale=1.0, device=device)
     with pytest.raises(ValueError, match=r"strategy must be one of \('seed', 'three', 'split', "
-                                         r"'single', 'tiled', 'gemm', 'matrix'\), got 'double' in 'double'"):
+                                         r"'single', 'tiled', 'gemm', 'matrix'\), "
+                                         r"got 'double' in 'double'"):
         forward(x, a, b, strategy="double", device=device)
     # alpha / rank, and the default scale 1
     np.testing.assert_allclose(forward(x, a, b, alpha=4.0, device=device), np.full(3, 20.0))
@@ -369,15 +382,15 @@ def test_config():
     with pytest.raises(ValueError, match="rank must be >= 1, got 0"):
         Config(0, 1.0)
     with pytest.raises(TypeError, match="rank must be an int, got float"):
-        Config(2.0, 1.0)
+        Config(2.0, 1.0)  # pyright: ignore[reportArgumentType]  (the wrong type is the test)
     with pytest.raises(TypeError, match="rank must be an int, got bool"):
         Config(True, 1.0)
     with pytest.raises(ValueError, match="alpha must be finite"):
         Config(2, float("inf"))
     with pytest.raises(TypeError, match="alpha must be a real number"):
-        Config(2, "16")
+        Config(2, "16")  # pyright: ignore[reportArgumentType]  (the wrong type is the test)
     with pytest.raises(AttributeError):
-        Config(2, 2).rank = 3  # frozen
+        Config(2, 2).rank = 3  # pyright: ignore[reportAttributeAccessIssue]  (frozen: the test)
 
 
 def test_weight_from_numpy(device):
@@ -398,9 +411,12 @@ def test_weight_from_numpy(device):
 @pytest.mark.parametrize("a, b, match", [
     (np.ones(3), np.ones((4, 1)), r"a must be 2-D \[rank, in_dim\], got shape \(3,\)"),
     (np.ones((2, 3), np.int32), np.ones((4, 2)), r"a must have a real floating dtype .* got int32"),
-    (np.ones((2, 3)), np.ones((4, 2), complex), r"b must have a real floating dtype .* got complex128"),
+    (np.ones((2, 3)), np.ones((4, 2), complex),
+     r"b must have a real floating dtype .* got complex128"),
     (np.ones((2, 3)), np.ones((4, 2), bool), r"got bool"),
-    (np.ones((2, 3)), np.ones((4, 3)), r"rank mismatch: a is \[rank, in_dim\] = \[2, 3\], so b must be \[out_dim, 2\], got \[4, 3\]"),
+    (np.ones((2, 3)), np.ones((4, 3)),
+     r"rank mismatch: a is \[rank, in_dim\] = \[2, 3\], so b must be \[out_dim, 2\], "
+     r"got \[4, 3\]"),
     (np.ones((0, 3)), np.ones((4, 0)), r"must have no empty dimension"),
     (np.full((2, 3), np.nan), np.ones((4, 2)), r"a has 6 NaN or infinite value\(s\)"),
     (np.ones((2, 3)), np.full((4, 2), 1e39), r"b has 8 NaN or infinite value\(s\) as float32"),
@@ -461,7 +477,8 @@ def test_cli_wgsl_every_kernel(capsys):
     assert "// kernel fused_forward_f16" in out and "shader-f16" in out
     assert main(["wgsl", "project_a", "--rank", "64", "--rank-group", "8"]) == 0
     assert "let r0 = workgroup_id.y * 8u;" in capsys.readouterr().out
-    assert main(["wgsl", "tiled_forward", "--rank", "64", "--tokens", "32", "--token-block", "4"]) == 0
+    assert main(["wgsl", "tiled_forward", "--rank", "64", "--tokens", "32",
+                 "--token-block", "4"]) == 0
     assert "acc3_15" in capsys.readouterr().out  # 4 tokens x 16 of the 64 ranks per thread
     assert main(["wgsl", "tiled_forward", "--token-block", "3"]) == 1
     assert "token_block (3) must divide tile_tokens (16)" in capsys.readouterr().err

@@ -36,16 +36,16 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shaderdsl as sd
+from examples import int8_matmul as IM
 from shaderdsl import builtins as B
 from shaderdsl import f32, i32, u32, vec4f, vec4i, vec4u
 from shaderdsl.errors import ShaderTypeError
 from shaderdsl.interp import Interpreter
 from shaderdsl.ops import BUILTINS
-
-from examples import int8_matmul as IM
 
 SETTINGS = settings(max_examples=20, deadline=None)
 N = 64  # invocations (rows of inputs) per dispatch
@@ -73,7 +73,8 @@ def sem(name):
 
 def ref_bytes(x, signed):
     """(n, 4) bytes of u32 words, byte 0 = bits 0..7."""
-    return np.ascontiguousarray(x, "<u4").reshape(-1).view(np.int8 if signed else np.uint8).reshape(-1, 4)
+    words = np.ascontiguousarray(x, "<u4").reshape(-1)
+    return words.view(np.int8 if signed else np.uint8).reshape(-1, 4)
 
 
 def ref_pack_bytes(v):
@@ -91,7 +92,7 @@ def ref_norm(e: float, scale: int, low: int) -> int:
     return math.floor(Fraction(1, 2) + scale * q)
 
 
-def ref_nearest(q: Fraction, dt=np.float32):
+def ref_nearest(q: Fraction, dt: type[np.floating] = np.float32):
     """The ``dt`` value nearest to ``q`` (ties to the even significand), by exact
     comparison of the neighbours of numpy's guess."""
     c = dt(float(q))
@@ -143,8 +144,10 @@ def test_wgsl_text_features_and_naga(naga):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda v: B.dot4_i8_packed(v.x), "takes 2 argument(s), got 1"),
-    (lambda v: B.dot4_i8_packed(i32(v.x), v.x), "dot4_i8_packed() needs (u32, u32), got (i32, u32)"),
+    (lambda v: B.dot4_i8_packed(v.x),  # pyright: ignore[reportCallIssue]  (the test: one argument)
+     "takes 2 argument(s), got 1"),
+    (lambda v: B.dot4_i8_packed(i32(v.x), v.x),
+     "dot4_i8_packed() needs (u32, u32), got (i32, u32)"),
     (lambda v: B.dot4_u8_packed(v.x, -1), "-1 does not fit in u32"),
     (lambda v: B.pack4x_i8(v), "pack4x_i8() needs (vec4<i32>), got (vec4<u32>)"),
     (lambda v: B.pack4x_u8_clamp(v.xyz), "needs (vec4<u32>), got (vec3<u32>)"),
@@ -162,7 +165,7 @@ def test_packing_arguments_are_checked(call, message):
     assert message in str(info.value)
 
 
-# ================================================================ 2. semantics against the references
+# ============================================================ 2. semantics against the references
 
 def test_integer_unpacks_and_dots_of_every_byte():
     """Every byte value in every position: unpack4xI8/U8 sign- or zero-extend it,
@@ -230,15 +233,16 @@ def test_norm_packs_follow_the_spec_formula_at_ties_and_edges():
     """floor(0.5 + scale * clamp(e)): halves round up (-0.5 * 127 = -63.5 -> -63),
     +-inf clamp, NaN counts as the clamp's low end (min/max's NaN rule)."""
     s = sem("pack4x8snorm")
-    assert ref_bytes(s(np.float32([-0.5, 0.5, np.inf, -np.inf])), True).tolist() == \
+    assert ref_bytes(s(np.array([-0.5, 0.5, np.inf, -np.inf], np.float32)), True).tolist() == \
         [[-63, 64, 127, -127]]
-    assert ref_bytes(s(np.float32([np.nan, 1.0, -1.0, -0.0])), True).tolist() == [[-127, 127, -127, 0]]
+    assert ref_bytes(s(np.array([np.nan, 1.0, -1.0, -0.0], np.float32)), True).tolist() == \
+        [[-127, 127, -127, 0]]
     u = sem("pack4x8unorm")
-    assert ref_bytes(u(np.float32([0.5, np.nan, np.inf, -np.inf])), False).tolist() == \
+    assert ref_bytes(u(np.array([0.5, np.nan, np.inf, -np.inf], np.float32)), False).tolist() == \
         [[128, 0, 255, 0]]
-    ties = np.float32([(2 * k + 1) / 2 / 127 for k in range(-127, 127)])
+    ties = np.array([(2 * k + 1) / 2 / 127 for k in range(-127, 127)], np.float32)
     for name, (scale, low, count, width) in NORM.items():
-        for e in np.concatenate([ties, np.float32([1e-45, -1e-45, 3e38, np.nan])]):
+        for e in np.concatenate([ties, np.array([1e-45, -1e-45, 3e38, np.nan], np.float32)]):
             v = np.full(count, e, np.float32)
             want = ref_norm(float(e), scale, low) & ((1 << width) - 1)
             assert sem(name)(v) == sum(want << (width * i) for i in range(count)), (name, e)
@@ -293,8 +297,8 @@ def _floats(rng, shape):
     tie = ((k + 0.5) / scale).astype(np.float32)
     tie = np.nextafter(tie, tie * rng.choice([0.5, 1, 2], shape).astype(np.float32))  # -, =, +
     kinds = [rng.uniform(-1.2, 1.2, shape).astype(np.float32), tie,
-             rng.choice(np.float32([0.0, -0.0, 1e-45, -1e-40, 1.0, -1.0, 0.5, -0.5, 65504.0,
-                                    -65504.0, 6e-8, 1e3]), shape),
+             rng.choice(np.array([0.0, -0.0, 1e-45, -1e-40, 1.0, -1.0, 0.5, -0.5, 65504.0,
+                                    -65504.0, 6e-8, 1e3], np.float32), shape),
              (rng.uniform(-1, 1, shape) * 2.0 ** rng.integers(-30, 16, shape)).astype(np.float32)]
     return np.choose(rng.integers(0, len(kinds), shape), kinds).astype(np.float32)
 
@@ -440,7 +444,7 @@ def test_gpu_interpreter_and_reference_agree(device, seed):
     assert_gpu_allowed(gpu, cpu, inputs)
 
 
-SPECIAL = np.float32([[np.nan, np.inf, -np.inf, -0.5], [0.5, -np.inf, 65520.0, 1e30]])
+SPECIAL = np.array([[np.nan, np.inf, -np.inf, -0.5], [0.5, -np.inf, 65520.0, 1e30]], np.float32)
 
 
 def test_nan_inf_and_halves(device):

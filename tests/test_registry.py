@@ -41,7 +41,7 @@ def toy():
 
 def test_a_new_entry_parses_plans_and_is_tuned(device, toy, cache_dir):
     s = lora.Strategy.parse("toy(threads=128)")
-    assert isinstance(s, toy) and s.threads == 128 and str(s) == "toy(threads=128)"
+    assert isinstance(s, toy) and s == toy(threads=128) and str(s) == "toy(threads=128)"
     assert lora.Strategy.parse("toy:128") == s and str(toy()) == "toy"
     with pytest.raises(ValueError, match=r"'toy' takes up to 1 number"):
         lora.Strategy.parse("toy:64:2")

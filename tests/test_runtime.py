@@ -5,18 +5,24 @@ runs only where an OpenGL adapter exists.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 
 import numpy as np
 import pytest
+from helpers import device_or_skip
 
-from shaderdsl.errors import (AliasingError, BindingError, DispatchError, FeatureError,
-                              NoAdapterError, WGSLCompileError)
+from shaderdsl.errors import (
+    AliasingError,
+    BindingError,
+    DispatchError,
+    FeatureError,
+    NoAdapterError,
+    WGSLCompileError,
+)
 from shaderdsl.kernel import Binding, Kernel, Override
 from shaderdsl.runtime import Buffer, get_device, list_adapters
-
-from helpers import device_or_skip
 from shaderdsl.types import f16, f32
 
 try:
@@ -43,13 +49,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 
 def saxpy_kernel(**kw) -> Kernel:
-    fields = dict(
+    """The hand-written saxpy Kernel, with the fields in ``kw`` replaced."""
+    kernel = Kernel(
         name="saxpy", wgsl=SAXPY_WGSL, workgroup_size=(64, 1, 1),
         bindings=(Binding(0, "x", "read", f32), Binding(1, "y", "read", f32),
                   Binding(2, "out", "read_write", f32), Binding(3, "a", "uniform", f32)),
         source_map=((10, "kernels.py:12"),))
-    fields.update(kw)
-    return Kernel(**fields)
+    return dataclasses.replace(kernel, **kw)
 
 
 SAXPY = saxpy_kernel()
@@ -402,7 +408,8 @@ def test_second_dispatch_creates_nothing():
     assert after["dispatches"] == before["dispatches"] + 2
     # an equal but distinct Kernel object reuses the module and pipeline
     DEV.dispatch_1d(saxpy_kernel(), bufs, 256)
-    assert (DEV.stats["modules"], DEV.stats["pipelines"]) == (before["modules"], before["pipelines"])
+    for counter in ("modules", "pipelines"):
+        assert DEV.stats[counter] == before[counter], counter
 
 
 def test_bind_groups_are_dropped_with_their_buffers():
@@ -430,7 +437,7 @@ def test_timestamps_positive():
         for _ in range(400):
             DEV.dispatch_1d(SAXPY, bufs, 4096)
         DEV.copy(bufs["out"], dst)
-    assert b2.gpu_time_ns > 0
+    assert b2.gpu_time_ns is not None and b2.gpu_time_ns > 0
     with DEV.batch() as plain:
         pass
     assert plain.gpu_time_ns is None
@@ -524,7 +531,7 @@ def test_timestamps_survive_a_read_inside_the_batch():
         with pytest.raises(RuntimeError, match="after the batch exits"):
             b.gpu_time_ns
     # start and end come from different submits; a lost start would be 0 -> huge
-    assert 0 < b.gpu_time_ns < 60e9
+    assert b.gpu_time_ns is not None and 0 < b.gpu_time_ns < 60e9
 
 
 def test_no_adapter_message_says_how_to_get_one(monkeypatch):

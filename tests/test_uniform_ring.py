@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import shaderdsl as sd
+from examples.bench_params import Sorter, bitonic, passes
+from examples.bench_params import main as bench_main
 from shaderdsl import BindingError, f16, f32, i32, vec2u, vec4f
 from shaderdsl import builtins as B
-from examples.bench_params import Sorter, bitonic, main as bench_main, passes
 
 U = 2.0 ** -24
 _names = itertools.count()

@@ -9,6 +9,9 @@ check turned off. Tint (Dawn's Null backend, in a subprocess) compiles each
 kernel's WGSL; the DSL must refuse exactly the kernels Tint refuses, and Tint
 must refuse some and take some (so the agreement means something).
 """
+# pyright: reportInvalidTypeForm=false
+# (@sd.function annotates parameters and results with WGSL types, f32 and the like: DSL
+# values, which pyright checks as Python type expressions and refuses)
 from __future__ import annotations
 
 import importlib.util
@@ -336,6 +339,7 @@ def test_the_dsl_refuses_exactly_what_tint_refuses(monkeypatch, tmp_path):
     for fn, kernel, tint in zip(kernels, built, verdicts):
         assert tint == "ok" or "uniform control flow" in tint or "to be uniform" in tint, \
             (fn.__name__, tint)
+        assert kernel.ir is not None, fn.__name__
         dsl = uniformity.find(kernel.ir)
         refused += tint != "ok"
         if bool(dsl) != (tint != "ok"):
@@ -405,4 +409,5 @@ def test_a_barrier_a_collective_emits_names_the_collective():
     def plain(m):
         m.declare_output_buffer("y", f32)
         m.barrier()
-    assert sd.compile(plain, 64).ir.body.stmts[-1].via == ""   # the user's own m.barrier()
+    ir = sd.compile(plain, 64).ir
+    assert ir is not None and ir.body.stmts[-1].via == ""   # the user's own m.barrier()

@@ -28,6 +28,9 @@ example kernel, the kernels tests/test_codegen.py hands to its naga fixture,
 and a few kernels here that use the DSL constructs those leave out.
 Kernels with the same WGSL are counted once.
 """
+# pyright: reportInvalidTypeForm=false
+# (@sd.function annotates parameters and results with WGSL types, f32 and the like: DSL
+# values, which pyright checks as Python type expressions and refuses)
 from __future__ import annotations
 
 import argparse
@@ -350,6 +353,7 @@ def codegen_entries() -> list[Entry]:
     recorder in the fixture's place (its text assertions run as well)."""
     path = ROOT / "tests" / "test_codegen.py"
     spec = importlib.util.spec_from_file_location("_tint_check_test_codegen", path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = []
@@ -680,7 +684,7 @@ def check(device, entries) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the kernels, compile nothing")
     parser.add_argument("--json", metavar="PATH", help="also write the report to PATH")
     args = parser.parse_args(argv)

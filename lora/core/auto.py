@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from shaderdsl import checks as sd_checks
 
@@ -50,7 +51,7 @@ def fits_binding(device, weight, tokens: int) -> None:
 
 
 def forward(x, a, b, base=None, *, alpha: float | None = None, scale: float | None = None,
-            device=None, strategy=None, dtype=np.float32) -> np.ndarray:
+            device=None, strategy=None, dtype: DTypeLike = np.float32) -> np.ndarray:
     """``base + scale * B @ (A @ x)`` on the GPU, numpy in and numpy out.
 
     ``x``: ``(in_dim,)``, ``(tokens, in_dim)`` or with more leading dimensions

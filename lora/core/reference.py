@@ -27,32 +27,32 @@ def _f(a, dtype):
     return np.asarray(a, dtype)
 
 
-def project_a(a, x, dtype=F64) -> np.ndarray:
+def project_a(a, x, dtype: DTypeLike = F64) -> np.ndarray:
     """h = A @ x for every token: ``x (..., in_dim) -> h (..., rank)``."""
     return _f(x, dtype) @ _f(a, dtype).T
 
 
-def project_b(b, h, dtype=F64) -> np.ndarray:
+def project_b(b, h, dtype: DTypeLike = F64) -> np.ndarray:
     """y = B @ h for every token: ``h (..., rank) -> y (..., out_dim)``."""
     return _f(h, dtype) @ _f(b, dtype).T
 
 
-def add_scaled(y, output, scale, dtype=F64) -> np.ndarray:
+def add_scaled(y, output, scale, dtype: DTypeLike = F64) -> np.ndarray:
     """``output + scale * y`` (the kernel does it in place)."""
     return _f(output, dtype) + _f(scale, dtype) * _f(y, dtype)
 
 
-def fused_b_add(b, h, output, scale, dtype=F64) -> np.ndarray:
+def fused_b_add(b, h, output, scale, dtype: DTypeLike = F64) -> np.ndarray:
     """``output + scale * B @ h``: project_b and add_scaled in one."""
     return add_scaled(project_b(b, h, dtype), output, scale, dtype)
 
 
-def lora_delta(x, a, b, scale, dtype=F64) -> np.ndarray:
+def lora_delta(x, a, b, scale, dtype: DTypeLike = F64) -> np.ndarray:
     """``scale * B @ (A @ x)``: what the adapter adds to the base output."""
     return _f(scale, dtype) * project_b(b, project_a(a, x, dtype), dtype)
 
 
-def forward(x, a, b, scale, base=None, dtype=F64) -> np.ndarray:
+def forward(x, a, b, scale, base=None, dtype: DTypeLike = F64) -> np.ndarray:
     """``base + scale * B @ (A @ x)``; ``base`` defaults to zeros."""
     delta = lora_delta(x, a, b, scale, dtype)
     return delta if base is None else _f(base, dtype) + delta

@@ -47,7 +47,7 @@ def cache_path() -> Path:
 
 
 def cache_key(device, rank: int, in_dim: int, out_dim: int, tokens,
-              dtype=np.float32) -> str:
+              dtype: DTypeLike = np.float32) -> str:
     """``tokens``: a count (plans with it baked in) or "lo-hi" (a bucket)."""
     from shaderdsl.runtime import WGPU_BUILD  # (the kernels and plans print without wgpu)
 

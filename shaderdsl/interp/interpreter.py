@@ -68,7 +68,7 @@ class Interpreter:
     access does) instead of raising OutOfBoundsError.
     """
 
-    def __init__(self, source, workgroup_size=64, *, name: str | None = None,
+    def __init__(self, source, workgroup_size: int | tuple = 64, *, name: str | None = None,
                  subgroup_size: int = DEFAULT_SUBGROUP_SIZE,
                  max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
                  check_races: bool = True, check_uninitialized: bool = True,
