@@ -155,9 +155,10 @@ def test_a_plan_records_lora_forwards_plan_for_one_adapter(device, monkeypatch):
     """ManyPlan with host ids all naming one slot: lora.forward's plan (the
     same strategy, on a copy of the adapter), not the many kernels; a slot
     refilled since gets a new copy; a route made before its slot was emptied
-    is refused."""
+    is refused. Rank 16, not 64: lora.forward's plan for 20 tokens of rank 64 is a
+    512-thread tiled kernel that takes lavapipe 20-40 s to compile."""
     rng = np.random.default_rng(12)
-    layers = adapters(rng, (4, 64, 9))
+    layers = adapters(rng, (4, 16, 9))
     pool = lora.AdapterPool(device, IN, OUT)
     for layer in layers:
         pool.add(layer)
@@ -605,16 +606,22 @@ def test_the_gpu_sort_equals_the_host_sort(device, tokens):
 
 MATRIX_RANKS = (4, 8, 13, 64)  # 8: removed before the batch
 MATRIX_IN, MATRIX_OUT = 72, 200  # 2-3 slices of in_dim and 2-4 blocks of columns, the last partial
+# The default tier's case (lavapipe runs the interpreter at a few seconds a form): the
+# same edges at a third of the work: ranks 4, 13 and 32 (the pool's max_rank: two
+# fragments), 24 rows (a partial tile for each adapter), out_dim 72 (blocks of 64 columns:
+# one full, one partial; of 128: one partial); --full runs MATRIX_RANKS at 72 -> 200.
+SMALL_RANKS, SMALL_OUT, SMALL_TOKENS = (4, 8, 13, 32), 72, 24
 
 
-def matrix_case(dev, tokens, seed):
-    """An f16 pool on ``dev`` holding ranks 4, 13 and 64 in slots 0, 2 and 3
-    (slot 1's rank 8 removed; a rank-5 adapter put in its room, then removed
-    too), and a batch whose rows name them or -1, in segments that fill no tile."""
+def matrix_case(dev, tokens, seed, ranks=MATRIX_RANKS, out_dim=MATRIX_OUT):
+    """An f16 pool on ``dev`` holding ranks[0], ranks[2] and ranks[3] (4, 13
+    and 64) in slots 0, 2 and 3 (slot 1's rank 8 removed; a rank-5 adapter put in
+    its room, then removed too), and a batch whose rows name them or -1, in
+    segments that fill no tile."""
     rng = np.random.default_rng(seed)
-    dims = MATRIX_IN, MATRIX_OUT
-    layers = adapters(rng, MATRIX_RANKS, *dims, dtype=np.float16)
-    pool = lora.AdapterPool(dev, *dims, dtype=np.float16, slots=4, rows=8)
+    dims = MATRIX_IN, out_dim
+    layers = adapters(rng, ranks, *dims, dtype=np.float16)
+    pool = lora.AdapterPool(dev, *dims, dtype=np.float16, slots=4, rows=8, max_rank=max(ranks))
     for layer in layers:
         pool.add(layer)
     pool.remove(1)
@@ -654,20 +661,26 @@ MATRIX_FORMS = {  # (options, the kernels)
 }
 
 
+@pytest.mark.parametrize("small", [pytest.param(True, id="small"),
+                                   pytest.param(False, id="full", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("form", MATRIX_FORMS)
-def test_matrix_form_matches_float64_in_the_interpreter(form):
+def test_matrix_form_matches_float64_in_the_interpreter(form, small):
     """The matrix forms (lora.kernels.many_matrix) on the interpreter as the H200
     is (f16 16x16x16 fragments, subgroups of 32, 48 KiB of workgroup memory,
-    races checked): mixed ranks 4, 13 (scalar B reads) and 64, rows of -1,
-    tiles that are not full, a removed slot, in_dim no multiple of a slice and
-    out_dim no multiple of a block of columns; host ids, and (tiles of 16)
-    device ids sorted on the GPU. Within f16's bound of float64 plus h's
-    rounding to f16 (check_matrix; measured: at most 0.43-0.54 of it)."""
+    races checked): mixed ranks 4, 13 (scalar B reads) and 64 (32 in the small
+    case), rows of -1, tiles that are not full, a removed slot, in_dim no
+    multiple of a slice and out_dim no multiple of a block of columns; host ids,
+    and (tiles of 16) device ids sorted on the GPU. Within f16's bound of
+    float64 plus h's rounding to f16 (check_matrix; measured: at most 0.43-0.54
+    of it)."""
     from helpers import h200_interp
     dev = h200_interp()
     options, kernels = MATRIX_FORMS[form]
-    tokens = 70 if options["tile_tokens"] == 64 else 45
-    pool, layers, x, base, ids = matrix_case(dev, tokens, len(form))
+    if small:
+        tokens, case = SMALL_TOKENS, dict(ranks=SMALL_RANKS, out_dim=SMALL_OUT)
+    else:
+        tokens, case = (70 if options["tile_tokens"] == 64 else 45), {}
+    pool, layers, x, base, ids = matrix_case(dev, tokens, len(form), **case)
     plan = pool.forward_plan(tokens, matrix=True, one_adapter=False, **options)
     assert [k for k, _ in plan.kernels(True, False)] == kernels and "matrix" in repr(plan)
     x_buf = dev.buffer(x)

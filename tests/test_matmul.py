@@ -55,6 +55,7 @@ def product_kernel(m, M, N, K, tiling, a_t, b_t):
     tiled_product(m, tiling, a, b, M, N, K, store)
 
 
+@pytest.mark.examples(quick=3)
 @settings(max_examples=8, deadline=None)
 @given(dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 12)),
        a_t=st.booleans(), b_t=st.booleans(), k_step=st.sampled_from([16, 32]),
@@ -154,13 +155,19 @@ def test_an_exact_tiling_refuses_a_partial_block():
                    b_t=False)
 
 
-def test_a_bench_variant_in_the_interpreter():
+@pytest.mark.parametrize("products", [
+    pytest.param(((40, 136, 48),), id="two-blocks"),
+    pytest.param(((40, 24, 48), (264, 136, 96)), id="full", marks=pytest.mark.slow)])
+def test_a_bench_variant_in_the_interpreter(products):
     """One of the bench's big variants as gemm builds it (256 x 128 blocks of
-    16 accumulators per subgroup, 16-byte reads, one copy of each slice) on a
-    product smaller than one block, and on one of two blocks by three steps."""
+    16 accumulators per subgroup, 16-byte reads, one copy of each slice): in the
+    default tier on a product of two blocks of columns (the second partial, a
+    partial row block, a whole step and a partial one); in --full on a product
+    smaller than one block, and on one of 2 x 2 blocks by three steps (5
+    workgroups of 256 invocations: 25 s)."""
     tiling = MatrixTiling(CONFIG, (4, 2), (4, 4), 32, read_width=8, stages=1)
     from shaderdsl.matmul import gemm
-    for M, N, K in ((40, 24, 48), (264, 136, 96)):
+    for M, N, K in products:
         rng = np.random.default_rng(M)
         a = rng.standard_normal((M, K)).astype(np.float16)
         b = rng.standard_normal((K, N)).astype(np.float16)
@@ -340,6 +347,30 @@ def _lora_case(device, rank, in_dim, out_dim, tokens, text, seed, save_h=False):
         assert R.within(h, R.project_a(a, x), R.h_tolerance(x, a)), "saved h"
 
 
+# One case of each form at the smallest shape with every edge (the default tier; the
+# random searches below, --full, draw the rest): 20 tokens (a whole tile of 16 and a
+# partial one), in_dim 80 (no multiple of a 32- or 64-column slice), out_dim 72 (no
+# multiple of a block of columns; direct's blocks are 32 columns: 64), ranks 8 (under one
+# fragment), 16 and 32 (two fragments).
+SMALL_MATRIX_CASES = [
+    (8, 72, "matrix"), (16, 72, "matrix:2:1:1:4"), (32, 72, "matrix:4"),
+    (16, 64, "matrix:1:1:2:2:direct"), (16, 64, "matrix:2:1:1:1:direct"),
+    (32, 64, "matrix:4:1:4:2:direct"),
+    (16, 72, "matrix(rows=1, cols=2, group=3)"),
+    (16, 72, "matrix(splits=2, rows=1, cols=1, group=2)"),
+    (16, 72, "matrix(splits=2, fragments=1, rows=2, cols=2, depth=64)"),
+]
+
+
+@pytest.mark.parametrize("rank, out_dim, form", SMALL_MATRIX_CASES)
+def test_matrix_forms_on_small_edges_in_the_interpreter(rank, out_dim, form):
+    """Each form of the matrix strategy (staged, direct, grouped, deep slices) on a
+    partial tile of tokens, a partial slice of in_dim and a partial block of
+    columns: the f16 forward within f16 rounding of float64, h within f32's."""
+    _lora_case(h200_interp(), rank, 80, out_dim, 20, form, rank + out_dim, save_h=True)
+
+
+@pytest.mark.slow  # random shapes up to 192 -> 160 and 48 tokens: 2-5 s an example
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([8, 16, 32]), dims=st.tuples(st.integers(4, 12), st.integers(4, 40)),
        tokens=st.integers(1, 48), form=st.sampled_from(["matrix", "matrix:2:1:1:4", "matrix:4"]),
@@ -351,6 +382,7 @@ def test_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
+@pytest.mark.slow  # random shapes: 2-5 s an example
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 12), st.integers(1, 6)),
        tokens=st.integers(1, 70), form=st.sampled_from(["matrix:1:1:2:2:direct",
@@ -364,6 +396,7 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
+@pytest.mark.slow  # random shapes: 3-8 s an example
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 40)),
        tokens=st.integers(1, 100),
