@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import time_budget
 from hypothesis import HealthCheck, settings
 
 # The LoRA autotuner caches its choices on disk: keep the tests' choices out of
@@ -47,6 +48,12 @@ if DEVICE not in DEVICES:
     raise ValueError(f"SHADERDSL_DEVICE must be one of {DEVICES}, got {DEVICE!r}")
 TESTS = Path(__file__).resolve().parent
 INTERP = "shaderdsl.interp"
+
+
+def pytest_configure(config):
+    """The default tier's time budget: a test not marked slow over 10 s fails the
+    run (tests/time_budget.py)."""
+    time_budget.register(config)
 
 
 @pytest.fixture(scope="session")
@@ -153,11 +160,21 @@ def _tier(item):
     return params.pop("_examples"), (item.parent.nodeid, item.originalname, repr(params))
 
 
+_CODE_NAMES: dict = {}  # code object -> _code_names: a helper is read once, not once per test
+
+
 def _code_names(fn) -> tuple[set[str], set[str]]:
     """The global and attribute names in ``fn``'s code and in its nested
     functions', and the modules they import (``from shaderdsl import interp``:
     shaderdsl.interp)."""
-    names, modules, codes = set(), set(), [fn.__code__]
+    found = _CODE_NAMES.get(fn.__code__)
+    if found is None:
+        found = _CODE_NAMES[fn.__code__] = _read_code(fn.__code__)
+    return found
+
+
+def _read_code(top) -> tuple[set[str], set[str]]:
+    names, modules, codes = set(), set(), [top]
     while codes:
         code = codes.pop()
         names.update(code.co_names)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,3 +55,65 @@ def test_an_unknown_shaderdsl_device_is_refused():
                        env={**os.environ, "SHADERDSL_DEVICE": "cuda"})
     assert r.returncode != 0
     assert "SHADERDSL_DEVICE must be one of ('wgpu', 'interp'), got 'cuda'" in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- the time budget
+
+SLEEPY = """
+import time
+import pytest
+
+def test_quick():
+    pass
+
+def test_sleepy():
+    time.sleep(0.6)
+
+@pytest.mark.slow
+def test_slow_and_sleepy():
+    time.sleep(0.6)
+"""
+
+
+def run_with_budget(tmp_path, budget: str, *args: str) -> subprocess.CompletedProcess:
+    """pytest on SLEEPY with tests/time_budget.py as a plugin, SHADERDSL_TEST_BUDGET=budget."""
+    (tmp_path / "test_sleepy.py").write_text(SLEEPY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: long\n")
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "SHADERDSL_TEST_BUDGET": budget, "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "time_budget", *args, "test_sleepy.py"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_a_test_over_the_budget_fails_the_run(tmp_path, workers):
+    """Over SHADERDSL_TEST_BUDGET seconds: the run fails naming the test, which
+    itself passed; a test marked slow may take longer. Under pytest-xdist the
+    controller sums every worker's reports."""
+    if workers:
+        pytest.importorskip("xdist", reason="pytest-xdist is in the test extras")
+    r = run_with_budget(tmp_path, "0.3", *workers)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "3 passed" in out, out
+    over = out.split("over the default tier's 0.3 s a test")[1]
+    assert "test_sleepy.py::test_sleepy" in over and "test_slow_and_sleepy" not in over, out
+
+
+def test_a_budget_of_zero_checks_nothing(tmp_path):
+    r = run_with_budget(tmp_path, "0")
+    assert r.returncode == 0 and "over the default tier" not in r.stdout, r.stdout + r.stderr
+
+
+def test_the_budget_is_on_where_the_tier_is_measured():
+    """10 s on wgpu-native's Vulkan device (lavapipe); off on Dawn, OpenGL and the
+    interpreter device unless SHADERDSL_TEST_BUDGET says; a bad value is named."""
+    from time_budget import budget_seconds
+    assert budget_seconds({}) == budget_seconds({"SHADERDSL_BACKEND": "Vulkan"}) == 10.0
+    assert budget_seconds({"SHADERDSL_WGPU": "dawn"}) == 0.0
+    assert budget_seconds({"SHADERDSL_BACKEND": "OpenGL"}) == 0.0
+    assert budget_seconds({"SHADERDSL_DEVICE": "interp"}) == 0.0
+    assert budget_seconds({"SHADERDSL_WGPU": "dawn", "SHADERDSL_TEST_BUDGET": "30"}) == 30.0
+    with pytest.raises(ValueError, match=r"SHADERDSL_TEST_BUDGET must be a number of seconds "
+                                         r"\(0: no check\), got 'ten'"):
+        budget_seconds({"SHADERDSL_TEST_BUDGET": "ten"})
