@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine:
-# a virtual environment in .venv with the package and its extras (test, lint, bench, train), and,
+# a virtual environment in .venv with the package and its extras (test, lint, bench, train and
+# torch: torch, transformers and peft on the CPU, without which their tests skip), and,
 # when wgpu finds no Vulkan adapter, Debian's software Vulkan driver (lavapipe); and, when
 # no Chromium is there, Debian's chromium (the browser tests' WebGPU).
 # Sourced by demo.sh and test.sh; safe to run again (it skips what is done).
@@ -15,9 +16,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-    echo "[setup] installing shaderdsl with its test and lint extras into .venv"
+    echo "[setup] installing shaderdsl with its test, lint, bench, train and torch extras into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,lint,bench,train]"
+    if ! .venv/bin/python -m pip install -q -e ".[test,lint,bench,train,torch]"; then
+        echo "[setup] could not install the torch extra (torch, transformers, peft): the tests" >&2
+        echo "        that compare with them will skip, saying why. To run them later:" >&2
+        echo "        .venv/bin/python -m pip install -e '.[torch]' (torch's CPU wheel, 190 MB:" >&2
+        echo "        add --extra-index-url https://download.pytorch.org/whl/cpu)" >&2
+        .venv/bin/python -m pip install -q -e ".[test,lint,bench,train]"
+    fi
     touch "$stamp"
 fi
 

@@ -1,8 +1,8 @@
 """Adapter files through real peft, both ways, for every combination of modules of
 different ranks (rank_pattern), of different alphas (alpha_pattern), rsLoRA and
 bfloat16 weights: what peft saves, load_adapter reads with peft's weights and scales;
-what save_adapter writes, peft loads with ours. Skips without torch and peft (not in
-the test extras: their Linux wheels bring CUDA); the H200 machine has them."""
+what save_adapter writes, peft loads with ours. Skips without torch and peft (the torch
+extra, which scripts/setup.sh installs)."""
 from __future__ import annotations
 
 import itertools
@@ -13,13 +13,23 @@ from safetensors import safe_open
 
 from lora.training.adapter_io import WEIGHTS_NAME, load_adapter, save_adapter
 
-torch = pytest.importorskip("torch", reason="needs torch (not in the test extras: its Linux "
-                                            "wheels bring CUDA)")
-peft = pytest.importorskip("peft", reason="needs peft, which needs torch")
-
 # The modules of the model below, by their names in it.
 MODULES = ("layers.0.q_proj", "layers.0.v_proj", "layers.1.q_proj", "layers.1.v_proj")
 COMBINATIONS = list(itertools.product([False, True], repeat=4))
+
+
+@pytest.fixture(scope="module")
+def torch():
+    """torch, imported by the tests that run (not at collection: torch and peft
+    take 6 s of CPU to import, in every pytest-xdist worker that collects this file)."""
+    return pytest.importorskip("torch", reason="needs torch (the torch extra: "
+                                               "pip install -e '.[torch]')")
+
+
+@pytest.fixture(scope="module")
+def peft(torch):
+    return pytest.importorskip("peft", reason="needs peft (the torch extra: "
+                                              "pip install -e '.[torch]')")
 
 
 def combination_id(combo) -> str:
@@ -27,21 +37,18 @@ def combination_id(combo) -> str:
     return "-".join(n for n, on in zip(names, combo) if on) or "plain"
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.q_proj, self.v_proj = torch.nn.Linear(6, 5), torch.nn.Linear(5, 4)
-
-
-class Net(torch.nn.Module):
+def base_model(torch, bf16: bool):
     """Modules named layers.{0,1}.{q,v}_proj, as in a transformer."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.v_proj = torch.nn.Linear(6, 5), torch.nn.Linear(5, 4)
 
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList([Block(), Block()])
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
 
-
-def base_model(bf16: bool):
     torch.manual_seed(0)
     return Net().to(torch.bfloat16 if bf16 else torch.float32)
 
@@ -65,10 +72,10 @@ def config_fields(rank_pattern: bool, alpha_pattern: bool, rslora: bool) -> dict
 
 
 @pytest.mark.parametrize("combo", COMBINATIONS, ids=combination_id)
-def test_what_peft_saves_loads_here(tmp_path, combo):
+def test_what_peft_saves_loads_here(tmp_path, combo, torch, peft):
     rank_pattern, alpha_pattern, rslora, bf16 = combo
     torch.manual_seed(1)
-    model = peft.get_peft_model(base_model(bf16), peft.LoraConfig(
+    model = peft.get_peft_model(base_model(torch, bf16), peft.LoraConfig(
         **config_fields(rank_pattern, alpha_pattern, rslora)))
     model.to(torch.bfloat16 if bf16 else torch.float32)  # peft makes adapters float32
     model.save_pretrained(tmp_path)
@@ -85,7 +92,7 @@ def test_what_peft_saves_loads_here(tmp_path, combo):
 
 
 @pytest.mark.parametrize("combo", COMBINATIONS, ids=combination_id)
-def test_what_is_saved_here_loads_in_peft(tmp_path, combo):
+def test_what_is_saved_here_loads_in_peft(tmp_path, combo, torch, peft):
     rank_pattern, alpha_pattern, rslora, bf16 = combo
     rng = np.random.default_rng(2)
     ranks = {m: (2 if m == "layers.1.q_proj" else 3 if "v_proj" in m else 4) if rank_pattern
@@ -96,7 +103,7 @@ def test_what_is_saved_here_loads_in_peft(tmp_path, combo):
                   rng.standard_normal((dims[m[-6:]][1], ranks[m]), dtype=np.float32))
               for m in MODULES}
     save_adapter(tmp_path, layers, alpha=alphas, use_rslora=rslora)
-    model = peft.PeftModel.from_pretrained(base_model(bf16), tmp_path)
+    model = peft.PeftModel.from_pretrained(base_model(torch, bf16), tmp_path)
     got = peft_layers(model)
     assert sorted(got) == sorted(MODULES)
     for module, (a, b) in layers.items():

@@ -57,7 +57,7 @@ def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> str
     except ModuleNotFoundError as e:
         if e.name != "torch":
             raise
-        return f"{where} needs torch, which is not in the test extras (its Linux wheels bring CUDA)"
+        return f"{where} needs torch (the torch extra: pip install -e '.[torch]')"
     except Exception as e:
         if isinstance(e, BrowserError) and "no Chromium found" in str(e):
             return (f"{where} needs Chromium, which this machine lacks"

@@ -23,6 +23,8 @@ from lora.core.many_plan import CANDIDATES, chosen_form, segments
 from shaderdsl import interp
 from shaderdsl.errors import BindingError, DispatchError
 
+NO_TORCH = "torch is not installed (the torch extra: pip install -e '.[torch]')"
+
 IN, OUT = 40, 24
 RANKS = (1, 3, 4, 13, 64, 8)
 FORMS = {"fused segments": dict(segments=True, fused=True, tile_tokens=4),
@@ -544,7 +546,7 @@ def test_peft_mixed_batches(device):
     """peft's ``model(x, adapter_names=[...])`` on a Linear with three adapters
     (mixed ranks, one rslora, "__base__" rows) against forward_many, 1e-5;
     on sequences [samples, tokens, in], one name per sample as peft takes them."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     peft = pytest.importorskip("peft", reason="peft is not installed")
     torch.manual_seed(0)
     base_layer = torch.nn.Sequential(torch.nn.Linear(IN, OUT))

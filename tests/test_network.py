@@ -13,6 +13,8 @@ from lora.apps.finetune import DigitsTrainer
 from lora.kernels.dropout import keep_mask
 from lora.training.network import Linear, Network
 
+NO_TORCH = "torch is not installed (the torch extra: pip install -e '.[torch]')"
+
 ACTS = {"relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(float)),
         "tanh": (np.tanh, lambda z: 1.0 - np.tanh(z) ** 2),
         "silu": (lambda z: z / (1 + np.exp(-z)),
@@ -459,7 +461,7 @@ def test_torch_peft_twenty_adamw_steps(tmp_path, clip):
     "4" of an nn.Sequential): every adapter after 20 AdamW steps within 1e-5
     relative (f32), with and without torch's clip_grad_norm_ over the LoRA
     parameters (max_grad_norm), and this network's saved adapter loads into peft."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     peft = pytest.importorskip("peft", reason="peft is not installed")
     rng = np.random.default_rng(2)
     dims, batch, lr = (10, 16, 12, 4), 8, 1e-2

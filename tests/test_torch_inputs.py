@@ -10,6 +10,8 @@ import pytest
 import lora
 from lora.core.checks import host_values
 
+NO_TORCH = "torch is not installed (the torch extra: pip install -e '.[torch]')"
+
 
 class _Tensor:
     """What host_values reads of a torch tensor (detach, cpu, numpy, dtype),
@@ -64,7 +66,7 @@ def test_torch_tensors_give_what_their_numpy_copies_give(device):
     """A network made from an nn.Sequential's parameters (they require grad),
     stepped on torch tensors, gives the bits of one made from numpy copies;
     lora.forward and forward_many take grad-requiring and bfloat16 tensors."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
     x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
@@ -96,7 +98,7 @@ def test_tensors_save_as_their_values(tmp_path):
     """save_adapter of (A, B) tensors that require grad (a peft module's
     lora_A/lora_B weights, as a user would pass them) writes their values;
     bfloat16 ones are widened to float32."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     a = torch.randn(4, 12, requires_grad=True)
     b = torch.randn(5, 4).to(torch.bfloat16).requires_grad_()
     path = lora.save_adapter(tmp_path / "ad", {"q_proj": (a, b)}, alpha=8)
@@ -109,7 +111,7 @@ def test_a_torch_sequential_trains_as_peft_trains_it(device, tmp_path):
     """Network.from_torch on an nn.Sequential with peft's target_modules: 5 AdamW
     steps from the same initial adapters as peft's model give the same adapters
     (1e-5 relative), and the saved adapter loads into the torch model by name."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     peft = pytest.importorskip("peft", reason="peft is not installed")
     nn = torch.nn
 
@@ -151,7 +153,7 @@ def test_a_torch_sequential_trains_as_peft_trains_it(device, tmp_path):
 
 
 def test_torch_layers_it_cannot_run_are_refused_by_name():
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     nn = torch.nn
     for model, kw, match in (
             (nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1)), {}, r"layer '1' is Dropout; "),
@@ -196,7 +198,7 @@ def test_from_torch_reads_target_modules_as_peft_does():
     re.fullmatch); alpha defaults to peft's 8 (the scale was 1 without one);
     torch.float16 is a dtype; a peft model is refused with the way back to
     its base."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     peft = pytest.importorskip("peft", reason="peft is not installed")
     nn = torch.nn
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
@@ -219,7 +221,7 @@ def test_from_torch_refuses_a_module_whose_forward_it_cannot_read():
     """A custom Module's children chained in order gave another function (its
     forward adds x back): 1.16 from torch's output, silently. Refused now; a
     Sequential, or a subclass keeping Sequential's forward, is taken."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     nn = torch.nn
 
     class Residual(nn.Module):
@@ -248,7 +250,7 @@ def test_rslora_trains_saves_and_loads_as_peft_does(tmp_path):
     says use_rslora with the same alpha, so peft loads it to our outputs and
     net.load_adapter reads it back. A layer without it among them saves each
     alpha as scale * rank (peft's flag is one for the whole adapter)."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (its wheels bring CUDA)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     peft = pytest.importorskip("peft", reason="peft is not installed")
     torch.manual_seed(0)
     nn = torch.nn
