@@ -4,9 +4,11 @@ reach it, ``gpu`` for those on the wgpu device, and SHADERDSL_DEVICE=interp
 moving the ``device`` fixture's tests from one to the other."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,38 +16,61 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def collected(*args: str, device: str | None = None) -> set[str]:
-    """The test ids ``pytest --collect-only`` chooses with ``args``."""
+FILES = ("tests/test_matmul.py", "tests/test_packed.py", "tests/test_shaped.py",
+         "tests/test_lora_interp.py", "tests/test_uniform_ring.py")
+# Loaded into the collecting pytest (-p): each test's id and its device markers, once
+# conftest has set them (pytest_collection_finish comes after pytest_collection_modifyitems).
+MARKS_PLUGIN = """
+def pytest_collection_finish(session):
+    for item in session.items:
+        marks = [m for m in ("gpu", "interp") if item.get_closest_marker(m) is not None]
+        print("MARKS", item.nodeid, ",".join(marks), sep="\\t")
+"""
+
+
+@functools.cache
+def marks(device: str | None = None) -> dict[str, set[str]]:
+    """test id -> its markers among gpu and interp, for the tests of FILES as
+    ``pytest --collect-only`` sees them (SHADERDSL_DEVICE=device): one collection."""
     env = {k: v for k, v in os.environ.items() if k != "SHADERDSL_DEVICE"}
     if device is not None:
         env["SHADERDSL_DEVICE"] = device
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                        "-p", "no:cacheprovider", *args],
+    plugin = Path(tempfile.mkdtemp(prefix="marks-plugin-"))
+    (plugin / "collected_marks.py").write_text(MARKS_PLUGIN)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin), env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-s",
+                        "-p", "no:cacheprovider", "-p", "collected_marks", *FILES],
                        capture_output=True, text=True, cwd=ROOT, env=env)
-    assert r.returncode in (0, 5), r.stdout + r.stderr   # 5: none chosen
-    return {line for line in r.stdout.splitlines() if "::" in line}
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = [line.split("\t") for line in r.stdout.splitlines() if line.startswith("MARKS\t")]
+    return {test: set(filter(None, names.split(","))) for _, test, names in found}
+
+
+def chosen(mark: str, *files: str, device: str | None = None) -> set[str]:
+    """The tests of ``files`` that ``-m mark`` chooses."""
+    return {t for t, m in marks(device).items() if mark in m and t.startswith(files)}
 
 
 def test_interp_marks_every_way_of_running_the_interpreter():
     files = ("tests/test_matmul.py", "tests/test_packed.py", "tests/test_shaped.py")
-    interp = collected("-m", "interp", *files)
+    interp = chosen("interp", *files)
     assert {
         "tests/test_matmul.py::test_the_example_in_the_interpreter",  # helpers.h200_interp()
         "tests/test_packed.py::test_int8_matmul_in_the_interpreter_is_exact",  # a file's function
         "tests/test_shaped.py::test_sizes_from_an_override_and_a_uniform",  # interp.run
         "tests/test_shaped.py::test_the_interpreter_checks_each_axis",
     } <= interp
-    gpu = collected("-m", "gpu", *files)
+    gpu = chosen("gpu", *files)
     assert "tests/test_matmul.py::test_the_example_on_the_gpu" in gpu - interp
     assert "tests/test_matmul.py::test_matrix_depth_must_be_a_multiple_of_16" not in interp | gpu
 
 
 def test_shaderdsl_device_interp_moves_device_tests_to_the_interpreter():
-    on_gpu = collected("-m", "gpu", "tests/test_lora_interp.py", "tests/test_uniform_ring.py")
-    assert on_gpu and not collected("-m", "gpu", "tests/test_uniform_ring.py", device="interp")
-    assert on_gpu <= collected("-m", "interp", "tests/test_uniform_ring.py", device="interp")
-    assert collected("-m", "interp", "tests/test_lora_interp.py") == \
-        collected("-m", "interp", "tests/test_lora_interp.py", device="interp")
+    on_gpu = chosen("gpu", "tests/test_lora_interp.py", "tests/test_uniform_ring.py")
+    assert on_gpu and not chosen("gpu", "tests/test_uniform_ring.py", device="interp")
+    assert on_gpu <= chosen("interp", "tests/test_uniform_ring.py", device="interp")
+    assert chosen("interp", "tests/test_lora_interp.py") == \
+        chosen("interp", "tests/test_lora_interp.py", device="interp")
 
 
 def test_an_unknown_shaderdsl_device_is_refused():
@@ -86,7 +111,9 @@ def run_with_budget(tmp_path, budget: str, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+@pytest.mark.parametrize("workers", [  # xdist's two workers start in 5 s of CPU: in --full
+    pytest.param([], id="one process"),
+    pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)])
 def test_a_test_over_the_budget_fails_the_run(tmp_path, workers):
     """Over SHADERDSL_TEST_BUDGET seconds: the run fails naming the test, which
     itself passed; a test marked slow may take longer. Under pytest-xdist the
