@@ -110,6 +110,35 @@ def naga(wgpu_device):
     return check
 
 
+class _Watched(dict):
+    """shaderdsl.runtime's device table, noting whether get_device read it."""
+    touched = False
+
+    def get(self, key, default=None):
+        self.touched = True
+        return super().get(key, default)
+
+
+@pytest.fixture(autouse=True)
+def _interp_only(request, monkeypatch):
+    """A test marked interp and not gpu runs on the interpreter alone: CI's OpenGL
+    pass leaves those out, since they run the same whatever wgpu's backend. One that
+    reaches the wgpu device (get_device, directly or through a default device=None)
+    fails, so that none is left out that the backend could change."""
+    node = request.node
+    if node.get_closest_marker("interp") is None or node.get_closest_marker("gpu") is not None:
+        yield
+        return
+    from shaderdsl.runtime import device as runtime_device
+    watched = _Watched(runtime_device._devices)
+    monkeypatch.setattr(runtime_device, "_devices", watched)
+    yield
+    assert not watched.touched, (
+        f"{node.nodeid} is marked interp and not gpu, and reached the wgpu device "
+        f"(shaderdsl.runtime.get_device): take the device or wgpu_device fixture, which "
+        f"marks it gpu, so that the OpenGL pass of CI (-m 'not (interp and not gpu)') runs it")
+
+
 # ---------------------------------------------------------------- tiers
 
 def pytest_generate_tests(metafunc):
