@@ -679,10 +679,11 @@ def test_matrix_form_matches_float64_in_the_interpreter(form, small):
     dev = h200_interp()
     options, kernels = MATRIX_FORMS[form]
     if small:
-        tokens, case = SMALL_TOKENS, dict(ranks=SMALL_RANKS, out_dim=SMALL_OUT)
+        tokens, ranks, out_dim = SMALL_TOKENS, SMALL_RANKS, SMALL_OUT
     else:
-        tokens, case = (70 if options["tile_tokens"] == 64 else 45), {}
-    pool, layers, x, base, ids = matrix_case(dev, tokens, len(form), **case)
+        tokens = 70 if options["tile_tokens"] == 64 else 45
+        ranks, out_dim = MATRIX_RANKS, MATRIX_OUT
+    pool, layers, x, base, ids = matrix_case(dev, tokens, len(form), ranks, out_dim)
     plan = pool.forward_plan(tokens, matrix=True, one_adapter=False, **options)
     assert [k for k, _ in plan.kernels(True, False)] == kernels and "matrix" in repr(plan)
     x_buf = dev.buffer(x)
