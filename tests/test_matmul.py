@@ -101,8 +101,17 @@ def _within_f32_sums(got, a, b):
     return bool((np.abs(got - want) <= bound).all())
 
 
-@pytest.mark.parametrize("tiling", VARIANTS, ids=str)
-@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def variant_cases():
+    """Each variant with both factors as stored and both transposed: the default tier
+    takes the first variant transposed and the others as stored (--full: all six)."""
+    for k, tiling in enumerate(VARIANTS):
+        for a_t, b_t in ((False, False), (True, True)):
+            slow = a_t != (k == 0)
+            yield pytest.param(tiling, a_t, b_t, id=f"{a_t}-{b_t}-{tiling}",
+                               marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("tiling, a_t, b_t", list(variant_cases()))
 def test_pipeline_variants_match_float64(tiling, a_t, b_t):
     """M, N, K multiples of 8 but of no tile or step (72 x 40 x 56: partial
     blocks and a partial last step), either factor stored transposed, races
@@ -122,11 +131,14 @@ def test_pipeline_variants_match_float64(tiling, a_t, b_t):
     assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
 
 
-@pytest.mark.parametrize("tiling", [
-    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True),
-    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8, stages=1, exact=True),
-    MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, exact=True)], ids=str)
-@pytest.mark.parametrize("K", [32, 96])
+EXACT = (MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True),
+         MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8, stages=1, exact=True),
+         MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, exact=True))
+
+
+@pytest.mark.parametrize("K, tiling", [  # the default tier: one K a tiling (--full: both)
+    pytest.param(K, t, id=f"{K}-{t}", marks=[] if (K == 32) == (k == 0) else [pytest.mark.slow])
+    for K in (32, 96) for k, t in enumerate(EXACT)])
 def test_exact_tilings_match_float64(tiling, K):
     """Whole blocks and steps (64 x 128, three of each; K of one 32-wide step:
     the loop runs no time, the last step after it): no edge tests, the

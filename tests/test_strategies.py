@@ -220,8 +220,16 @@ STREAM_CASES = [(s, np.float32) for s in PAIRED_TEXTS] + \
     [(s, np.float16) for s in PAIRED_TEXTS + HALF_TEXTS]
 
 
+# (rank, tokens, read at run time, all-positive): the default tier's cases take two
+# kernels a form (rank 3 baked in, rank 8 at run time); --full adds rank 8 baked in.
+STREAM_TOKENS = {"edges": [(3, 37, False, False)] + [(8, t, True, True) for t in (1, 5, 37)],
+                 "rank 8 baked": [(8, 37, False, True)]}
+
+
+@pytest.mark.parametrize("cases", [pytest.param("edges"),
+                                   pytest.param("rank 8 baked", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("strategy, dtype", STREAM_CASES)
-def test_streaming_forms_match_numpy(device, strategy, dtype):
+def test_streaming_forms_match_numpy(device, strategy, dtype, cases):
     """Rank 8 (vec4 rows of B) and 3 (scalars), 37 tokens baked in (ragged
     for every tile) and 1, 5, 37 read at run time, against float64 numpy
     within the dtype's tolerance (for half, plus HALF_RTOL of |B| @ |A| @ |x|).
@@ -229,9 +237,7 @@ def test_streaming_forms_match_numpy(device, strategy, dtype):
     outside the bound; random signs once."""
     if dtype == np.float16 and not device.has_feature("shader-f16"):
         pytest.skip("adapter lacks shader-f16")
-    cases = [(8, 37, False, True), (3, 37, False, False)] + \
-        [(8, t, True, True) for t in (1, 5, 37)]
-    for rank, tokens, runtime, positive in cases:
+    for rank, tokens, runtime, positive in STREAM_TOKENS[cases]:
         got, want, tol = streaming_plan_result(device, strategy, dtype, rank, tokens, runtime,
                                                positive, seed=11)
         assert_close(got, want, tol, f"{strategy} {np.dtype(dtype).name} rank {rank} "
