@@ -12,11 +12,12 @@ the end of the session it lists the tests over the budget and sets the exit
 status to 1; the tests still show as passed, since each one did what it checks.
 
 On by default only where the tier's figures are measured: the wgpu-native
-device (lavapipe on CI and on 2 cores here). Dawn (SwiftShader), the OpenGL
-backend and the interpreter device (SHADERDSL_DEVICE=interp) run the same tests
-at other speeds; set SHADERDSL_TEST_BUDGET=seconds to check them too, or
-SHADERDSL_TEST_BUDGET=0 to turn the check off (a machine busy with other work
-slows every test alike). ``tests/conftest.py`` registers it; ``-p time_budget``
+device on Vulkan (lavapipe on CI and on 2 cores here; scripts/test-gpu.sh
+turns it off on the H200, whose 14 workers share 16 cores). Dawn
+(SwiftShader), the OpenGL backend and the interpreter device
+(SHADERDSL_DEVICE=interp) run the same tests at other speeds; set
+SHADERDSL_TEST_BUDGET=seconds to check them too, or SHADERDSL_TEST_BUDGET=0 to
+turn the check off (a machine busy with other work slows every test alike). ``tests/conftest.py`` registers it; ``-p time_budget``
 with tests/ on the path does elsewhere (tests/test_markers.py)."""
 from __future__ import annotations
 
