@@ -7,6 +7,10 @@ wgpu-native cannot both be ``wgpu`` in one process, and the Null backend
 needs no GPU. The subprocess starts first, so it builds and compiles while
 this process does the same for naga. The counts are printed at the end of
 the run ("kernels validated by naga: N, by Tint: N").
+
+The default tier validates the grid's sample (tint_check.PARTS: every kernel
+function, a third of its entries); --full adds the rest, so the two together
+are the whole grid, each compiled once.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ def _load_tint_check():
 
 tint_check = _load_tint_check()
 
-RESULTS: dict = {}  # compiler -> report (or the reason it did not run), for the summary
+RESULTS: dict = {}  # compiler -> [report of each part] (or why it did not run), for the summary
 
 
 class _Summary:
@@ -49,16 +53,18 @@ class _Summary:
         terminalreporter.write_sep("-", "WGSL validation (tests/test_tint.py)")
         parts = []
         for compiler in ("naga", "Tint"):
-            r = RESULTS.get(compiler, "not run")
-            if isinstance(r, str):
-                parts.append(f"by {compiler}: {r}")
+            reports = RESULTS.get(compiler, "not run")
+            if isinstance(reports, str):
+                parts.append(f"by {compiler}: {reports}")
                 continue
-            text = f"by {compiler}: {r['checked']} of {r['expected']} on {r['device']}"
-            if r["module_only"]:
-                text += (f", {len(r['module_only'])} of them as modules only (over the "
-                         f"device's limits)")
-            if r["failures"]:
-                text += f", {len(r['failures'])} REJECTED"
+            checked, expected, module_only, failures = (
+                sum(r[key] if isinstance(r[key], int) else len(r[key]) for r in reports)
+                for key in ("checked", "expected", "module_only", "failures"))
+            text = f"by {compiler}: {checked} of {expected} on {reports[0]['device']}"
+            if module_only:
+                text += f", {module_only} of them as modules only (over the device's limits)"
+            if failures:
+                text += f", {failures} REJECTED"
             parts.append(text)
         terminalreporter.write_line("kernels validated " + "; ".join(parts))
 
@@ -73,7 +79,7 @@ def _summary(request):
 class _TintJob:
     """tests/tint_check.py running under Dawn in a subprocess."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, part: str):
         self.report_path = folder / "report.json"
         self.stdout = open(folder / "stdout.txt", "w+")
         self.stderr = open(folder / "stderr.txt", "w+")
@@ -83,7 +89,8 @@ class _TintJob:
         # Dawn takes (SwiftShader, which lacks shader-f16) would be used instead
         for name in ("SHADERDSL_BACKEND", "SHADERDSL_ADAPTER", "VK_ICD_FILENAMES"):
             env.pop(name, None)
-        self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--json", str(self.report_path)],
+        self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--json", str(self.report_path),
+                                      "--part", part],
                                      cwd=HERE.parent, env=env, stdout=self.stdout,
                                      stderr=self.stderr)
 
@@ -107,22 +114,28 @@ class _TintJob:
         self.stderr.close()
 
 
-@pytest.fixture(scope="module")
-def tint_job(tmp_path_factory):
-    """The Tint check, started now; None when wgpudawn is not installed."""
-    if importlib.util.find_spec("wgpudawn") is None:
-        yield None
-        return
-    job = _TintJob(tmp_path_factory.mktemp("tint"))
-    yield job
-    job.close()
+PART = [pytest.param("sample"), pytest.param("rest", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
-def entries(tint_job):
-    """The grid, built here for naga (after the Tint subprocess has started
-    building its own, so the two run side by side)."""
-    return tint_check.grid()
+def grid_parts(tmp_path_factory):
+    """part -> (its Tint check, or None without wgpudawn; its entries). The Tint
+    check of a part starts before this process builds that part for naga, so
+    the two run side by side."""
+    found: dict = {}
+
+    def part_of(part):
+        if part not in found:
+            job = None
+            if importlib.util.find_spec("wgpudawn") is not None:
+                job = _TintJob(tmp_path_factory.mktemp(f"tint-{part}"), part)
+            found[part] = (job, tint_check.grid(part))
+        return found[part]
+
+    yield part_of
+    for job, _ in found.values():
+        if job is not None:
+            job.close()
 
 
 def _describe(items, key="error", limit=20) -> str:
@@ -132,13 +145,13 @@ def _describe(items, key="error", limit=20) -> str:
     return "\n".join(lines)
 
 
-def test_grid_has_every_kernel_function(entries):
+def test_grid_has_every_kernel_function():
     """A new LoRA kernel factory or example kernel must join the grid."""
     import examples
     from lora import kernels as K
 
     groups = {}
-    for e in entries:
+    for e in tint_check.entries():
         groups.setdefault(e.group, set()).add(e.name)
     # the matrix-unit kernels: as below, tests/test_matmul.py and tests/test_many.py check them
     lora_kernels = {name for name, spec in K.KERNELS.items() if spec.function.__module__
@@ -160,14 +173,16 @@ def test_grid_has_every_kernel_function(entries):
     assert groups["codegen"] and groups["constructs"]
 
 
-def test_naga_validates_every_kernel(device, entries):
+@pytest.mark.parametrize("part", PART)
+def test_naga_validates_every_kernel(device, grid_parts, part):
     from shaderdsl.runtime import COMPILER
 
     if COMPILER != "naga":
         RESULTS["naga"] = "not run (the suite runs under Dawn)"
         pytest.skip("the suite runs under Dawn (SHADERDSL_WGPU=dawn): no naga in this process")
+    _, entries = grid_parts(part)
     report = tint_check.check(device, entries)
-    RESULTS["naga"] = report
+    RESULTS.setdefault("naga", []).append(report)
     print(f"kernels validated by naga: {report['checked']} of {report['expected']} "
           f"on {report['device']} in {report['seconds']} s")
     assert report["control_rejected"], "naga accepted a kernel with a type error"
@@ -178,12 +193,14 @@ def test_naga_validates_every_kernel(device, entries):
     assert report["checked"] == len(entries)
 
 
-def test_tint_validates_every_kernel(tint_job, entries):
+@pytest.mark.parametrize("part", PART)
+def test_tint_validates_every_kernel(grid_parts, part):
+    tint_job, entries = grid_parts(part)
     if tint_job is None:
         RESULTS["Tint"] = "not run (wgpudawn not installed)"
         pytest.skip("wgpudawn not installed")
     report = tint_job.result()
-    RESULTS["Tint"] = report
+    RESULTS.setdefault("Tint", []).append(report)
     print(f"kernels validated by Tint: {report['checked']} of {report['expected']} "
           f"on {report['device']} in {report['seconds']} s; "
           f"{len(report['module_only'])} as modules only:\n"
