@@ -17,8 +17,9 @@ turns it off on the H200, whose 14 workers share 16 cores). Dawn
 (SwiftShader), the OpenGL backend and the interpreter device
 (SHADERDSL_DEVICE=interp) run the same tests at other speeds; set
 SHADERDSL_TEST_BUDGET=seconds to check them too, or SHADERDSL_TEST_BUDGET=0 to
-turn the check off (a machine busy with other work slows every test alike). ``tests/conftest.py`` registers it; ``-p time_budget``
-with tests/ on the path does elsewhere (tests/test_markers.py)."""
+turn the check off (a machine busy with other work slows every test alike).
+``tests/conftest.py`` registers it; ``-p time_budget`` with tests/ on the path
+does elsewhere (tests/test_markers.py)."""
 from __future__ import annotations
 
 import os
