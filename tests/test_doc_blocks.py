@@ -5,7 +5,8 @@ In the files of ``RUN_ALONE`` each block runs alone, in a namespace and folder o
 own, unless the paragraph just before it says it "continues the block above": then
 it runs in the namespace and folder of the Python block above it (and so of every
 block that one continued). In the other files the blocks of a file share one
-namespace, as a reader's session would."""
+namespace, as a reader's session would. Each chain of blocks that run together is
+a test of its own (``training.md:4``: the chain from its fourth block), timed alone."""
 import re
 from pathlib import Path
 
@@ -66,30 +67,37 @@ def run_block(doc: Path, k: int, count: int, block: str, namespace: dict) -> str
     return None
 
 
-@pytest.mark.parametrize("doc", FILES, ids=lambda p: p.name)
-def test_every_python_block_runs(doc, tmp_path, monkeypatch):
-    """A block that cannot run here skips the blocks that continue it (in a shared
-    file: every later block); the others still run, then the test skips saying why."""
-    monkeypatch.syspath_prepend(str(ROOT))
+def chains(doc: Path) -> list[list[int]]:
+    """The blocks of ``doc`` that run together, by index: in a file of RUN_ALONE a
+    block and those that continue it, in another file all of its blocks."""
     found = blocks(doc.read_text())
-    alone = doc.name in RUN_ALONE
-    namespace: dict = {}
-    skipped: list[str] = []
-    chain_skipped = False
-    for k, (block, continues) in enumerate(found):
-        if alone and continues and k == 0:
-            raise AssertionError(f"{doc.name}: the first block cannot continue a block above")
-        if k == 0 or (alone and not continues):
-            namespace = {"__name__": "__doc_block__"}
-            folder = tmp_path / f"block{k + 1}"
-            folder.mkdir()
-            monkeypatch.chdir(folder)
-            chain_skipped = False
-        if chain_skipped:
-            continue
-        reason = run_block(doc, k, len(found), block, namespace)
+    if doc.name not in RUN_ALONE:
+        return [list(range(len(found)))]
+    out: list[list[int]] = []
+    for k, (_, continues) in enumerate(found):
+        if continues and out:
+            out[-1].append(k)
+        else:
+            out.append([k])
+    return out
+
+
+CHAINS = [(doc, chain) for doc in FILES for chain in chains(doc)]
+
+
+@pytest.mark.parametrize("doc, chain", CHAINS,
+                         ids=[f"{doc.name}:{chain[0] + 1}" for doc, chain in CHAINS])
+def test_every_python_block_runs(doc, chain, tmp_path, monkeypatch):
+    """Each chain of blocks (``doc:N`` from block N) in a namespace and folder of its
+    own. A block that cannot run here skips the test, saying why: the blocks that
+    continue it (in a shared file: every later block) need what it made."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.chdir(tmp_path)
+    found = blocks(doc.read_text())
+    if doc.name in RUN_ALONE and found[chain[0]][1]:
+        raise AssertionError(f"{doc.name}: the first block cannot continue a block above")
+    namespace: dict = {"__name__": "__doc_block__"}
+    for k in chain:
+        reason = run_block(doc, k, len(found), found[k][0], namespace)
         if reason:
-            skipped.append(reason)
-            chain_skipped = True
-    if skipped:
-        pytest.skip("; ".join(skipped))
+            pytest.skip(reason)
