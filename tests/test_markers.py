@@ -119,7 +119,7 @@ def test_a_test_over_the_budget_fails_the_run(tmp_path, workers):
     itself passed; a test marked slow may take longer. Under pytest-xdist the
     controller sums every worker's reports."""
     if workers:
-        pytest.importorskip("xdist", reason="pytest-xdist is in the test extras")
+        pytest.importorskip("xdist", reason="pytest-xdist is not installed (test extras)")
     r = run_with_budget(tmp_path, "0.3", *workers)
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "3 passed" in out, out
