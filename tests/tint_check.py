@@ -175,7 +175,32 @@ def lora_entries() -> list[Entry]:
                 unroll=bool(n % 2), dtype=dt)
     _training_entries(add)
     _many_entries(add)
+    _lm_entries(add)
     return out
+
+
+def _lm_entries(add) -> None:
+    """The causal LM's kernels (lora.kernels.lm) and the loss and residual add
+    it uses: scalar and vec4 rows, f32 and f16, baked and run-time token
+    counts, subgroups or trees, their options spread over that product."""
+    for n, (width, dt, tokens) in enumerate(itertools.product((37, 40), ("f32", "f16"),
+                                                                (3, None))):
+        sg, threads = bool(n % 2), (64, 256)[n // 2 % 2]
+        add("embed", hidden=width, rows=1000, tokens=tokens, dtype=dt, first_row=n * 100,
+            id_offset=bool(n // 4 % 2))
+        add("rms_norm", hidden=width, tokens=tokens, eps=1e-6, dtype=dt,
+            x_dtype=("f32", dt)[n // 4 % 2], threads=threads, subgroups=sg)
+        add("rms_norm_grad", hidden=width, tokens=tokens, dtype=dt, threads=threads,
+            subgroups=sg)
+        add("rope", heads=3, head_dim=width // 2 * 2 - 2 * (n % 2), tokens=tokens, dtype=dt,
+            inverse=bool(n // 2 % 2), kv_heads=n % 3)
+        add("swiglu", inter=width, tokens=tokens, dtype=dt)
+        add("swiglu_grad", inter=width, tokens=tokens, dtype=dt, in_place=bool(n % 2))
+        add("argmax", vocab=width * 25, tokens=tokens, dtype=dt, threads=threads, subgroups=sg)
+        add("softmax_xent", classes=width * 25, tokens=tokens, dtype=dt, threads=threads,
+            ignore=True, in_place=bool(n // 2 % 2), subgroups=sg)
+        add("add_scaled", num_elements=None if tokens is None else 3 * width, columns=width,
+            scale=1.0, y_dtype=dt)
 
 
 def _many_entries(add) -> None:

@@ -160,8 +160,12 @@ def token_rows(tokens, row_len: int):
 def token_count(m, tokens):
     """The token count as the kernel uses it: the int ``tokens`` baked into the
     WGSL, or, for ``tokens=None``, the u32 uniform ``tokens``, one value per
-    dispatch (a Plan passes ``np.uint32(T)``; every T then shares one pipeline)."""
-    return m.declare_uniform("tokens", u32) if tokens is None else tokens
+    dispatch (a Plan passes ``np.uint32(T)``; every T then shares one pipeline),
+    declared on the first call and the same uniform after."""
+    if tokens is not None:
+        return tokens
+    declared = [ref for ref in m.bindings if ref.name == "tokens"]
+    return declared[0] if declared else m.declare_uniform("tokens", u32)
 
 
 def split_index(m, axis: str, name: str):

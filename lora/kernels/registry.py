@@ -11,7 +11,7 @@ from typing import Callable
 
 import shaderdsl as sd
 
-from . import backward, dropout, loss, network, optimizer
+from . import backward, dropout, lm, loss, network, optimizer
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -296,3 +296,35 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
 )
 KERNELS.update({spec.name: spec for spec in MANY_KERNELS})
 
+
+
+def _per_token(items, w_key):
+    """Grid of a thread per item of a row (``items(p)`` of them, a vec4 of
+    ``w_key``'s width each) and a workgroup row per token."""
+    return lambda p: (ceil_div(items(p) // width(p[w_key]), p["threads"]), p["tokens"], 1)
+
+
+def _rows(p):
+    return (p["tokens"], 1, 1)
+
+
+LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(ignore=True)
+    KernelSpec("embed", lm.embed, _threads, _per_token(lambda p: p["hidden"], "hidden"),
+               "x[t] = E[ids[t] - first_row] for the ids in a chunk of the embedding's rows"),
+    KernelSpec("rms_norm", lm.rms_norm, _threads, _rows,
+               "RMSNorm y = w x rstd and rstd, a workgroup per token"),
+    KernelSpec("rms_norm_grad", lm.rms_norm_grad, _threads, _rows,
+               "RMSNorm's input gradient added to the residual's: dres += rstd (w dy - xhat "
+               "mean(xhat w dy))"),
+    KernelSpec("rope", lm.rope, _threads,
+               lambda p: (ceil_div((p["heads"] + p["kv_heads"]) * (p["head_dim"] // 2)
+                                   // width(p["head_dim"] // 2), p["threads"]), p["tokens"], 1),
+               "rotary embeddings of q (and k) in place, or their transpose (the backward)"),
+    KernelSpec("swiglu", lm.swiglu, _threads, _per_token(lambda p: p["inter"], "inter"),
+               "act = silu(gate) up"),
+    KernelSpec("swiglu_grad", lm.swiglu_grad, _threads, _per_token(lambda p: p["inter"], "inter"),
+               "d_gate = d_act up silu'(gate), d_up = d_act silu(gate)"),
+    KernelSpec("argmax", lm.argmax, _threads, _rows,
+               "ids[offset + r] = the first index of row r's largest logit, a workgroup per row"),
+)
+KERNELS.update({spec.name: spec for spec in LM_KERNELS})
