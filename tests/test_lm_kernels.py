@@ -56,7 +56,8 @@ def run(dev, name: str, params: dict, tokens: int, buffers: dict, reads: list, *
     values = {k: np.uint32(v) for k, v in uniforms.items()}
     if any(b.name == "tokens" for b in kernel.bindings):  # the count read at run time
         values["tokens"] = np.uint32(tokens)
-    dev.dispatch(kernel, {**bound, **values}, spec.grid_rule({**spec.params(**params), "tokens": tokens}))
+    grid = spec.grid_rule({**spec.params(**params), "tokens": tokens})
+    dev.dispatch(kernel, {**bound, **values}, grid)
     return [dev.read(bound[k]).astype(np.float64) if bound[k].dtype != np.uint32
             else dev.read(bound[k]) for k in reads]
 
@@ -210,11 +211,13 @@ def test_rms_norm(dev, hidden, dtype, x_dtype, tokens, subgroups):
     close(y, want, dtype, scale=np.abs(want).max(), what="y")
 
 
-@pytest.mark.parametrize("hidden, dtype, tokens, subgroups", [
-    (37, "f32", 5, False), (40, "f16", None, True), (40, "f32", None, False),
-    (37, "f16", 5, True)])
-def test_rms_norm_grad_adds_to_the_residual_gradient(dev, hidden, dtype, tokens, subgroups):
-    """dres += rstd (w dy - xhat mean(xhat w dy)), dy stored as dtype, x f32."""
+@pytest.mark.parametrize("hidden, dtype, tokens, subgroups, accumulate", [
+    (37, "f32", 5, False, True), (40, "f16", None, True, True), (40, "f32", None, False, False),
+    (37, "f16", 5, True, False)])
+def test_rms_norm_grad_adds_to_the_residual_gradient(dev, hidden, dtype, tokens, subgroups,
+                                                     accumulate):
+    """dres += rstd (w dy - xhat mean(xhat w dy)), dy stored as dtype, x f32
+    (with accumulate=False, dres = that)."""
     dt = storage(dev, dtype)
     if subgroups and not dev.has_feature("subgroup"):
         pytest.skip(f"{dev.name} lacks subgroups")
@@ -226,13 +229,14 @@ def test_rms_norm_grad_adds_to_the_residual_gradient(dev, hidden, dtype, tokens,
     dres = rng.standard_normal((t, hidden)).astype(np.float32)
     x64 = x.astype(np.float64)
     _, rstd = rms_norm_ref(x64, w.astype(np.float64), 1e-5)
-    params = dict(hidden=hidden, tokens=tokens, dtype=dtype, threads=16, subgroups=subgroups)
+    params = dict(hidden=hidden, tokens=tokens, dtype=dtype, threads=16, subgroups=subgroups,
+                  accumulate=accumulate)
     got, = run(dev, "rms_norm_grad", params, t,
                {"dy": dy, "x": x, "w": w, "rstd": rstd.astype(np.float32), "dres": dres},
                ["dres"])
     dx = rms_norm_grad_ref(dy.astype(np.float64), x64, w.astype(np.float64),
                            rstd.astype(np.float32).astype(np.float64))
-    close(got, dres + dx, "f32", scale=4 * np.abs(dx).max(), what="dres")
+    close(got, dres + dx if accumulate else dx, "f32", scale=4 * np.abs(dx).max(), what="dres")
 
 
 @pytest.mark.parametrize("head_dim, dtype, tokens", [

@@ -151,6 +151,17 @@ class DirectTile:
 
 # ------------------------------------------------------------------ the token count
 
+def columns_of(width: int, stride: int, column: int) -> tuple[int, int]:
+    """(row stride, first column) of a block of ``width`` columns inside rows
+    of ``stride`` values (0: the block is the whole row), checked: how a
+    product writes or reads one slice of a wider matrix (a language model's
+    logits, one chunk of the vocabulary per binding of its head)."""
+    stride = stride or width
+    if column < 0 or column + width > stride:
+        raise ValueError(f"columns {column}..{column + width - 1} do not fit rows of {stride}")
+    return stride, column
+
+
 def token_rows(tokens, row_len: int):
     """Elements of ``tokens`` rows of ``row_len``; None (runtime-sized) for a
     token count read at run time."""

@@ -139,13 +139,15 @@ def rms_norm(m, hidden, tokens, eps, dtype="f32", x_dtype="f32", w_dtype="f32", 
 
 
 def rms_norm_grad(m, hidden, tokens, dtype="f32", x_dtype="f32", w_dtype="f32", threads=64,
-                  subgroups=False):
+                  subgroups=False, accumulate=True):
     """RMSNorm's input gradient ADDED to the residual stream's f32 gradient,
     one workgroup per token (grid (tokens, 1, 1)):
     dres[t] += rstd (w dy - xhat mean(xhat w dy)), xhat = x rstd, from dy
     (the gradient of y, stored as ``dtype``), x, w and the forward's rstd.
     The residual's gradient also flows straight past the norm, so the
-    norm's part is added, not stored. The weight is frozen: no dw."""
+    norm's part is added, not stored; ``accumulate=False`` stores it (the
+    final norm's, where the residual's gradient starts). The weight is
+    frozen: no dw."""
     _row_threads(threads, subgroups)
     _sizes(tokens, hidden=hidden)
     dy, hn = input_matrix(m, "dy", tokens, hidden, dtype)
@@ -165,7 +167,11 @@ def rms_norm_grad(m, hidden, tokens, dtype="f32", x_dtype="f32", w_dtype="f32", 
     k = m.let(r * total / float(hidden), "k")  # mean(xhat w dy) = rstd mean(x w dy)
     with m.loop(tid, hn, threads, name="c") as c:
         wdy = widen(w[c]) * widen(dy[row + c])
-        dres[row + c] += r * (wdy - widen(x[row + c]) * r * k)
+        part = r * (wdy - widen(x[row + c]) * r * k)
+        if accumulate:
+            dres[row + c] += part
+        else:
+            dres[row + c] = part
 
 
 # ------------------------------------------------------------------ rotary embeddings

@@ -29,7 +29,7 @@ from shaderdsl import f16, f32, vec4f, vec4h
 from shaderdsl.matmul import MatrixTiling, Operand, tiled_product
 from shaderdsl.types import MatrixConfig
 
-from .common import token_count, token_rows
+from .common import columns_of, token_count, token_rows
 
 FRAGMENT = MatrixConfig("f16", "f32", 16, 16, 16)
 DIRECT = MatrixConfig("f16", "f16", 16, 16, 16)  # the output's own fragments as accumulators
@@ -265,7 +265,7 @@ def _add_partial(m, out, Bm, hs, stride, origin, extent, local_row) -> None:
             out[at] = f16(f32(out[at]) + total.x + total.y + total.z + total.w)
 
 
-def dense_matrix(m, in_dim, out_dim, tokens, bias=True):
+def dense_matrix(m, in_dim, out_dim, tokens, bias=True, y_stride=0, y_column=0):
     """lora.kernels.network.dense's y = x W^T (+ b) (a frozen layer of
     lora.training.network) on matrix units, OUTER's 64 x 64 blocks: f16 x, W,
     b and y, f32 sums (in_dim and out_dim multiples of 4; grid
@@ -273,22 +273,28 @@ def dense_matrix(m, in_dim, out_dim, tokens, bias=True):
     x = m.declare_input_buffer("x", vec4h, tokens * in_dim // 4)
     W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
     b = m.declare_input_buffer("bias", f16, out_dim) if bias else None
-    y = m.declare_output_buffer("y", f16, tokens * out_dim)
+    stride, first = columns_of(out_dim, y_stride, y_column)
+    y = m.declare_output_buffer("y", f16, tokens * stride)
 
     def store(row, col, value):
         for c in range(4):
             extra = f32(b[col + c]) if b is not None else 0.0
-            y[row * out_dim + col + c] = f16(value[c] + extra)
+            y[row * stride + first + col + c] = f16(value[c] + extra)
 
     tiled_product(m, OUTER, Operand(lambda t, i: x[(t * in_dim + i) / 4]),
                   Operand(lambda i, o: W[(o * in_dim + i) / 4], axis=0),
                   tokens, out_dim, in_dim, store)
 
 
-def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False):
+def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False, g_stride=0,
+                            g_column=0):
     """dense_grad_input's dx (+)= g W on matrix units: f16 g, W and dx, f32
-    sums (in_dim and out_dim multiples of 4; grid OUTER.grid(tokens, in_dim))."""
-    g = m.declare_input_buffer("g", vec4h, tokens * out_dim // 4)
+    sums (in_dim and out_dim multiples of 4; grid OUTER.grid(tokens, in_dim));
+    g a block of wider rows with ``g_stride``/``g_column`` (multiples of 4)."""
+    stride, first = columns_of(out_dim, g_stride, g_column)
+    if stride % 4 or first % 4:
+        raise ValueError(f"g_stride and g_column must be multiples of 4, got {stride}, {first}")
+    g = m.declare_input_buffer("g", vec4h, tokens * stride // 4)
     W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
     dx = m.declare_output_buffer("dx", f16, tokens * in_dim)
 
@@ -297,6 +303,6 @@ def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False):
             at = row * in_dim + col + c
             dx[at] = f16(value[c] + f32(dx[at])) if accumulate else f16(value[c])
 
-    tiled_product(m, OUTER, Operand(lambda t, o: g[(t * out_dim + o) / 4]),
+    tiled_product(m, OUTER, Operand(lambda t, o: g[(t * stride + first + o) / 4]),
                   Operand(lambda o, i: W[(o * in_dim + i) / 4]),
                   tokens, in_dim, out_dim, store)
