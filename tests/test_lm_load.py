@@ -206,7 +206,7 @@ CONFIG_REFUSALS = [
      "rope_parameters: factor is missing"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
       "sliding_window": 16, "max_window_layers": 1},
-     "use_sliding_window is true: layer 1 attend only to the last 16 tokens"),
+     "use_sliding_window is true: layer 1 attends only to the last 16 tokens"),
 ]
 
 

@@ -174,9 +174,9 @@ def _check_sliding_window(d: dict, where: str, model_type: str, sizes: dict) -> 
         sliding = [i for i, kind in enumerate(d["layer_types"]) if kind == "sliding_attention"]
     if d.get("sliding_window") is not None and sliding and \
             window < sizes["max_position_embeddings"]:
-        layers = f"layers {sliding[0]} to {sliding[-1]}" if len(sliding) > 1 else \
-            f"layer {sliding[0]}"
-        raise ModelError(f"{where}: use_sliding_window is true: {layers} attend only to the "
+        layers = f"layers {sliding[0]} to {sliding[-1]} attend" if len(sliding) > 1 else \
+            f"layer {sliding[0]} attends"
+        raise ModelError(f"{where}: use_sliding_window is true: {layers} only to the "
                          f"last {window} tokens (sliding-window attention), which lora's "
                          f"attention does not do; every layer sees every earlier token")
 
