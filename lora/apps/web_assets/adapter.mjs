@@ -87,6 +87,13 @@ function pyType(value, text) {
   return Array.isArray(value) ? "list" : {string: "str", boolean: "bool"}[typeof value];
 }
 
+/** What a JSON value is, in JSON's words (as Python's _json_kind): a string, a number, ... */
+function jsonKind(value) {
+  if (typeof value === "string") return "a string";
+  if (Array.isArray(value)) return "a list";
+  return typeof value === "object" ? "an object" : "a number";
+}
+
 /** A shape as Python's tuple repr writes it: (2, 3), (5,), (). */
 function pyShape(shape) {
   return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
@@ -295,6 +302,10 @@ function readConfig(configText, cfgName) {
   const repr = field => pyRepr(config[field], source.top.get(field) ?? null);
   if (has("peft_type") && config.peft_type !== "LORA")
     cfail(`peft_type is ${repr("peft_type")}, not 'LORA'`);
+  for (const field of ["use_rslora", "fan_in_fan_out", "use_dora"])  // "false" is truthy
+    if (config[field] != null && typeof config[field] !== "boolean")
+      cfail(`${field} must be true or false (a JSON boolean), got ${repr(field)}, ` +
+            jsonKind(config[field]));
   if (config.use_dora) cfail("use_dora is true; DoRA adapters are not supported");
   for (const [field, what] of [["r", "the LoRA rank"], ["lora_alpha", "the scale's numerator"]])
     if (!has(field)) cfail(`missing '${field}' (${what})`);
