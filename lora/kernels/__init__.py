@@ -8,7 +8,8 @@ y = B @ h, the scaled add, B @ h fused with the add: one job per dispatch),
 dispatches shaped like matrix products) and ``matrix`` (the kernels on
 matrix units: the f16 forward's two dispatches and the backward's
 grad_outer_matrix); the training's ``backward``, ``loss``, ``optimizer`` and
-``network``. ``registry`` holds :data:`KERNELS`, each kernel with the role of
+``network``; the language model's ``attention`` (causal self-attention in the
+flash form, forward and backward). ``registry`` holds :data:`KERNELS`, each kernel with the role of
 its bindings, its workgroup size and its grid: ``KERNELS[name].kernel(...)``
 compiles (and caches) it. Nothing here needs wgpu.
 """

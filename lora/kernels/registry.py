@@ -12,6 +12,8 @@ from typing import Callable
 import shaderdsl as sd
 
 from . import backward, dropout, loss, network, optimizer
+from .attention import attention, attention_delta, attention_grad_kv, attention_grad_q
+from .attention import tiling as attention_tiling
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -296,3 +298,37 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
 )
 KERNELS.update({spec.name: spec for spec in MANY_KERNELS})
 
+
+
+def _attention(kind):
+    """The attention kernel's tiling (lora.kernels.attention) from its parameters."""
+    def of(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return attention_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], q_len, kv_len,
+                                p["block_q"], p["block_k"], p["threads"])
+    return of
+
+
+def _attention_grid(kind):
+    def grid(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return _attention(kind)(p).grid(p["batch"], p["kv_heads"], q_len, kv_len)
+    return grid
+
+
+ATTENTION_KERNELS = (  # the language model's causal self-attention, flash form
+    KernelSpec("attention", attention, lambda p: _attention("forward")(p).threads,
+               _attention_grid("forward"),
+               "o = softmax(scale q k^T, causal, keep) v and lse, online over blocks of keys "
+               "(past read at run time: training, prefill and decode)"),
+    KernelSpec("attention_delta", attention_delta, _threads,
+               _elements(lambda p: p["batch"] * p["heads"] * p["seq"]),
+               "delta = rowsum(do * o) per query row and head, for the backward"),
+    KernelSpec("attention_grad_kv", attention_grad_kv, lambda p: _attention("grad_kv")(p).threads,
+               _attention_grid("grad_kv"),
+               "dk and dv: a workgroup per block of keys of a kv head, over its query heads"),
+    KernelSpec("attention_grad_q", attention_grad_q, lambda p: _attention("grad_q")(p).threads,
+               _attention_grid("grad_q"),
+               "dq: a workgroup per block of queries of a kv head's group, over keys"),
+)
+KERNELS.update({spec.name: spec for spec in ATTENTION_KERNELS})
