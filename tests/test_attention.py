@@ -3,8 +3,10 @@ numpy reference written out here: the forward (o, lse) and the backward (delta,
 dq, dk, dv) on the interpreter and on the wgpu device, with grouped-query
 heads, left and right padding, a query with no visible key, decode and
 prefill with past > 0, head_dims that are and are not multiples of 4, and
-tilings with several blocks and partial lanes. The reference's gradient is
-derived by hand and checked once against torch.autograd in float64.
+tilings with several blocks and partial lanes; and the forward's matrix form
+(attention_matrix) on the interpreter's subgroup matrices (lavapipe has
+none). The reference's gradient is derived by hand and checked once against
+torch.autograd in float64.
 
 Tolerances, relative to the largest value of each result: f32 2e-6 (f32 dot
 products of head_dim terms and sums over the keys; measured on lavapipe at
@@ -16,7 +18,9 @@ o equal to the reference rounded to f16 but for one ulp at seq 130). The
 backward's delta is rowsum(do * o) of the o it is given (the stored f16 o, as
 FlashAttention's backward uses), so the reference takes that o too; against
 the exact o's gradient the f16 dk differed by up to 6.8e-4 of its largest
-value in these shapes.
+value in these shapes. The matrix form also rounds P to f16 for P V, which
+moves o by at most 2^-11 sum_j p_j |v_j| <= 2^-11 max|v| (measured: o within
+4.2e-4 of its largest value).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import pytest
 
 from lora.kernels import KERNELS
 from lora.kernels.attention import MASKED, NO_KEY_LSE, Tiling, tiling
+from lora.kernels.attention_matrix import matrix_tiling
 from shaderdsl import interp
 
 F32_TOL = 2e-6
@@ -149,13 +154,16 @@ def _dispatch(device, name, params, inputs, outputs):
     return {key: device.read(bufs[key]) for key in outputs}
 
 
-def run_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32", **tiles):
-    """(o, lse) of KERNELS['attention'] for float64-or-f32 q, k, v stored as ``dtype``."""
+def run_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32", kernel="attention",
+                **tiles):
+    """(o, lse) of KERNELS[kernel] for q, k, v stored as ``dtype`` (attention_matrix: f16)."""
     batch, kv_len = keep.shape
     st = _storage(dtype)
     params = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=q.shape[1] // heads,
-                  q_len=q.shape[0] // batch, kv_len=kv_len, dtype=dtype, **tiles)
-    out = _dispatch(device, "attention", params,
+                  q_len=q.shape[0] // batch, kv_len=kv_len, **tiles)
+    if kernel == "attention":
+        params["dtype"] = dtype
+    out = _dispatch(device, kernel, params,
                     dict(q=q.astype(st), k=k.astype(st), v=v.astype(st),
                          keep=keep.ravel().astype(np.uint32), past=np.array([past], np.uint32)),
                     dict(o=(q.shape, st), lse=((batch * heads * q.shape[0] // batch,), np.float32)))
@@ -182,11 +190,11 @@ def run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype="f32"
     return stats[:, 1], dq, dkv["dk"], dkv["dv"]
 
 
-def assert_close(got, want, rel_max=F32_TOL, rel_each=0.0, what=""):
-    """|got - want| <= rel_each |want| + rel_max max|want| everywhere."""
+def assert_close(got, want, rel_max=F32_TOL, rel_each=0.0, what="", atol=0.0):
+    """|got - want| <= rel_each |want| + rel_max max|want| + atol everywhere."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, (what, got.shape, want.shape)
-    bound = rel_each * np.abs(want) + rel_max * max(np.abs(want).max(), 1e-30)
+    bound = rel_each * np.abs(want) + rel_max * max(np.abs(want).max(), 1e-30) + atol
     err = np.abs(got - want)
     assert np.all(err <= bound), \
         f"{what}: worst {err.max():.3g} at {np.unravel_index(np.argmax(err - bound), err.shape)}"\
@@ -211,13 +219,18 @@ def _padded(batch, kv_len, left=3, right=4):
     return keep
 
 
-def check_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32", **tiles):
+def check_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32",
+                  kernel="attention", **tiles):
+    """The kernel's o and lse against the reference from the values it sees.
+    The matrix form rounds P to f16 for P V: at most 2^-11 sum_j p_j |v_j|,
+    so 2^-11 max|v| more."""
     st = _storage(dtype)
     q, k, v = (x.astype(st).astype(np.float64) for x in (q, k, v))  # what the kernel sees
-    o, lse = run_forward(device, q, k, v, keep, past, heads, kv_heads, dtype, **tiles)
+    o, lse = run_forward(device, q, k, v, keep, past, heads, kv_heads, dtype, kernel, **tiles)
     want_o, want_lse = reference_forward(q, k, v, keep, past, heads, kv_heads)
     rel_each = F16_ROUNDING if dtype == "f16" else 0.0
-    assert_close(o, want_o, rel_each=rel_each, what="o")
+    p_rounding = F16_ROUNDING * np.abs(v).max() if kernel == "attention_matrix" else 0.0
+    assert_close(o, want_o, rel_each=rel_each, what="o", atol=p_rounding)
     seen = ~np.isnan(want_lse)
     assert_close(lse[seen], want_lse[seen], what="lse")
     assert np.all(lse[~seen] == np.float32(NO_KEY_LSE))
@@ -280,6 +293,25 @@ def test_backward_on_the_interpreter(interp_dev, batch, seq, heads, kv_heads, d,
     do = rng.standard_normal(q.shape)
     both = dict(grad_kv=tiles, grad_q=tiles)
     check_backward(interp_dev, q, k, v, do, _padded(batch, seq), heads, kv_heads, tiles=both)
+
+
+MATRIX_CASES = [  # (batch, q_len, kv_len, past, heads, kv_heads, head_dim, block_k)
+    (2, 13, 13, 0, 4, 2, 32, 32),   # training's shape: padding, rows with no key; 2 subgroups
+    (2, 1, 40, 20, 6, 2, 16, 16),   # decode over 3 blocks of keys, a group of 3; 1 subgroup
+    (1, 5, 37, 30, 4, 4, 64, 16),   # prefill after a cache, head_dim 64, no GQA
+    (1, 7, 7, 0, 6, 2, 16, 16),     # 5 queries x 3 heads: 15 of a fragment's 16 rows used
+]
+
+
+@pytest.mark.parametrize("batch, q_len, kv_len, past, heads, kv_heads, d, block_k", MATRIX_CASES)
+def test_matrix_forward_on_the_interpreter(batch, q_len, kv_len, past, heads, kv_heads, d,
+                                           block_k):
+    """attention_matrix on the interpreter's H200 fragments (f16 16x16x16 -> f32,
+    subgroups of 32), against the float64 reference."""
+    rng = np.random.default_rng(kv_len)
+    q, k, v = _inputs(rng, batch, q_len, kv_len, heads, kv_heads, d)
+    check_forward(interp.Device(subgroup_size=32), q, k, v, _padded(batch, kv_len), past, heads,
+                  kv_heads, "f16", "attention_matrix", block_k=block_k)
 
 
 # ------------------------------------------------------------------ on the device
@@ -349,6 +381,26 @@ def test_default_tilings_fit_webgpu_defaults(kind, shape):
                                                      head_dim=d, seq=q_len)
     assert kernel.workgroup_bytes == 4 * t.shared_floats(d)
     assert kernel.workgroup_size[0] == t.threads
+
+
+@pytest.mark.parametrize("head_dim, block_k", [(16, 16), (64, 32), (112, 16)])
+def test_matrix_tiling_fits_webgpu_defaults(head_dim, block_k):
+    t = matrix_tiling(6, 2, head_dim, 300, 300, block_k)
+    kernel = KERNELS["attention_matrix"].kernel(batch=1, heads=6, kv_heads=2, head_dim=head_dim,
+                                                q_len=300, kv_len=300, block_k=block_k)
+    assert kernel.workgroup_bytes == t.shared_bytes() <= 16384
+    assert (t.block_q, t.rows, kernel.workgroup_size[0]) == (5, 15, t.threads)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((4, 2, 24, 32), r"head_dim \(24\) and block_k \(32\) must be multiples of 16"),
+    ((64, 2, 16, 32), r"a group of 32 query heads per kv head does not fit"),
+    ((4, 2, 128, 32), r"head_dim 128 with block_k 32 takes 27712 bytes"),
+])
+def test_matrix_form_refuses_what_it_cannot_run(args, message):
+    heads, kv_heads, head_dim, block_k = args
+    with pytest.raises(ValueError, match=message):
+        matrix_tiling(heads, kv_heads, head_dim, 8, 8, block_k)
 
 
 def test_decode_tiling_owns_the_group():

@@ -9,7 +9,8 @@ dispatches shaped like matrix products) and ``matrix`` (the kernels on
 matrix units: the f16 forward's two dispatches and the backward's
 grad_outer_matrix); the training's ``backward``, ``loss``, ``optimizer`` and
 ``network``; the language model's ``attention`` (causal self-attention in the
-flash form, forward and backward). ``registry`` holds :data:`KERNELS`, each kernel with the role of
+flash form, forward and backward) and ``attention_matrix`` (its f16 forward
+on matrix units). ``registry`` holds :data:`KERNELS`, each kernel with the role of
 its bindings, its workgroup size and its grid: ``KERNELS[name].kernel(...)``
 compiles (and caches) it. Nothing here needs wgpu.
 """

@@ -147,16 +147,16 @@ def tiling(kind, heads, kv_heads, head_dim, q_len, kv_len, block_q=0, block_k=0,
 
 # ------------------------------------------------------------------ shared pieces
 
-def _vec(head_dim: int):
+def row_type(head_dim: int):
     """What a row is staged and accumulated in: vec4s where head_dim allows, else f32s."""
     return vec4f if width(head_dim) == 4 else f32
 
 
-def _zero(head_dim: int):
+def zero_row(head_dim: int):
     return vec4f(0.0) if width(head_dim) == 4 else f32(0.0)
 
 
-def _matrix(m, name, rows, heads, head_dim, dtype, output=False):
+def storage_matrix(m, name, rows, heads, head_dim, dtype, output=False):
     """A [rows, heads * head_dim] matrix stored as ``dtype``, in vec4s where head_dim allows."""
     check_dtype(dtype)
     w = width(head_dim)
@@ -188,7 +188,7 @@ def _stage_values(m, tile, count, threads, load):
 def _row_of(buf, token, heads, head, vecs, c, valid, head_dim):
     """Element c of one head's row of ``buf`` (widened), zero where not ``valid``
     (``token`` is clamped inside the buffer by the caller)."""
-    return B.select(_zero(head_dim), widen(buf[(token * heads + head) * vecs + c]), valid)
+    return B.select(zero_row(head_dim), widen(buf[(token * heads + head) * vecs + c]), valid)
 
 
 def _dot(m, a, i, b, j, vecs, name):
@@ -196,13 +196,13 @@ def _dot(m, a, i, b, j, vecs, name):
     return m.let(sum_terms([dot_or_mul(a[i, c], b[j, c]) for c in range(vecs)]), name)
 
 
-class _Lanes:
+class Lanes:
     """This thread's share of an owned row: row = local_index / lanes, and the
     vec4s lane, lane + lanes, ... of it (``cols``: their indices, clamped for
     reads where lanes does not divide the row; ``store`` writes only those
     inside it)."""
 
-    def __init__(self, m, t: Tiling, vecs: int):
+    def __init__(self, m, t, vecs: int):  # t: any tiling with lanes
         lid = m.local_index()
         self.row = m.let(lid / t.lanes, "row")
         lane = m.let(lid % t.lanes, "lane")
@@ -215,7 +215,8 @@ class _Lanes:
         return (k + 1) * self.lanes > self.vecs
 
     def accumulators(self, m, head_dim, name):
-        return [m.var(_vec(head_dim), _zero(head_dim), f"{name}{k}") for k in range(self.count)]
+        return [m.var(row_type(head_dim), zero_row(head_dim), f"{name}{k}")
+                for k in range(self.count)]
 
     def store(self, m, k, write) -> None:
         """write() for the k-th vec4 where it is inside the row."""
@@ -226,13 +227,16 @@ class _Lanes:
             write()
 
 
-class _QueryRows:
+class QueryRows:
     """The owned query rows of a workgroup (x: block of queries, y: kv head,
-    z: sequence): row r is query q0 + r // group of head kvh * group + r % group."""
+    z: sequence): row r is query q0 + r // group of head kvh * group + r % group,
+    for r < t.rows; ``capacity`` rows are computed (more where a matrix
+    fragment holds them: those past t.rows are not valid)."""
 
-    def __init__(self, m, t: Tiling, heads: int, q_len: int):
+    def __init__(self, m, t, heads: int, q_len: int, capacity: int = 0):
         wid = m.workgroup_id()
         self.t, self.heads, self.q_len = t, heads, q_len
+        self.capacity = capacity or t.rows
         self.q0 = m.let(wid.x * t.block_q, "q0")
         self.kvh, self.b = m.let(wid.y, "kvh"), m.let(wid.z, "b")
         self.last = m.let(B.min(self.q0 + t.block_q, q_len) - 1, "last")  # the block's last query
@@ -248,7 +252,8 @@ class _QueryRows:
         return self.b * self.q_len + B.min(self.query(r), self.q_len - 1)
 
     def valid(self, r):
-        return self.query(r) < self.q_len
+        inside = self.query(r) < self.q_len
+        return inside if self.capacity == self.t.rows else inside & (r < self.t.rows)
 
     def value_index(self, r):
         """Its element of lse and stats."""
@@ -262,7 +267,7 @@ class _QueryRows:
                                     self.valid(r), head_dim))
 
 
-def _visible(keep, b, kv_len, key, position):
+def visible(keep, b, kv_len, key, position):
     """Whether ``key`` exists, is real and is at most ``position`` (the query's)."""
     real = keep[b * kv_len + B.min(key, kv_len - 1)] != 0
     return (key <= position) & (key < kv_len) & real
@@ -301,19 +306,19 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
     token from past / block_k steps to past / (block_k * splits).
     """
     t = tiling("forward", heads, kv_heads, head_dim, q_len, kv_len, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), _vec(head_dim)
-    q = _matrix(m, "q", batch * q_len, heads, head_dim, dtype)
-    k = _matrix(m, "k", batch * kv_len, kv_heads, head_dim, dtype)
-    v = _matrix(m, "v", batch * kv_len, kv_heads, head_dim, dtype)
+    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    q = storage_matrix(m, "q", batch * q_len, heads, head_dim, dtype)
+    k = storage_matrix(m, "k", batch * kv_len, kv_heads, head_dim, dtype)
+    v = storage_matrix(m, "v", batch * kv_len, kv_heads, head_dim, dtype)
     keep = m.declare_input_buffer("keep", u32, batch * kv_len)
     past = m.declare_input_buffer("past", u32, 1)
-    o = _matrix(m, "o", batch * q_len, heads, head_dim, dtype, output=True)
+    o = storage_matrix(m, "o", batch * q_len, heads, head_dim, dtype, output=True)
     lse = m.declare_output_buffer("lse", f32, batch * heads * q_len)
     qs, ks = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.block_k, vecs), "ks")
     vs, scores = m.shared(vec, (t.block_k, vecs), "vs"), m.shared(f32, (t.rows, t.block_k),
                                                                   "scores")
     per_row = m.shared(f32, t.rows, "per_row")  # each step's rescale, then 1 / the row's sum
-    rows, lanes = _QueryRows(m, t, heads, q_len), _Lanes(m, t, vecs)
+    rows, lanes = QueryRows(m, t, heads, q_len), Lanes(m, t, vecs)
     rows.stage(m, qs, q, head_dim)
     p0 = m.let(past[0], "p0")
     key_end = m.let(B.min(p0 + rows.last + 1, kv_len), "key_end")
@@ -332,7 +337,7 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
         m.barrier()
         _add_pv(m, t, lanes, acc, scores, vs, per_row)
         m.barrier()
-    _finish_forward(m, t, rows, lanes, acc, lse, o, per_row, top, total, vecs)
+    finish_forward(m, rows, lanes, acc, lse, o, per_row, top, total, vecs)
 
 
 def _scores(m, t, qs, ks, scores, vecs, rows, keep, kv_len, j0, p0, head_dim):
@@ -340,7 +345,7 @@ def _scores(m, t, qs, ks, scores, vecs, rows, keep, kv_len, j0, p0, head_dim):
     def body(e):
         r, j = m.let(e / t.block_k, "r"), m.let(e % t.block_k, "j")
         s = _dot(m, qs, r, ks, j, vecs, "s")
-        seen = _visible(keep, rows.b, kv_len, j0 + j, p0 + rows.query(r))
+        seen = visible(keep, rows.b, kv_len, j0 + j, p0 + rows.query(r))
         scores[r, j] = B.select(f32(MASKED), s * head_dim ** -0.5, seen)
     _each(m, t.rows * t.block_k, t.threads, body, "e", vecs + 4)
 
@@ -376,10 +381,11 @@ def _add_pv(m, t, lanes, acc, probs, vs, per_row):
             a += p * vs[j, c]
 
 
-def _finish_forward(m, t, rows, lanes, acc, lse, o, per_row, top, total, vecs):
+def finish_forward(m, rows, lanes, acc, lse, o, per_row, top, total, vecs):
     """lse = max + log(sum) and o = acc / sum; NO_KEY_LSE and 0 where no key
-    was seen (a seen row's sum is at least 1: its max's own term)."""
-    with m.if_(m.local_index() < t.rows):
+    was seen (a seen row's sum is at least 1: its max's own term). The
+    owners are threads 0.. of the rows' capacity."""
+    with m.if_(m.local_index() < rows.capacity):
         r = m.let(m.local_index(), "r")
         seen = m.let(total > 0.0, "seen")
         with m.if_(rows.valid(r)):
@@ -404,8 +410,8 @@ def attention_delta(m, batch, heads, head_dim, seq, dtype="f32"):
     / threads); bindings dout, o, lse -> stats (vec2<f32>). A thread per
     (row, head): the sum is one head's head_dim values, too short to share."""
     vecs = head_dim // width(head_dim)
-    do = _matrix(m, "dout", batch * seq, heads, head_dim, dtype)
-    o = _matrix(m, "o", batch * seq, heads, head_dim, dtype)
+    do = storage_matrix(m, "dout", batch * seq, heads, head_dim, dtype)
+    o = storage_matrix(m, "o", batch * seq, heads, head_dim, dtype)
     lse = m.declare_input_buffer("lse", f32, batch * heads * seq)
     stats = m.declare_output_buffer("stats", vec2f, batch * heads * seq)
     e = m.let(m.global_id().x, "e")
@@ -420,10 +426,10 @@ def attention_delta(m, batch, heads, head_dim, seq, dtype="f32"):
 
 def _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype):
     """The backward's bindings: q, k, v, dout (the gradient of o), stats, keep."""
-    q = _matrix(m, "q", batch * seq, heads, head_dim, dtype)
-    k = _matrix(m, "k", batch * seq, kv_heads, head_dim, dtype)
-    v = _matrix(m, "v", batch * seq, kv_heads, head_dim, dtype)
-    do = _matrix(m, "dout", batch * seq, heads, head_dim, dtype)
+    q = storage_matrix(m, "q", batch * seq, heads, head_dim, dtype)
+    k = storage_matrix(m, "k", batch * seq, kv_heads, head_dim, dtype)
+    v = storage_matrix(m, "v", batch * seq, kv_heads, head_dim, dtype)
+    do = storage_matrix(m, "dout", batch * seq, heads, head_dim, dtype)
     stats = m.declare_input_buffer("stats", vec2f, batch * heads * seq)
     keep = m.declare_input_buffer("keep", u32, batch * seq)
     return q, k, v, do, stats, keep
@@ -450,10 +456,10 @@ def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", blo
     (those from its first key on): no float atomics, each gradient written once.
     """
     t = tiling("grad_kv", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), _vec(head_dim)
+    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
-    dk = _matrix(m, "dk", batch * seq, kv_heads, head_dim, dtype, output=True)
-    dv = _matrix(m, "dv", batch * seq, kv_heads, head_dim, dtype, output=True)
+    dk = storage_matrix(m, "dk", batch * seq, kv_heads, head_dim, dtype, output=True)
+    dv = storage_matrix(m, "dv", batch * seq, kv_heads, head_dim, dtype, output=True)
     ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
     qs, dos = m.shared(vec, (t.block_q, vecs), "qs"), m.shared(vec, (t.block_q, vecs), "dos")
     probs = m.shared(f32, (t.block_q, t.block_k), "probs")
@@ -462,7 +468,7 @@ def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", blo
     wid = m.workgroup_id()
     j0, kvh, b = m.let(wid.x * t.block_k, "j0"), m.let(wid.y, "kvh"), m.let(wid.z, "b")
     _stage_keys(m, (ks, vs), (k, v), b, kvh, kv_heads, seq, j0, t.block_k, t.threads, head_dim)
-    lanes = _Lanes(m, t, vecs)
+    lanes = Lanes(m, t, vecs)
     dk_acc, dv_acc = lanes.accumulators(m, head_dim, "dk"), lanes.accumulators(m, head_dim, "dv")
     with m.loop(t.group, name="g") as g:
         h = m.let(kvh * t.group + g, "h")
@@ -474,7 +480,7 @@ def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", blo
 
             def pair(e):
                 i, j = m.let(e / t.block_k, "i"), m.let(e % t.block_k, "j")
-                seen = (i0 + i < seq) & _visible(keep, b, seq, j0 + j, i0 + i)
+                seen = (i0 + i < seq) & visible(keep, b, seq, j0 + j, i0 + i)
                 p, ds = _probability_and_grad(m, qs, ks, dos, vs, i, j, vecs, lses[i],
                                               deltas[i], seen, head_dim)
                 probs[i, j] = p
@@ -524,14 +530,14 @@ def attention_grad_q(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", bloc
     recomputing p and dS there (the grad_kv kernel has them too; sharing
     them would take a [seq, seq] buffer or float atomics)."""
     t = tiling("grad_q", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), _vec(head_dim)
+    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
-    dq = _matrix(m, "dq", batch * seq, heads, head_dim, dtype, output=True)
+    dq = storage_matrix(m, "dq", batch * seq, heads, head_dim, dtype, output=True)
     qs, dos = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.rows, vecs), "dos")
     ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
     grads = m.shared(f32, (t.rows, t.block_k), "grads")
     lses, deltas = m.shared(f32, t.rows, "lses"), m.shared(f32, t.rows, "deltas")
-    rows, lanes = _QueryRows(m, t, heads, seq), _Lanes(m, t, vecs)
+    rows, lanes = QueryRows(m, t, heads, seq), Lanes(m, t, vecs)
     rows.stage(m, qs, q, head_dim)
     rows.stage(m, dos, do, head_dim)
     for tile, part, outside in ((lses, "x", NO_KEY_LSE), (deltas, "y", 0.0)):
@@ -546,7 +552,7 @@ def attention_grad_q(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", bloc
 
         def pair(e):
             r, j = m.let(e / t.block_k, "r"), m.let(e % t.block_k, "j")
-            seen = rows.valid(r) & _visible(keep, rows.b, seq, j0 + j, rows.query(r))
+            seen = rows.valid(r) & visible(keep, rows.b, seq, j0 + j, rows.query(r))
             grads[r, j] = _probability_and_grad(m, qs, ks, dos, vs, r, j, vecs, lses[r],
                                                 deltas[r], seen, head_dim)[1]
         _each(m, t.rows * t.block_k, t.threads, pair, "e", 2 * vecs + 6)

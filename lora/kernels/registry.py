@@ -14,6 +14,7 @@ import shaderdsl as sd
 from . import backward, dropout, loss, network, optimizer
 from .attention import attention, attention_delta, attention_grad_kv, attention_grad_q
 from .attention import tiling as attention_tiling
+from .attention_matrix import attention_matrix, matrix_tiling
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -309,6 +310,11 @@ def _attention(kind):
     return of
 
 
+def _attention_matrix(p):
+    return matrix_tiling(p["heads"], p["kv_heads"], p["head_dim"], p["q_len"], p["kv_len"],
+                         p["block_k"])
+
+
 def _attention_grid(kind):
     def grid(p):
         q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
@@ -321,6 +327,10 @@ ATTENTION_KERNELS = (  # the language model's causal self-attention, flash form
                _attention_grid("forward"),
                "o = softmax(scale q k^T, causal, keep) v and lse, online over blocks of keys "
                "(past read at run time: training, prefill and decode)"),
+    KernelSpec("attention_matrix", attention_matrix,
+               lambda p: _attention_matrix(p).threads,
+               lambda p: _attention_matrix(p).grid(p["batch"], p["kv_heads"], p["q_len"]),
+               "attention (f16) with Q K^T and P V on matrix units, the softmax in f32"),
     KernelSpec("attention_delta", attention_delta, _threads,
                _elements(lambda p: p["batch"] * p["heads"] * p["seq"]),
                "delta = rowsum(do * o) per query row and head, for the backward"),
