@@ -176,6 +176,7 @@ def lora_entries() -> list[Entry]:
     _training_entries(add)
     _many_entries(add)
     _lm_entries(add)
+    _attention_entries(add)
     return out
 
 
@@ -201,6 +202,24 @@ def _lm_entries(add) -> None:
             ignore=True, in_place=bool(n // 2 % 2), subgroups=sg)
         add("add_scaled", num_elements=None if tokens is None else 3 * width, columns=width,
             scale=1.0, y_dtype=dt)
+
+
+def _attention_entries(add) -> None:
+    """The language model's attention kernels (lora.kernels.attention): head_dims
+    read as vec4s and as scalars, grouped heads, decode, explicit tilings with
+    partial lanes, f32 and f16, each at the largest workgroup memory it takes."""
+    shapes = [(4, 2, 16, 17, 17, {}), (9, 3, 64, 1, 2048, {}), (14, 2, 64, 128, 128, {}),
+              (32, 8, 128, 64, 64, {}), (2, 2, 10, 9, 9, dict(block_q=3, block_k=5)),
+              (4, 1, 8, 7, 7, dict(block_q=1, block_k=3, threads=12))]
+    for n, (heads, kv_heads, d, q_len, kv_len, tiles) in enumerate(shapes):
+        dt = ("f32", "f16")[n % 2]
+        common = dict(batch=2, heads=heads, kv_heads=kv_heads, head_dim=d, dtype=dt)
+        add("attention", q_len=q_len, kv_len=kv_len, **common, **tiles)
+        if q_len == kv_len:
+            add("attention_grad_kv", seq=q_len, **common, **tiles)
+            add("attention_grad_q", seq=q_len, **common, **tiles)
+        add("attention_delta", batch=2, heads=heads, head_dim=d, seq=q_len,
+            dtype=("f16", "f32")[n % 2])
 
 
 def _many_entries(add) -> None:

@@ -12,6 +12,9 @@ from typing import Callable
 import shaderdsl as sd
 
 from . import backward, dropout, lm, loss, network, optimizer
+from .attention import attention, attention_delta, attention_grad_kv, attention_grad_q
+from .attention import tiling as attention_tiling
+from .attention_matrix import attention_matrix, matrix_tiling
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -328,3 +331,44 @@ LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(igno
                "ids[offset + r] = the first index of row r's largest logit, a workgroup per row"),
 )
 KERNELS.update({spec.name: spec for spec in LM_KERNELS})
+def _attention(kind):
+    """The attention kernel's tiling (lora.kernels.attention) from its parameters."""
+    def of(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return attention_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], q_len, kv_len,
+                                p["block_q"], p["block_k"], p["threads"])
+    return of
+
+
+def _attention_matrix(p):
+    return matrix_tiling(p["heads"], p["kv_heads"], p["head_dim"], p["q_len"], p["kv_len"],
+                         p["block_k"])
+
+
+def _attention_grid(kind):
+    def grid(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return _attention(kind)(p).grid(p["batch"], p["kv_heads"], q_len, kv_len)
+    return grid
+
+
+ATTENTION_KERNELS = (  # the language model's causal self-attention, flash form
+    KernelSpec("attention", attention, lambda p: _attention("forward")(p).threads,
+               _attention_grid("forward"),
+               "o = softmax(scale q k^T, causal, keep) v and lse, online over blocks of keys "
+               "(past read at run time: training, prefill and decode)"),
+    KernelSpec("attention_matrix", attention_matrix,
+               lambda p: _attention_matrix(p).threads,
+               lambda p: _attention_matrix(p).grid(p["batch"], p["kv_heads"], p["q_len"]),
+               "attention (f16) with Q K^T and P V on matrix units, the softmax in f32"),
+    KernelSpec("attention_delta", attention_delta, _threads,
+               _elements(lambda p: p["batch"] * p["heads"] * p["seq"]),
+               "delta = rowsum(do * o) per query row and head, for the backward"),
+    KernelSpec("attention_grad_kv", attention_grad_kv, lambda p: _attention("grad_kv")(p).threads,
+               _attention_grid("grad_kv"),
+               "dk and dv: a workgroup per block of keys of a kv head, over its query heads"),
+    KernelSpec("attention_grad_q", attention_grad_q, lambda p: _attention("grad_q")(p).threads,
+               _attention_grid("grad_q"),
+               "dq: a workgroup per block of queries of a kv head's group, over keys"),
+)
+KERNELS.update({spec.name: spec for spec in ATTENTION_KERNELS})
