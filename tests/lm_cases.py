@@ -27,11 +27,12 @@ def tiny_config(arch: str = "llama", *, tied: bool = True, **sizes):
 def tiny_model(arch: str = "llama", *, seed: int = 0, tied: bool = True, **sizes):
     """A random float32 causal LM of ``arch``, its norm weights and biases drawn
     too (transformers starts them at 1 and 0, which would hide a kernel that
-    skipped them), in eval mode, with the eager attention (the exact one)."""
+    skipped them), in eval mode, with torch's SDPA attention (on the CPU its
+    math kernel; transformers' eager attention turns a left pad's row, which
+    sees no key, into NaN, which then reaches every row through V)."""
     torch.manual_seed(seed)
     config = tiny_config(arch, tied=tied, **sizes)
-    config._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():

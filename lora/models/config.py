@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..training.adapter_io import json_kind
 from .checks import ModelError, boolean, integer, number, text
@@ -302,7 +303,8 @@ def _split(name: str, shape: tuple, dtype: np.dtype, cap: int, said: str) -> Wei
     return WeightSplit(tuple(shape), nbytes, -(-rows // per_chunk), per_chunk)
 
 
-def memory_check(config: LMConfig, device_limits, dtype=np.float32) -> dict[str, WeightSplit]:
+def memory_check(config: LMConfig, device_limits,
+                 dtype: DTypeLike = np.float32) -> dict[str, WeightSplit]:
     """Each weight of ``config`` stored as ``dtype`` (float32 or float16), and the
     float32 rotary tables (``rope.cos``, ``rope.sin``: [max_position_embeddings,
     head_dim / 2]), against ``device_limits`` (a device or its ``limits``), before

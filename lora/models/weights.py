@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 
 from ..core.checks import host_values
@@ -295,7 +296,7 @@ def _tie(config: LMConfig, named: dict[str, _Stored], named_by: str) -> dict[str
     return named
 
 
-def load_weights(folder, dtype=np.float32) -> LMWeights:
+def load_weights(folder, dtype: DTypeLike = np.float32) -> LMWeights:
     """The weights of a local Hugging Face model folder (config.json and safetensors,
     sharded or not; F32, F16 or BF16), as ``dtype`` (float32 or float16), every file,
     name and shape checked before any tensor is read. No torch."""
@@ -358,7 +359,7 @@ def _inv_freq(base) -> np.ndarray | None:
     return None if inv is None else host_values(inv.float()).astype(np.float32)
 
 
-def weights_from_transformers(model, dtype=np.float32) -> LMWeights:
+def weights_from_transformers(model, dtype: DTypeLike = np.float32) -> LMWeights:
     """The weights of a transformers LlamaForCausalLM / Qwen2ForCausalLM in memory (its
     state_dict; a tied head once), or the base weights of a peft model of one (the LoRA
     not merged; peft_adapter gives the adapter), as ``dtype``, read when asked for.

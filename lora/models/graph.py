@@ -1,0 +1,321 @@
+"""A language model's work for one batch shape on the GPU: the activation
+buffers and the plans of the forward (and, for training, the loss, the
+backward through every layer down to the lowest adapted one, and the
+optimizer), recorded in order.
+
+Per decoder layer l, with x[l] the f32 residual stream:
+    n1 = rms_norm(x[l]);  q, k, v = n1 Wq^T (+ LoRA), ...;  rope(q), rope(k)
+    o = attention(q, k, v);  mid[l] = x[l] + o Wo^T (+ LoRA)
+    n2 = rms_norm(mid[l]);  a = silu(n2 Wg^T) * (n2 Wu^T);  x[l+1] = mid[l] + a Wd^T
+then the final norm, the LM head and the loss. A training graph keeps each
+layer's activations for its backward; an inference graph reuses one set.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.plan import Plan
+from ..core.weight import wgsl_dtype
+from ..training.backward import backward_plan, train_forward_plan
+from ..training.network import base_kernel
+
+F32 = np.float32
+U32 = np.uint32
+
+
+def op(device, label: str, kernel: str, params: dict, **bound) -> Plan:
+    """One dispatch of ``kernel`` with every buffer bound (recorded with no arguments)."""
+    return Plan(device, label, [(kernel, params)], {}, bound=bound)
+
+
+class Copy:
+    """A buffer copy recorded among the plans (in the open batch, in order)."""
+
+    def __init__(self, device, src, dst):
+        self.device, self.src, self.dst = device, src, dst
+
+    def record(self) -> None:
+        self.device.copy(self.src, self.dst)
+
+
+class Graph:
+    """The buffers and plans of ``model`` (a lora.CausalLM) for [batch, seq]
+    token batches; ``training``: keep every activation and build the backward."""
+
+    def __init__(self, model, batch: int, seq: int, training: bool):
+        self.model, self.batch, self.seq, self.training = model, batch, seq, training
+        self.device, self.config = model.device, model.config
+        self.tokens = t = batch * seq
+        self.dtype = model.dtype
+        self.wgsl = wgsl_dtype(self.dtype)
+        dev, c = self.device, self.config
+        self.ids = dev.empty((t,), U32, name="lm.ids")
+        self.keep = dev.empty((t,), U32, name="lm.keep")
+        self.positions = dev.empty((t,), U32, name="lm.positions")
+        self.labels = dev.empty((t,), U32, name="lm.labels") if training else None
+        self.past = dev.empty((1,), U32, name="lm.past")   # queries start at key 0
+        self.lora_forwards: dict = {}  # module name -> its adapter's forward plan (h kept)
+        layers = c.num_hidden_layers
+        self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
+                  for i in range(layers + 1 if training else 2)]
+        self.logits = dev.empty((t, c.vocab_size), self.dtype, name="lm.logits")
+        self.saved = [self._layer_buffers(i) for i in range(layers if training else 1)]
+        self.forwards: list = self._embedding()
+        for layer in range(layers):
+            self.forwards += self._layer_forward(layer)
+        self.forwards += self._head()
+        self.backwards: list = self._backward() if training else []
+
+    # ------------------------------------------------------------ buffers
+
+    def _layer_buffers(self, i: int) -> dict:
+        """A layer's activations: what its backward reads (or, inference, one set for all)."""
+        dev, c, t, dt = self.device, self.config, self.tokens, self.dtype
+        qw, kvw = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        shapes = {"n1": (c.hidden_size, dt), "q": (qw, dt), "k": (kvw, dt), "v": (kvw, dt),
+                  "o": (qw, dt), "mid": (c.hidden_size, F32), "n2": (c.hidden_size, dt),
+                  "gate": (c.intermediate_size, dt), "up": (c.intermediate_size, dt),
+                  "act": (c.intermediate_size, dt), "y": (c.hidden_size, dt),
+                  "rstd1": (None, F32), "rstd2": (None, F32)}
+        out = {name: dev.empty((t,) if w is None else (t, w), d, name=f"lm.{i}.{name}")
+               for name, (w, d) in shapes.items()}
+        out["lse"] = dev.empty((self.batch * c.num_attention_heads * self.seq,), F32,
+                               name=f"lm.{i}.lse")
+        return out
+
+    def _saved(self, layer: int) -> dict:
+        return self.saved[layer if self.training else 0]
+
+    def _x(self, layer: int):
+        """The residual stream entering ``layer`` (two buffers in turn for inference)."""
+        return self.x[layer if self.training else layer % 2]
+
+    # ------------------------------------------------------------ forward
+
+    def _embedding(self) -> list:
+        dev, c = self.device, self.config
+        return [(op(dev, f"embed rows {first}+", "embed", dict(
+            tokens=self.tokens, hidden=c.hidden_size, rows=chunk.shape[0], first_row=first,
+            dtype=self.wgsl), ids=self.ids, E=chunk, x=self._x(0)), ())
+            for first, chunk in self.model.frozen.embed]
+
+    def _norm(self, label: str, x, w, y, rstd) -> tuple:
+        c = self.config
+        return (op(self.device, label, "rms_norm", dict(
+            tokens=self.tokens, hidden=c.hidden_size, eps=c.rms_norm_eps, dtype=self.wgsl),
+            x=x, w=w, y=y, rstd=rstd), ())
+
+    def _linear(self, name: str, x, y) -> list:
+        """y = x W^T (+ b) (+ LoRA), the module ``name``'s base product and adapter."""
+        frozen, dev = self.model.frozen, self.device
+        w, b = frozen.linears[name]
+        in_dim, out_dim = frozen.shape_of(name)
+        kernel = base_kernel("dense", dev, self.wgsl, in_dim=in_dim, out_dim=out_dim,
+                             tokens=self.tokens, bias=b is not None)
+        bound = {"x": x, "W": w, "y": y, **({"bias": b} if b is not None else {})}
+        steps: list = [(Plan(dev, f"{name} base", [kernel], {}, bound=bound), ())]
+        adapter = self.model.adapted.get(name)
+        if adapter is not None:
+            plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
+                                      given=())
+            self.lora_forwards[name] = plan
+            steps.append((plan, (x, y)))
+        return steps
+
+    def _layer_forward(self, layer: int) -> list:
+        dev, c, s, lw = self.device, self.config, self._saved(layer), self.model.frozen.layers
+        name = f"model.layers.{layer}"
+        x, nxt = self._x(layer), self._x(layer + 1)
+        steps = [self._norm(f"{name} input norm", x, lw[layer]["input_layernorm"], s["n1"],
+                            s["rstd1"])]
+        for proj in ("q", "k", "v"):
+            steps += self._linear(f"{name}.self_attn.{proj}_proj", s["n1"], s[proj])
+        steps += [self._rope_pair(s["q"], s["k"]), self._attention(s)]
+        steps += self._linear(f"{name}.self_attn.o_proj", s["o"], s["y"])
+        steps += self._residual(x, s["y"], s["mid"])
+        steps.append(self._norm(f"{name} post-attention norm", s["mid"],
+                                lw[layer]["post_attention_layernorm"], s["n2"], s["rstd2"]))
+        steps += self._linear(f"{name}.mlp.gate_proj", s["n2"], s["gate"])
+        steps += self._linear(f"{name}.mlp.up_proj", s["n2"], s["up"])
+        steps.append((op(dev, f"{name} swiglu", "swiglu", dict(
+            inter=c.intermediate_size, tokens=self.tokens, dtype=self.wgsl),
+            gate=s["gate"], up=s["up"], act=s["act"]), ()))
+        steps += self._linear(f"{name}.mlp.down_proj", s["act"], s["y"])
+        steps += self._residual(s["mid"], s["y"], nxt)
+        return steps
+
+    def _rope_pair(self, q, k, inverse: bool = False) -> tuple:
+        """q and k rotated in place by their tokens' positions (inverse: back)."""
+        frozen, c = self.model.frozen, self.config
+        return (op(self.device, "rope", "rope", dict(
+            tokens=self.tokens, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim, inverse=inverse, dtype=self.wgsl),
+            q=q, k=k, positions=self.positions, cosines=frozen.cos, sines=frozen.sin), ())
+
+    def _attention(self, s: dict) -> tuple:
+        c = self.config
+        return (op(self.device, "attention", "attention", dict(
+            batch=self.batch, q_len=self.seq, kv_len=self.seq, heads=c.num_attention_heads,
+            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.wgsl),
+            q=s["q"], k=s["k"], v=s["v"], keep=self.keep, past=self.past, o=s["o"],
+            lse=s["lse"]), ())
+
+    def _residual(self, x, y, out) -> list:
+        """out = x + y: the residual stream (f32) past a block whose output y is stored."""
+        n = self.tokens * self.config.hidden_size
+        return [(Copy(self.device, x, out), ()),
+                (op(self.device, "residual", "add_scaled", dict(
+                    num_elements=n, scale=1.0, dtype="f32", y_dtype=self.wgsl),
+                    y=y, output=out), ())]
+
+    def _head(self) -> list:
+        """The final norm and the LM head's logits [tokens, vocab], a chunk of
+        the vocabulary per binding of the head's weight."""
+        c, frozen, dev = self.config, self.model.frozen, self.device
+        self.final_n = dev.empty((self.tokens, c.hidden_size), self.dtype, name="lm.final_n")
+        self.final_rstd = dev.empty((self.tokens,), F32, name="lm.final_rstd")
+        steps = [self._norm("final norm", self._x(c.num_hidden_layers), frozen.norm,
+                            self.final_n, self.final_rstd)]
+        for first, chunk in frozen.head:
+            params = dict(in_dim=c.hidden_size, out_dim=chunk.shape[0], tokens=self.tokens,
+                          bias=False, y_stride=c.vocab_size, y_column=first)
+            steps.append((Plan(dev, f"lm_head rows {first}+", [base_kernel(
+                "dense", dev, self.wgsl, **params)], {},
+                bound={"x": self.final_n, "W": chunk, "y": self.logits}), ()))
+        return steps
+
+    # ------------------------------------------------------------ loss and backward
+
+    def _loss(self) -> list:
+        """softmax cross-entropy of the logits against the shifted labels, the
+        ignored ones left out, its gradient written over the logits."""
+        c, dev = self.config, self.device
+        self.losses = dev.empty((self.tokens,), F32, name="lm.losses")
+        return [(op(dev, "loss", "softmax_xent", dict(
+            classes=c.vocab_size, tokens=self.tokens, dtype=self.wgsl, ignore=True,
+            in_place=True, subgroups=dev.has_feature("subgroup")),
+            logits=self.logits, labels=self.labels, losses=self.losses), ())]
+
+    def _backward(self) -> list:
+        """The loss, then the gradient from the logits down to the lowest
+        adapted layer: each adapter's dA and dB, the frozen weights none."""
+        c, dev, t, dt = self.config, self.device, self.tokens, self.dtype
+        self.dres = dev.empty((t, c.hidden_size), F32, name="lm.dres")
+        self.dres_stored = self.dres if dt == np.float32 else \
+            dev.empty((t, c.hidden_size), dt, name="lm.dres16")
+        shapes = {"dn": c.hidden_size, "do": c.num_attention_heads * c.head_dim,
+                  "dq": c.num_attention_heads * c.head_dim,
+                  "dk": c.num_key_value_heads * c.head_dim,
+                  "dv": c.num_key_value_heads * c.head_dim, "d_act": c.intermediate_size}
+        self.grads = {k: dev.empty((t, w), dt, name=f"lm.{k}") for k, w in shapes.items()}
+        self.stats = dev.empty((self.batch * c.num_attention_heads * self.seq, 2), F32,
+                               name="lm.attention_stats")
+        steps = self._loss()
+        for first, chunk in self.model.frozen.head:
+            params = dict(in_dim=c.hidden_size, out_dim=chunk.shape[0], tokens=t,
+                          accumulate=first > 0, g_stride=c.vocab_size, g_column=first)
+            steps.append((Plan(dev, f"lm_head grad rows {first}+", [base_kernel(
+                "dense_grad_input", dev, self.wgsl, **params)], {},
+                bound={"g": self.logits, "W": chunk, "dx": self.grads["dn"]}), ()))
+        steps.append(self._norm_grad("final norm grad", self.grads["dn"],
+                                     self._x(c.num_hidden_layers), self.model.frozen.norm,
+                                     self.final_rstd, accumulate=False))
+        for layer in reversed(range(self.model.lowest_adapted, c.num_hidden_layers)):
+            steps += self._layer_backward(layer, bottom=layer == self.model.lowest_adapted)
+        return steps
+
+    def _norm_grad(self, label: str, dy, x, w, rstd, accumulate: bool = True) -> tuple:
+        c = self.config
+        return (op(self.device, label, "rms_norm_grad", dict(
+            hidden=c.hidden_size, tokens=self.tokens, dtype=self.wgsl, accumulate=accumulate),
+            dy=dy, x=x, w=w, rstd=rstd, dres=self.dres), ())
+
+    def _to_stored(self) -> list:
+        """The residual's f32 gradient as the Linear layers' g (an f16 copy in f16)."""
+        if self.dres_stored is self.dres:
+            return []
+        n = self.dres.size
+        return [(op(self.device, "dres to f16", "to_f16", dict(sizes=(n,)),
+                    p0=self.dres, h0=self.dres_stored), ())]
+
+    def _linear_grad(self, name: str, g, x, dx, first: bool) -> list:
+        """dx (+)= g W (+ the adapter's dh A), and the adapter's dA and dB."""
+        dev = self.device
+        w, _ = self.model.frozen.linears[name]
+        in_dim, out_dim = self.model.frozen.shape_of(name)
+        steps: list = [(Plan(dev, f"{name} grad", [base_kernel(
+            "dense_grad_input", dev, self.wgsl, in_dim=in_dim, out_dim=out_dim,
+            tokens=self.tokens, accumulate=not first)], {},
+            bound={"g": g, "W": w, "dx": dx}), ())]
+        adapter = self.model.adapted.get(name)
+        if adapter is not None:
+            forward = self.lora_forwards[name]
+            plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
+                                 strategy="split", with_dx=False)
+            steps.append((plan, (g, x, forward.h, *adapter.grads)))
+            steps.append((op(dev, f"{name} adapter input grad", "grad_input", dict(
+                in_dim=in_dim, rank=adapter.rank, tokens=self.tokens, accumulate=True,
+                dtype=self.wgsl), dh=plan.scratch["dh"], A=adapter.weight.a, dx=dx), ()))
+        return steps
+
+    def _layer_backward(self, layer: int, bottom: bool) -> list:
+        """Layer ``layer``'s backward: dres holds the gradient of its output on
+        entry and of its input on exit (not computed for the bottom layer)."""
+        c, s, d, lw = self.config, self._saved(layer), self.grads, self.model.frozen.layers
+        name, dev = f"model.layers.{layer}", self.device
+        steps = self._to_stored()
+        steps += self._linear_grad(f"{name}.mlp.down_proj", self.dres_stored, s["act"],
+                                   d["d_act"], first=True)
+        steps.append((op(dev, f"{name} swiglu grad", "swiglu_grad", dict(
+            inter=c.intermediate_size, tokens=self.tokens, dtype=self.wgsl, in_place=True),
+            d_act=d["d_act"], gate=s["gate"], up=s["up"]), ()))
+        steps += self._linear_grad(f"{name}.mlp.gate_proj", s["gate"], s["n2"], d["dn"],
+                                   first=True)
+        steps += self._linear_grad(f"{name}.mlp.up_proj", s["up"], s["n2"], d["dn"],
+                                   first=False)
+        steps.append(self._norm_grad(f"{name} post-attention norm grad", d["dn"], s["mid"],
+                                     lw[layer]["post_attention_layernorm"], s["rstd2"]))
+        steps += self._to_stored()
+        steps += self._linear_grad(f"{name}.self_attn.o_proj", self.dres_stored, s["o"],
+                                   d["do"], first=True)
+        steps += self._attention_grad(s)
+        for k, proj in enumerate(("q", "k", "v")):
+            steps += self._linear_grad(f"{name}.self_attn.{proj}_proj", d[f"d{proj}"], s["n1"],
+                                       d["dn"], first=k == 0)
+        if not bottom:
+            steps.append(self._norm_grad(f"{name} input norm grad", d["dn"], self._x(layer),
+                                         lw[layer]["input_layernorm"], s["rstd1"]))
+        return steps
+
+    def _attention_grad(self, s: dict) -> list:
+        """dq, dk, dv from do (dq and dk rotated back: RoPE's transpose)."""
+        c, d, dev = self.config, self.grads, self.device
+        sizes = dict(batch=self.batch, heads=c.num_attention_heads, head_dim=c.head_dim,
+                     seq=self.seq, dtype=self.wgsl)
+        both = dict(sizes, kv_heads=c.num_key_value_heads)
+        inputs = dict(q=s["q"], k=s["k"], v=s["v"], dout=d["do"], stats=self.stats,
+                      keep=self.keep)
+        return [(op(dev, "attention delta", "attention_delta", sizes, dout=d["do"], o=s["o"],
+                    lse=s["lse"], stats=self.stats), ()),
+                (op(dev, "attention grad kv", "attention_grad_kv", both, **inputs,
+                    dk=d["dk"], dv=d["dv"]), ()),
+                (op(dev, "attention grad q", "attention_grad_q", both, **inputs, dq=d["dq"]),
+                 ()),
+                self._rope_pair(d["dq"], d["dk"], inverse=True)]
+
+    # ------------------------------------------------------------ recording
+
+    def record_forward(self) -> None:
+        for plan, args in self.forwards:
+            plan.record(*args)
+
+    def record_step(self) -> None:
+        """Forward, loss, backward, optimizer, f16 copies: one submit."""
+        with self.device.batch():
+            self.record_forward()
+            for plan, args in self.backwards:
+                plan.record(*args)
+            self.model.optimizer.record()
+            for adapter in self.model.adapted.values():
+                if adapter.to_f16 is not None:
+                    adapter.to_f16.record()

@@ -1,0 +1,96 @@
+"""lora.CausalLM against transformers + peft in float64 on the CPU (tests/lm_cases.py):
+logits, AdamW steps, adapter files, generation, on tiny random Llama and Qwen2 models."""
+import copy
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the causal-LM tests compare with torch (not installed)")
+pytest.importorskip("peft", reason="the causal-LM tests compare with peft (not installed)")
+
+from lm_cases import (  # noqa: E402
+    float64_logits,
+    float64_steps,
+    tiny_model,
+    token_batch,
+    with_lora,
+)
+
+import lora  # noqa: E402
+
+# f32 on lavapipe: logits within 4e-7 of the largest logit, losses and adapters after 5
+# AdamW steps within 5e-7 (measured); the issue's bound is 1e-4.
+F32_TOL = 1e-5
+
+
+def _rel(got, want, where=None) -> float:
+    diff = np.abs(got - want) if where is None else np.abs(got - want)[where]
+    return float(diff.max() / np.abs(want).max())
+
+
+def _padded(rng, batch: int, seq: int):
+    """Ids and a mask with a left-padded row and a right-padded one."""
+    ids = token_batch(rng, batch, seq)
+    mask = np.ones_like(ids)
+    mask[1, :3] = 0
+    mask[-1, -4:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("llama", False), ("qwen2", True),
+                                        ("qwen2", False)])
+def test_logits_equal_transformers_and_peft(device, arch, tied):
+    """f32 logits of a peft model (adapters with B drawn, so they count) equal
+    transformers + peft in float64 at every real token, with left and right
+    padding; Qwen2's q/k/v biases and an untied head included."""
+    rng = np.random.default_rng(1)
+    pm = with_lora(tiny_model(arch, tied=tied), ["q_proj", "v_proj", "down_proj"])
+    ids, mask = _padded(rng, 3, 11)
+    lm = lora.CausalLM.from_transformers(pm, device=device)
+    assert _rel(lm.logits(ids, mask), float64_logits(pm, ids, mask), mask == 1) < F32_TOL
+    assert _rel(lm.logits(ids), float64_logits(pm, ids)) < F32_TOL
+
+
+@pytest.mark.parametrize("arch, targets", [("llama", ["q_proj", "v_proj"]),
+                                           ("qwen2", "all-linear")])
+def test_five_adamw_steps_equal_peft(device, arch, targets):
+    """Five AdamW steps from the same adapter equal transformers + peft with
+    torch's AdamW in float64: every step's loss and the final A and B, with
+    -100 labels and padding."""
+    rng = np.random.default_rng(2)
+    pm = with_lora(tiny_model(arch, tied=arch == "llama"), targets)
+    ids, mask = _padded(rng, 2, 12)
+    labels = ids.copy()
+    labels[0, :4] = -100
+    batches = [(ids, labels, mask)] * 5
+    want_losses, want = float64_steps(pm, batches, lr=1e-3)
+    lm = lora.CausalLM.from_transformers(pm, optimizer=lora.AdamW(lr=1e-3), device=device)
+    losses = []
+    for batch in batches:
+        lm.step(*batch)
+        losses.append(lm.loss())
+    np.testing.assert_allclose(losses, want_losses, rtol=F32_TOL)
+    got = lm.adapters()
+    assert set(got) == set(want)
+    for name, (a, b) in want.items():
+        assert _rel(got[name][0], a) < F32_TOL and _rel(got[name][1], b) < F32_TOL, name
+
+
+def test_a_saved_adapter_loads_in_peft_and_back(device, tmp_path):
+    """A trained adapter saved by save_adapter loads in PeftModel.from_pretrained
+    to the same logits, and load_adapter reads it into a fresh model."""
+    rng = np.random.default_rng(3)
+    model = tiny_model("qwen2")
+    lm = lora.CausalLM.from_transformers(model, target_modules="all-linear",
+                                         optimizer=lora.AdamW(lr=1e-2), device=device)
+    ids = token_batch(rng, 2, 10)
+    for _ in range(2):
+        lm.step(ids)
+    lm.save_adapter(tmp_path / "adapter")
+    import peft
+    pm = peft.PeftModel.from_pretrained(copy.deepcopy(model), tmp_path / "adapter")
+    want = float64_logits(pm, ids)
+    assert _rel(lm.logits(ids), want) < F32_TOL
+    fresh = lora.CausalLM.from_transformers(model, target_modules="all-linear", device=device)
+    fresh.load_adapter(tmp_path / "adapter")
+    assert _rel(fresh.logits(ids), want) < F32_TOL
