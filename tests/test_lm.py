@@ -94,3 +94,26 @@ def test_a_saved_adapter_loads_in_peft_and_back(device, tmp_path):
     fresh = lora.CausalLM.from_transformers(model, target_modules="all-linear", device=device)
     fresh.load_adapter(tmp_path / "adapter")
     assert _rel(fresh.logits(ids), want) < F32_TOL
+
+
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_greedy_generation_is_transformers_token_for_token(device, arch):
+    """24 new tokens from left-padded prompts equal transformers + peft's greedy
+    generate (do_sample=False), and so does stopping at end-of-sequence ids:
+    finished rows padded, the output as long as transformers makes it."""
+    import torch
+    rng = np.random.default_rng(4)
+    pm = with_lora(tiny_model(arch), "all-linear")
+    ids = token_batch(rng, 3, 7)
+    mask = np.ones_like(ids)
+    mask[1, :2] = mask[2, :4] = 0
+    ids[mask == 0] = 0
+    lm = lora.CausalLM.from_transformers(pm, device=device)
+    got = lm.generate(ids, 24, attention_mask=mask)
+    for eos in (None, int(got[0, 9]), [int(got[1, 8]), int(got[2, 12])]):
+        mine = got if eos is None else lm.generate(ids, 24, attention_mask=mask,
+                                                   eos_token_id=eos)
+        with torch.no_grad():
+            want = pm.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                               max_new_tokens=24, do_sample=False, eos_token_id=eos).numpy()
+        np.testing.assert_array_equal(mine, want, err_msg=f"eos_token_id={eos}")

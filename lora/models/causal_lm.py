@@ -23,6 +23,7 @@ from ..training.optim import AdamW, check_free
 from . import inputs as I
 from .adapters import peft_adapter
 from .config import linear_modules, memory_check
+from .generate import generate
 from .graph import Graph
 from .params import Frozen, fresh_layer, upload_adapter
 from .rope import rope_tables
@@ -181,6 +182,20 @@ class CausalLM:
             graph.record_forward()
         out = dev.read(graph.logits).astype(np.float32)
         return out.reshape(batch.batch, batch.seq, self.config.vocab_size)
+
+    def generate(self, input_ids, max_new_tokens: int, eos_token_id=None, attention_mask=None,
+                 pad_token_id=None) -> np.ndarray:
+        """Greedy decoding with a KV cache on the GPU: the prompt and the new
+        ids, int64 [batch, prompt + new], as transformers' ``generate(...,
+        do_sample=False)`` returns them, token for token. Stops when every
+        sequence has given an ``eos_token_id`` (one id or several; None: the
+        config's eos ids) or after ``max_new_tokens``; a finished sequence
+        is filled with ``pad_token_id`` (None: the config's pad id, else its
+        first eos id). ``attention_mask``: 0 at (left) padding of the prompt;
+        positions count from each row's first real token, as generate counts
+        them."""
+        return generate(self, input_ids, max_new_tokens, eos_token_id, attention_mask,
+                        pad_token_id)
 
     def _inference_graph(self, batch: int, seq: int) -> Graph:
         for k, graph in enumerate(self._infer):
