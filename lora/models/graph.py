@@ -12,6 +12,8 @@ layer's activations for its backward; an inference graph reuses one set.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..core.plan import Plan
@@ -67,16 +69,17 @@ class Graph:
 
     def __init__(self, model, batch: int, seq: int, training: bool, cache=None):
         self.model, self.batch, self.seq, self.training = model, batch, seq, training
-        self.device, self.config, self.cache = model.device, model.config, cache
+        self.device, self.config = model.device, model.config
+        self.cache: Any = cache
         self.tokens = t = batch * seq
         self.dtype = model.dtype
         self.wgsl = wgsl_dtype(self.dtype)
         dev, c = self.device, self.config
         decode = cache is not None and seq == 1
-        self.ids = cache.ids if decode else dev.empty((t,), U32, name="lm.ids")
-        self.keep = cache.keep if cache else dev.empty((t,), U32, name="lm.keep")
-        self.positions = cache.positions if decode else dev.empty((t,), U32,
-                                                                  name="lm.positions")
+        self.ids = self.cache.ids if decode else dev.empty((t,), U32, name="lm.ids")
+        self.keep = self.cache.keep if cache else dev.empty((t,), U32, name="lm.keep")
+        self.positions = self.cache.positions if decode else \
+            dev.empty((t,), U32, name="lm.positions")
         self.labels = dev.empty((t,), U32, name="lm.labels") if training else None
         # queries start at key 0 (a cache's past: where this step's queries sit in it)
         self.past = cache.past if cache else dev.empty((1,), U32, name="lm.past")
