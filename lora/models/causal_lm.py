@@ -43,14 +43,18 @@ class CausalLM:
     ``rank``, ``alpha``, ``use_rslora``, ``lora_dropout``: peft's LoraConfig
     (r, lora_alpha, use_rslora, lora_dropout); fresh adapters are made as peft
     makes them (B = 0, A Kaiming-uniform seeded by ``seed``), or given as
-    ``adapters`` {module name: lora.LoraLayer}. ``dtype``: float32, or float16
+    ``adapters`` {module name: lora.LoraLayer}. In training, lora_dropout drops
+    each adapter's input (not the base's) with lora.Network's masks: a hash
+    of (``dropout_seed`` + the module's index among the adapted ones, the
+    step, the element), not torch's generator. ``dtype``: float32, or float16
     for mixed precision as torch.autocast does it (f16 weights and
     activations, f32 sums, softmax, norms, residual stream and loss, f32
     masters of A and B). ``optimizer``: a lora.AdamW (default) or lora.SGD."""
 
     def __init__(self, weights, *, target_modules=None, rank: int = 8, alpha: float = 8,
                  dtype: DTypeLike = np.float32, optimizer=None, lora_dropout: float = 0.0,
-                 use_rslora: bool = False, seed: int = 0, adapters=None, device=None):
+                 use_rslora: bool = False, seed: int = 0, dropout_seed: int = 0, adapters=None,
+                 device=None):
         self.config = weights.config
         self.dtype = storage_dtype(dtype)
         self.device = device if device is not None else _default_device()
@@ -58,6 +62,7 @@ class CausalLM:
         self.optimizer = AdamW() if optimizer is None else optimizer
         check_free(self.optimizer, "CausalLM")
         self.lora_dropout = _dropout(lora_dropout)
+        self.dropout_seed = _seed(dropout_seed)
         layers = self._layers(target_modules, count(rank, "CausalLM: rank"), alpha,
                               use_rslora, seed, adapters)
         cos, sin = rope_tables(self.config, self.config.max_position_embeddings,
@@ -264,6 +269,13 @@ def _listed(names) -> str:
 def _default_device():
     from shaderdsl.runtime import get_device
     return get_device()
+
+
+def _seed(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not 0 <= value < 2**32:
+        raise ValueError(f"CausalLM: dropout_seed must be an int in [0, 2^32), got {value!r}")
+    return int(value)
 
 
 def _dropout(p) -> float:

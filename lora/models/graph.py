@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
-from ..training.backward import backward_plan, train_forward_plan
+from ..training.backward import backward_plan, dropout_plan, train_forward_plan
 from ..training.network import base_kernel
 
 F32 = np.float32
@@ -85,6 +85,9 @@ class Graph:
         self.past = cache.past if cache else dev.empty((1,), U32, name="lm.past")
         self.offset = 0
         self.lora_forwards: dict = {}  # module name -> its adapter's forward plan (h kept)
+        self.dropped: dict = {}  # module name -> its adapter's dropped input (lora_dropout)
+        self.drops: dict = {}    # module name -> the plan dropping it
+        self.scratch: dict = {}  # (role, width) -> a buffer between two dispatches
         layers = c.num_hidden_layers
         self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
                   for i in range(layers + 1 if training else 2)]
@@ -152,11 +155,30 @@ class Graph:
         steps: list = [(Plan(dev, f"{name} base", [kernel], {}, bound=bound), ())]
         adapter = self.model.adapted.get(name)
         if adapter is not None:
+            drop = self._dropout(name, adapter, in_dim)
+            if drop is not None:
+                steps.append((drop, (x, self.dropped[name])))
+                x = self.dropped[name]
             plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
                                       given=())
             self.lora_forwards[name] = plan
             steps.append((plan, (x, y)))
         return steps
+
+    def _dropout(self, name: str, adapter, in_dim: int):
+        """In training with lora_dropout, the plan dropping the adapter's input
+        (peft's lora_dropout before lora_A; the base sees x) into
+        ``dropped[name]``, its mask lora.kernels.dropout's hash of (dropout_seed
+        + the module's index, the step, the element); else None."""
+        p = self.model.lora_dropout
+        if not self.training or not p:
+            return None
+        seed = (self.model.dropout_seed + list(self.model.adapted).index(name)) % 2**32
+        self.dropped[name] = self.device.empty((self.tokens, in_dim), self.dtype,
+                                               name=f"{name}.x_dropped")
+        self.drops[name] = dropout_plan(self.device, adapter.weight, self.tokens, p, seed,
+                                        self.model.optimizer.state)
+        return self.drops[name]
 
     def _layer_forward(self, layer: int) -> list:
         dev, c, s, lw = self.device, self.config, self._saved(layer), self.model.frozen.layers
@@ -323,11 +345,33 @@ class Graph:
             forward = self.lora_forwards[name]
             plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
                                  strategy="split", with_dx=False)
-            steps.append((plan, (g, x, forward.h, *adapter.grads)))
-            steps.append((op(dev, f"{name} adapter input grad", "grad_input", dict(
-                in_dim=in_dim, rank=adapter.rank, tokens=self.tokens, accumulate=True,
-                dtype=self.wgsl), dh=plan.scratch["dh"], A=adapter.weight.a, dx=dx), ()))
+            steps.append((plan, (g, self.dropped.get(name, x), forward.h, *adapter.grads)))
+            steps += self._adapter_input_grad(name, adapter, plan.scratch["dh"], in_dim, dx)
         return steps
+
+    def _adapter_input_grad(self, name: str, adapter, dh, in_dim: int, dx) -> list:
+        """dx += dh A, through the dropout's mask where the input was dropped."""
+        dev, t = self.device, self.tokens
+        params = dict(in_dim=in_dim, rank=adapter.rank, tokens=t, dtype=self.wgsl)
+        if name not in self.drops:
+            return [(op(dev, f"{name} adapter input grad", "grad_input",
+                        dict(params, accumulate=True), dh=dh, A=adapter.weight.a, dx=dx), ())]
+        raw, masked = (self._scratch(f"dx{k}", in_dim) for k in range(2))
+        return [(op(dev, f"{name} adapter input grad", "grad_input", dict(params),
+                    dh=dh, A=adapter.weight.a, dx=raw), ()),
+                (self.drops[name], (raw, masked)),
+                (op(dev, f"{name} adapter input grad add", "add_scaled", dict(
+                    num_elements=t * in_dim, scale=1.0, dtype=self.wgsl, y_dtype=self.wgsl),
+                    y=masked, output=dx), ())]
+
+    def _scratch(self, role: str, width: int):
+        """A [tokens, width] buffer of the storage dtype for passing values
+        between two dispatches, one per (role, width)."""
+        key = (role, width)
+        if key not in self.scratch:
+            self.scratch[key] = self.device.empty((self.tokens, width), self.dtype,
+                                                  name=f"lm.{role}.{width}")
+        return self.scratch[key]
 
     def _layer_backward(self, layer: int, bottom: bool) -> list:
         """Layer ``layer``'s backward: dres holds the gradient of its output on
