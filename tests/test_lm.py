@@ -185,3 +185,109 @@ def test_lora_dropout_drops_each_adapter_input_with_its_own_mask(device, tmp_pat
     import peft
     trained = peft.PeftModel.from_pretrained(tiny_model("llama"), tmp_path)   # eval: no dropout
     assert _rel(lm.logits(ids), float64_logits(trained, ids)) < F32_TOL
+
+
+def test_memory_counts_weights_adapters_and_a_step(device):
+    """memory(): the frozen weights' bytes are the model's parameters (f32) and
+    RoPE's tables; the adapters' include A and B, gradients and AdamW's two
+    moments; a step's activations appear once a step has run."""
+    model = tiny_model("llama")
+    lm = lora.CausalLM.from_transformers(model, target_modules=["q_proj"], rank=4,
+                                         device=device)
+    c = lm.config
+    params = sum(p.numel() for p in model.parameters()) * 4
+    tables = 2 * c.max_position_embeddings * (c.head_dim // 2) * 4
+    before = lm.memory()
+    assert before["weights"] == params + tables
+    pairs = c.num_hidden_layers * 4 * (c.hidden_size + c.num_attention_heads * c.head_dim)
+    assert before["adapters"] >= 4 * pairs * 4   # A and B, dA and dB, two moments
+    assert before["training step"] == 0
+    lm.step(token_batch(np.random.default_rng(7), 2, 8))
+    assert lm.memory()["training step"] > 2 * 8 * c.vocab_size * 4   # the logits at least
+
+
+def test_weights_past_the_binding_limit_go_in_chunks(device, monkeypatch):
+    """A device that binds less than the embedding (a browser binds 128 MiB;
+    Qwen2.5-0.5B's embedding is 272 MB in f16): the embedding and the tied
+    head are split into row chunks, one binding each, and logits and a
+    training step are unchanged (against float64 transformers + peft)."""
+    from lora.models import causal_lm
+    real = causal_lm.memory_check
+
+    def small(config, limits, dtype):   # 40 rows of 64 f32 per binding
+        return real(config, {**dict(limits), "max-storage-buffer-binding-size": 40 * 64 * 4},
+                    dtype)
+    monkeypatch.setattr(causal_lm, "memory_check", small)
+    rng = np.random.default_rng(8)
+    pm = with_lora(tiny_model("llama"), ["q_proj", "v_proj"])
+    ids = token_batch(rng, 2, 9)
+    lm = lora.CausalLM.from_transformers(pm, device=device, optimizer=lora.AdamW(lr=1e-3))
+    assert len(lm.frozen.embed) == 4 and lm.frozen.head is lm.frozen.embed   # 128 rows
+    assert _rel(lm.logits(ids), float64_logits(pm, ids)) < F32_TOL
+    want_losses, want = float64_steps(pm, [(ids, None, None)] * 2, lr=1e-3)
+    losses = []
+    for _ in range(2):
+        lm.step(ids)
+        losses.append(lm.loss())
+    np.testing.assert_allclose(losses, want_losses, rtol=F32_TOL)
+
+
+BAD_CALLS = [
+    ("step", dict(input_ids=[[3, 4, 200]]), r"input_ids\[0, 2\] = 200 is outside the "
+     r"vocabulary \(ids 0..127\)"),
+    ("step", dict(input_ids=np.full((1, 300), 5)), r"sequences of 300 tokens are longer than "
+     r"the model's max_position_embeddings \(256\)"),
+    ("step", dict(input_ids=[[3, 4, 5]], labels=[[3, 4]]), r"labels must have input_ids' "
+     r"shape \[1, 3\], got \[1, 2\]"),
+    ("step", dict(input_ids=[[3, 4, 5]], labels=[[3, -1, 5]]), r"labels\[0, 1\] = -1 is "
+     r"neither a token id \(0..127\) nor -100 \(ignored\)"),
+    ("step", dict(input_ids=[[3, 4, 5]], attention_mask=[[1, 2, 1]]), r"attention_mask must "
+     r"hold 0 \(padding\) and 1 \(a token\), got the values \[2\]"),
+    ("step", dict(input_ids=[[3.0, 4.0]]), r"input_ids must be integers \[batch, seq\]"),
+    ("logits", dict(input_ids=[[3, 4]], attention_mask=[[1, 1, 1]]), r"attention_mask must "
+     r"have input_ids' shape \[1, 2\], got \[1, 3\]"),
+    ("generate", dict(input_ids=[[3, 4]], max_new_tokens=0), r"max_new_tokens must be a "
+     r"positive int, got 0"),
+    ("generate", dict(input_ids=[[3, 4]], max_new_tokens=256), r"the prompt's last position 1 "
+     r"plus 256 new tokens passes the model's max_position_embeddings \(256\)"),
+    ("generate", dict(input_ids=[[3, 4]], max_new_tokens=4, eos_token_id=128),
+     r"eos_token_id must be token ids \(0..127\), got 128"),
+]
+
+
+@pytest.mark.parametrize("call, kwargs, match", BAD_CALLS,
+                         ids=[f"{c}-{m[:30]}" for c, _, m in BAD_CALLS])
+def test_bad_input_is_refused_before_any_gpu_work(device, call, kwargs, match):
+    """Each mistake raises a ValueError naming what was wrong and what is
+    expected, before any dispatch or copy (the device's counters unchanged)."""
+    lm = lora.CausalLM.from_transformers(tiny_model("llama"), device=device)
+    device.sync()
+    before = {k: device.stats[k] for k in ("dispatches", "copies")}
+    with pytest.raises(ValueError, match=match):
+        getattr(lm, call)(**kwargs)
+    assert {k: device.stats[k] for k in ("dispatches", "copies")} == before
+
+
+def test_model_options_are_refused_by_name(device, tmp_path):
+    """LoRA on lm_head, a PeftModel given target_modules again, loss() before a
+    step, and an adapter of other modules or ranks given to load_adapter."""
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=r"LoRA on lm_head is not supported"):
+        lora.CausalLM.from_transformers(model, target_modules=["lm_head"], device=device)
+    pm = with_lora(tiny_model("llama"), ["q_proj"])
+    with pytest.raises(ValueError, match=r"\['target_modules'\] come from the PeftModel's "
+                                         r"LoraConfig"):
+        lora.CausalLM.from_transformers(pm, target_modules="all-linear", device=device)
+    lm = lora.CausalLM.from_transformers(model, target_modules=["v_proj"], device=device)
+    with pytest.raises(RuntimeError, match=r"no step recorded yet"):
+        lm.loss()
+    lora.CausalLM.from_transformers(pm, device=device).save_adapter(tmp_path / "q")
+    with pytest.raises(ValueError, match=r"adapts \['model.layers.0.self_attn.q_proj', "
+                                         r"'model.layers.1.self_attn.q_proj'\]; this model "
+                                         r"adapts \['model.layers.0.self_attn.v_proj'"):
+        lm.load_adapter(tmp_path / "q")
+    other = lora.CausalLM.from_transformers(model, target_modules=["q_proj"], rank=2,
+                                            device=device)
+    with pytest.raises(ValueError, match=r"has rank 4 and scale 2; this model's has rank 2 "
+                                         r"and scale 4"):
+        other.load_adapter(tmp_path / "q")

@@ -24,7 +24,7 @@ from . import inputs as I
 from .adapters import peft_adapter
 from .config import linear_modules, memory_check
 from .generate import generate
-from .graph import Graph
+from .graph import Graph, _buffers
 from .params import Frozen, fresh_layer, upload_adapter
 from .rope import rope_tables
 from .targets import lm_modules, resolve_targets
@@ -210,6 +210,26 @@ class CausalLM:
         graph = Graph(self, batch, seq, training=False)
         self._infer = [graph] + self._infer[:INFERENCE_SHAPES - 1]
         return graph
+
+    def memory(self) -> dict[str, int]:
+        """Bytes on the device by part: the frozen weights (and RoPE's tables),
+        the adapters (A and B, their f32 masters and gradients, the
+        optimizer's moments), the last training step's activations and
+        gradients (once a step has run: what a step of that shape takes on
+        top of the rest), and the inference graphs kept."""
+        seen: dict[int, int] = {}
+        _buffers(list(vars(self.frozen).items()), seen, set())
+        frozen = sum(seen.values())
+        parts: dict = {}
+        for ad in self.adapted.values():
+            _buffers([(0, ad.weight.a), (1, ad.weight.b), (2, list(ad.masters)),
+                      (3, list(ad.grads))], parts, set())
+        opt = self.optimizer
+        _buffers([(0, getattr(opt, "extra", [])), (1, getattr(opt, "state", None)),
+                  (2, getattr(opt, "hyper", None))], parts, set())
+        return {"weights": frozen, "adapters": sum(parts.values()),
+                "training step": self._train.nbytes() if self._train is not None else 0,
+                "inference": sum(g.nbytes() for g in self._infer)}
 
     # ------------------------------------------------------------ adapters
 

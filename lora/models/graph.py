@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from shaderdsl.devicebuffer import DeviceBuffer
+
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..training.backward import backward_plan, dropout_plan, train_forward_plan
@@ -38,6 +40,20 @@ class Copy:
 
     def record(self) -> None:
         self.device.copy(self.src, self.dst)
+
+
+def _buffers(items: list, seen: dict, skip: set) -> None:
+    """{id: bytes} of every device buffer among ``items`` ((name, value) pairs,
+    lists, tuples and dicts of them), ``skip``'s objects left out."""
+    for _, value in items:
+        if id(value) in skip:
+            continue
+        if isinstance(value, DeviceBuffer):
+            seen[id(value)] = value.nbytes
+        elif isinstance(value, dict):
+            _buffers(list(value.items()), seen, skip)
+        elif isinstance(value, (list, tuple)):
+            _buffers([(None, v) for v in value], seen, skip)
 
 
 class AtOffset:
@@ -417,6 +433,17 @@ class Graph:
                 (op(dev, "attention grad q", "attention_grad_q", both, **inputs, dq=d["dq"]),
                  ()),
                 self._rope_pair(d["dq"], d["dk"], inverse=True)]
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers this graph made (activations, gradients, the
+        plans' scratch), not the model's weights or a cache's."""
+        seen: dict[int, int] = {}
+        skip = {id(self.cache)} | ({id(b) for b in vars(self.cache).values()}
+                                   if self.cache is not None else set())
+        _buffers(list(vars(self).items()), seen, skip | {id(self.model)})
+        for plan, _ in self.forwards + self.backwards:
+            _buffers(list(getattr(plan, "scratch", {}).items()), seen, skip)
+        return sum(seen.values())
 
     # ------------------------------------------------------------ recording
 
