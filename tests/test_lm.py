@@ -291,3 +291,32 @@ def test_model_options_are_refused_by_name(device, tmp_path):
     with pytest.raises(ValueError, match=r"has rank 4 and scale 2; this model's has rank 2 "
                                          r"and scale 4"):
         other.load_adapter(tmp_path / "q")
+
+
+def test_several_adapters_in_one_batch_as_peft_mixes_them(device, tmp_path):
+    """adapter_names (one per sequence: two loaded adapters of other modules and
+    ranks, "__base__") give peft's mixed-batch logits and greedy tokens, the
+    rows routed through the adapter pools of forward_many."""
+    import peft
+    import torch
+    rng = np.random.default_rng(9)
+    base = tiny_model("llama")
+    for name, targets, r, seed in (("a", ["q_proj", "v_proj"], 4, 1),
+                                   ("b", ["o_proj", "down_proj"], 8, 2)):
+        with_lora(copy.deepcopy(base), targets, r=r, seed=seed).save_pretrained(tmp_path / name)
+    pm = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "a", adapter_name="a")
+    pm.load_adapter(tmp_path / "b", adapter_name="b")
+    lm = lora.CausalLM.from_transformers(base, target_modules=["q_proj"], device=device)
+    lm.add_adapter("a", tmp_path / "a")
+    lm.add_adapter("b", tmp_path / "b")
+    ids, names = token_batch(rng, 4, 9), ["a", "b", "__base__", "a"]
+    with torch.no_grad():
+        want = copy.deepcopy(pm).double()(input_ids=torch.tensor(ids),
+                                          adapter_names=names).logits.numpy()
+        tokens = pm.generate(input_ids=torch.tensor(ids), adapter_names=names,
+                             max_new_tokens=10, do_sample=False).numpy()
+    assert _rel(lm.logits(ids, adapter_names=names), want) < F32_TOL
+    np.testing.assert_array_equal(lm.generate(ids, 10, adapter_names=names), tokens)
+    with pytest.raises(ValueError, match=r"adapter_names: 'c' is not loaded; expected one of "
+                                         r"\['a', 'b', 'default'\] or '__base__'"):
+        lm.logits(ids, adapter_names=["a", "b", "c", "a"])

@@ -67,6 +67,17 @@ class AtOffset:
         self.plan.record(offset=np.uint32(self.graph.offset))
 
 
+class _Mixed:
+    """A module's pool plan, with the route its graph holds now: y += each
+    row's own adapter's delta."""
+
+    def __init__(self, graph, name: str):
+        self.graph, self.name = graph, name
+
+    def record(self, x, y) -> None:
+        self.graph.mixed_plans[self.name].record(x, y)
+
+
 class _NextOffset(AtOffset):
     """The argmax, writing the ids one step after the graph's offset."""
 
@@ -83,7 +94,8 @@ class Graph:
     ``offset``; a one-token graph (decode) reads its ids there too and
     advances ``past`` and the positions after its step."""
 
-    def __init__(self, model, batch: int, seq: int, training: bool, cache=None):
+    def __init__(self, model, batch: int, seq: int, training: bool, cache=None,
+                 mixed: bool = False):
         self.model, self.batch, self.seq, self.training = model, batch, seq, training
         self.device, self.config = model.device, model.config
         self.cache: Any = cache
@@ -104,6 +116,9 @@ class Graph:
         self.dropped: dict = {}  # module name -> its adapter's dropped input (lora_dropout)
         self.drops: dict = {}    # module name -> the plan dropping it
         self.scratch: dict = {}  # (role, width) -> a buffer between two dispatches
+        # mixed: each row's adapter from the model's pools (the plans with their
+        # routes in ``mixed_plans``, set before each record), not the model's own
+        self.mixed, self.mixed_plans = mixed, {}
         layers = c.num_hidden_layers
         self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
                   for i in range(layers + 1 if training else 2)]
@@ -169,6 +184,10 @@ class Graph:
                              tokens=self.tokens, bias=b is not None)
         bound = {"x": x, "W": w, "y": y, **({"bias": b} if b is not None else {})}
         steps: list = [(Plan(dev, f"{name} base", [kernel], {}, bound=bound), ())]
+        if self.mixed:
+            if name in self.model.mixed.pools:
+                steps.append((_Mixed(self, name), (x, y)))
+            return steps
         adapter = self.model.adapted.get(name)
         if adapter is not None:
             drop = self._dropout(name, adapter, in_dim)
