@@ -320,3 +320,20 @@ def test_several_adapters_in_one_batch_as_peft_mixes_them(device, tmp_path):
     with pytest.raises(ValueError, match=r"adapter_names: 'c' is not loaded; expected one of "
                                          r"\['a', 'b', 'default'\] or '__base__'"):
         lm.logits(ids, adapter_names=["a", "b", "c", "a"])
+
+
+def test_f16_attention_on_matrix_units_in_the_interpreter():
+    """Where the device has f16 16x16x16 subgroup matrices (the H200's; here the
+    interpreter's), an f16 model's attention runs attention_matrix, and the
+    logits stay within f16's tolerance of float64 (5e-3, as the f16 test)."""
+    from shaderdsl import interp
+    dev = interp.Device(subgroup_size=32, limits={"max-compute-workgroup-storage-size": 32768})
+    pm = with_lora(tiny_model("llama", num_hidden_layers=1, vocab_size=64,
+                              intermediate_size=32), ["q_proj"])
+    ids = token_batch(np.random.default_rng(10), 1, 5, vocab=64)
+    lm = lora.CausalLM.from_transformers(pm, dtype=np.float16, device=dev)
+    got = lm.logits(ids)
+    kernels = [plan.steps[0].kernel.name for plan, _ in lm._infer[0].forwards
+               if hasattr(plan, "steps")]
+    assert "attention_matrix" in kernels and "attention_f16" not in kernels
+    assert _rel(got, float64_logits(pm, ids)) < 5e-3

@@ -20,6 +20,8 @@ from shaderdsl.devicebuffer import DeviceBuffer
 
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
+from ..kernels.attention_matrix import matrix_tiling
+from ..kernels.matrix import FRAGMENT
 from ..training.backward import backward_plan, dropout_plan, train_forward_plan
 from ..training.network import base_kernel
 
@@ -253,11 +255,28 @@ class Graph:
         c, cache = self.config, self.cache
         k, v, kv_len = (s["k"], s["v"], self.seq) if cache is None else \
             (cache.k[layer], cache.v[layer], cache.length)
-        return (op(self.device, "attention", "attention", dict(
-            batch=self.batch, q_len=self.seq, kv_len=kv_len, heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.wgsl),
-            q=s["q"], k=k, v=v, keep=self.keep, past=self.past, o=s["o"],
-            lse=s["lse"]), ())
+        params = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
+                      heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                      head_dim=c.head_dim)
+        kernel = "attention_matrix" if self._matrix_attention(params) else "attention"
+        if kernel == "attention":
+            params["dtype"] = self.wgsl
+        return (op(self.device, "attention", kernel, params, q=s["q"], k=k, v=v,
+                   keep=self.keep, past=self.past, o=s["o"], lse=s["lse"]), ())
+
+    def _matrix_attention(self, params: dict) -> bool:
+        """Whether attention's two products go on matrix units: f16 on a device
+        with f16 16x16x16 subgroup matrices, and a shape the matrix kernel
+        tiles within the device's workgroup memory."""
+        if self.wgsl != "f16" or FRAGMENT not in getattr(self.device,
+                                                         "subgroup_matrix_configs", ()):
+            return False
+        try:   # (refuses what it cannot tile within WebGPU's 16 KiB)
+            matrix_tiling(params["heads"], params["kv_heads"], params["head_dim"],
+                          params["q_len"], params["kv_len"])
+        except ValueError:
+            return False
+        return True
 
     def _cache_write(self, layer: int, s: dict) -> list:
         """This step's (rotated) keys and values into the cache at its past."""
