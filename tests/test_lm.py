@@ -337,3 +337,18 @@ def test_f16_attention_on_matrix_units_in_the_interpreter():
                if hasattr(plan, "steps")]
     assert "attention_matrix" in kernels and "attention_f16" not in kernels
     assert _rel(got, float64_logits(pm, ids)) < 5e-3
+
+
+def test_a_bf16_folder_loads_without_torch_and_runs(device, tmp_path):
+    """from_pretrained on a folder save_pretrained wrote in bfloat16 (sharded):
+    the weights widened exactly, logits equal transformers' of the same folder
+    read as float32, in float64."""
+    import torch
+    import transformers
+    model = tiny_model("qwen2", tied=False).to(torch.bfloat16)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ids = token_batch(np.random.default_rng(11), 2, 8)
+    lm = lora.CausalLM.from_pretrained(tmp_path, target_modules=["k_proj"], device=device)
+    same = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert _rel(lm.logits(ids), float64_logits(same, ids)) < F32_TOL
