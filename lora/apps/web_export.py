@@ -57,10 +57,11 @@ def asset(name: str) -> str:
     return resources.files("lora.apps").joinpath("web_assets", name).read_text()
 
 
-def module_code(name: str) -> str:
+def module_code(*names: str) -> str:
     """The code ending an exported module: the runtime, what the LoRA modules
-    share (web_assets/common.mjs: prepare, readBack, halfBits) and ``name``'s own."""
-    return f"{RUNTIME_JS}\n{asset('common.mjs')}\n{asset(name)}"
+    share (web_assets/common.mjs: prepare, readBack, halfBits) and each of
+    ``names``' own (web_assets files, in order)."""
+    return "\n".join([RUNTIME_JS, asset("common.mjs"), *map(asset, names)])
 
 
 def module_types(name: str) -> str:

@@ -1,0 +1,414 @@
+"""The causal LM in a page (``python -m lora export --lm``, lora_lm.js) against
+lora.CausalLM on the same model folder and data: logits, training losses and adapters
+within 1e-4, generated ids identical, the same messages for bad input; in Node on
+Dawn's ``webgpu`` package and in headless Chromium, both over SwiftShader.
+
+The model is lora.apps.lm_folders.TINY (random weights written with numpy). SwiftShader
+compiles the model's 60-odd kernels slowly (0.1-5 s each on this project's 2 cores), so
+the default tier keeps the tests that compile little: the logits of a model whose
+embedding goes in row chunks, the messages, the weight files refused and the limits;
+the whole runs (training, generation, the adapter files, a lost device, the demo page)
+are marked slow.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lora
+from lora.apps.cli import main as lora_main
+from lora.apps.lm_folders import TINY, random_folder, random_weights, write_safetensors
+from lora.models.config import LMConfig
+from lora.training.adapter_io import LoraLayer, load_adapter, save_adapter
+from test_export import in_page, needs_browser
+from test_node_modules import b64, missing, run_node, unb64
+
+VOCAB = TINY["vocab_size"]
+RANK, ALPHA, LR = 4, 8.0, 1e-2
+SHAPES = ["--batch", "2", "--seq", "8", "--gen-batch", "2", "--prompt-tokens", "8",
+          "--new-tokens", "8"]
+needs_node = pytest.mark.skipif(bool(missing()), reason=missing())
+
+
+def linear_shapes(config: dict) -> dict:
+    """{module: (in, out)} of every decoder Linear of a config.json's dict."""
+    from lora.models.config import linear_modules
+    return {name: (cols, rows) for name, (rows, cols, _) in
+            linear_modules(LMConfig.from_dict(config)).items() if name != "lm_head"}
+
+
+class Case:
+    """A tiny model folder, its module exported with ``targets``, a random adapter
+    (B not 0) saved as peft files, and Python's CausalLM of them on ``device``."""
+
+    def __init__(self, root: Path, targets: str, *extra: str):
+        self.folder = random_folder(root / "model", TINY)
+        self.out = root / "web"
+        self.targets = targets
+        assert lora_main(["export", "--lm", str(self.folder), "--out", str(self.out),
+                          "--target-modules", targets, "--rank", str(RANK), "--alpha",
+                          str(ALPHA), "--lr", str(LR), *SHAPES, *extra]) == 0
+        config = json.loads((self.out / "lora_lm.js").read_text().split(
+            "export const config = ", 1)[1].split(";\n", 1)[0])
+        rng = np.random.default_rng(7)
+        shapes = linear_shapes(TINY)
+        self.layers = {m: LoraLayer(0.2 * rng.standard_normal((RANK, shapes[m][0])),
+                                    0.2 * rng.standard_normal((shapes[m][1], RANK)),
+                                    ALPHA, False) for m in config["adapters"]}
+        self.adapter = save_adapter(root / "adapter", {m: (la.a.astype(np.float32),
+                                                          la.b.astype(np.float32))
+                                                       for m, la in self.layers.items()},
+                                    alpha=ALPHA, task_type="CAUSAL_LM")
+
+    def python(self, device) -> lora.CausalLM:
+        targets = self.targets if self.targets == "all-linear" else self.targets.split(",")
+        return lora.CausalLM.from_pretrained(self.folder, target_modules=targets, rank=RANK,
+                                             alpha=ALPHA, optimizer=lora.AdamW(lr=LR),
+                                             adapters=self.layers, device=device)
+
+    def module(self, name: str = "lora_lm.js") -> str:
+        return json.dumps((self.out / name).as_uri())
+
+
+def ids_of(rng, batch: int, seq: int) -> np.ndarray:
+    return rng.integers(3, VOCAB, size=(batch, seq))
+
+
+# JavaScript shared by the Node and Chromium runs: ``m`` the module, ``io`` lora_adapter.js,
+# ``weights`` a weights source, ``adapterText`` / ``adapterBytes`` the peft files, ``dev``.
+LOAD = """
+const layers = io.readPeftAdapter(adapterText, adapterBytes).layers;
+const lm = await m.loadCausalLM(dev, weights, {adapter: layers});
+"""
+
+
+def _data(rng) -> dict:
+    """The inputs of a whole run: two logits batches (one shorter, left-padded by its
+    mask), two prompts (one left-padded), six training batches (the fourth shorter, with
+    -100 labels and a padded mask)."""
+    short = ids_of(rng, 1, 6)
+    short_mask = np.array([[0, 1, 1, 1, 1, 1]])
+    prompts = ids_of(rng, 2, 5)
+    prompt_mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    steps = [{"ids": ids_of(rng, 2, 8)} for _ in range(6)]
+    labels = ids_of(rng, 1, 6)
+    labels[0, :2] = -100
+    steps[3] = {"ids": ids_of(rng, 1, 6), "labels": labels, "mask": [[1, 1, 1, 1, 1, 0]]}
+    return {"logits": ids_of(rng, 2, 8), "short": short, "shortMask": short_mask,
+            "prompts": prompts, "promptMask": prompt_mask, "steps": steps}
+
+
+def _listed(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def _run_js(data: dict) -> str:
+    """The body of a whole run (after LOAD): logits, generation, six steps (the
+    adapter kept after each), the adapter files, then the device destroyed during a
+    seventh step."""
+    steps = json.dumps([{k: _listed(v) for k, v in s.items()} for s in data["steps"]])
+    return LOAD + f"""
+const result = {{}}, told = [];
+result.logits = b64(await lm.logits({json.dumps(data["logits"].tolist())}));
+result.short = b64(await lm.logits({json.dumps(data["short"].tolist())},
+                                   {{attentionMask: {json.dumps(data["shortMask"].tolist())}}}));
+result.generated = await lm.generate({json.dumps(data["prompts"].tolist())},
+  {{maxNewTokens: 8, attentionMask: {json.dumps(data["promptMask"].tolist())},
+   onToken: t => told.push(t)}});
+result.told = told;
+const steps = {steps};
+for (const s of steps.slice(0, 5))
+  await lm.step(s.ids, {{labels: s.labels ?? null, attentionMask: s.mask ?? null}});
+result.losses = await lm.losses();
+result.loss = await lm.loss();
+const now = await lm.adapters();
+result.adapters = Object.fromEntries(Object.entries(now).map(([k, l]) => [k, [b64(l.a), b64(l.b)]]));
+const files = io.writePeftAdapter(now, lm.peftOptions);
+result.config = files.config;
+result.tensors = b64(files.tensors);
+result.keptBefore = (await lm.keptAdapter()).steps;
+result.memory = lm.memory();
+await lm.step(steps[5].ids);
+dev.destroy();
+result.lost = await message(() => lm.step(steps[5].ids));
+const kept = await lm.keptAdapter();
+result.kept = {{steps: kept.steps, layers: Object.fromEntries(Object.entries(kept.layers)
+  .map(([k, l]) => [k, [b64(l.a), b64(l.b)]]))}};
+result.keptFiles = io.writePeftAdapter(kept.layers, lm.peftOptions).config === files.config;
+"""
+
+
+def _python_run(case: Case, data: dict, device) -> dict:
+    """Python's answers to _run_js's calls; the adapters after 5 and 6 steps."""
+    lm = case.python(device)
+    out = {"logits": lm.logits(data["logits"]),
+           "short": lm.logits(data["short"], attention_mask=data["shortMask"]),
+           "generated": lm.generate(data["prompts"], 8, attention_mask=data["promptMask"])}
+    losses, adapters = [], []
+    for s in data["steps"]:
+        lm.step(s["ids"], labels=s.get("labels"), attention_mask=s.get("mask"))
+        losses.append(lm.loss())
+        adapters.append(lm.adapters())
+    lm.save_adapter(case.out.parent / "python-adapter")
+    out.update(losses=losses[:5], after5=adapters[4], after6=adapters[5],
+               config=(case.out.parent / "python-adapter" / "adapter_config.json").read_text())
+    return out
+
+
+def _check_run(got: dict, want: dict, case: Case) -> None:
+    """The page's whole run equals Python's."""
+    b, s = want["logits"].shape[:2]
+    np.testing.assert_allclose(unb64(got["logits"]).reshape(b, s, VOCAB), want["logits"],
+                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(unb64(got["short"]).reshape(1, 6, VOCAB), want["short"],
+                               atol=1e-4, rtol=0)
+    assert got["generated"] == want["generated"].tolist()
+    told = [t["ids"] for t in got["told"]]  # as read: an ended row's ids not yet padded
+    assert len(told) == want["generated"].shape[1] - 5
+    if not np.isin(want["generated"][:, 5:], TINY["eos_token_id"]).any():
+        assert told == want["generated"][:, 5:].T.tolist()
+    np.testing.assert_allclose(got["losses"], want["losses"], atol=1e-4, rtol=0)
+    assert got["loss"] == got["losses"][-1]
+    for module, (a, bb) in want["after5"].items():
+        np.testing.assert_allclose(unb64(got["adapters"][module][0]).reshape(a.shape), a,
+                                   atol=1e-4, rtol=0)
+        np.testing.assert_allclose(unb64(got["adapters"][module][1]).reshape(bb.shape), bb,
+                                   atol=1e-4, rtol=0)
+    assert got["config"] == want["config"]  # the text save_adapter writes
+    assert got["keptBefore"] == 5 and got["keptFiles"]
+    kept = got["kept"]
+    assert kept["steps"] in (5, 6), kept["steps"]  # the 6th copy may or may not come back
+    for module, (a, bb) in want[f"after{kept['steps']}"].items():
+        np.testing.assert_allclose(unb64(kept["layers"][module][1]).reshape(bb.shape), bb,
+                                   atol=1e-4, rtol=0)
+    assert got["lost"].startswith("CausalLM.step: the GPUDevice was lost (destroyed")
+    assert got["lost"].endswith(f"The adapter of step {kept['steps']} (the last whose copy "
+                                f"came back) is kept: await lm.keptAdapter()")
+    memory = got["memory"]
+    assert memory["weights"] > 0 and memory["train"] > 0 and memory["generate"] > 0
+
+
+def _files_of(got: dict, folder: Path) -> Path:
+    """The page's adapter files written into ``folder``."""
+    import base64
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(got["config"])
+    (folder / "adapter_model.safetensors").write_bytes(base64.b64decode(got["tensors"]))
+    return folder
+
+
+# ---------------------------------------------------------------- Node
+
+NODE_LOAD = """
+const m = await import(%(module)s), io = await import(%(adapter)s);
+const fs = await import("node:fs");
+const adapterText = fs.readFileSync(%(dir)s + "/adapter_config.json", "utf8");
+const adapterBytes = fs.readFileSync(%(dir)s + "/adapter_model.safetensors");
+const weights = await fs.openAsBlob(%(weights)s);
+"""
+
+
+def node_load(case: Case, weights: Path | None = None) -> str:
+    return NODE_LOAD % {"module": case.module(), "adapter": case.module("lora_adapter.js"),
+                        "dir": json.dumps(str(case.adapter)),
+                        "weights": json.dumps(str(weights or case.folder /
+                                                  "model.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory):
+    """q_proj and v_proj adapted, the kernels built within 24 KiB bindings: the embedding
+    (320 x 48 f32, 60 KiB) goes in 3 chunks of rows, as a browser's 128 MiB splits a large
+    model's."""
+    return Case(tmp_path_factory.mktemp("chunked"), "q_proj,v_proj",
+                "--max-binding-size", "24576")
+
+
+@needs_node
+def test_the_logits_in_node_equal_pythons_with_the_embedding_in_chunks(chunked, device,
+                                                                        tmp_path):
+    """lora_lm.js in Node: the weights streamed from a Blob (fs.openAsBlob) into 3 row
+    chunks of the embedding, a peft adapter from readPeftAdapter; the logits of a full
+    batch and of a shorter left-padded one equal lora.CausalLM's within 1e-4."""
+    text = (chunked.out / "lora_lm.js").read_text()
+    assert text.count('"tensor": "model.embed_tokens.weight"') == 3
+    rng = np.random.default_rng(3)
+    ids, short, mask = ids_of(rng, 2, 8), ids_of(rng, 1, 5), [[0, 0, 1, 1, 1]]
+    got = run_node(tmp_path, node_load(chunked) + LOAD + f"""
+      const result = {{full: b64(await lm.logits({json.dumps(ids.tolist())})),
+        short: b64(await lm.logits({json.dumps(short.tolist())}, {{attentionMask: {mask}}})),
+        memory: lm.memory()}};""", timeout=300)
+    lm = chunked.python(device)
+    np.testing.assert_allclose(unb64(got["full"]).reshape(2, 8, VOCAB), lm.logits(ids),
+                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(unb64(got["short"]).reshape(1, 5, VOCAB),
+                               lm.logits(short, attention_mask=mask), atol=1e-4, rtol=0)
+    assert got["memory"]["logits"] > 0 and got["memory"]["train"] == 0  # made when used
+
+
+# Bad input: (the call in JavaScript, the same call in Python); the messages are Python's
+# with the arguments in their JavaScript spelling.
+BAD_CALLS = [
+    ("lm.step([[5, 400, 7]])", lambda lm: lm.step([[5, 400, 7]])),
+    ("lm.logits([Array(257).fill(5)])", lambda lm: lm.logits([[5] * 257])),
+    ("lm.step([[5, 6, 7]], {attentionMask: [[1, 1]]})",
+     lambda lm: lm.step([[5, 6, 7]], attention_mask=[[1, 1]])),
+    ("lm.logits([[5, 6, 7]], {attentionMask: [[1, 2, 3]]})",
+     lambda lm: lm.logits([[5, 6, 7]], attention_mask=[[1, 2, 3]])),
+    ("lm.step([[5, 6, 7]], {labels: [[5, 6]]})", lambda lm: lm.step([[5, 6, 7]], [[5, 6]])),
+    ("lm.step([[5, 6, 7]], {labels: [[5, 999, 7]]})",
+     lambda lm: lm.step([[5, 6, 7]], [[5, 999, 7]])),
+    ("lm.generate([[5, 6]], {maxNewTokens: 0})", lambda lm: lm.generate([[5, 6]], 0)),
+    ("lm.generate([Array(250).fill(5)], {maxNewTokens: 8})",
+     lambda lm: lm.generate([[5] * 250], 8)),
+    ("lm.generate([[5, 6]], {maxNewTokens: 2, eosTokenId: 9999})",
+     lambda lm: lm.generate([[5, 6]], 2, eos_token_id=9999)),
+    ("lm.loss()", lambda lm: lm.loss()),
+]
+JS_NAMES = {"input_ids": "inputIds", "attention_mask": "attentionMask",
+            "max_new_tokens": "maxNewTokens", "eos_token_id": "eosTokenId"}
+
+
+def python_message(call, lm) -> str:
+    try:
+        call(lm)
+    except (ValueError, RuntimeError) as e:
+        text = str(e)
+        for py, js in JS_NAMES.items():
+            text = text.replace(py, js)
+        return text
+    raise AssertionError("Python took it")
+
+
+@needs_node
+def test_bad_input_is_refused_with_pythons_messages(chunked, device, tmp_path):
+    """Ids outside the vocabulary, sequences past max_position_embeddings, masks and labels
+    of another shape or values, new tokens past the positions, eos ids outside the
+    vocabulary, a loss before a step: refused in Python's words before any GPU work;
+    and what only the page has: a batch past the export's shapes."""
+    calls = ", ".join(f"await message(async () => {js})" for js, _ in BAD_CALLS)
+    got = run_node(tmp_path, node_load(chunked) + LOAD + f"""
+      const result = [{calls},
+        await message(() => lm.step([[5, 6], [7, 8], [9, 10]])),
+        await message(() => lm.logits([Array(9).fill(5)])),
+        await message(() => lm.generate([[5]], {{maxNewTokens: 9}})),
+        await message(() => lm.generate([Array(9).fill(5)], {{maxNewTokens: 2}})),
+        await message(() => lm.step("5 6 7")), lm.steps];""")
+    lm = chunked.python(device)
+    for (js, call), message in zip(BAD_CALLS, got):
+        assert message == python_message(call, lm), js
+    assert got[len(BAD_CALLS):] == [
+        "CausalLM.step: 3 sequences, but this module runs 2 at a time (--batch 2 at export); "
+        "give at most 2",
+        "CausalLM.logits: sequences of 9 tokens are longer than this module's 8 (--seq 8 at "
+        "export)",
+        "CausalLM.generate: maxNewTokens 9 is over this module's 8 (--new-tokens 8 at export: "
+        "the KV cache holds the prompt and that many)",
+        "CausalLM.generate: sequences of 9 tokens are longer than this module's 8 "
+        "(--prompt-tokens 8 at export)",
+        "CausalLM.step: inputIds must be integers [batch, seq] (a 1-D row is one sequence for "
+        "inputIds), got string", 0]
+
+
+def _bad_files(folder: Path, into: Path) -> dict[str, Path]:
+    """Weights files that are not the model's, by what is wrong."""
+    config = LMConfig.from_dict(TINY)
+    good = random_weights(config, seed=0)
+    cases = {
+        "missing": {k: v for k, v in good.items() if k != "model.norm.weight"},
+        "misshapen": {**good, "model.norm.weight": np.ones(47, np.float32)},
+        "extra": {**good, "model.layers.2.mlp.up_proj.weight": np.ones((64, 48), np.float32)},
+        "nan": {**good, "model.layers.1.input_layernorm.weight":
+                np.where(np.arange(48) % 7 == 0, np.nan, 1.0).astype(np.float32)},
+        "untied": {**good, "lm_head.weight": good["model.embed_tokens.weight"] + 1},
+        "tied": {**good, "lm_head.weight": good["model.embed_tokens.weight"]},
+    }
+    paths = {}
+    for name, tensors in cases.items():
+        paths[name] = into / f"{name}.safetensors"
+        write_safetensors(paths[name], tensors)
+    whole = (folder / "model.safetensors").read_bytes()
+    paths["truncated"] = into / "truncated.safetensors"
+    paths["truncated"].write_bytes(whole[:-100])
+    header = json.dumps({"x": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}}).encode()
+    paths["int64"] = into / "int64.safetensors"
+    paths["int64"].write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+    return paths
+
+
+@needs_node
+def test_weights_files_that_are_not_the_models_are_refused_by_name(chunked, tmp_path):
+    """A tensor missing, misshapen, extra, of a dtype the page does not read, NaN values,
+    a file cut short, an lm_head.weight of its own under a tied config: refused naming
+    the file and the tensor (before any kernel is compiled); the same head as the
+    embedding is taken, as transformers ties it."""
+    paths = _bad_files(chunked.folder, tmp_path)
+    tries = ", ".join(f"await message(async () => m.loadCausalLM(dev, await fs.openAsBlob("
+                      f"{json.dumps(str(p))})))" for p in paths.values())
+    got = run_node(tmp_path, node_load(chunked) + f"""
+      const result = [{tries}, await message(() => m.loadCausalLM(dev, 5)),
+        await message(() => m.loadCausalLM(dev, fs.readFileSync({json.dumps(str(paths["nan"]))}),
+                                           {{adapter: {{"model.layers.0.mlp.up_proj": {{}}}}}}))];""")
+    where = f"the config of this module ({chunked.folder})"
+    want = dict(zip(paths, got))
+    assert want["missing"] == (f"weights file 1: model.norm.weight [48] is missing ({where} "
+                               f"implies it: LlamaForCausalLM)")
+    assert want["misshapen"] == (f"weights file 1: model.norm.weight has shape [47]; {where} "
+                                 f"implies [48]")
+    assert want["extra"] == (f"weights file 1: holds model.layers.2.mlp.up_proj.weight, which "
+                             f"LlamaForCausalLM of {where} does not have")
+    assert want["nan"] == ("weights file 1: model.layers.1.input_layernorm.weight: 7 of 48 "
+                           "values are NaN or infinite")
+    assert want["untied"].startswith("weights file 1: lm_head.weight holds other values than "
+                                     "model.embed_tokens.weight")
+    assert want["tied"] is None
+    assert want["truncated"].startswith("weights file 1: not a readable safetensors file: "
+                                        "model.norm.weight's data_offsets")
+    assert want["int64"] == "weights file 1: x is stored as I64; lora reads F32, F16, BF16"
+    assert got[-2] == ("loadCausalLM: a weights file must be a URL, a Response, a Blob or "
+                       "File, or its bytes (an ArrayBuffer or Uint8Array), got Number")
+    assert got[-1] == ("loadCausalLM: adapter: the adapter adapts [model.layers.0.mlp.up_proj]"
+                       "; this model adapts [model.layers.0.self_attn.q_proj, "
+                       "model.layers.0.self_attn.v_proj, model.layers.1.self_attn.q_proj, "
+                       "model.layers.1.self_attn.v_proj]")
+
+
+@needs_node
+def test_what_a_browser_does_not_give_is_named(chunked, tmp_path):
+    """A module built for bindings past WebGPU's default (--max-binding-size) on a device
+    not given them, and an f16 module on a device without shader-f16 (SwiftShader has
+    none): loadCausalLM says what to request or to export with --dtype f32."""
+    big, half = tmp_path / "big", tmp_path / "half"
+    for out, extra in ((big, ["--max-binding-size", str(200 << 20), "--max-buffer-size",
+                              str(300 << 20)]), (half, ["--dtype", "f16"])):
+        assert lora_main(["export", "--lm", str(chunked.folder), "--out", str(out),
+                          "--rank", "4", *SHAPES, *extra]) == 0
+    got = run_node(tmp_path, f"""
+      const fs = await import("node:fs");
+      const weights = fs.readFileSync({json.dumps(str(chunked.folder / "model.safetensors"))});
+      const bare = await (await gpu.requestAdapter()).requestDevice();  // default limits
+      const result = [];
+      for (const dir of [{json.dumps(str(big))}, {json.dumps(str(half))}]) {{
+        const m = await import(dir + "/lora_lm.js");
+        result.push(await message(() => m.loadCausalLM(bare, weights)));
+      }}
+      result.push(adapter.features.has("shader-f16"));""")
+    assert got[0] == ("loadCausalLM: this module binds up to maxStorageBufferBindingSize = "
+                      "209715200 and maxBufferSize = 314572800 bytes, over the device's "
+                      "134217728 and 268435456: request them with adapter.requestDevice("
+                      '{requiredLimits: {"maxStorageBufferBindingSize":209715200,'
+                      '"maxBufferSize":314572800}}) where adapter.limits allows, or export '
+                      "with smaller --max-binding-size / --max-buffer-size")
+    if got[2]:
+        pytest.skip("this adapter has shader-f16")
+    assert got[1] == ("loadCausalLM: this module needs the WebGPU feature(s) shader-f16, which "
+                      "the device was not given: request them with adapter.requestDevice("
+                      '{requiredFeatures: ["shader-f16"]}) where adapter.features has them; '
+                      "where it has not (SwiftShader, some GPUs), export the module with "
+                      "--dtype f32")
