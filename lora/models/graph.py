@@ -34,16 +34,6 @@ def op(device, label: str, kernel: str, params: dict, **bound) -> Plan:
     return Plan(device, label, [(kernel, params)], {}, bound=bound)
 
 
-class Copy:
-    """A buffer copy recorded among the plans (in the open batch, in order)."""
-
-    def __init__(self, device, src, dst):
-        self.device, self.src, self.dst = device, src, dst
-
-    def record(self) -> None:
-        self.device.copy(self.src, self.dst)
-
-
 def _buffers(items: list, seen: dict, skip: set) -> None:
     """{id: bytes} of every device buffer among ``items`` ((name, value) pairs,
     lists, tuples and dicts of them), ``skip``'s objects left out."""
@@ -289,11 +279,9 @@ class Graph:
 
     def _residual(self, x, y, out) -> list:
         """out = x + y: the residual stream (f32) past a block whose output y is stored."""
-        n = self.tokens * self.config.hidden_size
-        return [(Copy(self.device, x, out), ()),
-                (op(self.device, "residual", "add_scaled", dict(
-                    num_elements=n, scale=1.0, dtype="f32", y_dtype=self.wgsl),
-                    y=y, output=out), ())]
+        return [(op(self.device, "residual", "residual", dict(
+            hidden=self.config.hidden_size, tokens=self.tokens, dtype=self.wgsl),
+            x=x, y=y, out=out), ())]
 
     def _head(self) -> list:
         """The final norm and the LM head's logits [tokens, vocab], a chunk of
