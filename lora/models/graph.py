@@ -386,7 +386,7 @@ class Graph:
         if adapter is not None:
             forward = self.lora_forwards[name]
             plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                 strategy="split", with_dx=False)
+                                 with_dx=False)   # every strategy leaves dh as scratch
             steps.append((plan, (g, self.dropped.get(name, x), forward.h, *adapter.grads)))
             steps += self._adapter_input_grad(name, adapter, plan.scratch["dh"], in_dim, dx)
         return steps
