@@ -321,6 +321,15 @@ class Graph:
 
     # ------------------------------------------------------------ loss and backward
 
+    @property
+    def loss_scale(self) -> float:
+        """The loss gradient's scale: 1 in f32; in f16 the token count (the
+        gradient of a mean over T tokens is ~1 / (vocab T) an element, under
+        f16's least value at a real vocabulary; scaled, the activations'
+        gradients are ~1, far from f16's limits both ways), undone by the
+        optimizer's grad_scale. A fixed scale, not GradScaler's dynamic one."""
+        return float(self.tokens) if self.dtype == np.float16 else 1.0
+
     def _loss(self) -> list:
         """softmax cross-entropy of the logits against the shifted labels, the
         ignored ones left out, its gradient written over the logits."""
@@ -328,7 +337,7 @@ class Graph:
         self.losses = dev.empty((self.tokens,), F32, name="lm.losses")
         return [(op(dev, "loss", "softmax_xent", dict(
             classes=c.vocab_size, tokens=self.tokens, dtype=self.wgsl, ignore=True,
-            in_place=True, subgroups=dev.has_feature("subgroup")),
+            in_place=True, subgroups=dev.has_feature("subgroup"), grad_scale=self.loss_scale),
             logits=self.logits, labels=self.labels, losses=self.losses), ())]
 
     def _backward(self) -> list:

@@ -101,7 +101,8 @@ class _Optimizer:
         self.settings = {"lr": _real(lr, "lr"), "max_norm": 0.0 if max_grad_norm is None else
                          _real(max_grad_norm, "max_grad_norm"),
                          "warmup": _real(warmup, "warmup"), "total": _real(total, "total"),
-                         "min_ratio": _setting("min_ratio", min_ratio)}
+                         "min_ratio": _setting("min_ratio", min_ratio),
+                         "grad_scale": 1.0}
         self.schedule, self.device = schedule, device
         self.groups = None  # [(param, grad), ...] once attached
 
