@@ -77,7 +77,8 @@ def _layer(name: str, weight, alpha: float, scale: float) -> dict:
 
 
 # The optimizer's settings by their names in the page (the rest are spelt alike).
-JS_NAMES = {"max_norm": "maxGradNorm", "weight_decay": "weightDecay", "min_ratio": "minRatio"}
+JS_NAMES = {"max_norm": "maxGradNorm", "weight_decay": "weightDecay", "min_ratio": "minRatio",
+            "grad_scale": "gradScale"}
 
 
 def optimizer_config(opt) -> dict:
