@@ -77,8 +77,7 @@ def _layer(name: str, weight, alpha: float, scale: float) -> dict:
 
 
 # The optimizer's settings by their names in the page (the rest are spelt alike).
-JS_NAMES = {"max_norm": "maxGradNorm", "weight_decay": "weightDecay", "min_ratio": "minRatio",
-            "grad_scale": "gradScale"}
+JS_NAMES = {"max_norm": "maxGradNorm", "weight_decay": "weightDecay", "min_ratio": "minRatio"}
 
 
 def optimizer_config(opt) -> dict:

@@ -3,8 +3,8 @@ export interface Layer { a: Float32Array; b: Float32Array; rank: number;
 /** The optimizer's settings, as exported (lora export --lr, --weight-decay, ...) and as
  *  changed by set(). AdamW has beta1, beta2 and eps; SGD has momentum. */
 export interface OptimizerSettings { lr: number; weightDecay: number; maxGradNorm: number | null;
-  warmup: number; total: number; minRatio: number; gradScale: number; beta1?: number;
-  beta2?: number; eps?: number; momentum?: number; }
+  warmup: number; total: number; minRatio: number; beta1?: number; beta2?: number;
+  eps?: number; momentum?: number; }
 export type Schedule = "constant" | "linear" | "cosine";
 export declare const config: { tokens: number; alpha: number; scale: number; seed: number;
   optimizer: { kind: "adamw" | "sgd"; schedule: Schedule; values: OptimizerSettings;
