@@ -288,8 +288,8 @@ def test_adamw_schedule_clip_and_settings_without_recompiling(device):
 
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 def test_grad_scale_undoes_a_loss_scale(device, kind):
-    """Gradients given 1024 times too large with grad_scale=1/1024 (a loss
-    scale undone) step as the true gradients do, clipping included: the
+    """Gradients given 1024 times too large with scale_gradients(1/1024) (a
+    loss scale undone) step as the true gradients do, clipping included: the
     params equal those of an optimizer given the true gradients, and the
     norm reported is the true one."""
     rng = np.random.default_rng(16)
@@ -297,7 +297,7 @@ def test_grad_scale_undoes_a_loss_scale(device, kind):
     grads = [normal(rng, (4, 8)) * 3 for _ in range(3)]
     make = AdamW if kind == "adamw" else SGD
     plain, scaled = (make(lr=1e-2, max_grad_norm=0.5, device=device) for _ in range(2))
-    scaled.set(grad_scale=1 / 1024)
+    scaled.scale_gradients(1 / 1024)
     a, b = p, p
     for g in grads:
         a = plain.step(a, [g])

@@ -113,7 +113,7 @@ def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=F
     binding ``g`` goes), saving tokens x classes of memory. ``grad_scale``:
     g times it (a loss scale: f16's g of a large vocabulary, about
     1 / (vocab * count), is below f16's least value; the optimizer's
-    grad_scale undoes it)."""
+    scale_gradients undoes it)."""
     check_threads(threads)
     if seen and tokens is None:
         raise ValueError("softmax_xent: seen keeps a [3, tokens] record, so it needs the token "

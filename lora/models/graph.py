@@ -327,7 +327,7 @@ class Graph:
         gradient of a mean over T tokens is ~1 / (vocab T) an element, under
         f16's least value at a real vocabulary; scaled, the activations'
         gradients are ~1, far from f16's limits both ways), undone by the
-        optimizer's grad_scale. A fixed scale, not GradScaler's dynamic one."""
+        optimizer's scale_gradients. A fixed scale, not GradScaler's dynamic one."""
         return float(self.tokens) if self.dtype == np.float16 else 1.0
 
     def _loss(self) -> list:
