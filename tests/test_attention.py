@@ -133,7 +133,7 @@ def test_reference_gradient_matches_torch_autograd():
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
     o, _ = reference_forward(q, k, v, keep, 0, heads, kv_heads)
-    np.testing.assert_allclose(o, O.detach().transpose(1, 2).reshape(batch * seq, -1).numpy(),
+    np.testing.assert_allclose(o, out.detach().transpose(1, 2).reshape(batch * seq, -1).numpy(),
                                rtol=1e-12, atol=1e-12)
 
 
