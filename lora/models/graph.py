@@ -18,6 +18,7 @@ import numpy as np
 
 from shaderdsl.devicebuffer import DeviceBuffer
 
+from ..core.auto import auto_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..kernels.attention_matrix import matrix_tiling
@@ -186,9 +187,12 @@ class Graph:
             if drop is not None:
                 steps.append((drop, (x, self.dropped[name])))
                 x = self.dropped[name]
-            plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                      given=())
-            self.lora_forwards[name] = plan
+            if self.training:   # keeps h = A x for the backward
+                plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
+                                          given=())
+                self.lora_forwards[name] = plan
+            else:   # lora.forward's own plan (one dispatch where its model says so)
+                plan = auto_plan(dev, adapter.weight, adapter.scale, self.tokens)
             steps.append((plan, (x, y)))
         return steps
 
