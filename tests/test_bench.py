@@ -411,14 +411,15 @@ def test_lm_arguments():
     """--lm's options: model names in any case, parts, the sections' time limit."""
     args = bench._parser().parse_args([
         "--lm", "--quick", "--lm-models", "smollm2-135m,QWEN2.5-0.5B", "--lm-parts", "train",
-        "--lm-timeout", "30"])
+        "--lm-timeout", "30", "--lm-train-shape", "4x256"])
     assert args.lm and args.quick
     assert args.lm_models == ("SmolLM2-135M", "Qwen2.5-0.5B")
     assert args.lm_parts == ("train",)
     assert args.lm_timeout == 30.0
+    assert args.lm_train_shape == (4, 256)
     defaults = bench._parser().parse_args(["--lm"])
-    assert (defaults.lm_models, defaults.lm_parts, defaults.lm_timeout) == \
-        (None, bench_lm.PARTS, None)
+    assert (defaults.lm_models, defaults.lm_parts, defaults.lm_timeout,
+            defaults.lm_train_shape) == (None, bench_lm.PARTS, None, None)
 
 
 def test_lm_unknown_model_is_refused(tmp_path, capsys):

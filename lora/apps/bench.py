@@ -383,6 +383,9 @@ def _lm_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"--lm: comma-separated parts (default all: {', '.join(LM_PARTS)})")
     p.add_argument("--lm-timeout", type=float, metavar="SECONDS",
                    help="--lm: the time limit of each section (default 300; --quick 120)")
+    p.add_argument("--lm-train-shape", metavar="BATCHxSEQ",
+                   type=lambda v: tuple(_positive(n) for n in v.split("x")),
+                   help="--lm: the training step's batch and sequence (default 8x512)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -462,8 +465,10 @@ def _special_run(args, log) -> int | None:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)
     if args.lm:
-        return lm_main(args.out, log, args.quick, args.lm_models, args.lm_parts,
-                       args.lm_timeout)
+        changes = {} if args.lm_timeout is None else {"timeout_s": args.lm_timeout}
+        if args.lm_train_shape:
+            changes.update(zip(("train_batch", "train_seq"), args.lm_train_shape))
+        return lm_main(args.out, log, args.quick, args.lm_models, args.lm_parts, **changes)
     if args.network:  # a 3-layer MLP's step
         return network_main(args.out, log, args.quick, opts=NetworkOptions(
             args.layers, args.lora_dropout, args.max_grad_norm))

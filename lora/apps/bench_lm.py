@@ -448,12 +448,11 @@ def json_name(models, parts) -> str:
 
 
 def lm_main(out_dir: str, log=print, quick: bool = False, models=None, parts=PARTS,
-            timeout_s: float | None = None) -> int:
+            **changes) -> int:
     """Every row of ``models`` (MODELS' names; default all) and ``parts`` ("train",
-    "generate"); the JSON to ``out_dir``; 0, or 1 where one of our sections failed."""
-    settings = QUICK if quick else FULL
-    if timeout_s:
-        settings = replace(settings, timeout_s=timeout_s)
+    "generate") with the settings of FULL or QUICK, ``changes`` (Settings' fields)
+    made; the JSON to ``out_dir``; 0, or 1 where one of our sections failed."""
+    settings = replace(QUICK if quick else FULL, **changes)
     device = get_device()
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, json_name(models, parts))
