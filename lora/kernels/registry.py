@@ -323,12 +323,24 @@ LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(igno
                lambda p: (ceil_div((p["heads"] + p["kv_heads"]) * (p["head_dim"] // 2)
                                    // width(p["head_dim"] // 2), p["threads"]), p["tokens"], 1),
                "rotary embeddings of q (and k) in place, or their transpose (the backward)"),
+    KernelSpec("residual", lm.residual, _threads, _per_token(lambda p: p["hidden"], "hidden"),
+               "out = x + y: the f32 residual stream past a block"),
     KernelSpec("swiglu", lm.swiglu, _threads, _per_token(lambda p: p["inter"], "inter"),
                "act = silu(gate) up"),
     KernelSpec("swiglu_grad", lm.swiglu_grad, _threads, _per_token(lambda p: p["inter"], "inter"),
                "d_gate = d_act up silu'(gate), d_up = d_act silu(gate)"),
     KernelSpec("argmax", lm.argmax, _threads, _rows,
                "ids[offset + r] = the first index of row r's largest logit, a workgroup per row"),
+    KernelSpec("kv_write", lm.kv_write, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"] * p["rows"], 1),
+               "cache[b, past + i] = src[b, i]: a step's keys or values into a KV cache"),
+    KernelSpec("last_rows", lm.last_rows, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"], 1),
+               "dst[b] = src[b, seq - 1]: each sequence's last hidden state"),
+    KernelSpec("decode_advance", lm.decode_advance, lambda p: 64, lambda p: (1, 1, 1),
+               "past += 1, positions += 1: the next decode step, on the GPU"),
 )
 KERNELS.update({spec.name: spec for spec in LM_KERNELS})
 def _attention(kind):
