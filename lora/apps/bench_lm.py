@@ -12,19 +12,21 @@ Rows, for each model:
   adapters (or all f32), no GradScaler, eager with SDPA attention, and (f16) the same
   model by ``torch.compile``; CUDA events.
 - **prefill bB**: ``generate(prompt, max_new_tokens=1)`` on B prompts of 128 tokens,
-  wall time: prompt tokens per second. GPU ms and the shares: lm.logits's forward.
+  wall time: prompt tokens per second. GPU ms and the shares: generate's prefill graph.
 - **decode bB**: ``generate(prompt, 128)`` less the prefill, over the 127 later tokens:
   new tokens per second, both greedy with a KV cache on the GPU (theirs: transformers'
   eager ``generate(do_sample=False)``, peft's adapters unmerged as ours, and the same
-  with the adapters disabled: transformers alone).
+  with the adapters disabled: transformers alone). GPU ms and the shares: one of
+  generate's decode steps. No end-of-sequence id: every token asked for is made.
 
 Each row: medians of several repetitions after a warm-up, ours' tokens per second over
 theirs (``x``: above 1, ours is faster), the shares of our GPU time in the frozen base
 products (``dense*`` kernels), attention (``attention*``) and the rest
-(lora.apps.bench_lm_ours says how they are timed), and memory: our GPU buffers, torch's
-``max_memory_allocated``. Every section runs under a time limit and in a try: a failure
-is reported in the row and the run goes on. ``--quick``: tiny models (torch on the CPU
-where there is no CUDA), for CI. Writes ``lm-<compiler>.json`` to ``--out`` after each row.
+(lora.apps.bench_lm_ours says how they are timed), and memory: lm.memory() (decode:
+and a generate's graphs and KV cache), torch's ``max_memory_allocated``. Every section
+runs under a time limit and in a try: a failure is reported in the row and the run goes
+on. ``--quick``: tiny models (torch on the CPU where there is no CUDA), for CI. Writes
+``lm-<compiler>.json`` to ``--out`` after each row.
 """
 from __future__ import annotations
 
@@ -88,9 +90,14 @@ QUICK = Settings(train_batch=2, train_seq=16, gen_batches=(1, 2), prompt=8, new_
                  steps=2, repeats=2, gen_repeats=2, timeout_s=120.0)
 
 
+# no end-of-sequence id: both sides generate every token asked for (random weights would
+# stop at random places)
+NO_END = dict(bos_token_id=None, eos_token_id=None)
+
+
 def model_config(name: str, quick: bool) -> dict:
     """The config.json dict of ``name``'s shapes (``quick``: TINY's sizes)."""
-    return {**MODELS[name], **(TINY if quick else {})}
+    return {**MODELS[name], **(TINY if quick else {}), **NO_END}
 
 
 class SectionTimeout(Exception):
@@ -296,8 +303,6 @@ class Run:
     def generate_rows(self, name: str, config: dict, ours: Side, theirs: Side) -> list[dict]:
         """The prefill and decode rows of each batch of generation."""
         s, rows = self.settings, []
-        if ours.model is not None and not hasattr(ours.model, "generate"):
-            ours = Side(ours.model, "no lora.CausalLM.generate in this build of lora")
         for batch in s.gen_batches:
             prompt = token_ids(batch, s.prompt, config["vocab_size"], seed=batch)
             sizes = dict(dtype="f16", batch=batch, prompt=s.prompt)
@@ -309,21 +314,30 @@ class Run:
             if news.get("ours") is not None and news.get("torch") is not None:
                 dec["same_tokens"] = float(np.mean(news["ours"] == news["torch"]))
             if ours.model is not None:
-                lm = ours.model
-                put(pre, "ours", self.section(pre, "ours_gpu", lambda: ours_side.prefill_gpu(
-                    lm, prompt, s.steps, s.repeats)), prompt.size)
+                self._generate_gpu(pre, dec, ours.model, prompt)
             rows += [pre, dec]
         return rows
+
+    def _generate_gpu(self, pre: dict, dec: dict, lm, prompt: np.ndarray) -> None:
+        """Our prefill's and decode step's GPU time and shares into their rows, and the
+        memory a generate of this shape holds into the decode row."""
+        s = self.settings
+        got = self.section(dec, "ours_gpu", lambda: ours_side.generate_gpu(
+            lm, prompt, s.new_tokens, s.steps, s.repeats))
+        if got is None:
+            pre["errors"]["ours_gpu"] = dec["errors"]["ours_gpu"]
+            return
+        for row, what in ((pre, "prefill"), (dec, "decode")):
+            put(row, "ours", got[what], prompt.size)
+        dec["ours_bytes"] = got["bytes"]
 
     def _generators(self, ours: Side, theirs: Side) -> list:
         """(key, generate, memory) of each side that generates here; ``memory(prompt)``:
         the side's memory fields of a decode row (None: none)."""
         out: list = []
         n = self.settings.new_tokens
-        if ours.model is not None and ours.why is None:
-            lm = ours.model
-            out.append(("ours", ours_side.generator(lm), lambda prompt: {
-                f"ours_{k}": v for k, v in ours_side.memory(lm).items()}))
+        if ours.model is not None:
+            out.append(("ours", ours_side.generator(ours.model), None))
         if theirs.model is not None:
             generate = torch_side.generator(self.mods, theirs.model)
             out += [("torch", generate, lambda prompt: {"torch_bytes": torch_side.peak_bytes(
@@ -372,11 +386,12 @@ FORMATS = {"text": str, "ms": lambda v: f"{v:.2f}", "rate": lambda v: f"{v:.0f}"
            "x": lambda v: f"{v:.2f}x", "share": lambda v: f"{100 * v:.0f}%",
            "mib": lambda v: f"{v / 2**20:.0f}"}
 LEGEND = ("ms: a training step, a prefill (generate with 1 new token) or a decode step "
-          "(wall time); GPU ms: our GPU time by timestamps (train: the step; prefill: "
-          "lm.logits's forward); tok/s: tokens per second; x: ours' tokens per second over "
+          "(wall time); GPU ms: our GPU time by timestamps (the step, generate's prefill, "
+          "one decode step); tok/s: tokens per second; x: ours' tokens per second over "
           "theirs (above 1: ours is faster); base, attn, rest: shares of our GPU time in the "
           "frozen base products (dense*), attention (attention*) and everything else; MiB: "
-          "our GPU buffers, torch.cuda.max_memory_allocated")
+          "lm.memory() (decode: with a generate's graphs and KV cache), "
+          "torch.cuda.max_memory_allocated")
 
 
 def cell(row: dict, key: str, form: str) -> str:

@@ -2,8 +2,9 @@
 with LoRA on every Linear but the head, made from the transformers model theirs runs
 (``from_transformers``) or, where torch is not installed, from random weights of the
 same shapes (numpy alone); its training step timed by wall clock (steps recorded and
-submitted one by one, then the loss read) and by GPU timestamps (tuning.median_us);
-where its GPU time goes; and the device memory its buffers take.
+submitted one by one, then the loss read) and by GPU timestamps (tuning.median_us),
+and lm.generate's prefill and decode step by GPU timestamps; where the GPU time goes;
+and the device memory (lm.memory(), and a generate's graphs and KV cache).
 
 Where the time goes: WebGPU's timestamps bracket passes, not dispatches, so the step's
 dispatches are timed by group, each group recorded alone in timed batches: the frozen
@@ -19,12 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from shaderdsl.devicebuffer import DeviceBuffer
-from shaderdsl.hostdevice import HostDevice
-
 from ..core.tuning import median_us
 from ..models.causal_lm import CausalLM
 from ..models.config import LMConfig, weight_shapes
+from ..models.generate import KVCache
+from ..models.graph import Graph
 from ..models.weights import LMWeights
 from ..training.optim import AdamW
 from .bench_lm_torch import LR
@@ -76,28 +76,61 @@ def train_times(lm: CausalLM, ids: np.ndarray, steps: int, repeats: int) -> dict
         times.append((time.perf_counter() - t0) / steps)
     gpu_us = median_us(lm.device, lambda: lm.step(ids), steps, repeats)
     graph = training_graph(lm)
-    plans = [plan for plan, _ in graph.forwards + graph.backwards]
     return {"loss": loss, "ms": float(np.median(times)) * 1e3, "gpu_ms": gpu_us / 1e3,
-            **shares(lm.device, plans, gpu_us, steps, repeats)}
+            **shares(lm.device, graph.forwards + graph.backwards, gpu_us, steps, repeats)}
 
 
-def prefill_gpu(lm: CausalLM, prompt: np.ndarray, steps: int, repeats: int) -> dict:
-    """GPU milliseconds of the forward over ``prompt`` (lm.logits's graph: every
-    position's logits, nothing read back) and the groups' shares of it."""
-    lm.logits(prompt)  # builds the graph and writes the ids
-    graph = inference_graph(lm, *prompt.shape)
-    gpu_us = median_us(lm.device, graph.record_forward, steps, repeats)
-    plans = [plan for plan, _ in graph.forwards]
-    return {"gpu_ms": gpu_us / 1e3, **shares(lm.device, plans, gpu_us, steps, repeats)}
+def generate_gpu(lm: CausalLM, prompt: np.ndarray, room: int, n: int, repeats: int) -> dict:
+    """lm.generate's prefill over ``prompt`` and one of its decode steps (its graphs,
+    made here as it makes them, with a KV cache of ``room`` tokens past the prompt):
+    GPU milliseconds and the groups' shares of each; and ``bytes``: what a generate of
+    this shape holds (lm.memory(), the two graphs and the cache)."""
+    cache, prefill, step = cache_graphs(lm, prompt, room)
+    dev, (batch, length) = lm.device, prompt.shape
+
+    def record_prefill():
+        dev.write(cache.past, np.zeros(1, np.uint32))
+        prefill.record_forward()
+
+    def record_step():  # the writes land before the batch runs; each step advances past
+        dev.write(cache.past, np.array([length], np.uint32))
+        dev.write(cache.positions, np.full(batch, length, np.uint32))
+        step.record_forward()
+    out: dict = {}
+    for what, graph, record, most in (("prefill", prefill, record_prefill, 1000),
+                                      ("decode", step, record_step, room - 1)):
+        us = median_us(dev, record, min(n, most), repeats, most=most)
+        out[what] = {"gpu_ms": us / 1e3, **shares(dev, graph.forwards, us, n, repeats)}
+    cached = sum(b.nbytes for b in [*cache.k, *cache.v, cache.keep, cache.past,
+                                    cache.positions, cache.ids])
+    out["bytes"] = memory(lm)["bytes"] + prefill.nbytes() + step.nbytes() + cached
+    return out
 
 
-def shares(device, plans: list, total_us: float, n: int, repeats: int) -> dict:
-    """Each group's share of ``total_us``: its plans (those whose every dispatch is a
-    kernel of the group) recorded alone, timed as the whole was; "rest" the remainder."""
+def cache_graphs(lm: CausalLM, prompt: np.ndarray, room: int) -> tuple:
+    """(cache, prefill graph, decode-step graph) as lm.generate makes them for
+    ``prompt`` (unpadded) with ``room`` tokens past it, the prompt's ids, positions
+    and the cache's mask written."""
+    batch, length = prompt.shape
+    cache = KVCache(lm, batch, length + room, 2)
+    prefill = Graph(lm, batch, length, training=False, cache=cache)
+    step = Graph(lm, batch, 1, training=False, cache=cache)
+    dev = lm.device
+    dev.write(cache.keep, np.ones(batch * (length + room), np.uint32))
+    dev.write(prefill.ids, prompt.reshape(-1).astype(np.uint32))
+    dev.write(prefill.positions, np.tile(np.arange(length, dtype=np.uint32), batch))
+    return cache, prefill, step
+
+
+def shares(device, steps: list, total_us: float, n: int, repeats: int) -> dict:
+    """Each group's share of ``total_us``: the plans of ``steps`` ((plan, arguments)
+    of a graph) whose every dispatch is a kernel of the group, recorded alone and
+    timed as the whole was; "rest" the remainder."""
     out, left = {}, total_us
     for group, prefix in GROUPS.items():
-        us = _alone_us(device, [p for p in plans if _kernel_names(p) and all(
-            name.startswith(prefix) for name in _kernel_names(p))], n, repeats)
+        us = _alone_us(device, [plan for plan, args in steps if not args and _kernel_names(plan)
+                                and all(k.startswith(prefix) for k in _kernel_names(plan))],
+                       n, repeats)
         out[f"{group}_share"] = us / total_us
         left -= us
     out["rest_share"] = left / total_us
@@ -123,54 +156,12 @@ def training_graph(lm: CausalLM):
     return lm._train
 
 
-def inference_graph(lm: CausalLM, batch: int, seq: int):
-    """The graph lm.logits records for [batch, seq] ids."""
-    return lm._inference_graph(batch, seq)
-
-
 def generator(lm: CausalLM):
-    """``generate(prompt, n)``: lm.generate's greedy tokens, int64 [batch, prompt + n];
-    AttributeError where this build of lora has no lm.generate."""
-    generate = getattr(lm, "generate", None)
-    if generate is None:
-        raise AttributeError("no lora.CausalLM.generate in this build of lora")
-    return lambda prompt, n: np.asarray(generate(prompt, n))
-
-
-def buffer_bytes(lm: CausalLM) -> int:
-    """Bytes of the distinct live GPU buffers reachable from ``lm``: its weights,
-    adapters, optimizer state and the graphs of the shapes it has run (the uniform
-    ring and the device's own staging buffers are not counted)."""
-    seen: set[int] = set()
-    total, todo = 0, [lm]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, DeviceBuffer):
-            total += 0 if obj.released else obj.nbytes
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            todo.extend(obj)
-        elif type(obj).__module__.startswith("lora.") and not isinstance(obj, HostDevice):
-            todo.extend(_fields(obj))
-    return total
-
-
-def _fields(obj) -> list:
-    """The values of an object's attributes (its __dict__ and its __slots__)."""
-    values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
-    for cls in type(obj).__mro__:
-        values += [getattr(obj, s) for s in getattr(cls, "__slots__", ()) if hasattr(obj, s)]
-    return values
+    """``generate(prompt, n)``: lm.generate's greedy tokens, int64 [batch, prompt + n]."""
+    return lambda prompt, n: np.asarray(lm.generate(prompt, n))
 
 
 def memory(lm: CausalLM) -> dict:
-    """``bytes`` (buffer_bytes) and, where this build has it, what lm.memory() says."""
-    out: dict = {"bytes": buffer_bytes(lm)}
-    said = getattr(lm, "memory", None)
-    if callable(said):
-        out["lm_memory"] = said()  # as it comes (the JSON writes what it cannot hold as str)
-    return out
+    """``bytes``: the sum of lm.memory()'s parts; ``memory``: the parts."""
+    parts = lm.memory()
+    return {"bytes": sum(parts.values()), "memory": parts}
