@@ -125,6 +125,7 @@ def time_limit(seconds: float):
 
 
 def error_text(e: BaseException) -> str:
+    """A failure as one line: its type and its message's first line (200 characters)."""
     first = (str(e).strip().splitlines() or [""])[0][:200]
     return f"{type(e).__name__}: {first}"
 
