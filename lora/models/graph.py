@@ -249,9 +249,9 @@ class Graph:
         c, cache = self.config, self.cache
         k, v, kv_len = (s["k"], s["v"], self.seq) if cache is None else \
             (cache.k[layer], cache.v[layer], cache.length)
-        params = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
-                      heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                      head_dim=c.head_dim)
+        params: dict = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
+                            heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                            head_dim=c.head_dim)
         kernel = "attention_matrix" if self._matrix_attention(params) else "attention"
         if kernel == "attention":
             params["dtype"] = self.wgsl
