@@ -12,6 +12,7 @@ are marked slow.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -20,14 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_export import in_page, needs_browser
+from test_node_modules import missing, run_node, unb64
 
 import lora
 from lora.apps.cli import main as lora_main
 from lora.apps.lm_folders import TINY, random_folder, random_weights, write_safetensors
 from lora.models.config import LMConfig
 from lora.training.adapter_io import LoraLayer, load_adapter, save_adapter
-from test_export import in_page, needs_browser
-from test_node_modules import b64, missing, run_node, unb64
+from shaderdsl import browser
 
 VOCAB = TINY["vocab_size"]
 RANK, ALPHA, LR = 4, 8.0, 1e-2
@@ -128,7 +130,8 @@ for (const s of steps.slice(0, 5))
 result.losses = await lm.losses();
 result.loss = await lm.loss();
 const now = await lm.adapters();
-result.adapters = Object.fromEntries(Object.entries(now).map(([k, l]) => [k, [b64(l.a), b64(l.b)]]));
+result.adapters = Object.fromEntries(Object.entries(now).map(([k, l]) =>
+  [k, [b64(l.a), b64(l.b)]]));
 const files = io.writePeftAdapter(now, lm.peftOptions);
 result.config = files.config;
 result.tensors = b64(files.tensors);
@@ -136,6 +139,7 @@ result.keptBefore = (await lm.keptAdapter()).steps;
 result.memory = lm.memory();
 await lm.step(steps[5].ids);
 dev.destroy();
+await dev.lost;   // (a browser says so a little later: until then a step goes nowhere)
 result.lost = await message(() => lm.step(steps[5].ids));
 const kept = await lm.keptAdapter();
 result.kept = {{steps: kept.steps, layers: Object.fromEntries(Object.entries(kept.layers)
@@ -354,7 +358,7 @@ def test_weights_files_that_are_not_the_models_are_refused_by_name(chunked, tmp_
     got = run_node(tmp_path, node_load(chunked) + f"""
       const result = [{tries}, await message(() => m.loadCausalLM(dev, 5)),
         await message(() => m.loadCausalLM(dev, fs.readFileSync({json.dumps(str(paths["nan"]))}),
-                                           {{adapter: {{"model.layers.0.mlp.up_proj": {{}}}}}}))];""")
+          {{adapter: {{"model.layers.0.mlp.up_proj": {{}}}}}}))];""")
     where = f"the config of this module ({chunked.folder})"
     want = dict(zip(paths, got))
     assert want["missing"] == (f"weights file 1: model.norm.weight [48] is missing ({where} "
@@ -412,3 +416,196 @@ def test_what_a_browser_does_not_give_is_named(chunked, tmp_path):
                       '{requiredFeatures: ["shader-f16"]}) where adapter.features has them; '
                       "where it has not (SwiftShader, some GPUs), export the module with "
                       "--dtype f32")
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """Every Linear adapted ("all-linear"), WebGPU's default limits."""
+    return Case(tmp_path_factory.mktemp("whole"), "all-linear")
+
+
+@pytest.fixture(scope="module")
+def answers(whole, device):
+    """The inputs of a whole run and Python's answers to them."""
+    data = _data(np.random.default_rng(11))
+    return data, _python_run(whole, data, device)
+
+
+@pytest.fixture(scope="module")
+def node_run(whole, answers, tmp_path_factory):
+    """The whole run in Node (_run_js), its results."""
+    if missing():
+        pytest.skip(missing())
+    return run_node(tmp_path_factory.mktemp("node-run"), node_load(whole) +
+                    _run_js(answers[0]), timeout=900)
+
+
+@pytest.mark.slow
+@needs_node
+def test_a_whole_run_in_node_equals_python(whole, answers, node_run, tmp_path):
+    """In Node: logits (a batch padded inside), greedy generation of two prompts (one
+    left-padded) with a callback per token, five AdamW steps (one of a shorter batch
+    with -100 labels and padding), the adapters and the peft files written: equal to
+    lora.CausalLM's within 1e-4 (ids identical, the adapter_config.json text
+    save_adapter writes); the device destroyed during a sixth step, the adapter of the
+    last step whose copy came back is kept and written."""
+    _check_run(node_run, answers[1], whole)
+    layers = load_adapter(_files_of(node_run, tmp_path / "page-adapter"))
+    assert sorted(layers) == sorted(answers[1]["after5"])
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # no line per request on stderr
+        pass
+
+
+@contextlib.contextmanager
+def served(folder: Path):
+    """``folder`` over HTTP on a free local port while inside: its root URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        _Quiet, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@needs_node
+def test_bf16_and_f16_files_load_as_python_reads_them(whole, device, tmp_path):
+    """The same model stored as BF16 (widened exactly) and as F16, read from bytes and
+    from a URL (fetch, streamed): logits equal those of lora.CausalLM from the same
+    folder within 1e-4."""
+    config = LMConfig.from_dict(TINY)
+    rng = np.random.default_rng(5)
+    ids = ids_of(rng, 2, 8)
+    folders = {}
+    for dtype in ("bfloat16", "float16"):
+        folders[dtype] = tmp_path / dtype
+        folders[dtype].mkdir()
+        (folders[dtype] / "config.json").write_text(json.dumps(TINY))
+        write_safetensors(folders[dtype] / "model.safetensors", random_weights(config, 1),
+                          dtype)
+    with served(tmp_path) as root:
+        url = f"{root}/float16/model.safetensors"
+        got = run_node(tmp_path, node_load(whole) + f"""
+          const result = {{}};
+          for (const [name, source] of [["bf16", fs.readFileSync(
+              {json.dumps(str(folders["bfloat16"] / "model.safetensors"))})],
+              ["f16", {json.dumps(url)}]]) {{
+            const lm = await m.loadCausalLM(dev, source, {{adapter: io.readPeftAdapter(
+              adapterText, adapterBytes).layers}});
+            result[name] = b64(await lm.logits({json.dumps(ids.tolist())}));
+          }}""", timeout=600)
+    for name, dtype in (("bf16", "bfloat16"), ("f16", "float16")):
+        lm = lora.CausalLM.from_pretrained(folders[dtype], target_modules="all-linear",
+                                           rank=RANK, alpha=ALPHA, adapters=whole.layers,
+                                           device=device)
+        np.testing.assert_allclose(unb64(got[name]).reshape(2, 8, VOCAB), lm.logits(ids),
+                                   atol=1e-4, rtol=0, err_msg=name)
+
+
+@pytest.mark.slow
+@needs_node
+def test_the_pages_adapter_loads_in_peft_to_the_same_logits(whole, answers, node_run,
+                                                             device, tmp_path):
+    """The adapter files the page wrote in Node after five steps, loaded by
+    peft.PeftModel.from_pretrained into transformers' model of the folder (float64),
+    give the logits of lora.CausalLM with that adapter within 1e-4 (and lora.CausalLM
+    loads them too)."""
+    torch = pytest.importorskip("torch", reason="peft's side needs torch (not installed)")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    ids = answers[0]["logits"]
+    folder = _files_of(node_run, tmp_path / "page-adapter")
+    base = transformers.AutoModelForCausalLM.from_pretrained(whole.folder,
+                                                             attn_implementation="sdpa")
+    model = peft.PeftModel.from_pretrained(base, str(folder)).double().eval()
+    with torch.no_grad():
+        got = model(input_ids=torch.tensor(ids)).logits.numpy()
+    lm = lora.CausalLM.from_pretrained(whole.folder, target_modules="all-linear", rank=RANK,
+                                       alpha=ALPHA, device=device)
+    lm.load_adapter(folder)
+    np.testing.assert_allclose(got, lm.logits(ids), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------- Chromium
+
+def page_load(case: Case) -> str:
+    """In the browser device's page: a device of its own (the run destroys it), the
+    modules imported, the weights as a Blob and the adapter files from base64."""
+    import base64
+    text = (case.adapter / "adapter_config.json").read_text()
+    tensors = base64.b64encode((case.adapter / "adapter_model.safetensors").read_bytes())
+    weights = base64.b64encode((case.folder / "model.safetensors").read_bytes())
+    return f"""
+const dev = await (await navigator.gpu.requestAdapter()).requestDevice();
+const m = await import({case.module()}), io = await import({case.module("lora_adapter.js")});
+const b64 = a => new Uint8Array(a.buffer, a.byteOffset, a.byteLength).toBase64();
+const message = async f => {{ try {{ await f(); return null; }}
+                              catch (e) {{ return e.message; }} }};
+const adapterText = {json.dumps(text)};
+const adapterBytes = Uint8Array.fromBase64("{tensors.decode()}");
+const weights = new Blob([Uint8Array.fromBase64("{weights.decode()}")]);
+"""
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_whole_run_in_chromium_equals_python(whole, answers):
+    """The run of test_a_whole_run_in_node_equals_python in headless Chromium
+    (SwiftShader), the weights from a Blob: the same equalities with lora.CausalLM."""
+    data, want = answers
+    got = in_page("{" + page_load(whole) + _run_js(data) + "return result; }")
+    _check_run(got, want, whole)
+
+
+TEXT = Path("/usr/share/common-licenses/GPL-3")  # real text that ships on the machine
+
+
+@pytest.mark.slow
+@needs_browser
+@pytest.mark.skipif(not TEXT.exists(), reason=f"{TEXT} (Debian's base-files) is missing")
+def test_the_demo_page_fine_tunes_the_tiny_model_headless(whole, device, tmp_path):
+    """--lm-demo's page, served over HTTP with ?model=...&text=... (the weights fetched
+    and streamed): 30 steps on the text's bytes lower the loss; its losses are
+    lora.CausalLM's from the page's own first adapter on the same batches within 1e-4,
+    and the sample after training is Python's greedy continuation with the page's
+    adapter, which lora.load_adapter reads."""
+    steps, seq, batch = 30, 32, 2
+    page = tmp_path / "page"
+    assert lora_main(["export", "--lm", str(whole.folder), "--lm-demo", str(page),
+                      "--target-modules", "all-linear", "--rank", str(RANK), "--alpha",
+                      str(ALPHA), "--lr", "2e-2", "--steps", str(steps), "--seq", str(seq),
+                      "--batch", str(batch), "--prompt-tokens", "16", "--new-tokens",
+                      "16"]) == 0
+    html = (page / "index.html").read_text()
+    assert "http" not in html.replace("http-equiv", "")  # nothing fetched but what is picked
+    (page / "model.safetensors").write_bytes((whole.folder / "model.safetensors").read_bytes())
+    text = TEXT.read_bytes()[:640]
+    (page / "train.txt").write_bytes(text)
+    with served(page) as root:
+        result = browser.load_page(f"{root}/index.html?model=model.safetensors&text=train.txt",
+                                   "window.loraLmDemo", timeout=900)
+    assert result["ok"], result.get("error", result)
+    assert result["last"] < result["first"] and len(result["losses"]) == steps
+    files = {}
+    for name in ("initial", "trained"):
+        got = result[name] if name == "initial" else result
+        files[name] = _files_of(got, tmp_path / name)
+    lm = lora.CausalLM.from_pretrained(whole.folder, target_modules="all-linear", rank=RANK,
+                                       alpha=ALPHA, optimizer=lora.AdamW(lr=2e-2),
+                                       device=device)
+    lm.load_adapter(files["initial"])
+    ids = np.frombuffer(text, np.uint8).astype(np.int64)
+    rows = ids[:len(ids) // seq * seq].reshape(-1, seq)
+    losses = []
+    for s in range(steps):
+        lm.step(rows[[(s * batch + r) % len(rows) for r in range(batch)]])
+        losses.append(lm.loss())
+    np.testing.assert_allclose(result["losses"], losses, atol=1e-4, rtol=0)
+    lm.load_adapter(files["trained"])
+    after = lm.generate(ids[None, :16], 16)[0, 16:]
+    said = b"".join(bytes([i]) if i < 256 else "\ufffd".encode() for i in after.tolist())
+    assert result["after"] == said.decode("utf-8", errors="replace")

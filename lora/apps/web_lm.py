@@ -39,7 +39,12 @@ from ..training.optim import SGD, AdamW
 from .web_export import Recorder, asset, module_code, module_types
 from .web_train import optimizer_config
 
-GROUPS = ("model", "train", "logits", "generate")  # what the page allocates together
+# What the page allocates together: the model's (weights, adapters, optimizer), each
+# graph group's, and "shared": buffers more than one group uses (a run-time plan's
+# scratch, cached on the adapter's weight, serves the logits and the prefill alike).
+GROUPS = ("model", "train", "logits", "generate", "shared")
+GRAPH_GROUPS = {"train": "train", "logits": "logits", "prefill": "generate",
+                "decode": "generate"}
 
 
 @dataclass(frozen=True)
@@ -169,33 +174,61 @@ def record_graphs(lm: CausalLM, dev: LMRecorder, shapes: LMShapes) -> Recorded:
     made["prefill"] = Graph(lm, g, shapes.prompt, training=False, cache=cache)
     decode = Graph(lm, g, 1, training=False, cache=cache) if shapes.new_tokens > 1 else None
     dev.writes.clear()
-    ops = {}
-    for name, run in (("train", made["train"].record_step),
-                      ("logits", made["logits"].record_forward),
-                      ("prefill", made["prefill"].record_forward)):
-        dev.ops = []
-        run()
-        ops[name] = dev.ops
-    steps = []
-    if decode is not None:
-        for k in range(2):
-            dev.ops, decode.offset = [], k * g
-            decode.record_forward()
-            steps.append(dev.ops)
+    # Twice: a run-time plan (cached on an adapter's weight, so several graphs share it)
+    # grows its scratch as it records a larger count, releasing the smaller buffer that
+    # an earlier graph recorded; the second pass records the grown ones only.
+    for _ in range(2):
+        ops, steps = _record_once(dev, made, decode, g)
     if dev.writes:
         raise ValueError(f"--lm: recording wrote {dev.writes[0].name!r} from the host; the "
                          f"page replays dispatches and copies only")
     return Recorded(made, cache, ops, tuple(steps) if steps else None)
 
 
+def users(recorded: Recorded) -> dict[int, set[str]]:
+    """{buffer id: the groups whose graphs bind or copy it}."""
+    out: dict[int, set[str]] = {}
+    lists = [(GRAPH_GROUPS[name], ops) for name, ops in recorded.ops.items()]
+    lists += [("generate", ops) for ops in recorded.decode or ()]
+    for group, ops in lists:
+        for op in ops:
+            for buf in (op[2] if op[0] == "dispatch" else op[1:3]):
+                out.setdefault(id(buf), set()).add(group)
+    return out
+
+
+def _record_once(dev: LMRecorder, made: dict, decode, g: int) -> tuple[dict, list]:
+    """Each graph's ops recorded once (each in its group, for what a plan makes as it
+    records), and the decode step's at steps 0 and 1."""
+    ops = {}
+    for name, run in (("train", made["train"].record_step),
+                      ("logits", made["logits"].record_forward),
+                      ("prefill", made["prefill"].record_forward)):
+        dev.ops, dev.phase = [], GRAPH_GROUPS[name]
+        run()
+        ops[name] = dev.ops
+    steps = []
+    if decode is not None:
+        dev.phase = "generate"
+        for k in range(2):
+            dev.ops, decode.offset = [], k * g
+            decode.record_forward()
+            steps.append(dev.ops)
+    return ops, steps
+
+
 class Names:
     """A unique name for each buffer: its own (``lm.x0``), prefixed by its group
-    where that is not the model's (``train/lm.x0``), numbered where taken."""
+    where that is not the model's (``train/lm.x0``), numbered where taken. A buffer
+    made for the model is the model's; another, the group of the graphs using it
+    (``users``), or "shared" where several groups use it."""
 
-    def __init__(self, dev: LMRecorder):
-        self.dev, self.of, self.taken = dev, {}, set()
+    def __init__(self, dev: LMRecorder, used: dict[int, set[str]]):
+        self.dev, self.used, self.of, self.taken = dev, used, {}, set()
 
     def __call__(self, buf) -> str:
+        if buf.released:
+            raise ValueError(f"--lm: the recorded steps bind {buf.name!r} after its release")
         if id(buf) not in self.of:
             group = self.group(buf)
             base = buf.name or "buf"
@@ -210,7 +243,8 @@ class Names:
 
     def group(self, buf) -> str:
         phase, _ = self.dev.made.get(id(buf), ("model", None))
-        return phase
+        groups = self.used.get(id(buf), {phase})
+        return phase if phase == "model" else "shared" if len(groups) > 1 else min(groups)
 
 
 def _uniform_value(value) -> int:
@@ -357,7 +391,7 @@ def record_module(setup: LMSetup) -> LMModule:
     """The model of ``setup`` recorded: config, buffers, each graph's steps, kernels."""
     lm, dev, weights = build_model(setup)
     recorded = record_graphs(lm, dev, setup.shapes)
-    names, kernels = Names(dev), []
+    names, kernels = Names(dev, users(recorded)), []
     graphs = {name: graph_steps(ops, names, kernels) for name, ops in recorded.ops.items()}
     if recorded.decode is not None:
         graphs["decode"] = graph_steps(recorded.decode[0], names, kernels, recorded.decode[1])

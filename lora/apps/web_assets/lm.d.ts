@@ -31,7 +31,7 @@ export declare const config: {
   io: Record<string, Record<string, string>>;
   stepsPerSubmit: number;
   limits: { maxStorageBufferBindingSize: number; maxBufferSize: number };
-  memory: { model: number; train: number; logits: number; generate: number };
+  memory: { model: number; train: number; logits: number; generate: number; shared: number };
   features: GPUFeatureName[];
 };
 export interface LmStep { kernel: number; grid: [number, number, number];
@@ -61,7 +61,7 @@ export interface CausalLM {
   loadAdapter(layers: Record<string, GivenLayer>): void;
   keptAdapter(): Promise<{ steps: number; layers: Record<string, LmLayer> }>;
   memory(): { weights: number; adapters: number; train: number; logits: number;
-    generate: number };
+    generate: number; shared: number };
   destroy(): void;
 }
 export declare function loadCausalLM(device: GPUDevice,

@@ -684,15 +684,17 @@ class CausalLM {
                      `whose copy came back) is kept: await lm.keptAdapter()`);
   }
 
-  /** The group of ``graph`` allocated and its pipelines compiled (once). */
+  /** The group of ``graph`` (and the buffers groups share) allocated and its pipelines
+   *  compiled (once). */
   async ready(graph) {
-    const group = GRAPH_GROUP[graph];
-    if (!this.groups.has(group)) {
-      const made = allocate(this.device, this.own, group);
-      this.groups.set(group, made);
-      made.catch(() => this.groups.delete(group));
+    for (const group of ["shared", GRAPH_GROUP[graph]]) {
+      if (!this.groups.has(group)) {
+        const made = allocate(this.device, this.own, group);
+        this.groups.set(group, made);
+        made.catch(() => this.groups.delete(group));
+      }
+      await this.groups.get(group);
     }
-    await this.groups.get(group);
     if (!this.prepared.has(graph)) this.prepared.set(graph, Promise.all([...new Set(
       graphs[graph].filter(st => !st.copy).map(st => st.kernel))].map(k =>
       prepareKernel(this.device, kernels[k]))));
@@ -951,7 +953,7 @@ class CausalLM {
    *  their optimizer, and each of training, logits and generation once used. */
   memory() {
     const weights = new Set(config.weights.map(w => w.buffer));
-    const out = {weights: 0, adapters: 0, train: 0, logits: 0, generate: 0};
+    const out = {weights: 0, adapters: 0, train: 0, logits: 0, generate: 0, shared: 0};
     for (const [name, info] of Object.entries(buffers)) {
       if (!this.own[name]) continue;
       const part = info.group !== "model" ? info.group : weights.has(name) ||

@@ -94,6 +94,7 @@ async function run(picked, steps, lr) {
   const ids = textIds(new Uint8Array(await picked.text)), rows = sequences(ids);
   const prompt = Array.from(ids.subarray(0, Math.min(config.shapes.prompt, ids.length)));
   const before = await sample(lm, prompt);
+  const initial = writePeftAdapter((await lm.keptAdapter()).layers, lm.peftOptions);
   lm.set({lr});
   const B = config.shapes.batch, t0 = performance.now();
   for (let s = 0; s < steps; s++) {
@@ -108,7 +109,7 @@ async function run(picked, steps, lr) {
   const files = writePeftAdapter(await lm.adapters(), lm.peftOptions);
   $("download").append(link("adapter_config.json", files.config, "application/json"),
                        link("adapter_model.safetensors", files.tensors, "application/octet-stream"));
-  return {lm, losses, before, after, files, stepMs, prompt, sequences: rows.length,
+  return {lm, losses, before, after, files, initial, stepMs, prompt, sequences: rows.length,
           adapter: gpu.info?.description || gpu.info?.vendor || "?"};
 }
 
@@ -130,9 +131,11 @@ function show(r, picked) {
   $("verdict").className = ok ? "ok" : "bad";
   $("verdict").textContent = ok ? "trained: the loss fell" : "the loss did not fall: try more " +
     "steps or another learning rate";
-  window.loraLmDemo = {ok, losses: r.losses, first, last, before: r.before, after: r.after, stepMs: r.stepMs,
-                       config: r.files.config, tensors: r.files.tensors.toBase64?.() ??
-                       btoa(String.fromCharCode(...r.files.tensors))};
+  const base64 = bytes => bytes.toBase64?.() ??
+    btoa(Array.from(bytes, b => String.fromCharCode(b)).join(""));
+  window.loraLmDemo = {ok, losses: r.losses, first, last, before: r.before, after: r.after,
+                       stepMs: r.stepMs, config: r.files.config, tensors: base64(r.files.tensors),
+                       initial: {config: r.initial.config, tensors: base64(r.initial.tensors)}};
 }
 
 async function start() {
