@@ -303,11 +303,13 @@ def test_bad_input_is_refused_with_pythons_messages(chunked, device, tmp_path):
         await message(() => lm.logits([Array(9).fill(5)])),
         await message(() => lm.generate([[5]], {{maxNewTokens: 9}})),
         await message(() => lm.generate([Array(9).fill(5)], {{maxNewTokens: 2}})),
-        await message(() => lm.step("5 6 7")), lm.steps];""")
+        await message(() => lm.step("5 6 7")), lm.steps];
+      m.buffers["train/lm.logits"].bytes = 2 ** 40;   // more than any device makes
+      result.push(await message(() => lm.step([[5, 6]])));""")
     lm = chunked.python(device)
     for (js, call), message in zip(BAD_CALLS, got):
         assert message == python_message(call, lm), js
-    assert got[len(BAD_CALLS):] == [
+    assert got[len(BAD_CALLS):-1] == [
         "CausalLM.step: 3 sequences, but this module runs 2 at a time (--batch 2 at export); "
         "give at most 2",
         "CausalLM.logits: sequences of 9 tokens are longer than this module's 8 (--seq 8 at "
@@ -318,6 +320,7 @@ def test_bad_input_is_refused_with_pythons_messages(chunked, device, tmp_path):
         "(--prompt-tokens 8 at export)",
         "CausalLM.step: inputIds must be integers [batch, seq] (a 1-D row is one sequence for "
         "inputIds), got string", 0]
+    assert got[-1].startswith("CausalLM.step: the device could not make the train buffers (")
 
 
 def _bad_files(folder: Path, into: Path) -> dict[str, Path]:
@@ -609,3 +612,93 @@ def test_the_demo_page_fine_tunes_the_tiny_model_headless(whole, device, tmp_pat
     after = lm.generate(ids[None, :16], 16)[0, 16:]
     said = b"".join(bytes([i]) if i < 256 else "\ufffd".encode() for i in after.tolist())
     assert result["after"] == said.decode("utf-8", errors="replace")
+
+
+@pytest.mark.slow
+@needs_node
+def test_the_lm_block_of_the_docs_runs(tmp_path):
+    """docs/browser.md's lora_lm.js block, as written, beside the files its command
+    writes for a model folder model/: it prints a token a step and the loss, and the
+    adapter files it writes load with lora.load_adapter."""
+    import subprocess
+
+    from test_node_modules import NODE, NODE_MODULES, doc_block, node_env
+    random_folder(tmp_path / "model", TINY)
+    assert lora_main(["export", "--lm", str(tmp_path / "model"), "--out", str(tmp_path),
+                      "--target-modules", "all-linear", "--rank", "8", "--batch", "1",
+                      "--seq", "8", "--prompt-tokens", "8", "--new-tokens", "4"]) == 0
+    (tmp_path / "node_modules").symlink_to(NODE_MODULES)
+    (tmp_path / "lm.mjs").write_text(doc_block("The language model in a page"))
+    done = subprocess.run([NODE, "lm.mjs"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=node_env())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == [f"token {k}" for k in range(4)]
+    assert lines[4].startswith("loss ") and 0 < float(lines[4][5:]) < 20
+    assert len(load_adapter(tmp_path / "adapter")) == 14  # 7 Linear modules x 2 layers
+
+
+def test_the_export_refuses_what_it_cannot_record(chunked, tmp_path, capsys):
+    """--lm-demo without --lm, shapes past the model's positions, a folder without
+    weights: refused before anything is written."""
+    folder = str(chunked.folder)
+    tries = [["--lm-demo", str(tmp_path / "page")],
+             ["--lm", folder, "--out", str(tmp_path / "a"), "--seq", "300"],
+             ["--lm", folder, "--out", str(tmp_path / "b"), "--prompt-tokens", "250"],
+             ["--lm", str(tmp_path), "--out", str(tmp_path / "c")]]
+    said = []
+    for argv in tries:
+        assert lora_main(["export", *argv]) == 1
+        said.append(capsys.readouterr().err)
+    assert said[0] == ("error: --lm-demo needs --lm FOLDER: the page is written for that "
+                       "model's architecture and sizes\n")
+    assert said[1] == ("error: --lm: --seq (300) is over the model's max_position_embeddings "
+                       "(256)\n")
+    assert said[2] == ("error: --lm: --prompt-tokens + --new-tokens (282) is over the model's "
+                       "max_position_embeddings (256)\n")
+    assert said[3].startswith(f"error: {tmp_path / 'config.json'}: missing")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# Uses the module's declared API, so tsc checks that the declarations hold it.
+USE_LM_TS = """
+import { loadCausalLM, configDifferences, config, type CausalLM } from "./web/lora_lm.js";
+import { readPeftAdapter, writePeftAdapter } from "./web/lora_adapter.js";
+
+export async function use(device: GPUDevice, file: Blob, bytes: Uint8Array) {
+  const layers = readPeftAdapter("{}", bytes).layers;
+  const lm: CausalLM = await loadCausalLM(device, [file, "model.safetensors"],
+    { adapter: layers, seed: 1, onProgress: ({ loaded, total }) => loaded / total });
+  const logits: Float32Array = await lm.logits([[1, 2, 3]], { attentionMask: [[1, 1, 1]] });
+  const rows: number[][] = await lm.generate(new Int32Array([1, 2]), { maxNewTokens: 4,
+    eosTokenId: [2], onToken: ({ step, ids }) => step + ids.length });
+  await lm.step([[1, 2, 3]], { labels: [[-100, 2, 3]] });
+  const losses: number[] = await lm.losses();
+  lm.set({ lr: 1e-3 });
+  const files = writePeftAdapter(await lm.adapters(), lm.peftOptions);
+  const kept = await lm.keptAdapter();
+  lm.loadAdapter(kept.layers);
+  const differ: string[] = configDifferences(files.config);
+  return [logits, rows, losses, differ, config.shapes.seq, lm.memory().train, await lm.loss()];
+}
+"""
+
+
+@needs_node
+def test_the_lm_declarations_pass_tsc_strict(chunked):
+    """`tsc --strict` over lora_lm.d.ts and lora_adapter.d.ts, used as the docs use them."""
+    import subprocess
+
+    from test_node_modules import NODE, NODE_MODULES, TSC
+    if not TSC.exists():
+        pytest.skip(f"TypeScript is not in {NODE_MODULES} (scripts/setup.sh installs it)")
+    root = chunked.out.parent
+    (root / "use.ts").write_text(USE_LM_TS)
+    (root / "tsconfig.json").write_text(json.dumps({"compilerOptions": {
+        "strict": True, "noEmit": True, "target": "es2022", "module": "esnext",
+        "moduleResolution": "bundler", "skipLibCheck": False,
+        "typeRoots": [str(NODE_MODULES / "@webgpu")], "types": ["types"]},
+        "files": ["use.ts"]}))
+    done = subprocess.run([NODE, str(TSC), "-p", "."], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -283,8 +283,10 @@ def cmd_export(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not files:
-        print("error: give --out DIR (the forward), --many DIR (many adapters in one batch), "
+        print("error: give --out DIR (the forward; with --lm FOLDER, the language model), "
+              "--many DIR (many adapters in one batch), "
               "--train DIR (the training step), --package DIR (an npm package of them), "
+              "--lm-demo DIR (with --lm: the language model's page), "
               "--demo DIR (the forward's page) and/or "
               "--train-demo DIR (the training page)",
               file=sys.stderr)

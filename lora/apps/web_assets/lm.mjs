@@ -505,7 +505,7 @@ function writeLayers(device, own, layers) {
 
 /** A group's buffers made (zeros, or their first contents from the module); refused,
  *  naming the group and its bytes, where the device cannot make them. */
-async function allocate(device, own, group) {
+async function allocate(device, own, group, who) {
   device.pushErrorScope("out-of-memory");
   device.pushErrorScope("validation");
   const made = [];
@@ -520,7 +520,7 @@ async function allocate(device, own, group) {
   const [invalid, full] = [await device.popErrorScope(), await device.popErrorScope()];
   if (invalid || full) {
     for (const name of made) { own[name].destroy(); delete own[name]; }
-    throw new Error(`loadCausalLM: the device could not make the ${group} buffers ` +
+    throw new Error(`${who}: the device could not make the ${group} buffers ` +
       `(${config.memory[group]} bytes): ${(full ?? invalid).message}`);
   }
 }
@@ -686,10 +686,10 @@ class CausalLM {
 
   /** The group of ``graph`` (and the buffers groups share) allocated and its pipelines
    *  compiled (once). */
-  async ready(graph) {
+  async ready(graph, who) {
     for (const group of ["shared", GRAPH_GROUP[graph]]) {
       if (!this.groups.has(group)) {
-        const made = allocate(this.device, this.own, group);
+        const made = allocate(this.device, this.own, group, who);
         this.groups.set(group, made);
         made.catch(() => this.groups.delete(group));
       }
@@ -743,7 +743,7 @@ class CausalLM {
     this.alive(call);
     const batch = checkBatch(inputIds, null, attentionMask, call, false);
     const fit = baked(batch, SHAPES.batch, SHAPES.seq, call, false, ["--batch", "--seq"]);
-    await this.ready("logits");
+    await this.ready("logits", call);
     this.alive(call);
     const io = config.io.logits, V = LM.vocabSize, item = config.dtype === "f16" ? 2 : 4;
     for (const key of ["ids", "keep", "positions"]) this.write(io[key], fit[key]);
@@ -772,8 +772,8 @@ class CausalLM {
     const plan = generationPlan(batch, options);
     const fit = baked(batch, SHAPES.genBatch, SHAPES.prompt, call, true,
                       ["--gen-batch", "--prompt-tokens"]);
-    await this.ready("prefill");
-    if (plan.count > 1) await this.ready("decode");
+    await this.ready("prefill", call);
+    if (plan.count > 1) await this.ready("decode", call);
     this.alive(call);
     const made = await this.decode(this.prefill(fit), batch.batch, plan, options);
     return finished(batch.ids, made, plan.eos, plan.pad);
@@ -830,7 +830,7 @@ class CausalLM {
     this.alive(call);
     const batch = checkBatch(inputIds, labels, attentionMask, call, true);
     const fit = baked(batch, SHAPES.batch, SHAPES.seq, call, false, ["--batch", "--seq"]);
-    await this.ready("train");
+    await this.ready("train", call);
     this.alive(call);
     const io = config.io.train, lossBytes = SHAPES.batch * SHAPES.seq * 4;
     for (const key of ["ids", "keep", "positions", "labels"]) this.write(io[key], fit[key]);
@@ -999,7 +999,7 @@ export async function loadCausalLM(device, weights, options = {}) {
   const found = checkedTensors(headers);
   const own = {};
   try {
-    await allocate(device, own, "model");
+    await allocate(device, own, "model", "loadCausalLM");
     await uploadWeights(device, own, found, onProgress);
     const start = Object.fromEntries(Object.keys(config.adapters).map((m, k) => [m, given[m] ?
       {a: given[m].a, b: given[m].b} : freshLayer(config.adapters[m], seed + k)]));
