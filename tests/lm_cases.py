@@ -78,7 +78,7 @@ def float64_logits(model, ids, mask=None) -> np.ndarray:
 
 def float64_steps(pm, batches, *, lr: float = 1e-3, **adamw) -> tuple[list, dict]:
     """transformers + peft trained in float64 with torch's AdamW over every
-    LoRA parameter, one step per (ids, labels, mask) of ``batches``: (the loss
+    LoRA parameter, one step per (ids, labels or None: the ids, mask) of ``batches``: (the loss
     of each step before its update, {module name: (A, B)} after the last)."""
     import copy
     m = copy.deepcopy(pm).double()
@@ -88,13 +88,39 @@ def float64_steps(pm, batches, *, lr: float = 1e-3, **adamw) -> tuple[list, dict
     losses = []
     for ids, labels, mask in batches:
         out = m(input_ids=torch.tensor(ids),
-                labels=None if labels is None else torch.tensor(labels),
+                labels=torch.tensor(ids if labels is None else labels),
                 attention_mask=None if mask is None else torch.tensor(mask))
         losses.append(out.loss.item())
         out.loss.backward()
         opt.step()
         opt.zero_grad()
     return losses, peft_adapters(m)
+
+
+def drop_as(pm, mask_of):
+    """``pm`` (a copy) with every LoRA module's dropout replaced by a fixed
+    mask: the input of the k-th adapted module (in the model's order) at
+    optimizer step s times ``mask_of(k, s, shape)`` (which counts the steps
+    itself: the s-th call for module k)."""
+    import copy
+    m = copy.deepcopy(pm)
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k, self.calls = k, 0
+
+        def forward(self, x):
+            mask = mask_of(self.k, self.calls, tuple(x.shape))
+            self.calls += 1
+            return x * torch.tensor(mask, dtype=x.dtype)
+
+    k = 0
+    for _, module in m.base_model.model.named_modules():
+        if hasattr(module, "lora_dropout") and "default" in module.lora_dropout:
+            module.lora_dropout["default"] = Fixed(k)
+            k += 1
+    return m
 
 
 def peft_adapters(pm) -> dict[str, tuple[np.ndarray, np.ndarray]]:

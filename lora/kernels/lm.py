@@ -324,3 +324,47 @@ def argmax(m, vocab, tokens, dtype="f32", threads=64, subgroups=False):
     with m.if_(tid == 0):
         ids[offset + t] = B.select(first, u32(0), first == NO_INDEX)
 
+
+
+# ------------------------------------------------------------------ the KV cache
+
+def kv_write(m, batch, rows, kv_len, width, dtype="f32"):
+    """cache[b, past + i] = src[b, i] for i < rows: a step's keys or values (rows
+    per sequence, RoPE already applied to keys) written into a KV cache of
+    kv_len rows per sequence at the run-time position ``past`` (u32 [1], the
+    attention kernel's), grid (ceil(width / threads), batch * rows). Rows past
+    kv_len are not written (the host checks past + rows <= kv_len)."""
+    _sizes(None, batch=batch, rows=rows, kv_len=kv_len, width=width)
+    src, wn = input_matrix(m, "src", batch * rows, width, dtype)
+    past = m.declare_input_buffer("past", u32, 1)
+    cache = output_buffer(m, batch * kv_len * width, dtype, "cache", quad=wn != width)
+    r, c = m.let(m.workgroup_id().y, "r"), m.let(m.global_id().x, "c")
+    at = m.let(past[0] + r % rows, "at")
+    with m.if_((c < wn) & (at < kv_len)):
+        cache[((r / rows) * kv_len + at) * wn + c] = src[r * wn + c]
+
+
+def last_rows(m, batch, seq, width):
+    """dst[b] = src[b, seq - 1]: each sequence's last row of an f32 [batch * seq,
+    width] matrix (the hidden states the LM head needs after a prefill), grid
+    (ceil(width / threads), batch)."""
+    _sizes(None, batch=batch, seq=seq, width=width)
+    src, wn = input_matrix(m, "src", batch * seq, width, "f32")
+    dst = output_buffer(m, batch * width, "f32", "dst", quad=wn != width)
+    b, c = m.let(m.workgroup_id().y, "b"), m.let(m.global_id().x, "c")
+    with m.if_(c < wn):
+        dst[b * wn + c] = src[(b * seq + seq - 1) * wn + c]
+
+
+def decode_advance(m, batch):
+    """past += 1 and positions[b] += 1 (one workgroup, a thread per sequence):
+    the next decode step's place in the KV cache and its tokens' RoPE
+    positions, advanced on the GPU so several steps go in one submit."""
+    _sizes(None, batch=batch)
+    past = m.declare_output_buffer("past", u32, 1)
+    positions = m.declare_output_buffer("positions", u32, batch)
+    i = m.let(m.local_index(), "i")
+    with m.if_(i < batch):
+        positions[i] += 1
+    with m.if_(i == 0):
+        past[0] += 1

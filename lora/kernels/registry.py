@@ -329,6 +329,16 @@ LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(igno
                "d_gate = d_act up silu'(gate), d_up = d_act silu(gate)"),
     KernelSpec("argmax", lm.argmax, _threads, _rows,
                "ids[offset + r] = the first index of row r's largest logit, a workgroup per row"),
+    KernelSpec("kv_write", lm.kv_write, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"] * p["rows"], 1),
+               "cache[b, past + i] = src[b, i]: a step's keys or values into a KV cache"),
+    KernelSpec("last_rows", lm.last_rows, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"], 1),
+               "dst[b] = src[b, seq - 1]: each sequence's last hidden state"),
+    KernelSpec("decode_advance", lm.decode_advance, lambda p: 64, lambda p: (1, 1, 1),
+               "past += 1, positions += 1: the next decode step, on the GPU"),
 )
 KERNELS.update({spec.name: spec for spec in LM_KERNELS})
 def _attention(kind):

@@ -23,6 +23,7 @@ from ..training.optim import AdamW, check_free
 from . import inputs as I
 from .adapters import peft_adapter
 from .config import linear_modules, memory_check
+from .generate import generate
 from .graph import Graph
 from .params import Frozen, fresh_layer, upload_adapter
 from .rope import rope_tables
@@ -42,14 +43,18 @@ class CausalLM:
     ``rank``, ``alpha``, ``use_rslora``, ``lora_dropout``: peft's LoraConfig
     (r, lora_alpha, use_rslora, lora_dropout); fresh adapters are made as peft
     makes them (B = 0, A Kaiming-uniform seeded by ``seed``), or given as
-    ``adapters`` {module name: lora.LoraLayer}. ``dtype``: float32, or float16
+    ``adapters`` {module name: lora.LoraLayer}. In training, lora_dropout drops
+    each adapter's input (not the base's) with lora.Network's masks: a hash
+    of (``dropout_seed`` + the module's index among the adapted ones, the
+    step, the element), not torch's generator. ``dtype``: float32, or float16
     for mixed precision as torch.autocast does it (f16 weights and
     activations, f32 sums, softmax, norms, residual stream and loss, f32
     masters of A and B). ``optimizer``: a lora.AdamW (default) or lora.SGD."""
 
     def __init__(self, weights, *, target_modules=None, rank: int = 8, alpha: float = 8,
                  dtype: DTypeLike = np.float32, optimizer=None, lora_dropout: float = 0.0,
-                 use_rslora: bool = False, seed: int = 0, adapters=None, device=None):
+                 use_rslora: bool = False, seed: int = 0, dropout_seed: int = 0, adapters=None,
+                 device=None):
         self.config = weights.config
         self.dtype = storage_dtype(dtype)
         self.device = device if device is not None else _default_device()
@@ -57,6 +62,7 @@ class CausalLM:
         self.optimizer = AdamW() if optimizer is None else optimizer
         check_free(self.optimizer, "CausalLM")
         self.lora_dropout = _dropout(lora_dropout)
+        self.dropout_seed = _seed(dropout_seed)
         layers = self._layers(target_modules, count(rank, "CausalLM: rank"), alpha,
                               use_rslora, seed, adapters)
         cos, sin = rope_tables(self.config, self.config.max_position_embeddings,
@@ -182,6 +188,20 @@ class CausalLM:
         out = dev.read(graph.logits).astype(np.float32)
         return out.reshape(batch.batch, batch.seq, self.config.vocab_size)
 
+    def generate(self, input_ids, max_new_tokens: int, eos_token_id=None, attention_mask=None,
+                 pad_token_id=None) -> np.ndarray:
+        """Greedy decoding with a KV cache on the GPU: the prompt and the new
+        ids, int64 [batch, prompt + new], as transformers' ``generate(...,
+        do_sample=False)`` returns them, token for token. Stops when every
+        sequence has given an ``eos_token_id`` (one id or several; None: the
+        config's eos ids) or after ``max_new_tokens``; a finished sequence
+        is filled with ``pad_token_id`` (None: the config's pad id, else its
+        first eos id). ``attention_mask``: 0 at (left) padding of the prompt;
+        positions count from each row's first real token, as generate counts
+        them."""
+        return generate(self, input_ids, max_new_tokens, eos_token_id, attention_mask,
+                        pad_token_id)
+
     def _inference_graph(self, batch: int, seq: int) -> Graph:
         for k, graph in enumerate(self._infer):
             if (graph.batch, graph.seq) == (batch, seq):
@@ -249,6 +269,13 @@ def _listed(names) -> str:
 def _default_device():
     from shaderdsl.runtime import get_device
     return get_device()
+
+
+def _seed(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not 0 <= value < 2**32:
+        raise ValueError(f"CausalLM: dropout_seed must be an int in [0, 2^32), got {value!r}")
+    return int(value)
 
 
 def _dropout(p) -> float:

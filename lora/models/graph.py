@@ -12,11 +12,13 @@ layer's activations for its backward; an inference graph reuses one set.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
-from ..training.backward import backward_plan, train_forward_plan
+from ..training.backward import backward_plan, dropout_plan, train_forward_plan
 from ..training.network import base_kernel
 
 F32 = np.float32
@@ -38,32 +40,66 @@ class Copy:
         self.device.copy(self.src, self.dst)
 
 
+class AtOffset:
+    """A plan with the uniform ``offset`` recorded as the graph's ``offset`` now
+    (a decode step's place in the generated ids)."""
+
+    def __init__(self, plan: Plan, graph):
+        self.plan, self.graph = plan, graph
+
+    def record(self) -> None:
+        self.plan.record(offset=np.uint32(self.graph.offset))
+
+
+class _NextOffset(AtOffset):
+    """The argmax, writing the ids one step after the graph's offset."""
+
+    def record(self) -> None:
+        self.plan.record(offset=np.uint32(self.graph.offset + self.graph.batch))
+
+
 class Graph:
     """The buffers and plans of ``model`` (a lora.CausalLM) for [batch, seq]
-    token batches; ``training``: keep every activation and build the backward."""
+    token batches; ``training``: keep every activation and build the backward.
+    ``cache`` (a lora.models.generate.KVCache): the queries' keys and values go
+    into it at its ``past`` and attention reads it; only each sequence's last
+    row reaches the head, whose argmax goes into the cache's ids at
+    ``offset``; a one-token graph (decode) reads its ids there too and
+    advances ``past`` and the positions after its step."""
 
-    def __init__(self, model, batch: int, seq: int, training: bool):
+    def __init__(self, model, batch: int, seq: int, training: bool, cache=None):
         self.model, self.batch, self.seq, self.training = model, batch, seq, training
         self.device, self.config = model.device, model.config
+        self.cache: Any = cache
         self.tokens = t = batch * seq
         self.dtype = model.dtype
         self.wgsl = wgsl_dtype(self.dtype)
         dev, c = self.device, self.config
-        self.ids = dev.empty((t,), U32, name="lm.ids")
-        self.keep = dev.empty((t,), U32, name="lm.keep")
-        self.positions = dev.empty((t,), U32, name="lm.positions")
+        decode = cache is not None and seq == 1
+        self.ids = self.cache.ids if decode else dev.empty((t,), U32, name="lm.ids")
+        self.keep = self.cache.keep if cache else dev.empty((t,), U32, name="lm.keep")
+        self.positions = self.cache.positions if decode else \
+            dev.empty((t,), U32, name="lm.positions")
         self.labels = dev.empty((t,), U32, name="lm.labels") if training else None
-        self.past = dev.empty((1,), U32, name="lm.past")   # queries start at key 0
+        # queries start at key 0 (a cache's past: where this step's queries sit in it)
+        self.past = cache.past if cache else dev.empty((1,), U32, name="lm.past")
+        self.offset = 0
         self.lora_forwards: dict = {}  # module name -> its adapter's forward plan (h kept)
+        self.dropped: dict = {}  # module name -> its adapter's dropped input (lora_dropout)
+        self.drops: dict = {}    # module name -> the plan dropping it
+        self.scratch: dict = {}  # (role, width) -> a buffer between two dispatches
         layers = c.num_hidden_layers
         self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
                   for i in range(layers + 1 if training else 2)]
-        self.logits = dev.empty((t, c.vocab_size), self.dtype, name="lm.logits")
+        self.head_tokens = batch if cache else t
+        self.logits = dev.empty((self.head_tokens, c.vocab_size), self.dtype, name="lm.logits")
         self.saved = [self._layer_buffers(i) for i in range(layers if training else 1)]
-        self.forwards: list = self._embedding()
+        self.forwards: list = self._embedding(decode)
         for layer in range(layers):
             self.forwards += self._layer_forward(layer)
         self.forwards += self._head()
+        if cache:
+            self.forwards += self._next_ids(decode)
         self.backwards: list = self._backward() if training else []
 
     # ------------------------------------------------------------ buffers
@@ -92,18 +128,21 @@ class Graph:
 
     # ------------------------------------------------------------ forward
 
-    def _embedding(self) -> list:
-        dev, c = self.device, self.config
-        return [(op(dev, f"embed rows {first}+", "embed", dict(
-            tokens=self.tokens, hidden=c.hidden_size, rows=chunk.shape[0], first_row=first,
-            dtype=self.wgsl), ids=self.ids, E=chunk, x=self._x(0)), ())
-            for first, chunk in self.model.frozen.embed]
+    def _embedding(self, decode: bool) -> list:
+        """x[0] = the embedding of the ids (decode: read at the graph's offset)."""
+        dev, c, out = self.device, self.config, []
+        for first, chunk in self.model.frozen.embed:
+            plan = op(dev, f"embed rows {first}+", "embed", dict(
+                tokens=self.tokens, hidden=c.hidden_size, rows=chunk.shape[0], first_row=first,
+                dtype=self.wgsl, id_offset=decode), ids=self.ids, E=chunk, x=self._x(0))
+            out.append((AtOffset(plan, self) if decode else plan, ()))
+        return out
 
-    def _norm(self, label: str, x, w, y, rstd) -> tuple:
+    def _norm(self, label: str, x, w, y, rstd, tokens: int = 0) -> tuple:
         c = self.config
         return (op(self.device, label, "rms_norm", dict(
-            tokens=self.tokens, hidden=c.hidden_size, eps=c.rms_norm_eps, dtype=self.wgsl),
-            x=x, w=w, y=y, rstd=rstd), ())
+            tokens=tokens or self.tokens, hidden=c.hidden_size, eps=c.rms_norm_eps,
+            dtype=self.wgsl), x=x, w=w, y=y, rstd=rstd), ())
 
     def _linear(self, name: str, x, y) -> list:
         """y = x W^T (+ b) (+ LoRA), the module ``name``'s base product and adapter."""
@@ -116,11 +155,30 @@ class Graph:
         steps: list = [(Plan(dev, f"{name} base", [kernel], {}, bound=bound), ())]
         adapter = self.model.adapted.get(name)
         if adapter is not None:
+            drop = self._dropout(name, adapter, in_dim)
+            if drop is not None:
+                steps.append((drop, (x, self.dropped[name])))
+                x = self.dropped[name]
             plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
                                       given=())
             self.lora_forwards[name] = plan
             steps.append((plan, (x, y)))
         return steps
+
+    def _dropout(self, name: str, adapter, in_dim: int):
+        """In training with lora_dropout, the plan dropping the adapter's input
+        (peft's lora_dropout before lora_A; the base sees x) into
+        ``dropped[name]``, its mask lora.kernels.dropout's hash of (dropout_seed
+        + the module's index, the step, the element); else None."""
+        p = self.model.lora_dropout
+        if not self.training or not p:
+            return None
+        seed = (self.model.dropout_seed + list(self.model.adapted).index(name)) % 2**32
+        self.dropped[name] = self.device.empty((self.tokens, in_dim), self.dtype,
+                                               name=f"{name}.x_dropped")
+        self.drops[name] = dropout_plan(self.device, adapter.weight, self.tokens, p, seed,
+                                        self.model.optimizer.state)
+        return self.drops[name]
 
     def _layer_forward(self, layer: int) -> list:
         dev, c, s, lw = self.device, self.config, self._saved(layer), self.model.frozen.layers
@@ -130,7 +188,10 @@ class Graph:
                             s["rstd1"])]
         for proj in ("q", "k", "v"):
             steps += self._linear(f"{name}.self_attn.{proj}_proj", s["n1"], s[proj])
-        steps += [self._rope_pair(s["q"], s["k"]), self._attention(s)]
+        steps.append(self._rope_pair(s["q"], s["k"]))
+        if self.cache is not None:
+            steps += self._cache_write(layer, s)
+        steps.append(self._attention(s, layer))
         steps += self._linear(f"{name}.self_attn.o_proj", s["o"], s["y"])
         steps += self._residual(x, s["y"], s["mid"])
         steps.append(self._norm(f"{name} post-attention norm", s["mid"],
@@ -152,13 +213,25 @@ class Graph:
             head_dim=c.head_dim, inverse=inverse, dtype=self.wgsl),
             q=q, k=k, positions=self.positions, cosines=frozen.cos, sines=frozen.sin), ())
 
-    def _attention(self, s: dict) -> tuple:
-        c = self.config
+    def _attention(self, s: dict, layer: int) -> tuple:
+        """o = attention of q over the keys and values: the step's own, or the cache's."""
+        c, cache = self.config, self.cache
+        k, v, kv_len = (s["k"], s["v"], self.seq) if cache is None else \
+            (cache.k[layer], cache.v[layer], cache.length)
         return (op(self.device, "attention", "attention", dict(
-            batch=self.batch, q_len=self.seq, kv_len=self.seq, heads=c.num_attention_heads,
+            batch=self.batch, q_len=self.seq, kv_len=kv_len, heads=c.num_attention_heads,
             kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.wgsl),
-            q=s["q"], k=s["k"], v=s["v"], keep=self.keep, past=self.past, o=s["o"],
+            q=s["q"], k=k, v=v, keep=self.keep, past=self.past, o=s["o"],
             lse=s["lse"]), ())
+
+    def _cache_write(self, layer: int, s: dict) -> list:
+        """This step's (rotated) keys and values into the cache at its past."""
+        c, cache = self.config, self.cache
+        params = dict(batch=self.batch, rows=self.seq, kv_len=cache.length,
+                      width=c.num_key_value_heads * c.head_dim, dtype=self.wgsl)
+        return [(op(self.device, f"cache {part}", "kv_write", params, src=s[part],
+                    past=self.past, cache=store[layer]), ())
+                for part, store in (("k", cache.k), ("v", cache.v))]
 
     def _residual(self, x, y, out) -> list:
         """out = x + y: the residual stream (f32) past a block whose output y is stored."""
@@ -171,17 +244,37 @@ class Graph:
     def _head(self) -> list:
         """The final norm and the LM head's logits [tokens, vocab], a chunk of
         the vocabulary per binding of the head's weight."""
-        c, frozen, dev = self.config, self.model.frozen, self.device
-        self.final_n = dev.empty((self.tokens, c.hidden_size), self.dtype, name="lm.final_n")
-        self.final_rstd = dev.empty((self.tokens,), F32, name="lm.final_rstd")
-        steps = [self._norm("final norm", self._x(c.num_hidden_layers), frozen.norm,
-                            self.final_n, self.final_rstd)]
+        c, frozen, dev, rows = self.config, self.model.frozen, self.device, self.head_tokens
+        self.final_n = dev.empty((rows, c.hidden_size), self.dtype, name="lm.final_n")
+        self.final_rstd = dev.empty((rows,), F32, name="lm.final_rstd")
+        x, steps = self._x(c.num_hidden_layers), []
+        if rows != self.tokens:   # a prefill: each sequence's last row
+            last = dev.empty((rows, c.hidden_size), F32, name="lm.last_rows")
+            steps.append((op(dev, "last rows", "last_rows", dict(
+                batch=self.batch, seq=self.seq, width=c.hidden_size), src=x, dst=last), ()))
+            x = last
+        steps.append(self._norm("final norm", x, frozen.norm, self.final_n, self.final_rstd,
+                                rows))
         for first, chunk in frozen.head:
-            params = dict(in_dim=c.hidden_size, out_dim=chunk.shape[0], tokens=self.tokens,
+            params = dict(in_dim=c.hidden_size, out_dim=chunk.shape[0], tokens=rows,
                           bias=False, y_stride=c.vocab_size, y_column=first)
             steps.append((Plan(dev, f"lm_head rows {first}+", [base_kernel(
                 "dense", dev, self.wgsl, **params)], {},
                 bound={"x": self.final_n, "W": chunk, "y": self.logits}), ()))
+        return steps
+
+    def _next_ids(self, decode: bool) -> list:
+        """The greedy next ids into the cache's ids: a prefill's at the graph's
+        offset (0), a decode step's one slot after the ids it read (offset +
+        batch), then past and positions advanced for the next step."""
+        dev, cache = self.device, self.cache
+        argmax = op(dev, "argmax", "argmax", dict(
+            vocab=self.config.vocab_size, tokens=self.batch, dtype=self.wgsl,
+            subgroups=dev.has_feature("subgroup")), logits=self.logits, ids=cache.ids)
+        steps: list = [((_NextOffset if decode else AtOffset)(argmax, self), ())]
+        if decode:
+            steps.append((op(dev, "advance", "decode_advance", dict(batch=self.batch),
+                             past=cache.past, positions=cache.positions), ()))
         return steps
 
     # ------------------------------------------------------------ loss and backward
@@ -252,11 +345,33 @@ class Graph:
             forward = self.lora_forwards[name]
             plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
                                  strategy="split", with_dx=False)
-            steps.append((plan, (g, x, forward.h, *adapter.grads)))
-            steps.append((op(dev, f"{name} adapter input grad", "grad_input", dict(
-                in_dim=in_dim, rank=adapter.rank, tokens=self.tokens, accumulate=True,
-                dtype=self.wgsl), dh=plan.scratch["dh"], A=adapter.weight.a, dx=dx), ()))
+            steps.append((plan, (g, self.dropped.get(name, x), forward.h, *adapter.grads)))
+            steps += self._adapter_input_grad(name, adapter, plan.scratch["dh"], in_dim, dx)
         return steps
+
+    def _adapter_input_grad(self, name: str, adapter, dh, in_dim: int, dx) -> list:
+        """dx += dh A, through the dropout's mask where the input was dropped."""
+        dev, t = self.device, self.tokens
+        params = dict(in_dim=in_dim, rank=adapter.rank, tokens=t, dtype=self.wgsl)
+        if name not in self.drops:
+            return [(op(dev, f"{name} adapter input grad", "grad_input",
+                        dict(params, accumulate=True), dh=dh, A=adapter.weight.a, dx=dx), ())]
+        raw, masked = (self._scratch(f"dx{k}", in_dim) for k in range(2))
+        return [(op(dev, f"{name} adapter input grad", "grad_input", dict(params),
+                    dh=dh, A=adapter.weight.a, dx=raw), ()),
+                (self.drops[name], (raw, masked)),
+                (op(dev, f"{name} adapter input grad add", "add_scaled", dict(
+                    num_elements=t * in_dim, scale=1.0, dtype=self.wgsl, y_dtype=self.wgsl),
+                    y=masked, output=dx), ())]
+
+    def _scratch(self, role: str, width: int):
+        """A [tokens, width] buffer of the storage dtype for passing values
+        between two dispatches, one per (role, width)."""
+        key = (role, width)
+        if key not in self.scratch:
+            self.scratch[key] = self.device.empty((self.tokens, width), self.dtype,
+                                                  name=f"lm.{role}.{width}")
+        return self.scratch[key]
 
     def _layer_backward(self, layer: int, bottom: bool) -> list:
         """Layer ``layer``'s backward: dres holds the gradient of its output on
