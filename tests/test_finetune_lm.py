@@ -22,7 +22,6 @@ pytest.importorskip("tokenizers", reason="the tiny tokenizer is trained by token
 
 from lm_cases import float64_logits, tiny_model  # noqa: E402
 
-import lora  # noqa: E402
 from lora.apps import cli, finetune_lm  # noqa: E402
 
 TEXTS = (Path("/usr/share/common-licenses/GPL-3"),
@@ -213,6 +212,7 @@ def no_weights(tmp_path, folder) -> Path:
     ("folder", ["--target-modules", "q_prj"], "target_modules ['q_prj'] matches no module"),
     ("folder", ["--target-modules", "lm_head"], "LoRA on lm_head is not supported"),
     ("folder", ["--prompt", ""], "--prompt '' gives no tokens"),
+    ("folder", ["--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
 ])
 def test_bad_input_is_refused_by_name(model, argv, message, request, text_file, tmp_path):
     """Each refusal exits with status 2 and argparse's message on stderr naming
@@ -225,3 +225,42 @@ def test_bad_input_is_refused_by_name(model, argv, message, request, text_file, 
     assert "error:" in err and "Traceback" not in err
     assert ("starting the GPU" in stdout) == ("lm_head" in argv)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xffGPL", "not UTF-8 text (invalid start byte at byte 0); {folder}/tokenizer.json "
+                 "tokenizes UTF-8 text"),
+    (b"a short text", "held out; --seq 32 needs at least 32 in each: give a longer text, a "
+                      "smaller --seq or another --held-out"),
+])
+def test_texts_that_cannot_be_trained_on_are_refused(folder, content, message, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_bytes(content)
+    status, stdout, err = run_command(["--model", folder, "--text", text, "--seq", "32",
+                                       "--out", tmp_path / "out"])
+    assert status == 2 and message.format(folder=folder) in err, err
+    assert "starting the GPU" not in stdout and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # 40 steps over every Linear, in f16, with dropout
+def test_a_longer_f16_run_with_dropout_on_every_linear(device, folder, text_file, tmp_path):
+    """--dtype f16 --lora-dropout 0.1 --target-modules all-linear, 40 steps: the
+    held-out loss falls, and the adapter read by peft gives the trained model's
+    logits within f16's tolerance (tests/test_lm.py: 5e-3 of the largest logit,
+    each stored f16 activation rounded by up to 2^-11 of itself)."""
+    if not device.has_feature("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16")
+    out, stdout = tmp_path / "out", io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        lm, summary = finetune_lm.run(list(map(str, [
+            "--model", folder, "--text", text_file, "--out", out, "--seq", "32", "--batch", "4",
+            "--lr", "1e-2", "--steps", "40", "--dtype", "f16", "--lora-dropout", "0.1",
+            "--target-modules", "all-linear", "--eval-batches", "2", "--max-new-tokens", "8"])))
+    assert (summary["dtype"], summary["lora_dropout"], len(summary["target_modules"])) == \
+        ("f16", 0.1, 14)
+    assert summary["held_out_loss_after"] < summary["held_out_loss_before"] - 0.05
+    assert "on 14 modules (down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj)" in \
+        stdout.getvalue()
+    rows = np.arange(64).reshape(2, 32) % 300 + 3
+    want = float64_logits(peft_model(folder, out / "adapter"), rows)
+    assert np.abs(lm.logits(rows) - want).max() < 5e-3 * np.abs(want).max()

@@ -79,6 +79,8 @@ def _argument_problem(args) -> str:
         return f"--epochs must be a number > 0, got {args.epochs:g}"
     if not 0 < args.held_out < 1:  # (NaN too)
         return f"--held-out must be a fraction in (0, 1), got {args.held_out:g}"
+    if not 0 <= args.seed < 2**32:
+        return f"--seed must be in [0, 2^32), got {args.seed}"
     if not 0 < args.alpha < math.inf:
         return f"--alpha must be a number > 0, got {args.alpha:g}"
     if not Path(args.text).is_file():
@@ -160,15 +162,10 @@ def held_out_loss(lm, sequences: np.ndarray, batch: int) -> float:
     return total / count
 
 
-def _eos(config, codec):
-    """The ids that end a sample: the config's eos ids with its tokenizer (none as bytes)."""
-    eos = () if codec.is_bytes else config.eos_token_ids
-    return None if not eos else eos[0] if len(eos) == 1 else list(eos)
-
-
-def _sample(lm, codec, prompt: np.ndarray, new_tokens: int, eos) -> str:
-    """The greedy continuation of ``prompt``, decoded."""
-    out = lm.generate(prompt[None, :], new_tokens, eos_token_id=eos)
+def _sample(lm, codec, prompt: np.ndarray, new_tokens: int) -> str:
+    """The greedy continuation of ``prompt``, decoded; it ends early at the
+    config's eos ids with a tokenizer (bytes have none: eos_token_id=())."""
+    out = lm.generate(prompt[None, :], new_tokens, eos_token_id=() if codec.is_bytes else None)
     return codec.decode(out[0, len(prompt):])
 
 
@@ -258,7 +255,8 @@ def _make_model(args, weights, steps: int):
         with phase(f"loading the model onto {device.name} ({device.backend})"):
             return CausalLM(weights, target_modules=targets, rank=args.rank, alpha=args.alpha,
                             dtype=DTYPES[args.dtype], optimizer=optimizer, seed=args.seed,
-                            lora_dropout=args.lora_dropout, device=device)
+                            lora_dropout=args.lora_dropout, dropout_seed=args.seed,
+                            device=device)
     except (ModelError, ValueError, FeatureError) as e:
         raise Refused(str(e)) from None
 
@@ -281,7 +279,7 @@ def _samples(lm, codec, prompt, args, when: str) -> str | None:
     if not args.max_new_tokens:
         return None
     with phase(f"greedy sample {when} training ({args.max_new_tokens} new tokens)"):
-        text = _sample(lm, codec, prompt, args.max_new_tokens, _eos(lm.config, codec))
+        text = _sample(lm, codec, prompt, args.max_new_tokens)
     print(f"  {when}: {text!r}")
     return text
 
@@ -315,9 +313,9 @@ def _run(args):
     steps = _steps(args, len(packed.train))
     lm = _make_model(args, weights, steps)
     print(_describe_training(args, lm, packed, steps))
+    loss_before = _evaluate(lm, eval_rows, args.batch, "before")
     if args.max_new_tokens:
         print(f"  prompt: {codec.decode(prompt)!r}")
-    loss_before = _evaluate(lm, eval_rows, args.batch, "before")
     sample_before = _samples(lm, codec, prompt, args, "before")
     print("training ...")
     losses, seconds = _train(lm, packed, args, steps)
