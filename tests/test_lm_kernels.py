@@ -294,6 +294,18 @@ def test_swiglu_and_its_gradient(dev, inter, dtype, tokens):
         close(got_u, want_u, dtype, scale=12, what=f"d_up {how}")
 
 
+@pytest.mark.parametrize("hidden, dtype, tokens", [(37, "f32", 3), (40, "f16", None)])
+def test_residual_adds_a_stored_block_output_to_the_f32_stream(dev, hidden, dtype, tokens):
+    """out = x + y, x and out f32, y stored as dtype (widened exactly)."""
+    dt = storage(dev, dtype)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, hidden)).astype(np.float32)
+    y = rng.standard_normal((3, hidden)).astype(dt)
+    out, = run(dev, "residual", dict(hidden=hidden, tokens=tokens, dtype=dtype, threads=16), 3,
+               {"x": x, "y": y, "out": np.zeros_like(x)}, ["out"])
+    close(out, x.astype(np.float64) + y.astype(np.float64), "f32", scale=4, what="out")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_residual_add(dev, dtype):
     """add_scaled with y_dtype: an f32 residual h += y (f16 or f32), 3 x 37

@@ -13,6 +13,8 @@ go to the GPU once, the activations of a batch shape when it first comes.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -24,7 +26,8 @@ from . import inputs as I
 from .adapters import peft_adapter
 from .config import linear_modules, memory_check
 from .generate import generate
-from .graph import Graph
+from .graph import Graph, _buffers
+from .mixed import MixedAdapters
 from .params import Frozen, fresh_layer, upload_adapter
 from .rope import rope_tables
 from .targets import lm_modules, resolve_targets
@@ -75,7 +78,8 @@ class CausalLM:
                                             for pair in zip(ad.masters, ad.grads)])
         self._train: Graph | None = None
         self._infer: list[Graph] = []
-        self._steps, self._counted = 0, 0
+        self.steps, self._counted = 0, 0
+        self.mixed = MixedAdapters(self)
 
     def _layers(self, target_modules, rank: int, alpha, use_rslora: bool, seed: int,
                 adapters) -> dict[str, LoraLayer]:
@@ -144,13 +148,13 @@ class CausalLM:
                             (graph.positions, batch.positions), (graph.labels, batch.labels)):
             dev.write(buf, values)
         graph.record_step()
-        self._steps += 1
+        self.steps += 1
         self._counted = batch.counted
 
     def loss(self) -> float:
         """The last step's loss, of the forward before its update (as
         transformers' ``outputs.loss``); reads back, so waits for the GPU."""
-        if self._train is None or not self._steps:
+        if self._train is None or not self.steps:
             raise RuntimeError("CausalLM.loss: no step recorded yet; call step(input_ids) first")
         losses = self.device.read(self._train.losses).astype(np.float64)
         return float(losses.sum() / self._counted) if self._counted else 0.0
@@ -171,14 +175,20 @@ class CausalLM:
 
     # ------------------------------------------------------------ inference
 
-    def logits(self, input_ids, attention_mask=None) -> np.ndarray:
+    def logits(self, input_ids, attention_mask=None, adapter_names=None) -> np.ndarray:
         """The adapted model's logits, float32 [batch, seq, vocab] (read back).
         Positions count from 0 in every row, as transformers' forward counts
         them without position_ids; a query that sees no key (a left pad) gets
         an attention output of 0 (transformers' value there depends on its
-        attention implementation)."""
+        attention implementation). ``adapter_names``: one per sequence, as
+        peft's mixed batch ("default": the model's own, "__base__": none,
+        others loaded with :meth:`add_adapter`)."""
         batch = self._batch(input_ids, None, attention_mask, "CausalLM.logits", False)
-        graph = self._inference_graph(batch.batch, batch.seq)
+        routes = None if adapter_names is None else \
+            self.mixed.ids(adapter_names, batch.batch, batch.seq)
+        graph = self._inference_graph(batch.batch, batch.seq, routes is not None)
+        if routes is not None:
+            graph.mixed_plans = self.mixed.plans(routes)
         dev = self.device
         for buf, values in ((graph.ids, batch.ids), (graph.keep, batch.keep),
                             (graph.positions, batch.positions)):
@@ -189,7 +199,7 @@ class CausalLM:
         return out.reshape(batch.batch, batch.seq, self.config.vocab_size)
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None, attention_mask=None,
-                 pad_token_id=None) -> np.ndarray:
+                 pad_token_id=None, adapter_names=None) -> np.ndarray:
         """Greedy decoding with a KV cache on the GPU: the prompt and the new
         ids, int64 [batch, prompt + new], as transformers' ``generate(...,
         do_sample=False)`` returns them, token for token. Stops when every
@@ -198,18 +208,38 @@ class CausalLM:
         is filled with ``pad_token_id`` (None: the config's pad id, else its
         first eos id). ``attention_mask``: 0 at (left) padding of the prompt;
         positions count from each row's first real token, as generate counts
-        them."""
+        them. ``adapter_names``: one per sequence, as :meth:`logits` takes them."""
         return generate(self, input_ids, max_new_tokens, eos_token_id, attention_mask,
-                        pad_token_id)
+                        pad_token_id, adapter_names)
 
-    def _inference_graph(self, batch: int, seq: int) -> Graph:
+    def _inference_graph(self, batch: int, seq: int, mixed: bool = False) -> Graph:
         for k, graph in enumerate(self._infer):
-            if (graph.batch, graph.seq) == (batch, seq):
+            if (graph.batch, graph.seq, graph.mixed) == (batch, seq, mixed):
                 self._infer.insert(0, self._infer.pop(k))
                 return graph
-        graph = Graph(self, batch, seq, training=False)
+        graph = Graph(self, batch, seq, training=False, mixed=mixed)
         self._infer = [graph] + self._infer[:INFERENCE_SHAPES - 1]
         return graph
+
+    def memory(self) -> dict[str, int]:
+        """Bytes on the device by part: the frozen weights (and RoPE's tables),
+        the adapters (A and B, their f32 masters and gradients, the
+        optimizer's moments), the last training step's activations and
+        gradients (once a step has run: what a step of that shape takes on
+        top of the rest), and the inference graphs kept."""
+        seen: dict[int, int] = {}
+        _buffers(list(vars(self.frozen).items()), seen, set())
+        frozen = sum(seen.values())
+        parts: dict = {}
+        for ad in self.adapted.values():
+            _buffers([(0, ad.weight.a), (1, ad.weight.b), (2, list(ad.masters)),
+                      (3, list(ad.grads))], parts, set())
+        opt = self.optimizer
+        _buffers([(0, getattr(opt, "extra", [])), (1, getattr(opt, "state", None)),
+                  (2, getattr(opt, "hyper", None))], parts, set())
+        return {"weights": frozen, "adapters": sum(parts.values()),
+                "training step": self._train.nbytes() if self._train is not None else 0,
+                "inference": sum(g.nbytes() for g in self._infer)}
 
     # ------------------------------------------------------------ adapters
 
@@ -218,6 +248,23 @@ class CausalLM:
         read = self.device.read
         return {name: (read(ad.masters[0]).copy(), read(ad.masters[1]).copy())
                 for name, ad in self.adapted.items()}
+
+    def add_adapter(self, name: str, adapter) -> None:
+        """Load another adapter under ``name`` for mixed batches
+        (``adapter_names`` of :meth:`logits` and :meth:`generate`): a peft
+        adapter directory, or {module name: lora.LoraLayer}; its modules need
+        not be the model's own adapted ones (a module it lacks gets no delta
+        from it). It is not trained."""
+        layers = load_adapter(adapter) if isinstance(adapter, (str, os.PathLike)) else adapter
+        if not isinstance(layers, dict) or not all(isinstance(v, LoraLayer)
+                                                   for v in layers.values()):
+            raise ValueError(f"CausalLM.add_adapter: expected a peft adapter directory or "
+                             f"{{module name: lora.LoraLayer}}, got {type(adapter).__name__}")
+        self.mixed.add(name, layers)
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget an adapter :meth:`add_adapter` loaded."""
+        self.mixed.remove(name)
 
     def save_adapter(self, path, *, base_model_name_or_path=None):
         """Every adapter as one peft adapter directory, which

@@ -43,7 +43,7 @@ class KVCache:
 
 
 def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention_mask=None,
-             pad_token_id=None) -> np.ndarray:
+             pad_token_id=None, adapter_names=None) -> np.ndarray:
     """The prompt and the greedy continuation, int64 [batch, prompt + new]
     (lora.CausalLM.generate documents the arguments)."""
     c = model.config
@@ -60,26 +60,34 @@ def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention
     eos = _ids(c.eos_token_ids if eos_token_id is None else eos_token_id, c.vocab_size,
                "eos_token_id")
     pad = _pad(pad_token_id, c, eos)
+    mixed = None if adapter_names is None else \
+        [model.mixed.ids(adapter_names, b, rows) for rows in (p, 1)]
     cache = KVCache(model, b, p + new, new)
     dev = model.device
     keep = np.ones((b, p + new), np.uint32)
     keep[:, :p] = batch.keep.reshape(b, p)
     dev.write(cache.keep, keep.reshape(-1))
-    prefill = Graph(model, b, p, training=False, cache=cache)
+    prefill = Graph(model, b, p, training=False, cache=cache, mixed=mixed is not None)
+    if mixed is not None:
+        prefill.mixed_plans = model.mixed.plans(mixed[0])
     dev.write(prefill.ids, batch.ids)
     dev.write(prefill.positions, batch.positions)
     dev.write(cache.past, np.zeros(1, np.uint32))
     with dev.batch():
         prefill.record_forward()
-    made = _decode(model, cache, b, p, new, batch.positions.reshape(b, p)[:, -1] + 1, eos)
+    step = None
+    if new > 1:
+        step = Graph(model, b, 1, training=False, cache=cache, mixed=mixed is not None)
+        if mixed is not None:
+            step.mixed_plans = model.mixed.plans(mixed[1])
+    made = _decode(model, cache, step, p, new, batch.positions.reshape(b, p)[:, -1] + 1, eos)
     return _finished(batch.ids.reshape(b, p), made, eos, pad)
 
 
-def _decode(model, cache: KVCache, b: int, p: int, new: int, positions, eos) -> np.ndarray:
-    """Decode steps until every sequence has given an eos id or ``new`` ids
-    are made: the ids, [steps made, batch]."""
-    dev = model.device
-    step = Graph(model, b, 1, training=False, cache=cache) if new > 1 else None
+def _decode(model, cache: KVCache, step, p: int, new: int, positions, eos) -> np.ndarray:
+    """Decode steps (the one-token graph ``step``) until every sequence has
+    given an eos id or ``new`` ids are made: the ids, [steps made, batch]."""
+    dev, b = model.device, len(positions)
     dev.write(cache.past, np.array([p], np.uint32))
     dev.write(cache.positions, np.asarray(positions, np.uint32))
     made = 1

@@ -16,8 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from shaderdsl.devicebuffer import DeviceBuffer
+
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
+from ..kernels.attention_matrix import matrix_tiling
+from ..kernels.matrix import FRAGMENT
 from ..training.backward import backward_plan, dropout_plan, train_forward_plan
 from ..training.network import base_kernel
 
@@ -30,14 +34,18 @@ def op(device, label: str, kernel: str, params: dict, **bound) -> Plan:
     return Plan(device, label, [(kernel, params)], {}, bound=bound)
 
 
-class Copy:
-    """A buffer copy recorded among the plans (in the open batch, in order)."""
-
-    def __init__(self, device, src, dst):
-        self.device, self.src, self.dst = device, src, dst
-
-    def record(self) -> None:
-        self.device.copy(self.src, self.dst)
+def _buffers(items: list, seen: dict, skip: set) -> None:
+    """{id: bytes} of every device buffer among ``items`` ((name, value) pairs,
+    lists, tuples and dicts of them), ``skip``'s objects left out."""
+    for _, value in items:
+        if id(value) in skip:
+            continue
+        if isinstance(value, DeviceBuffer):
+            seen[id(value)] = value.nbytes
+        elif isinstance(value, dict):
+            _buffers(list(value.items()), seen, skip)
+        elif isinstance(value, (list, tuple)):
+            _buffers([(None, v) for v in value], seen, skip)
 
 
 class AtOffset:
@@ -49,6 +57,17 @@ class AtOffset:
 
     def record(self) -> None:
         self.plan.record(offset=np.uint32(self.graph.offset))
+
+
+class _Mixed:
+    """A module's pool plan, with the route its graph holds now: y += each
+    row's own adapter's delta."""
+
+    def __init__(self, graph, name: str):
+        self.graph, self.name = graph, name
+
+    def record(self, x, y) -> None:
+        self.graph.mixed_plans[self.name].record(x, y)
 
 
 class _NextOffset(AtOffset):
@@ -67,7 +86,8 @@ class Graph:
     ``offset``; a one-token graph (decode) reads its ids there too and
     advances ``past`` and the positions after its step."""
 
-    def __init__(self, model, batch: int, seq: int, training: bool, cache=None):
+    def __init__(self, model, batch: int, seq: int, training: bool, cache=None,
+                 mixed: bool = False):
         self.model, self.batch, self.seq, self.training = model, batch, seq, training
         self.device, self.config = model.device, model.config
         self.cache: Any = cache
@@ -88,6 +108,9 @@ class Graph:
         self.dropped: dict = {}  # module name -> its adapter's dropped input (lora_dropout)
         self.drops: dict = {}    # module name -> the plan dropping it
         self.scratch: dict = {}  # (role, width) -> a buffer between two dispatches
+        # mixed: each row's adapter from the model's pools (the plans with their
+        # routes in ``mixed_plans``, set before each record), not the model's own
+        self.mixed, self.mixed_plans = mixed, {}
         layers = c.num_hidden_layers
         self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
                   for i in range(layers + 1 if training else 2)]
@@ -153,6 +176,10 @@ class Graph:
                              tokens=self.tokens, bias=b is not None)
         bound = {"x": x, "W": w, "y": y, **({"bias": b} if b is not None else {})}
         steps: list = [(Plan(dev, f"{name} base", [kernel], {}, bound=bound), ())]
+        if self.mixed:
+            if name in self.model.mixed.pools:
+                steps.append((_Mixed(self, name), (x, y)))
+            return steps
         adapter = self.model.adapted.get(name)
         if adapter is not None:
             drop = self._dropout(name, adapter, in_dim)
@@ -218,11 +245,28 @@ class Graph:
         c, cache = self.config, self.cache
         k, v, kv_len = (s["k"], s["v"], self.seq) if cache is None else \
             (cache.k[layer], cache.v[layer], cache.length)
-        return (op(self.device, "attention", "attention", dict(
-            batch=self.batch, q_len=self.seq, kv_len=kv_len, heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.wgsl),
-            q=s["q"], k=k, v=v, keep=self.keep, past=self.past, o=s["o"],
-            lse=s["lse"]), ())
+        params = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
+                      heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                      head_dim=c.head_dim)
+        kernel = "attention_matrix" if self._matrix_attention(params) else "attention"
+        if kernel == "attention":
+            params["dtype"] = self.wgsl
+        return (op(self.device, "attention", kernel, params, q=s["q"], k=k, v=v,
+                   keep=self.keep, past=self.past, o=s["o"], lse=s["lse"]), ())
+
+    def _matrix_attention(self, params: dict) -> bool:
+        """Whether attention's two products go on matrix units: f16 on a device
+        with f16 16x16x16 subgroup matrices, and a shape the matrix kernel
+        tiles within the device's workgroup memory."""
+        if self.wgsl != "f16" or FRAGMENT not in getattr(self.device,
+                                                         "subgroup_matrix_configs", ()):
+            return False
+        try:   # (refuses what it cannot tile within WebGPU's 16 KiB)
+            matrix_tiling(params["heads"], params["kv_heads"], params["head_dim"],
+                          params["q_len"], params["kv_len"])
+        except ValueError:
+            return False
+        return True
 
     def _cache_write(self, layer: int, s: dict) -> list:
         """This step's (rotated) keys and values into the cache at its past."""
@@ -235,11 +279,9 @@ class Graph:
 
     def _residual(self, x, y, out) -> list:
         """out = x + y: the residual stream (f32) past a block whose output y is stored."""
-        n = self.tokens * self.config.hidden_size
-        return [(Copy(self.device, x, out), ()),
-                (op(self.device, "residual", "add_scaled", dict(
-                    num_elements=n, scale=1.0, dtype="f32", y_dtype=self.wgsl),
-                    y=y, output=out), ())]
+        return [(op(self.device, "residual", "residual", dict(
+            hidden=self.config.hidden_size, tokens=self.tokens, dtype=self.wgsl),
+            x=x, y=y, out=out), ())]
 
     def _head(self) -> list:
         """The final norm and the LM head's logits [tokens, vocab], a chunk of
@@ -344,7 +386,7 @@ class Graph:
         if adapter is not None:
             forward = self.lora_forwards[name]
             plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                 strategy="split", with_dx=False)
+                                 with_dx=False)   # every strategy leaves dh as scratch
             steps.append((plan, (g, self.dropped.get(name, x), forward.h, *adapter.grads)))
             steps += self._adapter_input_grad(name, adapter, plan.scratch["dh"], in_dim, dx)
         return steps
@@ -417,6 +459,17 @@ class Graph:
                 (op(dev, "attention grad q", "attention_grad_q", both, **inputs, dq=d["dq"]),
                  ()),
                 self._rope_pair(d["dq"], d["dk"], inverse=True)]
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers this graph made (activations, gradients, the
+        plans' scratch), not the model's weights or a cache's."""
+        seen: dict[int, int] = {}
+        skip = {id(self.cache)} | ({id(b) for b in vars(self.cache).values()}
+                                   if self.cache is not None else set())
+        _buffers(list(vars(self).items()), seen, skip | {id(self.model)})
+        for plan, _ in self.forwards + self.backwards:
+            _buffers(list(getattr(plan, "scratch", {}).items()), seen, skip)
+        return sum(seen.values())
 
     # ------------------------------------------------------------ recording
 
