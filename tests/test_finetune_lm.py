@@ -113,6 +113,7 @@ def test_the_loss_falls_and_the_files_are_written(folder, tokenized):
     assert summary["held_out_loss_after"] < summary["held_out_loss_before"] - 0.02
     assert np.mean(summary["loss"][-5:]) < summary["loss"][0] - 0.02
     assert len(summary["loss"]) == summary["steps"] == 20
+    assert min(summary["memory"][part] for part in ("weights", "adapters", "training step")) > 0
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(folder.resolve())
@@ -121,7 +122,8 @@ def test_the_loss_falls_and_the_files_are_written(folder, tokenized):
     train_rows = (len(ids) - len(held_out(ids))) // 32
     for said in (f": {len(ids)} tokens;", f"make {train_rows} sequences of 32",
                  "20 steps of 4 x 32 tokens", f"wrote the adapter {out / 'adapter'}",
-                 f"{out / 'loss.png'} and {out / 'summary.json'}", "step 20/20  loss"):
+                 f"{out / 'loss.png'} and {out / 'summary.json'}", "step 20/20  loss",
+                 "GPU memory: weights "):
         assert said in stdout, said
 
 

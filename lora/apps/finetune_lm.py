@@ -284,6 +284,14 @@ def _samples(lm, codec, prompt, args, when: str) -> str | None:
     return text
 
 
+def _size(nbytes: int) -> str:
+    """Bytes as a reader takes them in: 512 B, 3.4 KiB, 270.1 MiB, 1.2 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def _evaluate(lm, rows: np.ndarray, batch: int, when: str) -> float:
     with phase(f"held-out loss {when} training ({len(rows)} sequences)"):
         loss = held_out_loss(lm, rows, batch)
@@ -321,6 +329,9 @@ def _run(args):
     losses, seconds = _train(lm, packed, args, steps)
     print(f"training loss {losses[0]:.4f} -> {losses[-1]:.4f} in {seconds:.1f} s "
           f"({steps * args.batch * args.seq / seconds:.0f} tokens/s)")
+    memory = lm.memory()
+    print(f"GPU memory: {', '.join(f'{part} {_size(n)}' for part, n in memory.items())}; "
+          f"{_size(sum(memory.values()))} in all")
     loss_after = _evaluate(lm, eval_rows, args.batch, "after")
     sample_after = _samples(lm, codec, prompt, args, "after")
     device = lm.device
@@ -333,7 +344,7 @@ def _run(args):
             "warmup": int(lm.optimizer.settings["warmup"]), "max_grad_norm": args.max_grad_norm,
             "dtype": args.dtype, "lora_dropout": args.lora_dropout, "seed": args.seed,
             "device": device.name, "backend": device.backend, "loss": losses,
-            "train_seconds": seconds, "held_out_loss_before": loss_before,
+            "train_seconds": seconds, "memory": memory, "held_out_loss_before": loss_before,
             "held_out_loss_after": loss_after, "prompt": codec.decode(prompt),
             "sample_before": sample_before, "sample_after": sample_after}
 
