@@ -197,12 +197,22 @@ def no_weights(tmp_path, folder) -> Path:
     return bare
 
 
+@pytest.fixture
+def other_tokenizer(tmp_path, folder) -> Path:
+    """A model folder of 300 ids with the 320-id tokenizer: not its own."""
+    other = write_model(tmp_path / "other", vocab=300)
+    shutil.copy(folder / "tokenizer.json", other / "tokenizer.json")
+    return other
+
+
 @pytest.mark.parametrize("model, argv, message", [
     ("small_vocab", [], "has no tokenizer.json, so the text would be read as bytes (ids 0-255), "
                         "but the model's vocab_size is 128, fewer than 256 ids; put the model's "
                         "tokenizer.json in the folder"),
     ("folder", ["--text", "/nonexistent/notes.txt"], "--text /nonexistent/notes.txt: no such file"),
     ("no_weights", [], "no model.safetensors or model.safetensors.index.json"),
+    ("other_tokenizer", [], "but the model's vocab_size is 300: it is not this model's "
+                            "tokenizer"),
     ("folder", ["--seq", "1"], "--seq must be >= 2, got 1"),
     ("folder", ["--seq", "4096"], "--seq 4096 is past the model's max_position_embeddings 256"),
     ("folder", ["--held-out", "1"], "--held-out must be a fraction in (0, 1), got 1"),
@@ -215,6 +225,8 @@ def no_weights(tmp_path, folder) -> Path:
     ("folder", ["--target-modules", "lm_head"], "LoRA on lm_head is not supported"),
     ("folder", ["--prompt", ""], "--prompt '' gives no tokens"),
     ("folder", ["--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
+    ("folder", ["--max-new-tokens", "250"], "the prompt's 16 tokens and --max-new-tokens 250 pass "
+                                            "the model's max_position_embeddings 256"),
 ])
 def test_bad_input_is_refused_by_name(model, argv, message, request, text_file, tmp_path):
     """Each refusal exits with status 2 and argparse's message on stderr naming
