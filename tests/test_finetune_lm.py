@@ -168,7 +168,7 @@ def test_a_folder_without_tokenizer_json_reads_bytes(folder, text_file, tmp_path
     shutil.copytree(folder, plain, ignore=shutil.ignore_patterns("tokenizer.json"))
     out = tmp_path / "out"
     status, stdout, err = run_command(["--model", plain, "--text", text_file, "--out", out,
-                                       "--max-new-tokens", "4", "--no-plot", *ARGS])
+                                       "--no-plot", "--steps", "5", *ARGS])
     assert status == 0, err
     raw = text_file.read_bytes()
     summary = json.loads((out / "summary.json").read_text())
@@ -179,6 +179,54 @@ def test_a_folder_without_tokenizer_json_reads_bytes(folder, text_file, tmp_path
     assert f"  after: {summary['sample_after']!r}" in stdout
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     assert not (out / "loss.png").exists()
+
+
+def test_the_held_out_loss_is_transformers_shifted_cross_entropy():
+    """shifted_cross_entropy of a float64 model's logits, over the tokens it
+    counts, is torch's cross-entropy of position t against id t + 1 in float64,
+    and the model's outputs.loss (labels = the ids), which transformers
+    computes in float32."""
+    import torch
+
+    ids = np.random.default_rng(3).integers(3, 128, size=(3, 10))
+    with torch.no_grad():
+        out = tiny_model("llama").double()(input_ids=torch.tensor(ids),
+                                           labels=torch.tensor(ids))
+        want = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 128),
+                                                 torch.tensor(ids[:, 1:]).reshape(-1)).item()
+    total, count = finetune_lm.shifted_cross_entropy(out.logits.numpy(), ids)
+    assert count == 3 * 9 and abs(total / count - want) < 1e-12 * want
+    assert abs(total / count - out.loss.item()) < 1e-6 * want
+
+
+def test_held_out_batches_keep_one_shape():
+    """A last batch short of --batch is filled with copies whose losses are
+    left out: every logits call sees `batch` rows, and the mean is over the
+    sequences given, each once."""
+    class Logits:
+        shapes: list = []
+
+        def logits(self, ids):
+            self.shapes.append(ids.shape)
+            return np.sin(ids[..., None] * np.arange(1.0, 9.0))   # any function of the ids
+
+    rows = np.random.default_rng(4).integers(0, 8, size=(5, 6))
+    model = Logits()
+    got = finetune_lm.held_out_loss(model, rows, batch=2)
+    total, count = finetune_lm.shifted_cross_entropy(model.logits(rows), rows)
+    assert model.shapes[:3] == [(2, 6)] * 3 and got == pytest.approx(total / count, rel=1e-12)
+
+
+def test_batches_pass_over_every_sequence_in_fresh_orders():
+    from lora.apps.lm_text import batches, pack
+
+    drawn = np.concatenate(list(batches(7, 3, 7, seed=1)))   # 21 rows: 3 passes over 7
+    assert all(sorted(drawn[k:k + 7]) == list(range(7)) for k in (0, 7, 14))
+    assert not np.array_equal(drawn[:7], drawn[7:14])
+    assert [len(b) for b in batches(2, 5, 3, seed=0)] == [5, 5, 5]   # fewer sequences than rows
+    packed = pack(np.arange(100), seq=8, held_out=0.2)
+    assert packed.train.shape == (10, 8) and packed.held_out.shape == (2, 8)
+    assert packed.held_out[0, 0] == 80 and packed.train_tokens == 80
 
 
 @pytest.fixture

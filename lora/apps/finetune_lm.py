@@ -62,8 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32,
                    help="greedy tokens per sample (default 32; 0: no samples)")
     p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_STEPS} steps, one evaluation batch, {QUICK_NEW_TOKENS} new "
-                        f"tokens (for CI)")
+                   help=f"{QUICK_STEPS} steps (unless --steps or --epochs), one evaluation "
+                        f"batch, at most {QUICK_NEW_TOKENS} new tokens (for CI)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (needs matplotlib)")
     return p
 
@@ -108,12 +108,13 @@ def _optimizer(args, steps: int):
 
 
 def _steps(args, sequences: int) -> int:
-    """--steps, or the steps --epochs makes of this many sequences (default 100)."""
-    if args.quick:
-        return QUICK_STEPS
+    """--steps, or the steps --epochs makes of this many sequences (default 100,
+    or 20 with --quick)."""
+    if args.steps is not None:
+        return args.steps
     if args.epochs is not None:
         return max(1, math.ceil(args.epochs * sequences / args.batch))
-    return 100 if args.steps is None else args.steps
+    return QUICK_STEPS if args.quick else 100
 
 
 def _describe_model(folder: Path, config) -> str:
