@@ -18,6 +18,7 @@ import numpy as np
 
 from shaderdsl.devicebuffer import DeviceBuffer
 
+from ..core.auto import auto_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..kernels.attention_matrix import matrix_tiling
@@ -186,9 +187,12 @@ class Graph:
             if drop is not None:
                 steps.append((drop, (x, self.dropped[name])))
                 x = self.dropped[name]
-            plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                      given=())
-            self.lora_forwards[name] = plan
+            if self.training:   # keeps h = A x for the backward
+                plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
+                                          given=())
+                self.lora_forwards[name] = plan
+            else:   # lora.forward's own plan (one dispatch where its model says so)
+                plan = auto_plan(dev, adapter.weight, adapter.scale, self.tokens)
             steps.append((plan, (x, y)))
         return steps
 
@@ -321,6 +325,15 @@ class Graph:
 
     # ------------------------------------------------------------ loss and backward
 
+    @property
+    def loss_scale(self) -> float:
+        """The loss gradient's scale: 1 in f32; in f16 the token count (the
+        gradient of a mean over T tokens is ~1 / (vocab T) an element, under
+        f16's least value at a real vocabulary; scaled, the activations'
+        gradients are ~1, far from f16's limits both ways), undone by the
+        optimizer's scale_gradients. A fixed scale, not GradScaler's dynamic one."""
+        return float(self.tokens) if self.dtype == np.float16 else 1.0
+
     def _loss(self) -> list:
         """softmax cross-entropy of the logits against the shifted labels, the
         ignored ones left out, its gradient written over the logits."""
@@ -328,7 +341,7 @@ class Graph:
         self.losses = dev.empty((self.tokens,), F32, name="lm.losses")
         return [(op(dev, "loss", "softmax_xent", dict(
             classes=c.vocab_size, tokens=self.tokens, dtype=self.wgsl, ignore=True,
-            in_place=True, subgroups=dev.has_feature("subgroup")),
+            in_place=True, subgroups=dev.has_feature("subgroup"), grad_scale=self.loss_scale),
             logits=self.logits, labels=self.labels, losses=self.losses), ())]
 
     def _backward(self) -> list:
