@@ -9,13 +9,16 @@ its module for the adapter's limits (probed first, in Node), then times in Node:
 the weights, greedy generation (tokens/s of the new tokens, the prefill included, and of
 the decode steps alone: a run of one new token taken off), a training step (tokens/s of
 the batch, the loss read after the last step), and says the GPU memory the module holds
-(lm.memory()) and the process's resident memory; then the same in Python
-(lora.CausalLM on the runtime's device). Rows go to stdout and ``OUT/bench-lm-page.json``.
-Every sequence makes every token asked for (no end-of-sequence id).
+(lm.memory()) and the process's resident memory; beside the same work in Python
+(lora.CausalLM on the runtime's device, run first: the page starts from its adapter and
+trains on its batch, so the last losses should agree). Rows go to stdout and
+``OUT/bench-lm-page.json``. Every sequence makes every token asked for (no
+end-of-sequence id).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -54,19 +57,22 @@ const dev = await adapter.requestDevice({requiredFeatures: m.config.features,
                                          requiredLimits: m.config.limits});
 const rows = (n, len, seed) => Array.from({length: n}, (_, r) => Array.from({length: len},
   (_, k) => 1 + ((seed * 7919 + r * 104729 + k * 31337) %% (m.config.model.vocabSize - 1))));
+const io = await import(s.adapterModule);
+const start = io.readPeftAdapter(fs.readFileSync(s.adapter + "/adapter_config.json", "utf8"),
+  fs.readFileSync(s.adapter + "/adapter_model.safetensors")).layers;
 let t = performance.now();
-const lm = await m.loadCausalLM(dev, await fs.openAsBlob(s.weights));
+const lm = await m.loadCausalLM(dev, await fs.openAsBlob(s.weights), {adapter: start});
 const out = {loadS: (performance.now() - t) / 1000};
 const prompt = rows(m.config.shapes.genBatch, m.config.shapes.prompt, 1);
 const gen = async n => { const t0 = performance.now();
   await lm.generate(prompt, {maxNewTokens: n, eosTokenId: []});
   return (performance.now() - t0) / 1000; };
-await gen(m.config.shapes.newTokens);                       // compiles, warms
+await gen(m.config.shapes.newTokens); await gen(1);         // compiles, warms
 const one = await gen(1), all = await gen(m.config.shapes.newTokens);
 const made = m.config.shapes.genBatch * m.config.shapes.newTokens;
 out.generateTokensPerS = made / all;
 out.decodeTokensPerS = m.config.shapes.genBatch * (m.config.shapes.newTokens - 1) / (all - one);
-const batch = rows(m.config.shapes.batch, m.config.shapes.seq, 2);
+const batch = JSON.parse(fs.readFileSync(s.batch, "utf8"));
 for (let k = 0; k < 2; k++) await lm.step(batch);            // compiles, warms
 await lm.loss();
 t = performance.now();
@@ -94,6 +100,7 @@ def node_json(node: str, script: str, folder: Path, timeout: float) -> dict:
 
 def export(folder: Path, out: Path, args, limits: dict) -> Path:
     """The module of ``folder`` for the bench's shapes, within the adapter's limits."""
+    from .web_export import asset
     from .web_lm import LMSetup, LMShapes, module_js, record_module
 
     shapes = LMShapes(args.batch, args.seq, args.gen_batch, args.prompt, args.new_tokens)
@@ -104,11 +111,14 @@ def export(folder: Path, out: Path, args, limits: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "package.json").write_text('{"type": "module"}\n')  # Node 20.18 reads .js as ESM
     (out / "lora_lm.js").write_text(module_js(record_module(setup)))
+    (out / "lora_adapter.js").write_text(asset("adapter.mjs"))
     return out / "lora_lm.js"
 
 
-def python_times(folder: Path, args) -> dict:
-    """lora.CausalLM's figures for the same model, shapes and work."""
+def python_times(folder: Path, args, work: Path) -> dict:
+    """lora.CausalLM's figures for the same model, shapes and work; its first adapter
+    and training batch go to ``work`` (adapter/, batch.json) for the page to start
+    from, so that the last loss of both is the same step's."""
     import lora
 
     dtype = {"f32": np.float32, "f16": np.float16}[args.dtype]
@@ -116,6 +126,7 @@ def python_times(folder: Path, args) -> dict:
     lm = lora.CausalLM.from_pretrained(folder, target_modules="all-linear", rank=args.rank,
                                        alpha=2.0 * args.rank, dtype=dtype)
     out = {"loadS": time.perf_counter() - t, "device": str(lm.device)}
+    lm.save_adapter(work / "adapter")
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, lm.config.vocab_size, (args.gen_batch, args.prompt))
 
@@ -124,11 +135,12 @@ def python_times(folder: Path, args) -> dict:
         lm.generate(prompt, n, eos_token_id=[])
         return time.perf_counter() - t0
 
-    gen(args.new_tokens)
+    gen(args.new_tokens), gen(1)   # each compiles its graphs (the cache's length is baked)
     one, whole = gen(1), gen(args.new_tokens)
     out["generateTokensPerS"] = args.gen_batch * args.new_tokens / whole
     out["decodeTokensPerS"] = args.gen_batch * (args.new_tokens - 1) / (whole - one)
     batch = rng.integers(1, lm.config.vocab_size, (args.batch, args.seq))
+    (work / "batch.json").write_text(json.dumps(batch.tolist()))
     for _ in range(2):
         lm.step(batch)
     lm.loss()
@@ -152,6 +164,8 @@ def table(rows: dict, args) -> str:
                        ("decodeTokensPerS", "decode steps: tokens/s"),
                        ("stepMs", "training step (ms)"), ("stepTokensPerS", "training tokens/s")):
         lines.append(f"| {label} | {rows['node'][key]:.4g} | {rows['python'][key]:.4g} |")
+    lines.append(f"| the last step's loss (both from Python's first adapter) | "
+                 f"{rows['node']['loss']:.6f} | {rows['python']['loss']:.6f} |")
     mem = {side: sum(rows[side]["memory"].values()) / 2**20 for side in ("node", "python")}
     lines.append(f"| GPU memory held (MiB) | {mem['node']:.0f} | {mem['python']:.0f} |")
     lines.append(f"| Node's resident memory (MiB) | {rows['node']['rssMiB']:.0f} | - |")
@@ -187,13 +201,17 @@ def main(argv=None) -> int:
     module = export(folder, work / "web", args, limits)
     print(f"exported in {time.perf_counter() - t:.1f} s: {module.stat().st_size} bytes",
           flush=True)
+    python = python_times(folder, args, work)
+    print(f"python: {python}", flush=True)
+    gc.collect()   # (the Python model's buffers go before Node makes its own)
     settings = {"flags": flags, "module": module.as_uri(), "steps": args.steps,
-                "weights": str(folder / "model.safetensors")}
+                "weights": str(folder / "model.safetensors"), "adapter": str(work / "adapter"),
+                "adapterModule": (module.parent / "lora_adapter.js").as_uri(),
+                "batch": str(work / "batch.json")}
     node = node_json(args.node, BENCH % {"webgpu": webgpu, "settings": json.dumps(settings)},
                      work, 3600)
     print(f"node: {node}", flush=True)
-    rows = {"node": node, "python": python_times(folder, args), "adapter": limits,
-            "args": vars(args)}
+    rows = {"node": node, "python": python, "adapter": limits, "args": vars(args)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench-lm-page.json").write_text(json.dumps(rows, indent=2))
     print(table(rows, args))

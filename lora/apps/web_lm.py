@@ -34,6 +34,7 @@ from ..models.causal_lm import CausalLM
 from ..models.config import LMConfig, weight_shapes
 from ..models.generate import STEPS_PER_SUBMIT, KVCache
 from ..models.graph import Graph
+from ..models.inputs import check_batch
 from ..models.weights import EMBEDDING, HEAD, LMWeights, load_weights
 from ..training.optim import SGD, AdamW
 from .web_export import Recorder, asset, module_code, module_types
@@ -165,10 +166,12 @@ class Recorded:
 def record_graphs(lm: CausalLM, dev: LMRecorder, shapes: LMShapes) -> Recorded:
     """Every graph of the page built on ``dev`` (each in its group) and recorded."""
     b, s, g = shapes.batch, shapes.seq, shapes.gen_batch
-    made = {}
-    for phase in ("train", "logits"):
-        dev.phase = phase
-        made[phase] = Graph(lm, b, s, training=phase == "train")
+    dev.phase = "train"   # as CausalLM.step makes it (f16: the optimizer undoes its loss scale)
+    made = {"train": lm._training_graph(check_batch(
+        np.zeros((b, s), np.int64), vocab=lm.config.vocab_size,
+        max_positions=lm.config.max_position_embeddings, call="--lm"))}
+    dev.phase = "logits"
+    made["logits"] = Graph(lm, b, s, training=False)
     dev.phase = "generate"
     cache = KVCache(lm, g, shapes.prompt + shapes.new_tokens, shapes.new_tokens)
     made["prefill"] = Graph(lm, g, shapes.prompt, training=False, cache=cache)
