@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_export import in_page, needs_browser
-from test_node_modules import missing, run_node, unb64
+from test_node_modules import b64, missing, run_node, unb64
 
 import lora
 from lora.apps.cli import main as lora_main
@@ -702,3 +702,49 @@ def test_the_lm_declarations_pass_tsc_strict(chunked):
     done = subprocess.run([NODE, str(TSC), "-p", "."], cwd=root, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_node
+def test_weights_are_converted_as_numpy_converts_them(chunked, tmp_path):
+    """The loader's conversion (lm.mjs's ``converted``, exported from a copy of the module):
+    every bfloat16 bit pattern to float16 (by its table) and to float32, and every float16
+    pattern to float32, equal numpy's astype bit for bit (NaNs as NaNs), with the values
+    NaN or infinite and those finite but beyond float16 counted."""
+    copy = tmp_path / "lm_copy.js"
+    copy.write_text((chunked.out / "lora_lm.js").read_text() + "\nexport { converted };\n")
+    patterns = np.arange(65536, dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    floats = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.integers(-9, 6, 5000),
+                             [0.0, -0.0, 65504, 65519.99, 65520, -7e4, 6e-8, 2.98e-8, 2.99e-8,
+                              np.inf, -np.inf, np.nan]]).astype(np.float32)
+    got = run_node(tmp_path, f"""
+      const {{ converted }} = await import({json.dumps(copy.as_uri())});
+      const bits = new Uint8Array(Uint16Array.from({{length: 65536}}, (_, k) => k).buffer);
+      const result = {{}};
+      for (const [from, to] of [["BF16", "float16"], ["BF16", "float32"], ["F16", "float32"]]) {{
+        const {{data, tally}} = converted(bits, from, to);
+        result[from + to] = {{data: b64(data), tally}};
+      }}
+      const {{data, tally}} = converted(new Uint8Array(f32("{b64(floats)}").buffer), "F32",
+                                        "float16");
+      result.F32float16 = {{data: b64(data), tally}};""")
+    wide = (patterns.astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(over="ignore"):
+        want = {"BF16float16": wide.astype(np.float16), "BF16float32": wide,
+                "F16float32": patterns.view(np.float16).astype(np.float32),
+                "F32float16": floats.astype(np.float16)}
+    for key, values in want.items():
+        data = unb64(got[key]["data"], values.dtype)
+        nan = np.isnan(values)
+        assert np.array_equal(np.isnan(data), nan), key
+        assert np.array_equal(data[~nan].view(f"u{values.itemsize}"),
+                              values[~nan].view(f"u{values.itemsize}")), key
+    bf16_finite = np.isfinite(wide)
+    assert got["BF16float16"]["tally"]["nonFinite"] == int((~bf16_finite).sum())
+    assert got["BF16float16"]["tally"]["beyond"] == int(
+        (bf16_finite & ~np.isfinite(want["BF16float16"])).sum())
+    assert got["F16float32"]["tally"]["nonFinite"] == 2 * 1024
+    finite = np.isfinite(floats)
+    assert got["F32float16"]["tally"] == {
+        "nonFinite": 3, "beyond": int((finite & ~np.isfinite(want["F32float16"])).sum()),
+        "firstBeyond": float(floats[finite & ~np.isfinite(want["F32float16"])][0])}

@@ -303,6 +303,20 @@ function halfFloats() {
   return halfTable;
 }
 
+let bfloatTable = null;   // every bfloat16 bit pattern's float16 bits (halfBits of its value)
+
+function bfloatHalves() {
+  if (!bfloatTable) {
+    bfloatTable = new Uint16Array(65536);
+    const wide = new Float32Array(1), bits = new Uint32Array(wide.buffer);
+    for (let b = 0; b < 65536; b++) {
+      bits[0] = b << 16;
+      bfloatTable[b] = halfBits(wide[0]);
+    }
+  }
+  return bfloatTable;
+}
+
 /** A piece of a tensor (``bytes``, stored as ``from``) as the GPU stores it (``to``:
  *  float32 or float16): BF16 and F16 widened exactly, float16 rounded as numpy rounds;
  *  with the count of NaN or infinite values and of finite ones beyond float16. */
@@ -314,6 +328,19 @@ function converted(bytes, from, to) {
     const bits = new Uint16Array(u8.buffer, u8.byteOffset, n);
     for (let i = 0; i < n; i++) tally.nonFinite += (bits[i] & 0x7c00) === 0x7c00;
     return {data: to === "float16" ? bits : Float32Array.from(bits, h => halfFloats()[h]), tally};
+  }
+  if (from === "BF16" && to === "float16") {   // every bfloat16 pattern's float16, made once
+    const bits = new Uint16Array(u8.buffer, u8.byteOffset, n), half = new Uint16Array(n);
+    const table = bfloatHalves();
+    for (let i = 0; i < n; i++) {
+      const h = table[bits[i]];
+      half[i] = h;
+      if ((h & 0x7c00) === 0x7c00 && (bits[i] & 0x7f80) !== 0x7f80) {   // finite, beyond
+        tally.beyond += 1;
+        tally.firstBeyond ??= new Float32Array(Uint32Array.of(bits[i] << 16).buffer)[0];
+      } else tally.nonFinite += (bits[i] & 0x7f80) === 0x7f80;
+    }
+    return {data: half, tally};
   }
   let f32;
   if (from === "BF16") {
