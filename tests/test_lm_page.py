@@ -748,3 +748,14 @@ def test_weights_are_converted_as_numpy_converts_them(chunked, tmp_path):
     assert got["F32float16"]["tally"] == {
         "nonFinite": 3, "beyond": int((finite & ~np.isfinite(want["F32float16"])).sum()),
         "firstBeyond": float(floats[finite & ~np.isfinite(want["F32float16"])][0])}
+
+
+def test_the_package_of_a_language_model(chunked, tmp_path):
+    """--lm with --package: lora_lm.js is the package's main entry, lora_adapter.js
+    beside it, each by stem and by file name."""
+    assert lora_main(["export", "--lm", str(chunked.folder), "--package", str(tmp_path),
+                      "--seq", "8"]) == 0
+    manifest = json.loads((tmp_path / "package.json").read_text())
+    assert manifest["main"] == "./lora_lm.js" and manifest["types"] == "./lora_lm.d.ts"
+    assert set(manifest["exports"]) == {".", "./lora_lm", "./lora_lm.js", "./lora_adapter",
+                                        "./lora_adapter.js"}
