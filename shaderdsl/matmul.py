@@ -225,7 +225,7 @@ class Operand:
     f16 as vec4<u32> (eight a read: a tiling of ``read_width`` 8; f16 only,
     one part); strides and offsets must keep each read whole (multiples of
     its width), and the factor's extent along its contiguous axis must be a
-    multiple of it."""
+    multiple of it (``f16_factor`` declares such a buffer)."""
 
     buffer: Any
     major: str = "row"
@@ -608,6 +608,17 @@ def _when(m, test):
     return contextlib.nullcontext() if test is None else m.if_(test)
 
 
+def f16_factor(m, name: str, count, tiling: MatrixTiling):
+    """An input buffer of ``count`` f16 values for an Operand under ``tiling``:
+    vec4<f16>, or with ``read_width`` 8 vec4<u32> holding f16 (an f16 buffer
+    binds to it; eight values a read). ``count`` None: runtime-sized."""
+    w = tiling.read_width
+    length = None if count is None else count // w
+    if w == 4:
+        return m.declare_input_buffer(name, vec4h, length)
+    return m.declare_input_buffer(name, vec4u, length, holds=T.f16)
+
+
 def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling, a_major: str = "row",
          b_major: str = "row", out: str = "f32", batches: int = 1, scale: float = 1.0,
          bias: bool = False, activation: str | None = None, accumulate: bool = False,
@@ -618,12 +629,10 @@ def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling, a_major: str = "row",
     ("col"), B [K, N] or stored [N, K], f16; C f16 or f32 (``out``), rows of
     ``c_stride`` (0: N) from column ``c_offset``; ``batches`` of each, one
     after another. A and B are read as vec4<f16> (their contiguous extents
-    multiples of 4), or with ``tiling.read_width = 8`` as vec4<u32> (multiples
-    of 8; bind the f16 data viewed as u32)."""
-    w = tiling.read_width
-    read = vec4h if w == 4 else vec4u
-    A = m.declare_input_buffer("A", read, batches * M * K // w)
-    Bm = m.declare_input_buffer("B", read, batches * K * N // w)
+    multiples of 4), or with ``tiling.read_width = 8`` 16 bytes at a time
+    (multiples of 8; f16_factor)."""
+    A = f16_factor(m, "A", batches * M * K, tiling)
+    Bm = f16_factor(m, "B", batches * K * N, tiling)
     rows = c_stride or N
     scalar = T.SCALARS[out]
     vector = not in_place and rows % 4 == 0 and c_offset % 4 == 0

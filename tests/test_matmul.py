@@ -90,9 +90,9 @@ VARIANTS = (MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8),
 
 
 def _as_bound(x: np.ndarray, tiling: MatrixTiling) -> np.ndarray:
-    """f16 data as ``tiling`` binds it: itself, or its bytes as u32 for 16-byte reads."""
-    flat = np.ascontiguousarray(x, np.float16).reshape(-1)
-    return flat.view(np.uint32) if tiling.read_width == 8 else flat
+    """f16 data as gemm binds it, for any read width (16-byte reads declare
+    vec4<u32> holding f16: an f16 buffer binds to them)."""
+    return np.ascontiguousarray(x, np.float16).reshape(-1)
 
 
 def _within_f32_sums(got, a, b):
@@ -297,6 +297,23 @@ def test_the_wgsl_turns_off_only_tints_workgroup_uniformity_check():
     k = sd.compile(gemm, SMALL.threads, M=64, N=64, K=32, tiling=SMALL)
     assert "diagnostic(off, chromium.subgroup_matrix_uniformity);" in k.wgsl
     assert k.wgsl.count("workgroupBarrier()") >= 3 and "subgroupMatrixLoad" in k.wgsl
+
+
+def test_16_byte_reads_bind_f16_data_and_nothing_else():
+    """A 16-byte-read factor is vec4<u32> in the WGSL and holds f16 for the
+    host: an f16 buffer binds to it, a u32 or f32 one is refused by name."""
+    tiling = VARIANTS[0]
+    k = sd.compile(gemm, tiling.threads, M=32, N=64, K=32, tiling=tiling)
+    assert "array<vec4<u32>, 128>" in k.wgsl and k.binding("A").dtype == np.float16
+    dev = h200_interp()
+    a = np.ones(32 * 32, np.float16)
+    bufs = {"A": dev.buffer(a.view(np.uint32)), "B": dev.buffer(np.ones(32 * 64, np.float16)),
+            "C": dev.empty(32 * 64, np.float32)}
+    with pytest.raises(sd.BindingError, match=r"binding 'A' .*expected dtype float16 \(WGSL "
+                                              r"vec4<u32>\), got uint32"):
+        dev.dispatch(k, bufs, tiling.grid(32, 64))
+    with pytest.raises(sd.ShaderTypeError, match="a buffer of u32 .* may hold f16 or f32"):
+        sd.compile(lambda m: m.declare_input_buffer("x", vec4f, 4, holds=sd.f16), 1)
 
 
 def test_tints_range_analysis_proves_every_workgroup_index():

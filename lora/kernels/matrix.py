@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from shaderdsl import builtins as Bi
 from shaderdsl import f16, vec4f, vec4h
-from shaderdsl.matmul import Epilogue, MatrixTiling, Operand, tiled_product
+from shaderdsl.matmul import Epilogue, MatrixTiling, Operand, f16_factor, tiled_product
 from shaderdsl.types import MatrixConfig
 
 from .common import columns_of, token_count, token_rows
@@ -169,13 +169,14 @@ def _f16_rows(m, name, count, stride, column):
 def dense_matrix(m, in_dim, out_dim, tokens, bias=True, y_stride=0, y_column=0, tiling=None):
     """lora.kernels.network.dense's y = x W^T (+ b) (a frozen layer of
     lora.training.network, a language model's projection or head) on the
-    engine: f16 x, W, b and y, f32 sums (in_dim and out_dim multiples of 4;
-    grid ``tiling.grid(tokens, out_dim)``; ``tiling`` None: OUTER's 64 x 64
-    blocks); y a block of wider rows with ``y_stride``/``y_column``."""
+    engine: f16 x, W, b and y, f32 sums (in_dim and out_dim multiples of the
+    tiling's read width, 4 or 8; grid ``tiling.grid(tokens, out_dim)``;
+    ``tiling`` None: OUTER's 64 x 64 blocks); y a block of wider rows with
+    ``y_stride``/``y_column``."""
     tiling = tiling or OUTER
     stride, first = columns_of(out_dim, y_stride, y_column)
-    x = m.declare_input_buffer("x", vec4h, tokens * in_dim // 4)
-    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    x = f16_factor(m, "x", tokens * in_dim, tiling)
+    W = f16_factor(m, "W", out_dim * in_dim, tiling)
     b = m.declare_input_buffer("bias", f16, out_dim) if bias else None
     y = _f16_rows(m, "y", tokens, stride, first)
     tiled_product(m, tiling, Operand(x), Operand(W, "col"), tokens, out_dim, in_dim,
@@ -185,15 +186,17 @@ def dense_matrix(m, in_dim, out_dim, tokens, bias=True, y_stride=0, y_column=0, 
 def dense_grad_input_matrix(m, in_dim, out_dim, tokens, accumulate=False, g_stride=0,
                             g_column=0, tiling=None):
     """dense_grad_input's dx (+)= g W on the engine: f16 g, W and dx, f32
-    sums (in_dim and out_dim multiples of 4; grid ``tiling.grid(tokens,
-    in_dim)``, ``tiling`` None: OUTER's); g a block of wider rows with
-    ``g_stride``/``g_column`` (multiples of 4)."""
+    sums (in_dim and out_dim multiples of the tiling's read width; grid
+    ``tiling.grid(tokens, in_dim)``, ``tiling`` None: OUTER's); g a block of
+    wider rows with ``g_stride``/``g_column`` (multiples of the read width)."""
     tiling = tiling or OUTER
     stride, first = columns_of(out_dim, g_stride, g_column)
-    if stride % 4 or first % 4:
-        raise ValueError(f"g_stride and g_column must be multiples of 4, got {stride}, {first}")
-    g = m.declare_input_buffer("g", vec4h, tokens * stride // 4)
-    W = m.declare_input_buffer("W", vec4h, out_dim * in_dim // 4)
+    w = tiling.read_width
+    if stride % w or first % w:
+        raise ValueError(f"g_stride and g_column must be multiples of {w} (the tiling's "
+                         f"read width), got {stride}, {first}")
+    g = f16_factor(m, "g", tokens * stride, tiling)
+    W = f16_factor(m, "W", out_dim * in_dim, tiling)
     dx = m.declare_output_buffer("dx", vec4h, tokens * in_dim // 4)
     tiled_product(m, tiling, Operand(g, stride=stride, offset=first), Operand(W), tokens,
                   in_dim, out_dim, Epilogue(dx, accumulate=accumulate))
