@@ -78,8 +78,11 @@ class MatrixTiling:
     buffered, one barrier per step; 1: half the workgroup memory, two
     barriers per step); ``exact``: the product is a whole number of blocks
     and steps (checked by ``tiled_product``), so reads and results skip the
-    edge tests. A config with f16 results sums in f16 (an in-place
-    epilogue on an f16 output)."""
+    edge tests; ``prefetch``: slices read ahead into registers (1: the next
+    slice's reads in flight during this step's multiply; 2: the one after,
+    held a step in registers, so each read has two steps to arrive). A
+    config with f16 results sums in f16 (an in-place epilogue on an f16
+    output)."""
 
     config: T.MatrixConfig
     subgroups: tuple = (2, 2)
@@ -90,6 +93,7 @@ class MatrixTiling:
     read_width: int = 4
     stages: int = 2
     exact: bool = False
+    prefetch: int = 1
 
     def __post_init__(self):
         if self.config.component != "f16" or self.config.result not in ("f16", "f32"):
@@ -112,6 +116,9 @@ class MatrixTiling:
         if self.stages not in (1, 2):
             raise ValueError(f"stages: expected 1 or 2 copies of each staged slice, "
                              f"got {self.stages!r}")
+        if self.prefetch not in (1, 2):
+            raise ValueError(f"prefetch: expected 1 or 2 slices read ahead into registers, "
+                             f"got {self.prefetch!r}")
         if type(self.group) is not int or self.group < 0:
             raise ValueError(f"group: expected 0 (off) or a positive int of row blocks, "
                              f"got {self.group!r}")
@@ -151,10 +158,10 @@ class MatrixTiling:
 
     def whole(self, M, N, K) -> bool:
         """Whether an (M x K)(K x N) product is a whole number of blocks and
-        steps, as ``exact`` needs (M, N, K ints)."""
+        steps (at least ``prefetch`` of them), as ``exact`` needs (M, N, K ints)."""
         dims = (M, N, K)
         return all(isinstance(d, int) for d in dims) and not (
-            M % self.rows or N % self.cols or K % self.k_step)
+            M % self.rows or N % self.cols or K % self.k_step) and K >= self.prefetch * self.k_step
 
     def shared_bytes(self, a_major: str = "row", b_major: str = "row",
                      in_place: bool = False) -> int:
@@ -193,9 +200,10 @@ class MatrixTiling:
         wide = ", 16-byte reads" if self.read_width == 8 else ""
         single = ", single-buffered" if self.stages == 1 else ""
         pad = f", pad {self.pad}" if self.pad != 8 else ""
+        ahead = f", prefetch {self.prefetch}" if self.prefetch != 1 else ""
         exact = ", exact" if self.exact else ""
         return (f"{self.config} x {sr}x{sc} subgroups x {fr}x{fc} fragments, "
-                f"k_step {self.k_step}{grouped}{wide}{single}{pad}{exact}")
+                f"k_step {self.k_step}{grouped}{wide}{single}{pad}{ahead}{exact}")
 
 
 def _axis(major: str) -> int:
@@ -361,7 +369,7 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
     if tiling.exact and not tiling.whole(M, N, K):
         raise ValueError(f"an exact tiling needs M, N, K ints and multiples of "
                          f"({tiling.rows}, {tiling.cols}, {tiling.k_step}) (its block "
-                         f"and step), got {(M, N, K)}")
+                         f"and step; K at least {tiling.prefetch} steps), got {(M, N, K)}")
     cfg, sgs = tiling.config, tiling.subgroup_size
     row0, col0 = tiling.origin(m)
     z = _batch(m, batches)
@@ -374,17 +382,28 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
     acc = place.accumulators()
     sa.store(sa.fetch((row0, 0), "a"), 0)
     sb.store(sb.fetch((0, col0), "b"), 0)
+    held = None
+    if tiling.prefetch == 2:  # slice 1 waits in registers while slice 0 multiplies
+        held = (_hold(m, sa.fetch((row0, tiling.k_step), "pa")),
+                _hold(m, sb.fetch((tiling.k_step, col0), "pb")))
     m.barrier()
-    steps = (K + (tiling.k_step - 1)) / tiling.k_step if not isinstance(K, int) \
+    total = (K + (tiling.k_step - 1)) / tiling.k_step if not isinstance(K, int) \
         else -(-K // tiling.k_step)
+    # exact: the last steps after the loop, reading nothing past K
+    looped = total - tiling.prefetch if tiling.exact else total
+    if not (isinstance(looped, int) and looped == 0):
+        with m.loop(looped, name="kt") as kt:
+            _step(m, tiling, (sa, sb), kt, (row0, col0), sub, acc, held)
     if tiling.exact:
-        steps -= 1    # the last step after the loop, reading nothing past K
-    if not (isinstance(steps, int) and steps == 0):   # exact and one step: no loop
-        with m.loop(steps, name="kt") as kt:
-            _step(m, tiling, (sa, sb), kt, (row0, col0), sub, acc)
-    if tiling.exact:
-        _multiply(m, tiling, sa, sb, steps % tiling.stages, sub, acc)
+        for kt in range(looped, total - 1):  # prefetch 2: the step whose slice is held
+            _step(m, tiling, (sa, sb), kt, (row0, col0), sub, acc, held, fetch=False)
+        _multiply(m, tiling, sa, sb, (total - 1) % tiling.stages, sub, acc)
     place.finish(acc)
+
+
+def _hold(m, reads):
+    """A slice's reads kept in vars (prefetch 2), to be stored a step later."""
+    return [(line, quad, m.var(v.type, v, "held")) for line, quad, v in reads]
 
 
 def _batch(m, batches):
@@ -493,21 +512,32 @@ class _Slice:
                                                 self.stride)
 
 
-def _step(m, tiling, slices, kt, origin, sub, acc) -> None:
-    """Step ``kt`` of the loop over K: this slice multiplied while the next
-    one's reads are in flight, then stored for step ``kt + 1``."""
+def _step(m, tiling, slices, kt, origin, sub, acc, held=None, fetch=True) -> None:
+    """Step ``kt`` of the loop over K: this slice multiplied while the reads of
+    slice ``kt + prefetch`` are in flight; then slice ``kt + 1`` (just read,
+    or read a step ago and ``held``) stored for step ``kt + 1``. ``fetch``
+    False: no slice left to read (an exact tiling's tail)."""
     sa, sb = slices
     # double buffered: multiply copy kt % 2 while the next slice goes into the other
     # (not kt & 1: Tint's range analysis bounds only %); single: copy 0 for both
-    stage = m.let(kt % 2, "stage") if tiling.stages == 2 else 0
-    k_next = m.let((kt + 1) * tiling.k_step, "k_next")
-    next_a = sa.fetch((origin[0], k_next), "na")    # in flight while this step multiplies
-    next_b = sb.fetch((k_next, origin[1]), "nb")
+    stage = (m.let(kt % 2, "stage") if not isinstance(kt, int) else kt % 2) \
+        if tiling.stages == 2 else 0
+    ahead = None
+    if fetch:   # in flight while this step multiplies
+        k_ahead = m.let((kt + tiling.prefetch) * tiling.k_step, "k_ahead")
+        ahead = (sa.fetch((origin[0], k_ahead), "na"), sb.fetch((k_ahead, origin[1]), "nb"))
     _multiply(m, tiling, sa, sb, stage, sub, acc)
     if tiling.stages == 1:
         m.barrier()                                 # every subgroup done with the copy
-    sa.store(next_a, 1 - stage if tiling.stages == 2 else 0)
-    sb.store(next_b, 1 - stage if tiling.stages == 2 else 0)
+    following = held if held is not None else ahead
+    assert following is not None, "an exact step without prefetch reads the next slice"
+    other = 1 - stage if tiling.stages == 2 else 0
+    sa.store(following[0], other)
+    sb.store(following[1], other)
+    if held is not None and ahead is not None:      # slice kt + 2 waits for the next step
+        for kept, fresh in zip(held, ahead):
+            for (_, _, var), (_, _, value) in zip(kept, fresh):
+                m.assign(var, value)
     m.barrier()
 
 

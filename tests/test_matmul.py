@@ -83,10 +83,12 @@ def test_products_match_the_f32_step_reference(dims, a_t, b_t, k_step, group, se
 
 
 # note 40's variants of the staging, small enough for the interpreter: 16-byte reads,
-# one copy of each slice (two barriers a step), both with grouped workgroups
+# one copy of each slice (two barriers a step), both with grouped workgroups; and
+# note 42's: each slice read two steps ahead (held a step in registers)
 VARIANTS = (MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8),
             MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=16, stages=1),
-            MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, stages=1))
+            MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, group=2, read_width=8, stages=1),
+            MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8, prefetch=2))
 
 
 def _as_bound(x: np.ndarray, tiling: MatrixTiling) -> np.ndarray:
@@ -139,6 +141,25 @@ def test_exact_tilings_match_float64(tiling, K):
     assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
 
 
+@pytest.mark.parametrize("stages", [2, 1])
+@pytest.mark.parametrize("K", [32, 96])
+def test_exact_prefetch_2_matches_float64(stages, K):
+    """Each slice read two steps ahead, no edge tests: two steps (no loop: the
+    held slice's step, then the last) and three, both stagings."""
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=16, stages=stages, prefetch=2,
+                          exact=True)
+    a, b = _factors(K + stages, 32, 64, K)
+    got = _gemm(h200_interp(), a, b, tiling)
+    assert np.array_equal(got, f32_steps_reference(a, b))
+
+
+def test_exact_prefetch_2_needs_two_steps():
+    tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=16, prefetch=2, exact=True)
+    assert tiling.whole(32, 64, 32) and not tiling.whole(32, 64, 16)
+    with pytest.raises(sd.KernelBuildError, match="K at least 2 steps"):
+        sd.compile(gemm, tiling.threads, M=32, N=64, K=16, tiling=tiling)
+
+
 def test_an_exact_tiling_refuses_a_partial_block():
     tiling = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, exact=True)
     assert tiling.whole(64, 128, 96) and not tiling.whole(64, 120, 96)
@@ -163,6 +184,26 @@ def test_a_bench_variant_over_two_blocks_in_the_interpreter():
     a, b = _factors(264, 264, 136, 96)
     got = _gemm(h200_interp(), a, b, tiling)
     assert np.array_equal(got, f32_steps_reference(a, b)) and _within_f32_sums(got, a, b)
+
+
+def test_every_bench_variant_fits_the_h200_and_is_proven():
+    """``bench --gemm``'s variants at every shape it sweeps: the rule's tiling
+    first, none twice, each within the H200's 48 KiB of workgroup memory
+    (Dawn's limit there, h200_interp's), every workgroup index provable; the
+    single-buffered ones have two barriers a step, the others one."""
+    from lora.apps.bench_gemm import ISSUE_SHAPES, variants
+    limit = h200_interp().limits["max-compute-workgroup-storage-size"]
+    for M, N, K, layout in ISSUE_SHAPES:
+        chosen = variants(M, N, K, layout)
+        assert chosen[0][0] == "rule" and len(chosen) >= 10
+        assert len({(str(t), str(o)) for _, t, o in chosen}) == len(chosen)
+        for name, t, opts in chosen:
+            k = sd.compile(gemm, t.threads, M=M, N=N, K=K, tiling=t, **opts)
+            assert k.workgroup_bytes <= limit and unproven(k.wgsl) == [], (name, str(t))
+            loop = k.wgsl[k.wgsl.index("for (var kt"):k.wgsl.index("subgroupMatrixStore")]
+            tail = t.prefetch - 1 if t.exact else 0  # the held slice's step after the loop
+            assert loop.count("workgroupBarrier()") == (3 - t.stages) * (1 + tail), (name, str(t))
+            assert ("bitcast<vec2<f16>>" in k.wgsl) == (t.read_width == 8), (name, str(t))
 
 
 # ------------------------------------------------------------------ the engine's epilogue
@@ -370,6 +411,7 @@ def test_tints_range_analysis_proves_every_workgroup_index():
     (dict(config=CONFIG, read_width=16), "read_width: expected 4, or 8"),
     (dict(config=CONFIG, pad=4), "pad: expected a multiple of 8"),
     (dict(config=CONFIG, stages=3), "stages: expected 1 or 2"),
+    (dict(config=CONFIG, prefetch=3), "prefetch: expected 1 or 2"),
 ])
 def test_bad_tilings_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
