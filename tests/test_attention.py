@@ -98,8 +98,8 @@ def reference_backward(q, k, v, do, keep, heads, kv_heads, o=None):
     Q, dO = _heads(q, batch, heads), _heads(do, batch, heads)
     K = _heads(k, batch, kv_heads).repeat(group, axis=1)
     V = _heads(v, batch, kv_heads).repeat(group, axis=1)
-    O = P @ V if o is None else _heads(o, batch, heads)
-    delta = (dO * O).sum(-1, keepdims=True)
+    out = P @ V if o is None else _heads(o, batch, heads)
+    delta = (dO * out).sum(-1, keepdims=True)
     dS = P * (dO @ V.transpose(0, 1, 3, 2) - delta)
     scale = Q.shape[-1] ** -0.5
     dq = scale * dS @ K
@@ -126,14 +126,14 @@ def test_reference_gradient_matches_torch_autograd():
     V = split(tv, kv_heads).repeat_interleave(heads // kv_heads, dim=1)
     S = split(tq, heads) @ K.transpose(-1, -2) * d ** -0.5
     mask = torch.tensor(visible(keep, 0, seq))[:, None]
-    O = torch.softmax(S.masked_fill(~mask, float("-inf")), dim=-1) @ V
-    (O.transpose(1, 2).reshape(batch * seq, heads * d) * torch.tensor(do)).sum().backward()
+    out = torch.softmax(S.masked_fill(~mask, float("-inf")), dim=-1) @ V
+    (out.transpose(1, 2).reshape(batch * seq, heads * d) * torch.tensor(do)).sum().backward()
     want = [t.grad.numpy() for t in (tq, tk, tv)]
     got = reference_backward(q, k, v, do, keep, heads, kv_heads)[:3]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
     o, _ = reference_forward(q, k, v, keep, 0, heads, kv_heads)
-    np.testing.assert_allclose(o, O.detach().transpose(1, 2).reshape(batch * seq, -1).numpy(),
+    np.testing.assert_allclose(o, out.detach().transpose(1, 2).reshape(batch * seq, -1).numpy(),
                                rtol=1e-12, atol=1e-12)
 
 
@@ -312,6 +312,22 @@ def test_matrix_forward_on_the_interpreter(batch, q_len, kv_len, past, heads, kv
     q, k, v = _inputs(rng, batch, q_len, kv_len, heads, kv_heads, d)
     check_forward(interp.Device(subgroup_size=32), q, k, v, _padded(batch, kv_len), past, heads,
                   kv_heads, "f16", "attention_matrix", block_k=block_k)
+
+
+@pytest.mark.parametrize("batch, q_len, kv_len, past, heads, kv_heads, d, block_k", MATRIX_CASES)
+def test_matrix_forward_on_the_device(device, batch, q_len, kv_len, past, heads, kv_heads, d,
+                                      block_k):
+    """attention_matrix on the device's own subgroup matrices (the H200's under
+    Dawn; skipped where the device has no f16 16x16x16 fragments), against the
+    float64 reference: what the interpreter's run does not show (Tint's
+    lowering, the hardware's fragment layout)."""
+    from lora.kernels.matrix import FRAGMENT
+    if FRAGMENT not in getattr(device, "subgroup_matrix_configs", ()):
+        pytest.skip(f"{device.name} has no {FRAGMENT} subgroup matrices")
+    rng = np.random.default_rng(kv_len + 1)
+    q, k, v = _inputs(rng, batch, q_len, kv_len, heads, kv_heads, d)
+    check_forward(device, q, k, v, _padded(batch, kv_len), past, heads, kv_heads, "f16",
+                  "attention_matrix", block_k=block_k)
 
 
 # ------------------------------------------------------------------ on the device

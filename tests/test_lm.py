@@ -18,9 +18,12 @@ from lm_cases import (  # noqa: E402
 
 import lora  # noqa: E402
 
-# f32 on lavapipe: logits within 4e-7 of the largest logit, losses and adapters after 5
-# AdamW steps within 5e-7 (measured); the issue's bound is 1e-4.
+# f32 on lavapipe: logits within 4e-7 of the largest logit (measured), the bound 1e-5;
+# losses and adapters after 5 AdamW steps within 5e-7 at rank 4 and 1.6e-5 at rank 32
+# (measured: AdamW divides each element's step by its own gradient's size, so a
+# gradient near 0 amplifies f32's rounding), the bound 1e-4, the issue's.
 F32_TOL = 1e-5
+STEP_TOL = 1e-4
 
 
 def _rel(got, want, where=None) -> float:
@@ -51,15 +54,15 @@ def test_logits_equal_transformers_and_peft(device, arch, tied):
     assert _rel(lm.logits(ids), float64_logits(pm, ids)) < F32_TOL
 
 
-@pytest.mark.parametrize("arch, targets", [("llama", ["q_proj", "v_proj"]),
-                                           ("qwen2", "all-linear")])
-def test_five_adamw_steps_equal_peft(device, arch, targets):
+@pytest.mark.parametrize("arch, targets, rank, seq", [("llama", ["q_proj", "v_proj"], 4, 12),
+                                                     ("qwen2", "all-linear", 32, 12)])
+def test_five_adamw_steps_equal_peft(device, arch, targets, rank, seq):
     """Five AdamW steps from the same adapter equal transformers + peft with
     torch's AdamW in float64: every step's loss and the final A and B, with
-    -100 labels and padding."""
+    -100 labels and padding (rank 32: the gemm backward)."""
     rng = np.random.default_rng(2)
-    pm = with_lora(tiny_model(arch, tied=arch == "llama"), targets)
-    ids, mask = _padded(rng, 2, 12)
+    pm = with_lora(tiny_model(arch, tied=arch == "llama"), targets, r=rank)
+    ids, mask = _padded(rng, 2, seq)
     labels = ids.copy()
     labels[0, :4] = -100
     batches = [(ids, labels, mask)] * 5
@@ -69,11 +72,11 @@ def test_five_adamw_steps_equal_peft(device, arch, targets):
     for batch in batches:
         lm.step(*batch)
         losses.append(lm.loss())
-    np.testing.assert_allclose(losses, want_losses, rtol=F32_TOL)
+    np.testing.assert_allclose(losses, want_losses, rtol=STEP_TOL)
     got = lm.adapters()
     assert set(got) == set(want)
     for name, (a, b) in want.items():
-        assert _rel(got[name][0], a) < F32_TOL and _rel(got[name][1], b) < F32_TOL, name
+        assert _rel(got[name][0], a) < STEP_TOL and _rel(got[name][1], b) < STEP_TOL, name
 
 
 def test_a_saved_adapter_loads_in_peft_and_back(device, tmp_path):
@@ -352,3 +355,26 @@ def test_a_bf16_folder_loads_without_torch_and_runs(device, tmp_path):
     lm = lora.CausalLM.from_pretrained(tmp_path, target_modules=["k_proj"], device=device)
     same = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert _rel(lm.logits(ids), float64_logits(same, ids)) < F32_TOL
+
+
+def test_f16_gradients_of_a_real_vocabulary_do_not_underflow(device):
+    """At a vocabulary of 32000 and 128 tokens, the loss gradient of a logit is
+    about 1 / (vocab tokens) = 2.4e-7, below most of f16's range: f16 keeps it
+    by a loss scale (the token count, undone by the optimizer's grad_scale),
+    so one SGD step's update of every A is within 3e-3 of f32's (measured
+    1.5e-3; unscaled it was 1.2e-2, and 0 at SmolLM2's sizes)."""
+    if not device.has_feature("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16")
+    pm = with_lora(tiny_model("llama", vocab_size=32000), ["q_proj", "v_proj"])
+    ids = token_batch(np.random.default_rng(12), 2, 64, vocab=32000)
+
+    def update(dtype):
+        lm = lora.CausalLM.from_transformers(pm, dtype=dtype, optimizer=lora.SGD(lr=1.0),
+                                             device=device)
+        before = lm.adapters()
+        lm.step(ids)
+        return {k: a - before[k][0] for k, (a, _) in lm.adapters().items()}
+
+    want, got = update(np.float32), update(np.float16)
+    for name, step in want.items():
+        assert _rel(got[name], step) < 3e-3, name

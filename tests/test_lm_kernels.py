@@ -294,6 +294,18 @@ def test_swiglu_and_its_gradient(dev, inter, dtype, tokens):
         close(got_u, want_u, dtype, scale=12, what=f"d_up {how}")
 
 
+@pytest.mark.parametrize("hidden, dtype, tokens", [(37, "f32", 3), (40, "f16", None)])
+def test_residual_adds_a_stored_block_output_to_the_f32_stream(dev, hidden, dtype, tokens):
+    """out = x + y, x and out f32, y stored as dtype (widened exactly)."""
+    dt = storage(dev, dtype)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, hidden)).astype(np.float32)
+    y = rng.standard_normal((3, hidden)).astype(dt)
+    out, = run(dev, "residual", dict(hidden=hidden, tokens=tokens, dtype=dtype, threads=16), 3,
+               {"x": x, "y": y, "out": np.zeros_like(x)}, ["out"])
+    close(out, x.astype(np.float64) + y.astype(np.float64), "f32", scale=4, what="out")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_residual_add(dev, dtype):
     """add_scaled with y_dtype: an f32 residual h += y (f16 or f32), 3 x 37
@@ -309,14 +321,14 @@ def test_residual_add(dev, dtype):
         close(got, want, "f32", scale=4, what=str(params))
 
 
-@pytest.mark.parametrize("classes, dtype, tokens, in_place, subgroups", [
-    (37, "f32", 6, False, False), (40, "f16", None, True, True),
-    (40, "f32", 6, True, False), (37, "f16", None, False, True)])
-def test_lm_loss_ignores_labels(dev, classes, dtype, tokens, in_place, subgroups):
+@pytest.mark.parametrize("classes, dtype, tokens, in_place, subgroups, scale", [
+    (37, "f32", 6, False, False, 1.0), (40, "f16", None, True, True, 6.0),
+    (40, "f32", 6, True, False, 1.0), (37, "f16", None, False, True, 1.0)])
+def test_lm_loss_ignores_labels(dev, classes, dtype, tokens, in_place, subgroups, scale):
     """softmax_xent(ignore=True): rows labelled IGNORE get loss 0 and g 0, the
     others g = (softmax - onehot) / count with count = 4 labelled rows of 6
     (counted in the kernel); sum(losses) / count is transformers' loss. g over
-    the logits (in_place) or in its own buffer."""
+    the logits (in_place) or in its own buffer; times grad_scale (a loss scale)."""
     dt = storage(dev, dtype)
     if subgroups and not dev.has_feature("subgroup"):
         pytest.skip(f"{dev.name} lacks subgroups")
@@ -325,7 +337,7 @@ def test_lm_loss_ignores_labels(dev, classes, dtype, tokens, in_place, subgroups
     logits = (4 * rng.standard_normal((t, classes))).astype(dt)
     labels = np.array([3, IGNORE, classes - 1, 0, IGNORE, 17], np.uint32)
     params = dict(classes=classes, tokens=tokens, dtype=dtype, threads=16, ignore=True,
-                  in_place=in_place, subgroups=subgroups)
+                  in_place=in_place, subgroups=subgroups, grad_scale=scale)
     buffers = {"logits": logits, "labels": labels, "losses": np.full(t, 9.0, np.float32)}
     if not in_place:
         buffers["g"] = np.zeros_like(logits)
@@ -334,7 +346,7 @@ def test_lm_loss_ignores_labels(dev, classes, dtype, tokens, in_place, subgroups
     want_losses, want_g, count = xent_ref(logits.astype(np.float64), labels, classes)
     assert count == 4
     close(losses, want_losses, "f32", scale=10, what="losses")
-    close(g, want_g, dtype, scale=1 / count, what="g")
+    close(g, want_g * scale, dtype, scale=scale / count, what="g")
     assert (g[labels == IGNORE] == 0).all() and (losses[labels == IGNORE] == 0).all()
 
 

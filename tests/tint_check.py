@@ -196,6 +196,7 @@ def _lm_entries(add) -> None:
         add("rope", heads=3, head_dim=width // 2 * 2 - 2 * (n % 2), tokens=tokens, dtype=dt,
             inverse=bool(n // 2 % 2), kv_heads=n % 3)
         add("swiglu", inter=width, tokens=tokens, dtype=dt)
+        add("residual", hidden=width, tokens=tokens, dtype=dt)
         add("swiglu_grad", inter=width, tokens=tokens, dtype=dt, in_place=bool(n % 2))
         add("argmax", vocab=width * 25, tokens=tokens, dtype=dt, threads=threads, subgroups=sg)
         add("softmax_xent", classes=width * 25, tokens=tokens, dtype=dt, threads=threads,

@@ -22,7 +22,8 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_ceiling); ``--many`` many adapters in one batch
 (lora.apps.bench_many); ``--network`` a 3-layer MLP's training step
 (lora.apps.bench_network; ``--layers``, ``--lora-dropout`` and
-``--max-grad-norm`` change what it trains).
+``--max-grad-norm`` change what it trains); ``--lm`` a language model's training
+step, prefill and decode beside transformers + peft (lora.apps.bench_lm).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -49,6 +51,9 @@ from ..core.weight import Weight
 from . import bench_table, bench_train
 from .bench_ceiling import ceiling_main, copy_bandwidth
 from .bench_gemm import gemm_main, parse_shapes
+from .bench_lm import MODELS as LM_MODELS
+from .bench_lm import PARTS as LM_PARTS
+from .bench_lm import lm_main
 from .bench_many import many_main
 from .bench_network import Options as NetworkOptions
 from .bench_network import network_main
@@ -351,6 +356,38 @@ def _positive(value: str) -> int:
     return n
 
 
+def _names(allowed) -> Callable[[str], tuple]:
+    """argparse's type for a comma-separated subset of ``allowed`` (any case)."""
+    by_lower = {name.lower(): name for name in allowed}
+
+    def parse(value: str) -> tuple:
+        names = [v.strip() for v in value.split(",")]
+        bad = [n for n in names if n.lower() not in by_lower]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; expected some of "
+                                             f"{', '.join(allowed)}")
+        return tuple(by_lower[n.lower()] for n in names)
+    return parse
+
+
+def _lm_arguments(p: argparse.ArgumentParser) -> None:
+    """--lm and its options (lora.apps.bench_lm)."""
+    p.add_argument("--lm", action="store_true",
+                   help="a transformer LM with LoRA (rank 16, all-linear) in SmolLM2-135M's and "
+                        "Qwen2.5-0.5B's shapes: the training step (8 x 512 tokens, f16 and "
+                        "f32), prefill and greedy decode (batch 1 and 8) beside transformers + "
+                        "peft (lora.apps.bench_lm); with --quick, tiny models")
+    p.add_argument("--lm-models", type=_names(tuple(LM_MODELS)), metavar="NAMES",
+                   help=f"--lm: comma-separated models (default all: {', '.join(LM_MODELS)})")
+    p.add_argument("--lm-parts", type=_names(LM_PARTS), default=LM_PARTS, metavar="PARTS",
+                   help=f"--lm: comma-separated parts (default all: {', '.join(LM_PARTS)})")
+    p.add_argument("--lm-timeout", type=float, metavar="SECONDS",
+                   help="--lm: the time limit of each section (default 300; --quick 120)")
+    p.add_argument("--lm-train-shape", metavar="BATCHxSEQ",
+                   type=lambda v: tuple(_positive(n) for n in v.split("x")),
+                   help="--lm: the training step's batch and sequence (default 8x512)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -403,6 +440,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=float, metavar="NORM",
                    help="--network: clip every step's gradients to this global norm "
                         "(ours and torch's clip_grad_norm_; default: no clipping)")
+    _lm_arguments(p)
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -416,7 +454,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _special_run(args, log) -> int | None:
     """The exit code of a bench other than the forward/training matrix (--tokens-sweep,
-    --profile, --gemm, --ceiling, --many, --network); None when none was asked for."""
+    --profile, --gemm, --ceiling, --many, --lm, --network); None when none was asked for."""
     if args.tokens_sweep:
         return sweep_main(args, log)
     if args.profile:
@@ -429,6 +467,11 @@ def _special_run(args, log) -> int | None:
     if args.many:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)
+    if args.lm:
+        changes = {} if args.lm_timeout is None else {"timeout_s": args.lm_timeout}
+        if args.lm_train_shape:
+            changes.update(zip(("train_batch", "train_seq"), args.lm_train_shape))
+        return lm_main(args.out, log, args.quick, args.lm_models, args.lm_parts, **changes)
     if args.network:  # a 3-layer MLP's step
         return network_main(args.out, log, args.quick, opts=NetworkOptions(
             args.layers, args.lora_dropout, args.max_grad_norm))

@@ -242,6 +242,21 @@ def _elements(m, n, tokens):
     return t, c, c < n
 
 
+def residual(m, hidden, tokens, dtype="f32"):
+    """out = x + y: the residual stream (x and out f32 [tokens, hidden]) past a
+    block whose output y is stored as ``dtype`` (grid (ceil(hidden / (w
+    threads)), tokens)); out is a buffer of its own, as the backward reads x."""
+    _sizes(tokens, hidden=hidden)
+    w = width(hidden)
+    x, n = input_matrix(m, "x", tokens, hidden, "f32")
+    y, _ = input_matrix(m, "y", tokens, hidden, dtype)
+    out = output_buffer(m, token_rows(tokens, hidden), "f32", "out", quad=w == 4)
+    t, c, inside = _elements(m, n, tokens)
+    with m.if_(inside):
+        j = m.let(t * n + c, "j")
+        out[j] = x[j] + widen(y[j])
+
+
 def swiglu(m, inter, tokens, dtype="f32"):
     """act = silu(gate) up (LlamaMLP's act_fn(gate_proj(x)) * up_proj(x)), f32
     math, gate, up and act [tokens, inter] stored as ``dtype`` (grid

@@ -93,7 +93,7 @@ IGNORE = 0xFFFFFFFF  # softmax_xent(ignore=True): a row without a label (the hos
 
 
 def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=False,
-                 ignore=False, in_place=False, subgroups=False):
+                 ignore=False, in_place=False, subgroups=False, grad_scale=1.0):
     """Softmax cross-entropy, one workgroup per token (grid (tokens, 1, 1)):
     each thread keeps a running max and sum of exponentials over its slice
     of the row (one read of it), the workgroup combines them (a max, then a
@@ -110,7 +110,10 @@ def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=F
     (0xFFFFFFFF, the host's -100) gets g = 0 and loss 0, and the loss is
     sum(losses) / count. An all-ignored batch gives loss 0 and g = 0, where
     transformers gives nan. ``in_place``: g is written over the logits (the
-    binding ``g`` goes), saving tokens x classes of memory."""
+    binding ``g`` goes), saving tokens x classes of memory. ``grad_scale``:
+    g times it (a loss scale: f16's g of a large vocabulary, about
+    1 / (vocab * count), is below f16's least value; the optimizer's
+    scale_gradients undoes it)."""
     check_threads(threads)
     if seen and tokens is None:
         raise ValueError("softmax_xent: seen keeps a [3, tokens] record, so it needs the token "
@@ -131,6 +134,8 @@ def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=F
     row = m.let(t * cn, "row")
     top, norm, inv = _row_statistics(m, logits, row, cn, w, labels, classes, tokens, ignore,
                                      subgroups)
+    if grad_scale != 1.0:
+        inv = m.let(inv * float(grad_scale), "scaled")
     label = m.let(labels[t], "label")
     valid = m.let(label < classes, "valid")  # else: g 0, and -1 - label as its loss
     zero = vec4f(0.0) if w == 4 else 0.0

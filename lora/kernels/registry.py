@@ -321,6 +321,8 @@ LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(igno
                lambda p: (ceil_div((p["heads"] + p["kv_heads"]) * (p["head_dim"] // 2)
                                    // width(p["head_dim"] // 2), p["threads"]), p["tokens"], 1),
                "rotary embeddings of q (and k) in place, or their transpose (the backward)"),
+    KernelSpec("residual", lm.residual, _threads, _per_token(lambda p: p["hidden"], "hidden"),
+               "out = x + y: the f32 residual stream past a block"),
     KernelSpec("swiglu", lm.swiglu, _threads, _per_token(lambda p: p["inter"], "inter"),
                "act = silu(gate) up"),
     KernelSpec("swiglu_grad", lm.swiglu_grad, _threads, _per_token(lambda p: p["inter"], "inter"),

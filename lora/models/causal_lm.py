@@ -171,6 +171,7 @@ class CausalLM:
         if graph is None or (graph.batch, graph.seq) != (batch.batch, batch.seq):
             self._train = None   # its buffers go before the new ones are made
             graph = self._train = Graph(self, batch.batch, batch.seq, training=True)
+            self.optimizer.scale_gradients(1.0 / graph.loss_scale)
         return graph
 
     # ------------------------------------------------------------ inference

@@ -18,6 +18,7 @@ import numpy as np
 
 from shaderdsl.devicebuffer import DeviceBuffer
 
+from ..core.auto import auto_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..kernels.attention_matrix import matrix_tiling
@@ -32,16 +33,6 @@ U32 = np.uint32
 def op(device, label: str, kernel: str, params: dict, **bound) -> Plan:
     """One dispatch of ``kernel`` with every buffer bound (recorded with no arguments)."""
     return Plan(device, label, [(kernel, params)], {}, bound=bound)
-
-
-class Copy:
-    """A buffer copy recorded among the plans (in the open batch, in order)."""
-
-    def __init__(self, device, src, dst):
-        self.device, self.src, self.dst = device, src, dst
-
-    def record(self) -> None:
-        self.device.copy(self.src, self.dst)
 
 
 def _buffers(items: list, seen: dict, skip: set) -> None:
@@ -196,9 +187,12 @@ class Graph:
             if drop is not None:
                 steps.append((drop, (x, self.dropped[name])))
                 x = self.dropped[name]
-            plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                      given=())
-            self.lora_forwards[name] = plan
+            if self.training:   # keeps h = A x for the backward
+                plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
+                                          given=())
+                self.lora_forwards[name] = plan
+            else:   # lora.forward's own plan (one dispatch where its model says so)
+                plan = auto_plan(dev, adapter.weight, adapter.scale, self.tokens)
             steps.append((plan, (x, y)))
         return steps
 
@@ -255,9 +249,9 @@ class Graph:
         c, cache = self.config, self.cache
         k, v, kv_len = (s["k"], s["v"], self.seq) if cache is None else \
             (cache.k[layer], cache.v[layer], cache.length)
-        params = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
-                      heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                      head_dim=c.head_dim)
+        params: dict = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
+                            heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                            head_dim=c.head_dim)
         kernel = "attention_matrix" if self._matrix_attention(params) else "attention"
         if kernel == "attention":
             params["dtype"] = self.wgsl
@@ -289,11 +283,9 @@ class Graph:
 
     def _residual(self, x, y, out) -> list:
         """out = x + y: the residual stream (f32) past a block whose output y is stored."""
-        n = self.tokens * self.config.hidden_size
-        return [(Copy(self.device, x, out), ()),
-                (op(self.device, "residual", "add_scaled", dict(
-                    num_elements=n, scale=1.0, dtype="f32", y_dtype=self.wgsl),
-                    y=y, output=out), ())]
+        return [(op(self.device, "residual", "residual", dict(
+            hidden=self.config.hidden_size, tokens=self.tokens, dtype=self.wgsl),
+            x=x, y=y, out=out), ())]
 
     def _head(self) -> list:
         """The final norm and the LM head's logits [tokens, vocab], a chunk of
@@ -333,6 +325,15 @@ class Graph:
 
     # ------------------------------------------------------------ loss and backward
 
+    @property
+    def loss_scale(self) -> float:
+        """The loss gradient's scale: 1 in f32; in f16 the token count (the
+        gradient of a mean over T tokens is ~1 / (vocab T) an element, under
+        f16's least value at a real vocabulary; scaled, the activations'
+        gradients are ~1, far from f16's limits both ways), undone by the
+        optimizer's scale_gradients. A fixed scale, not GradScaler's dynamic one."""
+        return float(self.tokens) if self.dtype == np.float16 else 1.0
+
     def _loss(self) -> list:
         """softmax cross-entropy of the logits against the shifted labels, the
         ignored ones left out, its gradient written over the logits."""
@@ -340,7 +341,7 @@ class Graph:
         self.losses = dev.empty((self.tokens,), F32, name="lm.losses")
         return [(op(dev, "loss", "softmax_xent", dict(
             classes=c.vocab_size, tokens=self.tokens, dtype=self.wgsl, ignore=True,
-            in_place=True, subgroups=dev.has_feature("subgroup")),
+            in_place=True, subgroups=dev.has_feature("subgroup"), grad_scale=self.loss_scale),
             logits=self.logits, labels=self.labels, losses=self.losses), ())]
 
     def _backward(self) -> list:
@@ -398,7 +399,7 @@ class Graph:
         if adapter is not None:
             forward = self.lora_forwards[name]
             plan = backward_plan(dev, adapter.weight, adapter.scale, self.tokens,
-                                 strategy="split", with_dx=False)
+                                 with_dx=False)   # every strategy leaves dh as scratch
             steps.append((plan, (g, self.dropped.get(name, x), forward.h, *adapter.grads)))
             steps += self._adapter_input_grad(name, adapter, plan.scratch["dh"], in_dim, dx)
         return steps
