@@ -358,13 +358,16 @@ def _four(buffer, col, as_type):
 
 
 def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
-                  out: Epilogue, batches=1) -> None:
+                  out: Epilogue, batches=1, ablate=frozenset()) -> None:
     """Emit the product of ``a`` (M x K) and ``b`` (K x N) into the kernel being
     built with ``m`` (its workgroup size must be ``tiling.threads``, its grid
     ``tiling.grid(M, N, batches)``) and hand the results to ``out``. M, N and
     K are ints or u32 expressions uniform over the dispatch (K may differ
     between batches); N must be a multiple of 4. ``batches`` > 1: workgroup z
-    is the batch, each factor and the output offset by their batch strides."""
+    is the batch, each factor and the output offset by their batch strides.
+    ``ablate`` (``bench --gemm``'s ceilings only: the results are wrong):
+    "loads", the slices staged from their positions, no global read; "stores",
+    one element of each read staged, not all (the reads stay live)."""
     out.check(tiling)
     if tiling.exact and not tiling.whole(M, N, K):
         raise ValueError(f"an exact tiling needs M, N, K ints and multiples of "
@@ -376,8 +379,8 @@ def tiled_product(m, tiling: MatrixTiling, a: Operand, b: Operand, M, N, K,
     sg = m.let(m.local_index() / sgs, "sg")
     sub = (m.let(sg / tiling.subgroups[1] * (tiling.fragments[0] * cfg.m), "sub_r"),
            m.let(sg % tiling.subgroups[1] * (tiling.fragments[1] * cfg.n), "sub_c"))
-    sa = _Slice(m, tiling, a, (M, K), (tiling.rows, tiling.k_step), "stage_a", z)
-    sb = _Slice(m, tiling, b, (K, N), (tiling.k_step, tiling.cols), "stage_b", z)
+    sa = _Slice(m, tiling, a, (M, K), (tiling.rows, tiling.k_step), "stage_a", z, ablate)
+    sb = _Slice(m, tiling, b, (K, N), (tiling.k_step, tiling.cols), "stage_b", z, ablate)
     place = _Place(m, tiling, out, (row0, col0), sub, (M, N), z)
     acc = place.accumulators()
     sa.store(sa.fetch((row0, 0), "a"), 0)
@@ -427,9 +430,9 @@ class _Slice:
     """One operand's staged slice: where it lives in workgroup memory
     (``tiling.stages`` copies) and how the threads fill it (the prologue)."""
 
-    def __init__(self, m, tiling, operand: Operand, extent, shape, name, z):
+    def __init__(self, m, tiling, operand: Operand, extent, shape, name, z, ablate=frozenset()):
         # shape: (height x width) of the operand per step; extent: its (rows, cols) in all
-        self.m, self.operand, self.extent = m, operand, extent
+        self.m, self.operand, self.extent, self.ablate = m, operand, extent, ablate
         self.height, self.width = shape
         self.axis = _axis(operand.major)
         self.stride = (self.width if self.axis == 1 else self.height) + tiling.pad
@@ -474,6 +477,11 @@ class _Slice:
             line, quad = idx / per_line, idx % per_line * w
             r, c = (line, quad) if self.axis == 1 else (quad, line)
             gr, gc = origin[0] + r, origin[1] + c
+            if "loads" in self.ablate:  # a value of the position, no memory read
+                elem = self.operand.buffer.type.elem
+                fake = elem(gr + gc) if w == 8 else elem(T.component(elem)(gr + gc))
+                out.append((line, quad, m.let(fake, f"{name}{q}")))
+                continue
             if self.exact:
                 out.append((line, quad, m.let(self._read(gr, gc), f"{name}{q}")))
                 continue
@@ -490,7 +498,8 @@ class _Slice:
         elem = self.array.type.elem
         for line, quad, v in reads:
             base = self.m.let(self.at(stage, line * self.stride, quad))
-            for e, part in enumerate(self._elements(v)):
+            parts = self._elements(v)
+            for e, part in enumerate(parts[:1] if "stores" in self.ablate else parts):
                 self.array[base + e] = part if part.type == elem else elem(part)
 
     def _elements(self, v) -> list:
@@ -652,7 +661,8 @@ def f16_factor(m, name: str, count, tiling: MatrixTiling):
 def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling, a_major: str = "row",
          b_major: str = "row", out: str = "f32", batches: int = 1, scale: float = 1.0,
          bias: bool = False, activation: str | None = None, accumulate: bool = False,
-         in_place: bool = False, c_stride: int = 0, c_offset: int = 0) -> None:
+         in_place: bool = False, c_stride: int = 0, c_offset: int = 0,
+         ablate: str = "") -> None:
     """A whole kernel (workgroup size ``tiling.threads``, grid
     ``tiling.grid(M, N, batches)``): ``C = activation(scale * A @ B + bias)``
     (``accumulate``: C +=), A [M, K] (``a_major`` "row") or stored [K, M]
@@ -660,7 +670,8 @@ def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling, a_major: str = "row",
     ``c_stride`` (0: N) from column ``c_offset``; ``batches`` of each, one
     after another. A and B are read as vec4<f16> (their contiguous extents
     multiples of 4), or with ``tiling.read_width = 8`` 16 bytes at a time
-    (multiples of 8; f16_factor)."""
+    (multiples of 8; f16_factor). ``ablate``: "loads", "stores" or "loads+stores"
+    (tiled_product's; wrong results, for the bench's ceilings)."""
     A = f16_factor(m, "A", batches * M * K, tiling)
     Bm = f16_factor(m, "B", batches * K * N, tiling)
     rows = c_stride or N
@@ -671,4 +682,5 @@ def gemm(m, M: int, N: int, K: int, tiling: MatrixTiling, a_major: str = "row",
     b = m.declare_input_buffer("bias", scalar, N) if bias else None
     tiled_product(m, tiling, Operand(A, a_major, batch=M * K), Operand(Bm, b_major, batch=K * N),
                   M, N, K, Epilogue(C, c_stride, c_offset, M * rows, scale, b, activation,
-                                    accumulate, in_place), batches)
+                                    accumulate, in_place), batches,
+                  frozenset(ablate.split("+")) - {""})

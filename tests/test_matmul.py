@@ -206,6 +206,18 @@ def test_every_bench_variant_fits_the_h200_and_is_proven():
             assert ("bitcast<vec2<f16>>" in k.wgsl) == (t.read_width == 8), (name, str(t))
 
 
+def test_the_bench_ceilings_drop_what_they_say():
+    """bench --gemm's ceilings (wrong results, timed only): without global
+    reads no factor is read; with one staging store a read, an eighth of the
+    stores (16-byte reads) and the reads still there."""
+    t = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32, read_width=8)
+    full, loads, stores = (sd.compile(gemm, t.threads, M=64, N=128, K=64, tiling=t, ablate=a)
+                           for a in ("", "loads", "stores"))
+    assert " A[" in full.wgsl and " A[" not in loads.wgsl and " B[" not in loads.wgsl
+    assert full.wgsl.count("stage_b[") == 8 * stores.wgsl.count("stage_b[") and \
+        " A[" in stores.wgsl
+
+
 # ------------------------------------------------------------------ the engine's epilogue
 
 SMALL_BLOCKS = MatrixTiling(CONFIG, (2, 2), (1, 2), k_step=32)  # 32 x 64 blocks
