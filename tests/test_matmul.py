@@ -195,7 +195,7 @@ def test_every_bench_variant_fits_the_h200_and_is_proven():
     limit = h200_interp().limits["max-compute-workgroup-storage-size"]
     for M, N, K, layout in ISSUE_SHAPES:
         chosen = variants(M, N, K, layout)
-        assert chosen[0][0] == "rule" and len(chosen) >= 10
+        assert chosen[0][0] == "rule" and len(chosen) >= 8
         assert len({(str(t), str(o)) for _, t, o in chosen}) == len(chosen)
         for name, t, opts in chosen:
             k = sd.compile(gemm, t.threads, M=M, N=N, K=K, tiling=t, **opts)

@@ -66,33 +66,38 @@ def variants(M: int, N: int, K: int, layout: str,
              limits=None) -> list[tuple[str, MatrixTiling, dict]]:
     """(name, tiling, gemm options) of each variant timed at this shape: the
     rule's tiling (for ``limits``, default the H200's) first, then the 256 x
-    128 block with one parameter changed (each a hypothesis of notes 42-46),
-    then the other blocks of the rule (each exact where whole) and two more
-    128 x 128 blocks; those over ``limits`` left out."""
+    128 block with one parameter changed (each a hypothesis of notes 42-47:
+    all of them on the plain square, with the in-place epilogue and the
+    ceilings; k_step 32 single-buffered, prefetch 2 and group 8 elsewhere),
+    then the rule's other blocks (each exact where whole) and the 128 x 128
+    block with prefetch 2; those over ``limits`` left out."""
     opts = dict(LAYOUTS[layout])
-    rule = product_tiling(M, N, K, opts["a_major"], opts["b_major"], limits or H200_LIMITS)
+    limits = limits or H200_LIMITS
+    rule = product_tiling(M, N, K, opts["a_major"], opts["b_major"], limits)
     big = _whole(_tiling((4, 2), (4, 4), 16, read_width=8), M, N, K)
     out = [("rule", rule, {}), ("256x128", big, {})]
-    changed = [("not exact", replace(big, exact=False)),
-               ("4-element reads", _whole(replace(big, read_width=4), M, N, K)),
-               ("k_step 32 single-buffered", _whole(replace(big, k_step=32, stages=1), M, N, K)),
-               ("prefetch 2", replace(big, prefetch=2)),
-               ("pad 0", replace(big, pad=0)), ("group 8", replace(big, group=8))]
+    changed = [("k_step 32 single-buffered", _whole(replace(big, k_step=32, stages=1), M, N, K)),
+               ("prefetch 2", replace(big, prefetch=2)), ("group 8", replace(big, group=8))]
+    square = layout == "plain"
+    if square:
+        changed += [("not exact", replace(big, exact=False)),
+                    ("4-element reads", _whole(replace(big, read_width=4), M, N, K)),
+                    ("pad 0", replace(big, pad=0))]
     out += [(f"256x128 {what}", t, {}) for what, t in changed if t != big]
-    if layout == "plain":   # results straight to the f32 output; the step's ceilings
+    if square:   # results straight to the f32 output; the step's ceilings
         out.append(("256x128 in place", big, {"in_place": True}))
         out += [(f"ceiling: {what}", big, {"ablate": ablate}) for what, ablate in ABLATIONS]
-    for subgroups, fragments, k_step in BLOCKS[1:]:
-        t = _whole(_tiling(subgroups, fragments, k_step, read_width=8), M, N, K)
-        out.append((f"{t.rows}x{t.cols} {subgroups[0]}x{subgroups[1]} sg", t, {}))
-    mid = _whole(_tiling((4, 2), (2, 4), 16, read_width=8), M, N, K)
-    out += [("128x128 k_step 16", mid, {}), ("128x128 prefetch 2", replace(mid, prefetch=2), {}),
-            ("128x128 4 sg of 4x4", _whole(_tiling((2, 2), (4, 4), 16, read_width=8), M, N, K),
-             {})]
+    blocks = [_whole(_tiling(s, f, k, read_width=8), M, N, K) for s, f, k in BLOCKS[1:]]
+    out += [(f"{t.rows}x{t.cols} {t.subgroups[0]}x{t.subgroups[1]} sg", t, {}) for t in blocks]
+    out.append(("128x128 prefetch 2", replace(blocks[1], prefetch=2), {}))
+    if square:
+        out += [("128x128 k_step 16", _whole(replace(blocks[1], k_step=16), M, N, K), {}),
+                ("128x128 4 sg of 4x4",
+                 _whole(_tiling((2, 2), (4, 4), 16, read_width=8), M, N, K), {})]
     seen, unique = set(), []
     for name, t, extra in out:  # the rule's tiling is also one of the others: time it once
         key = (str(t), tuple(sorted(extra.items())))
-        if key not in seen and fits(t, limits or H200_LIMITS, opts["a_major"], opts["b_major"]):
+        if key not in seen and fits(t, limits, opts["a_major"], opts["b_major"]):
             seen.add(key)
             unique.append((name, t, {**opts, **extra}))
     return unique
