@@ -80,3 +80,26 @@ def test_an_f16_network_runs_its_base_products_on_the_rules_tiling():
     assert name == "dense_grad_input_matrix" and params["tiling"].shared_bytes() <= 16384
     assert base_kernel("dense", dev, "f32", in_dim=2560, out_dim=2560, tokens=8)[0] == \
         "dense_tiled"
+
+
+def test_the_autotuner_times_the_candidates_and_base_kernel_takes_its_choice():
+    """autotune_product times the tilings it is given on the device (scratch
+    buffers of the product's shape), caches the fastest, and product_tiling
+    (base_kernel's) then gives it in place of the rule's; without an entry, the rule's."""
+    from dataclasses import replace
+
+    from shaderdsl import interp
+
+    from lora.core import tuning
+    dev = interp.Device(subgroup_size=32, limits=H200)
+    params = dict(in_dim=64, out_dim=32, tokens=16, bias=False)
+    rule = tuning.product_tiling(dev, "dense", params)
+    assert rule == base_tiling("dense", H200, **params) and (rule.rows, rule.cols) == (64, 64)
+    said = []
+    other = replace(rule, k_step=32)
+    best = tuning.autotune_product(dev, "dense", params, cands=[rule, other],
+                                   progress=said.append)
+    assert best in (rule, other) and len(said) == 2
+    assert tuning.product_tiling(dev, "dense", params) == best
+    assert tuning.product_tiling(dev, "dense", dict(params, tokens=32)) == \
+        base_tiling("dense", H200, **dict(params, tokens=32))

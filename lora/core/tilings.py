@@ -27,6 +27,11 @@ bench that settles them: ``python -m lora bench --gemm``):
    64 x 64 block (16 KiB, 128 threads) fits the defaults.
 4. **Exact** (no edge tests) wherever M, N and K are whole blocks and steps.
 
+Where a user's GPU differs, ``lora.core.tuning.autotune_product`` times the
+candidates that fit (``base_candidates``) on it and caches the fastest, which
+``lora.core.tuning.product_tiling`` (what ``base_kernel`` asks) then gives in
+place of the rule's.
+
 The transformer shapes of issue 43 (tokens x out x in) get: 4096 x 576 x 576
 and 4096 x 896 x 4864: 128 x 128 (160 and 224 blocks; exact for the second);
 4096 x 1536 x 576 and 4096 x 49152 x 576: 256 x 128, exact (192 and 6144
@@ -110,15 +115,42 @@ def _exact(t: MatrixTiling, M: int, N: int, K: int) -> MatrixTiling:
                         t.read_width, t.stages, exact=True)
 
 
-def base_tiling(name: str, limits: dict | None, in_dim: int, out_dim: int, tokens: int,
-                g_stride: int = 0, g_column: int = 0, **_) -> MatrixTiling:
-    """The tiling of a frozen base product on matrix units: ``name`` "dense"
-    (y = x W^T: tokens x out_dim x in_dim, W read down its rows: a column-major
-    right factor) or "dense_grad_input" (dx = g W: tokens x in_dim x out_dim,
-    g perhaps a block of wider rows); the other parameters as the kernels
-    take them (lora.kernels.matrix)."""
+def base_problem(name: str, in_dim: int, out_dim: int, tokens: int, g_stride: int = 0,
+                 g_column: int = 0, **_) -> tuple:
+    """(M, N, K, a_major, b_major, read8) of a frozen base product: ``name``
+    "dense" (y = x W^T: tokens x out_dim x in_dim, W read down its rows: a
+    column-major right factor) or "dense_grad_input" (dx = g W: tokens x
+    in_dim x out_dim, g perhaps a block of wider rows); the other parameters
+    as the kernels take them (lora.kernels.matrix)."""
     if name == "dense":
-        return product_tiling(tokens, out_dim, in_dim, "row", "col", limits,
-                              read8=in_dim % 8 == 0)
+        return tokens, out_dim, in_dim, "row", "col", in_dim % 8 == 0
     aligned = all(v % 8 == 0 for v in (in_dim, out_dim, g_stride, g_column))
-    return product_tiling(tokens, in_dim, out_dim, "row", "row", limits, read8=aligned)
+    return tokens, in_dim, out_dim, "row", "row", aligned
+
+
+def base_tiling(name: str, limits: dict | None, **params) -> MatrixTiling:
+    """The rule's tiling of a frozen base product (base_problem's)."""
+    M, N, K, a_major, b_major, read8 = base_problem(name, **params)
+    return product_tiling(M, N, K, a_major, b_major, limits, read8)
+
+
+def base_candidates(name: str, limits: dict | None, **params) -> list[MatrixTiling]:
+    """Every candidate of the rule that fits ``limits`` for this base
+    product, exact where whole: what ``lora.core.tuning.autotune_product`` times."""
+    M, N, K, a_major, b_major, read8 = base_problem(name, **params)
+    return [_exact(t, M, N, K) for t in candidates(read8) if fits(t, limits, a_major, b_major)]
+
+
+FIELDS = ("subgroups", "fragments", "k_step", "pad", "group", "read_width", "stages", "exact",
+          "prefetch")
+
+
+def as_fields(t: MatrixTiling) -> dict:
+    """A tiling of FRAGMENT as JSON-ready fields (the tuning cache's form)."""
+    return {f: list(v) if isinstance(v := getattr(t, f), tuple) else v for f in FIELDS}
+
+
+def from_fields(fields: dict) -> MatrixTiling:
+    """``as_fields``' inverse; ValueError (or TypeError) on fields no tiling takes."""
+    given = {f: tuple(v) if isinstance(v, list) else v for f, v in fields.items()}
+    return MatrixTiling(FRAGMENT, **given)
