@@ -242,8 +242,8 @@ def gemm_main(out_dir: str, shapes, log) -> int:
     t0 = time.perf_counter()
     # the first case after process start runs slow (idle clocks: optimisation notes 16,
     # 27): the first shape's first variant once, unrecorded
-    first = shapes[0]
-    gemm_case(device, first, lambda *a: None, variants(*first, device.limits)[:1])
+    M, N, K, layout = shapes[0]
+    gemm_case(device, shapes[0], lambda *a: None, variants(M, N, K, layout, device.limits)[:1])
     result = {"adapter": device.name, "compiler": COMPILER, "dawn_toggles": toggles,
               "limits": {k: device.limits.get(k) for k in H200_LIMITS},
               "rows": [gemm_case(device, shape, log) for shape in shapes]}

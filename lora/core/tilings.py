@@ -39,6 +39,8 @@ blocks); 4096^3: 256 x 128, exact.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from shaderdsl.checks import MAX_INVOCATIONS
 from shaderdsl.matmul import MatrixTiling
 
@@ -152,5 +154,6 @@ def as_fields(t: MatrixTiling) -> dict:
 
 def from_fields(fields: dict) -> MatrixTiling:
     """``as_fields``' inverse; ValueError (or TypeError) on fields no tiling takes."""
-    given = {f: tuple(v) if isinstance(v, list) else v for f, v in fields.items()}
+    given: dict[str, Any] = {f: tuple(v) if isinstance(v, list) else v
+                             for f, v in fields.items()}
     return MatrixTiling(FRAGMENT, **given)
