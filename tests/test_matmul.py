@@ -510,7 +510,7 @@ def _lora_case(device, rank, in_dim, out_dim, tokens, text, seed, save_h=False):
         assert R.within(h, R.project_a(a, x), R.h_tolerance(x, a)), "saved h"
 
 
-@pytest.mark.examples(quick=2)
+@pytest.mark.examples(quick=1)
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([8, 16, 32]), dims=st.tuples(st.integers(4, 12), st.integers(4, 40)),
        tokens=st.integers(1, 48), form=st.sampled_from(["matrix", "matrix:2:1:1:4", "matrix:4"]),
@@ -522,7 +522,7 @@ def test_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, seed):
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
-@pytest.mark.examples(quick=2)
+@pytest.mark.examples(quick=1)
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 12), st.integers(8, 40)),
        tokens=st.integers(1, 70), form=st.sampled_from(["matrix:1:1:2:2:direct",
@@ -537,7 +537,7 @@ def test_direct_matrix_strategy_in_the_interpreter(rank, dims, tokens, form, see
     _lora_case(h200_interp(), rank, in_dim, out_dim, tokens, form, seed, save_h=True)
 
 
-@pytest.mark.examples(quick=2)
+@pytest.mark.examples(quick=1)
 @settings(max_examples=4, deadline=None)
 @given(rank=st.sampled_from([16, 32]), dims=st.tuples(st.integers(4, 8), st.integers(1, 40)),
        tokens=st.integers(1, 100),
