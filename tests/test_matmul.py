@@ -658,6 +658,30 @@ def test_matrix_backward_on_the_gpu(device, rank, tokens):
         _backward_case(device, rank, 512, 264, tokens, text, 5)
 
 
+def test_matrix_backward_dx_matches_float64():
+    """The matrix backward's dx += dh A (grad_input_matrix, the engine on b_add's
+    tiling) on partial blocks: within two f16 roundings (dh staged as f16, dx
+    stored as f16) of float64's, the backward plan naming it."""
+    from lora.core.plan import Plan
+    from lora.training.backward import backward_plan
+    dev = h200_interp()
+    rng = np.random.default_rng(8)
+    tokens, rank, in_dim = 40, 16, 72
+    a = rng.standard_normal((rank, in_dim)).astype(np.float16)
+    dh = rng.standard_normal((tokens, rank)).astype(np.float32)
+    dx0 = rng.standard_normal((tokens, in_dim)).astype(np.float16)
+    dx = dev.buffer(dx0)
+    Plan(dev, "dx", [("grad_input_matrix", dict(in_dim=in_dim, rank=rank, tokens=tokens,
+                                                accumulate=True))], {},
+         bound={"A": dev.buffer(a), "dh": dev.buffer(dh), "dx": dx}).record()
+    want = dx0.astype(np.float64) + dh.astype(np.float64) @ a.astype(np.float64)
+    mag = np.abs(dx0).astype(np.float64) + np.abs(dh).astype(np.float64) @ np.abs(a)
+    assert (np.abs(dev.read(dx) - want) <= 2 * R.F16_ROUNDING * mag + 1e-6).all()
+    w = lora.Weight.from_numpy(dev, a, np.ones((64, rank)), dtype=np.float16)
+    plan = backward_plan(dev, w, 0.5, tokens, "matrix")
+    assert "grad_input_matrix" in {s.kernel.name for s in plan.steps}
+
+
 def test_matrix_backward_is_the_f16_default_with_fragments():
     from lora.training.backward import backward_of
     w = lora.Weight.from_numpy(h200_interp(), np.ones((64, 256)), np.ones((256, 64)),

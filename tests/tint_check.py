@@ -355,6 +355,8 @@ def matrix_entries() -> list[Entry]:
         for direct, group in ((False, 0), (False, 3), (True, 0), (True, 2)):
             add("b_add_matrix", out_dim=136, rank=32, scale=-1.5, tokens=tokens, splits=2,
                 rows=1, cols=2, save_h=tokens is None, group=group, direct=direct)
+    for rank, accumulate in ((64, False), (16, True)):
+        add("grad_input_matrix", in_dim=136, rank=rank, tokens=70, accumulate=accumulate)
     for layout, chunk, accumulate in (("jr", 128, False), ("rj", 64, True), ("jr", 300, True)):
         add("grad_outer_matrix", n=136, rank=64, scale=0.5, tokens=300, chunk=chunk,
             layout=layout, accumulate=accumulate)

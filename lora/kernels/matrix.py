@@ -16,7 +16,7 @@ The forward is two dispatches:
   rounds to f16 once per fragment step of 16 ranks, not once in all).
 
 ``grad_outer_matrix`` is the backward's dB = s g^T h and dA = dh^T x (chunks
-of tokens as the engine's batches); ``dense_matrix`` and
+of tokens as the engine's batches), ``grad_input_matrix`` its dx = dh A; ``dense_matrix`` and
 ``dense_grad_input_matrix`` are a network's and a language model's frozen
 base products, x W^T (+ b) and g W, on the tiling ``lora.core.tilings``
 picks per shape.
@@ -113,6 +113,19 @@ def grad_outer_matrix(m, n, rank, scale, tokens, chunk, layout="jr", accumulate=
     tiled_product(m, OUTER, a, b, rows, cols, span,
                   Epilogue(out, batch=n * rank, scale=scale,
                            accumulate=accumulate and chunks == 1), batches=chunks)
+
+
+def grad_input_matrix(m, in_dim, rank, tokens, accumulate=False):
+    """The backward's dx (+)= dh A on matrix units: dh f32 [tokens, rank]
+    rounded to f16 as it is staged (as grad_outer_matrix stages it), A f16
+    [rank, in_dim], dx f16; b_add's tiling (2 x 2 subgroups of 2 x 2
+    fragments, the rank as K); grid ``b_tiling(rank, 2, 2).grid(tokens, in_dim)``."""
+    _check("grad_input_matrix", rank=rank, in_dim=in_dim)
+    A = m.declare_input_buffer("A", vec4h, rank * in_dim // 4)
+    dh = m.declare_input_buffer("dh", vec4f, tokens * rank // 4)
+    dx = m.declare_output_buffer("dx", vec4h, tokens * in_dim // 4)
+    tiled_product(m, b_tiling(rank, 2, 2), Operand(dh), Operand(A), tokens, in_dim, rank,
+                  Epilogue(dx, accumulate=accumulate))
 
 
 def b_add_matrix(m, out_dim, rank, scale, tokens, splits=1, rows=2, cols=4, save_h=False,

@@ -34,6 +34,7 @@ from .matrix import (
     b_tiling,
     dense_grad_input_matrix,
     dense_matrix,
+    grad_input_matrix,
     grad_outer_matrix,
     outer_matrix_grid,
     project_a_matrix,
@@ -142,6 +143,10 @@ KERNELS = {spec.name: spec for spec in (
                lambda p: _b_tiling(p).grid(p["tokens"], p["out_dim"]),
                "output += scale * B @ h on matrix units (f16), the slices of h summed; "
                "direct: the output's f16 fragments as the accumulators"),
+    KernelSpec("grad_input_matrix", grad_input_matrix,
+               lambda p: b_tiling(p["rank"], 2, 2).threads,
+               lambda p: b_tiling(p["rank"], 2, 2).grid(p["tokens"], p["in_dim"]),
+               "dx (+)= dh A on matrix units (f16 A and dx, f32 dh staged as f16)"),
     KernelSpec("grad_outer_matrix", grad_outer_matrix, lambda p: OUTER.threads,
                lambda p: outer_matrix_grid(p["n"], p["rank"], p["tokens"], p["chunk"], p["layout"]),
                "grad_outer on matrix units (f16 G, f32 H staged as f16), over chunks of tokens"),
