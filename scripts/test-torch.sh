@@ -17,4 +17,4 @@ if [ ! -f "$stamp" ]; then
 fi
 exec .venv-torch/bin/python -m pytest -m "not slow" -rs tests/test_adapter_peft.py \
     tests/test_network.py tests/test_many.py tests/test_torch_inputs.py \
-    tests/test_doc_blocks.py tests/test_lm_load.py "$@"
+    tests/test_doc_blocks.py tests/test_lm_load.py tests/test_finetune_lm.py "$@"

@@ -208,7 +208,10 @@ def test_rms_norm(dev, hidden, dtype, x_dtype, tokens, subgroups):
                    "rstd": np.zeros(t, np.float32)}, ["y", "rstd"])
     want, want_rstd = rms_norm_ref(x.astype(np.float64), w.astype(np.float64), eps, x_dtype)
     close(rstd, want_rstd, "f32", what="rstd")
-    close(y, want, dtype, scale=np.abs(want).max(), what="y")
+    # an f16 input's normalized row is rounded to f16: where the GPU's rsqrt
+    # differs from float64's by an f32 ulp, that rounding may land one f16 ulp
+    # away (the H100 under Dawn: 4.3e-4 relative), so f16's tolerance then
+    close(y, want, "f16" if x_dtype == "f16" else dtype, scale=np.abs(want).max(), what="y")
 
 
 @pytest.mark.parametrize("hidden, dtype, tokens, subgroups, accumulate", [
