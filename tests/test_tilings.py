@@ -53,9 +53,13 @@ def test_the_defaults_take_the_64_by_64_block_and_odd_widths_read_four():
 
 
 def test_small_products_take_the_smallest_block():
-    """Where no candidate makes 132 workgroups, the one with the most, of equals the smallest."""
+    """Where no candidate makes 132 workgroups, the one with the most, of equals
+    the smallest; a decode's few tokens (a language model's head: 49152
+    columns) in the block that pads them least, not 256 rows for one token."""
     assert _blocks(product_tiling(20, 44, 24)) == "64x64"
     assert _blocks(product_tiling(512, 2560, 2560, limits=H200)) == "128x64 exact"
+    assert _blocks(product_tiling(4, 49152, 576, "row", "col", H200)) == "64x64"
+    assert _blocks(product_tiling(4096, 576, 576, "row", "col", H200)) == "128x128"
 
 
 def test_bad_shapes_and_limits_are_refused():

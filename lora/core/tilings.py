@@ -19,9 +19,11 @@ bench that settles them: ``python -m lora bench --gemm``):
    least ``MIN_BLOCKS`` workgroups (one per SM of an H200: 132) wins; a
    block per SM is the most a 16-accumulator block gets (about 180
    registers a thread), so fewer blocks leave SMs idle (4096 x 576 x 576:
-   80 blocks of 256 x 128 on 132 SMs). Between the two 16-accumulator
-   blocks, the one that pads the output less. Where none has enough, the
-   candidate with the most blocks (of equals, the smallest).
+   80 blocks of 256 x 128 on 132 SMs), unless its grid pads the output
+   more than ``PADDING`` (1.25) times the least any of them does (a decode's
+   few tokens in 256-row blocks); between the two 16-accumulator blocks,
+   the one that pads less. Where none has enough, the candidate with the most
+   blocks (of equals, the smallest).
 3. **Within the device's limits**: a candidate over ``limits`` (workgroup
    memory, invocations; WebGPU's defaults: 16 KiB and 256) is skipped; the
    64 x 64 block (16 KiB, 128 threads) fits the defaults.
@@ -47,6 +49,7 @@ from shaderdsl.matmul import MatrixTiling
 from ..kernels.matrix import FRAGMENT
 
 MIN_BLOCKS = 132     # workgroups that give each SM of an H200 one block
+PADDING = 1.25       # a bigger block may pad the output this much more than the least
 WORKGROUP_STORAGE = "max-compute-workgroup-storage-size"
 
 
@@ -91,7 +94,9 @@ def product_tiling(M: int, N: int, K: int, a_major: str = "row", b_major: str = 
                          f"{candidates(read8)[-1].shared_bytes(a_major, b_major)} bytes of "
                          f"workgroup memory and 128 invocations)")
     enough = [t for t in fitting if _blocks(t, M, N) >= MIN_BLOCKS]
-    if enough:
+    if enough:  # of those, the ones that pad the output at most PADDING x the least
+        least = min(_padded(t, M, N) for t in enough)
+        enough = [t for t in enough if _padded(t, M, N) <= PADDING * least]
         first = enough[0]
         pair = [t for t in enough if t.fragments == first.fragments == (4, 4)]
         chosen = min(pair, key=lambda t: _padded(t, M, N)) if pair else first
