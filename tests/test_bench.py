@@ -187,18 +187,23 @@ def test_profile_small(tmp_path, monkeypatch, device):
 HALF_PAIRED = "tiled(threads=64, tile_tokens=8, token_block=2, quad=True, half=True)"
 
 
+@pytest.mark.slow
 def test_gemm_case_in_the_interpreter():
     """``--gemm``'s case on the interpreter device (the H200's matrix shapes and
     workgroup memory): the rule's variant of a linear layer's product runs, is
-    checked against float64 before it is timed, and times; a shape is parsed
-    as asked."""
-    from lora.apps.bench_gemm import ISSUE_SHAPES, gemm_case, parse_shapes, variants
+    checked against float64 before it is timed, and times (some 15 dispatches)."""
+    from lora.apps.bench_gemm import gemm_case, variants
 
     chosen = variants(64, 48, 32, "linear")[:1]
     row = gemm_case(h200_interp(), (64, 48, 32, "linear"), lambda *a: None, chosen)
     assert len(row["tilings"]) == 1 and not row["refused"]
     for r in row["tilings"].values():
         assert r["us"] > 0 and r["right"] and r["rel_err"] < 2.0**-10
+
+
+def test_gemm_shapes_are_parsed():
+    from lora.apps.bench_gemm import ISSUE_SHAPES, parse_shapes
+
     assert parse_shapes("issue") == ISSUE_SHAPES
     assert parse_shapes("64,4096x576x576") == ((64, 64, 64, "plain"), (4096, 576, 576, "linear"))
     with pytest.raises(ValueError, match="expected 'issue', sizes"):
