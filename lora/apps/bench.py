@@ -418,11 +418,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where a forward's time goes: each dispatch and phase of several "
                         "strategies alone, and the read-back's pieces (lora.apps.bench_profile)")
     p.add_argument("--gemm", nargs="?", const="issue", type=parse_shapes, metavar="SHAPES",
-                   help="the GEMM engine (f16, f32 sums) swept over its parameters beside "
-                        "torch.mm fp16, each variant checked against float64 first: 'issue' "
-                        "(the default: 4096^3 and issue 43's transformer shapes), or "
-                        "comma-separated squares (4096) and MxNxK products (4096x576x576) "
-                        "(lora.apps.bench_gemm)")
+                   help="the GEMM engine swept beside torch.mm, each variant checked first: "
+                        "'issue' (default: 4096^3, the transformer shapes), squares (4096) "
+                        "or MxNxK products (4096x576x576) (lora.apps.bench_gemm)")
     p.add_argument("--ceiling", action="store_true",
                    help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
                         "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")
