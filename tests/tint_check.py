@@ -197,6 +197,9 @@ def _lm_entries(add) -> None:
             inverse=bool(n // 2 % 2), kv_heads=n % 3)
         add("swiglu", inter=width, tokens=tokens, dtype=dt)
         add("residual", hidden=width, tokens=tokens, dtype=dt)
+        add("kv_write", batch=2, rows=1 + n % 3, kv_len=9, width=width, dtype=dt)
+        add("last_rows", batch=2, seq=1 + n % 3, width=width)
+        add("decode_advance", batch=1 + n % 8)
         add("swiglu_grad", inter=width, tokens=tokens, dtype=dt, in_place=bool(n % 2))
         add("argmax", vocab=width * 25, tokens=tokens, dtype=dt, threads=threads, subgroups=sg)
         add("softmax_xent", classes=width * 25, tokens=tokens, dtype=dt, threads=threads,
