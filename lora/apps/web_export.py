@@ -9,9 +9,11 @@ encodes, kernel for kernel and grid for grid.
 """
 from __future__ import annotations
 
+import contextlib
 from importlib import resources
 
 from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS
+from shaderdsl.hostdevice import Capture
 from shaderdsl.interp import Device as InterpDevice
 
 
@@ -29,6 +31,14 @@ class Recorder(InterpDevice):
 
     def _copy(self, src, dst, nbytes: int) -> None:
         self.ops.append(("copy", src, dst, nbytes))
+
+    @contextlib.contextmanager
+    def capture(self):
+        """A capture that refuses its replay: a plan that captures its first run and
+        replays it after (lora.CausalLM's step) records its dispatches here every time."""
+        held = Capture()
+        held.refused = "a Recorder lists each dispatch as it is made"
+        yield held
 
 
 def module_steps(ops: list, name_of) -> tuple[list, list]:

@@ -14,10 +14,10 @@ or is given), the steps of each graph, and ``loadCausalLM``.
 
 Each graph's shapes are baked into its kernels, as in Python a graph is built
 for one batch shape; the page pads a smaller batch into them (see lm.mjs).
-The decode step's only per-step values are the uniform ``offset`` of its
-embedding and argmax (where it reads and writes the generated ids): the step
-is recorded at two offsets and the module gives each such binding its value at
-step 0 and its increase per step.
+Decode steps are all alike (where a step reads its ids, the cache's past and the
+positions advance on the GPU), so the page replays one list at every step; a uniform
+a step binds goes with its value, and with its increase a step where the decode step,
+recorded twice, shows one.
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def record_graphs(lm: CausalLM, dev: LMRecorder, shapes: LMShapes) -> Recorded:
     # grows its scratch as it records a larger count, releasing the smaller buffer that
     # an earlier graph recorded; the second pass records the grown ones only.
     for _ in range(2):
-        ops, steps = _record_once(dev, made, decode, g)
+        ops, steps = _record_once(dev, made, decode)
     if dev.writes:
         raise ValueError(f"--lm: recording wrote {dev.writes[0].name!r} from the host; the "
                          f"page replays dispatches and copies only")
@@ -200,7 +200,7 @@ def users(recorded: Recorded) -> dict[int, set[str]]:
     return out
 
 
-def _record_once(dev: LMRecorder, made: dict, decode, g: int) -> tuple[dict, list]:
+def _record_once(dev: LMRecorder, made: dict, decode) -> tuple[dict, list]:
     """Each graph's ops recorded once (each in its group, for what a plan makes as it
     records), and the decode step's at steps 0 and 1."""
     ops = {}
@@ -211,10 +211,10 @@ def _record_once(dev: LMRecorder, made: dict, decode, g: int) -> tuple[dict, lis
         run()
         ops[name] = dev.ops
     steps = []
-    if decode is not None:
+    if decode is not None:   # twice: a step's uniform values may change from step to step
         dev.phase = "generate"
-        for k in range(2):
-            dev.ops, decode.offset = [], k * g
+        for _ in range(2):
+            dev.ops = []
             decode.record_forward()
             steps.append(dev.ops)
     return ops, steps
@@ -337,7 +337,8 @@ def graph_io(recorded: Recorded, names: Names) -> dict:
                        "positions": names(logits.positions), "logits": names(logits.logits)},
             "generate": {"ids": names(prefill.ids), "positions": names(prefill.positions),
                          "keep": names(cache.keep), "past": names(cache.past),
-                         "next": names(cache.positions), "out": names(cache.ids)}}
+                         "next": names(cache.positions), "out": names(cache.ids),
+                         "offset": names(cache.offset)}}
 
 
 def _b64(array: np.ndarray) -> str:

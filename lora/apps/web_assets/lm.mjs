@@ -737,7 +737,7 @@ class CausalLM {
 
   uniform(value) {
     if (!this.uniforms.has(value)) {
-      const buf = this.device.createBuffer({label: `lora offset ${value}`, size: 16,
+      const buf = this.device.createBuffer({label: `lora uniform ${value}`, size: 16,
                                             usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST});
       this.device.queue.writeBuffer(buf, 0, Uint32Array.of(value, 0, 0, 0));
       this.uniforms.set(value, buf);
@@ -816,6 +816,7 @@ class CausalLM {
     this.write(io.ids, fit.ids);
     this.write(io.positions, fit.positions);
     this.write(io.past, Uint32Array.of(0));
+    this.write(io.offset, Uint32Array.of(0));   // where decode steps read their ids
     this.submit("prefill", "CausalLM.generate prefill");
     return Uint32Array.from({length: G}, (_, r) => fit.positions[(r + 1) * P - 1] + 1);
   }
