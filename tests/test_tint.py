@@ -143,7 +143,8 @@ def test_grid_has_every_kernel_function(entries):
     # the matrix-unit kernels: as below, tests/test_matmul.py and tests/test_many.py check them
     lora_kernels = {name for name, spec in K.KERNELS.items() if spec.function.__module__
                     not in ("lora.kernels.matrix", "lora.kernels.many_matrix",
-                            "lora.kernels.attention_matrix")}
+                            "lora.kernels.attention_matrix",
+                            "lora.kernels.attention_matrix_grad")}
     assert lora_kernels <= groups["lora"], f"missing from the grid: {lora_kernels - groups['lora']}"
     found = set()
     for path in sorted(Path(examples.__file__).parent.glob("*.py")):
