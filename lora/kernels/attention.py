@@ -88,10 +88,10 @@ class Tiling:
         return self.rows * self.lanes
 
     def shared_floats(self, head_dim: int) -> int:
-        """Workgroup memory the kernel declares, in f32s."""
-        r, s, d = self.rows, self.step, head_dim
+        """Workgroup memory the kernel declares, in f32s (rows padded: padded())."""
+        r, s, d = self.rows, self.step, padded(head_dim // width(head_dim)) * width(head_dim)
         if self.kind == "forward":  # q rows, k and v steps, scores, a value per row
-            return (r + 2 * s) * d + r * s + r
+            return (r + 2 * s) * d + r * padded(s) + r
         if self.kind == "grad_q":   # q and do rows, k and v steps, dS, lse and delta per row
             return 2 * (r + s) * d + r * s + 2 * r
         return 2 * (r + s) * d + 2 * r * s + 2 * s  # grad_kv: k, v rows; q, do; P, dS; lse, delta
@@ -146,6 +146,21 @@ def tiling(kind, heads, kv_heads, head_dim, q_len, kv_len, block_q=0, block_k=0,
 
 
 # ------------------------------------------------------------------ shared pieces
+
+def padded(n: int) -> int:
+    """A staged row's length: n, or n + 1 where n is even. Threads that read
+    one column of consecutive rows (a dot product's k_j, a row owner's
+    scores) then meet rows that start in different banks: at head_dim 64 a
+    row of 16 vec4s put every row of a warp's reads in the same four banks,
+    an 8-way conflict on each of the dot products' loads."""
+    return n + 1 if n % 2 == 0 else n
+
+
+def row_tile(m, rows: int, head_dim: int, name: str):
+    """A workgroup array of ``rows`` staged rows (row_type), padded."""
+    vecs = head_dim // width(head_dim)
+    return m.shared(row_type(head_dim), (rows, padded(vecs)), name)
+
 
 def row_type(head_dim: int):
     """What a row is staged and accumulated in: vec4s where head_dim allows, else f32s."""
@@ -306,7 +321,7 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
     token from past / block_k steps to past / (block_k * splits).
     """
     t = tiling("forward", heads, kv_heads, head_dim, q_len, kv_len, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    vecs = head_dim // width(head_dim)
     q = storage_matrix(m, "q", batch * q_len, heads, head_dim, dtype)
     k = storage_matrix(m, "k", batch * kv_len, kv_heads, head_dim, dtype)
     v = storage_matrix(m, "v", batch * kv_len, kv_heads, head_dim, dtype)
@@ -314,9 +329,9 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
     past = m.declare_input_buffer("past", u32, 1)
     o = storage_matrix(m, "o", batch * q_len, heads, head_dim, dtype, output=True)
     lse = m.declare_output_buffer("lse", f32, batch * heads * q_len)
-    qs, ks = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.block_k, vecs), "ks")
-    vs, scores = m.shared(vec, (t.block_k, vecs), "vs"), m.shared(f32, (t.rows, t.block_k),
-                                                                  "scores")
+    qs, ks = row_tile(m, t.rows, head_dim, "qs"), row_tile(m, t.block_k, head_dim, "ks")
+    vs = row_tile(m, t.block_k, head_dim, "vs")
+    scores = m.shared(f32, (t.rows, padded(t.block_k)), "scores")
     per_row = m.shared(f32, t.rows, "per_row")  # each step's rescale, then 1 / the row's sum
     rows, lanes = QueryRows(m, t, heads, q_len), Lanes(m, t, vecs)
     rows.stage(m, qs, q, head_dim)
@@ -456,12 +471,12 @@ def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", blo
     (those from its first key on): no float atomics, each gradient written once.
     """
     t = tiling("grad_kv", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    vecs = head_dim // width(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
     dk = storage_matrix(m, "dk", batch * seq, kv_heads, head_dim, dtype, output=True)
     dv = storage_matrix(m, "dv", batch * seq, kv_heads, head_dim, dtype, output=True)
-    ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
-    qs, dos = m.shared(vec, (t.block_q, vecs), "qs"), m.shared(vec, (t.block_q, vecs), "dos")
+    ks, vs = row_tile(m, t.block_k, head_dim, "ks"), row_tile(m, t.block_k, head_dim, "vs")
+    qs, dos = row_tile(m, t.block_q, head_dim, "qs"), row_tile(m, t.block_q, head_dim, "dos")
     probs = m.shared(f32, (t.block_q, t.block_k), "probs")
     grads = m.shared(f32, (t.block_q, t.block_k), "grads")
     lses, deltas = m.shared(f32, t.block_q, "lses"), m.shared(f32, t.block_q, "deltas")
@@ -530,11 +545,11 @@ def attention_grad_q(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", bloc
     recomputing p and dS there (the grad_kv kernel has them too; sharing
     them would take a [seq, seq] buffer or float atomics)."""
     t = tiling("grad_q", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    vecs = head_dim // width(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
     dq = storage_matrix(m, "dq", batch * seq, heads, head_dim, dtype, output=True)
-    qs, dos = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.rows, vecs), "dos")
-    ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
+    qs, dos = row_tile(m, t.rows, head_dim, "qs"), row_tile(m, t.rows, head_dim, "dos")
+    ks, vs = row_tile(m, t.block_k, head_dim, "ks"), row_tile(m, t.block_k, head_dim, "vs")
     grads = m.shared(f32, (t.rows, t.block_k), "grads")
     lses, deltas = m.shared(f32, t.rows, "lses"), m.shared(f32, t.rows, "deltas")
     rows, lanes = QueryRows(m, t, heads, seq), Lanes(m, t, vecs)
