@@ -414,6 +414,18 @@ def test_forward_and_backward_on_the_device(device, dtype, batch, seq, heads, kv
                    dict(grad_kv=tiles, grad_q=tiles))
 
 
+def test_unpadded_rows_on_the_device(device):
+    """pad=False (the staged rows as they were before padding, which bench
+    --attention times beside) computes the same forward and backward."""
+    rng = np.random.default_rng(5)
+    batch, seq, heads, kv_heads, d = TRAINING_SHAPES[0][:5]
+    q, k, v = _inputs(rng, batch, seq, seq, heads, kv_heads, d)
+    keep = _padded(batch, seq)
+    check_forward(device, q, k, v, keep, 0, heads, kv_heads, pad=False)
+    check_backward(device, q, k, v, rng.standard_normal(q.shape), keep, heads, kv_heads,
+                   tiles=dict(grad_kv=dict(pad=False), grad_q=dict(pad=False)))
+
+
 def test_decode_reads_past_at_run_time(device):
     """One pipeline for every past: decode steps at past 0, 5 and 9 of one
     cache in blocks of 4 keys (keys after past hold values the queries must

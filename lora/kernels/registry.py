@@ -349,7 +349,7 @@ def _attention(kind):
     def of(p):
         q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
         return attention_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], q_len, kv_len,
-                                p["block_q"], p["block_k"], p["threads"])
+                                p["block_q"], p["block_k"], p["threads"], p["pad"])
     return of
 
 
