@@ -220,6 +220,29 @@ def test_attention_quick(tmp_path, capsys, device):
     assert "forward + backward: ours" in capsys.readouterr().out
 
 
+def test_attention_refused_kernel_is_recorded_and_the_run_goes_on(monkeypatch):
+    """A kernel the device refuses (a DispatchError, as an over-limit tiling
+    raises) becomes a row with its error, counted wrong; the next kernel runs."""
+    from lora.apps import bench_attention
+    from shaderdsl import interp
+    from shaderdsl.errors import DispatchError
+
+    class Refused:
+        def kernel(self, **params):
+            raise DispatchError("over max-compute-workgroup-storage-size")
+
+    monkeypatch.setattr(bench_attention, "KERNELS",
+                        {**bench_attention.KERNELS, "attention_grad_q": Refused()})
+    monkeypatch.setattr(bench_attention, "median_us", lambda device, record, n: 1.0)
+    run = bench_attention.ShapeRun(interp.Device(), ("tiny", 1, 8, 2, 1, 4), "f32",
+                                   lambda *a: None)
+    assert run.run("grad_q", "attention_grad_q", {}, (), ("dq",)) is None
+    forward = run.run("forward", "attention", run.params(q_len=8, kv_len=8),
+                      bench_attention.FORWARD, ("o", "lse"))
+    assert run.rows[0]["wrong"] and "max-compute" in run.rows[0]["error"]
+    assert forward is not None and not forward["wrong"]
+
+
 @pytest.mark.slow  # about 30 s: the interpreter runs every matrix tiling
 def test_attention_matrix_rows_in_the_interpreter(tmp_path, monkeypatch):
     """bench --attention's matrix rows on the interpreter's fragments: the

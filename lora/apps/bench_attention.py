@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from shaderdsl.errors import DispatchError, FeatureError, WGSLCompileError
 from shaderdsl.runtime import COMPILER, get_device
 
 from ..core.tuning import median_us
@@ -122,15 +123,22 @@ class ShapeRun:
         return dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=d, **extra)
 
     def run(self, kind, name, params, bindings, outputs, variant=""):
-        """Check KERNELS[name] (outputs: the results compared), then time it."""
+        """Check KERNELS[name] (outputs: the results compared), then time it; a
+        kernel the device refuses is recorded (``error``, wrong) and the run goes on."""
         spec = KERNELS[name]
-        kernel, grid = spec.kernel(**params), spec.grid(**params)
         bufs = {b: self.bufs[b] for b in bindings}
         for out in outputs:
             self.device.write(self.bufs[out], np.full(self.bufs[out].shape, np.nan,
                                                       self.bufs[out].dtype))
-        self.device.dispatch(kernel, bufs, grid)
-        err = self._errors(outputs)
+        try:
+            kernel, grid = spec.kernel(**params), spec.grid(**params)
+            self.device.dispatch(kernel, bufs, grid)
+            err = self._errors(outputs)
+        except (DispatchError, FeatureError, WGSLCompileError) as e:
+            self.log(f"  {self.dtype} {name} {variant}: refused: {e}")
+            self.rows.append({"kernel": name, "kind": kind, "dtype": self.dtype,
+                              "variant": variant, "us": None, "error": str(e), "wrong": True})
+            return None
         us = median_us(self.device, lambda: self.device.dispatch(kernel, bufs, grid), 2)
         _, batch, seq, heads, _, d = self.shape
         flops = PRODUCTS[kind] * batch * heads * seq * seq * d
