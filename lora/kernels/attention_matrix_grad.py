@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from shaderdsl import builtins as B
 from shaderdsl import f16, f32, u32, vec2f, vec4f, vec4h
 
-from .attention import NO_KEY_LSE, QueryRows, check_shape, storage_matrix, visible
+from .attention import NO_KEY_LSE, QueryRows, check_shape, storage_matrix
 from .common import ceil_div
 from .matrix import FRAGMENT
 
@@ -112,8 +112,9 @@ def grad_tiling(kind, heads, kv_heads, head_dim, seq, limit=DEFAULT_LIMIT, subgr
     if head_dim % F:
         raise ValueError(f"attention matrix backward: head_dim ({head_dim}) must be a multiple "
                          f"of {F}, the fragments' size")
-    if step and (step % F or step < F):
-        raise ValueError(f"attention matrix backward: step ({step}) must be a multiple of {F}")
+    if step and step not in STEP_CHOICES:
+        raise ValueError(f"attention matrix backward: step must be one of {STEP_CHOICES} (a "
+                         f"multiple of {F} dividing the subgroup's {SUBGROUP} lanes), got {step}")
     options = [GradTiling(kind, s, k, group, head_dim)
                for s in ((subgroups,) if subgroups else SUBGROUP_CHOICES)
                for k in ((step,) if step else STEP_CHOICES)]
@@ -249,16 +250,24 @@ def _accumulate(m, t, sg, pairs, copy) -> None:
                 m.assign(acc, B.subgroup_matrix_multiply_accumulate(hf, rf, acc))
 
 
-def _elements(m, t, sg, body) -> None:
-    """body(r, c, at32, at16) for this lane's elements (r, c) of its
-    subgroup's F x step block (consecutive lanes, consecutive columns): at32
-    its index in the f32 arrays, at16 in the f16 ones."""
-    lane = m.let(m.local_index() % SUBGROUP, "lane")
-    for k in range(F * t.step // SUBGROUP):
-        e = m.let(lane + k * SUBGROUP, "ee")
-        r, c = m.let(e / t.step, "er"), m.let(e % t.step, "ec")
-        body(r, c, m.let((sg * F + r) * (t.step + PAD32) + c, "e32"),
-             m.let((sg * F + r) * (t.step + PAD16) + c, "e16"))
+class Elements:
+    """This lane's elements (r, c) of its subgroup's F x step block:
+    consecutive lanes take consecutive columns, so with a step dividing
+    SUBGROUP a lane keeps one column c (its query in grad_kv, its key in
+    grad_q: one lse or keep read a step) and the rows r = lane / step + k
+    SUBGROUP / step, the same at every step (what depends on them alone is
+    read once, before the loop)."""
+
+    def __init__(self, m, t, sg):
+        lane = m.let(m.local_index() % SUBGROUP, "lane")
+        self.c = m.let(lane % t.step, "ec")
+        self.rows = [m.let(lane / t.step + k * (SUBGROUP // t.step), f"er{k}")
+                     for k in range(F * t.step // SUBGROUP)]
+        self.at32 = [m.let((sg * F + r) * (t.step + PAD32) + self.c, f"e32_{k}")
+                     for k, r in enumerate(self.rows)]
+        self.at16 = [m.let((sg * F + r) * (t.step + PAD16) + self.c, f"e16_{k}")
+                     for k, r in enumerate(self.rows)]
+        self.keys: list = []   # grad_kv: the rows' keys (_real_keys)
 
 
 def _write_out(m, t, sg, outputs, scratch, write) -> None:
@@ -338,6 +347,8 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
     staged.store(m, rows0, 0)
     values.store(m, values0, 0)
     m.barrier()
+    elements = Elements(m, t, sg)
+    real = _real_keys(m, elements, keep, b, seq, j0, sg)
     dk_acc = [m.var(result, name=f"dk{d}") for d in range(head_dim // F)]
     dv_acc = [m.var(result, name=f"dv{d}") for d in range(head_dim // F)]
     with m.loop(total, name="n") as n:
@@ -347,7 +358,7 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
         _products_t(m, t, sg, vf, staged.tiles[1], cur, dpt)    # dP^T = V dO^T
         m.barrier()
         i0 = m.let(first + n % blocks * t.step, "qi0")
-        _kv_elements(m, t, sg, (st, dpt, pt, dst), values, cur, keep, b, seq, j0, i0,
+        _kv_elements(m, t, (st, dpt, pt, dst), values, cur, elements, real, seq, i0,
                      head_dim ** -0.5)
         staged.store(m, rows_next, 1 - cur)
         values.store(m, values_next, 1 - cur)
@@ -362,19 +373,27 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
     _write_out(m, t, sg, ((dk_acc, head_dim ** -0.5, dk), (dv_acc, 1.0, dv)), (st, dpt), write)
 
 
-def _kv_elements(m, t, sg, arrays, values, cur, keep, b, seq, j0, i0, scale) -> None:
-    """P^T = exp(scale S^T - lse) where key j0 + sg F + r is seen by query
-    i0 + c (else 0) and dS^T = P^T (dP^T - delta), from f32 into f16."""
+def _kv_elements(m, t, arrays, values, cur, e, real, seq, i0, scale) -> None:
+    """P^T = exp(scale S^T - lse) where key row r (real[k]: it exists and is
+    kept; its key e.keys[k]) is seen by query i0 + c (else 0), and dS^T = P^T
+    (dP^T - delta), from f32 into f16."""
     st, dpt, pt, dst = arrays
-
-    def body(r, c, at32, at16):
-        key, query = m.let(j0 + sg * F + r, "key"), m.let(i0 + c, "query")
-        seen = (query < seq) & visible(keep, b, seq, key, query)
-        vi = m.let(cur * t.step + c, "vi")
-        p = m.let(B.select(0.0, B.exp(st[at32] * scale - values.lse[vi]), seen), "p")
+    query = m.let(i0 + e.c, "query")
+    inside = m.let(query < seq, "inside")
+    vi = m.let(cur * t.step + e.c, "vi")
+    lse, delta = m.let(values.lse[vi], "lse"), m.let(values.delta[vi], "delta")
+    for k, (at32, at16) in enumerate(zip(e.at32, e.at16)):
+        seen = inside & real[k] & (e.keys[k] <= query)
+        p = m.let(B.select(0.0, B.exp(st[at32] * scale - lse), seen), "p")
         pt[at16] = f16(p)
-        dst[at16] = f16(p * (dpt[at32] - values.delta[vi]))
-    _elements(m, t, sg, body)
+        dst[at16] = f16(p * (dpt[at32] - delta))
+
+
+def _real_keys(m, e, keep, b, seq, j0, sg):
+    """Each of the lane's rows' key (e.keys) and whether it exists and is kept."""
+    e.keys = [m.let(j0 + sg * F + r, f"key{k}") for k, r in enumerate(e.rows)]
+    return [m.let((key < seq) & (keep[b * seq + B.min(key, seq - 1)] != 0), f"real{k}")
+            for k, key in enumerate(e.keys)]
 
 
 # ------------------------------------------------------------------ dQ
@@ -406,6 +425,7 @@ def attention_matrix_grad_q(m, batch, heads, kv_heads, head_dim, seq, limit=DEFA
 
     staged.store(m, fetch(m.let(u32(0), "n0")), 0)
     m.barrier()
+    elements = Elements(m, t, sg)
     dq_acc = [m.var(result, name=f"dq{d}") for d in range(head_dim // F)]
     with m.loop(blocks, name="n") as n:
         cur = m.let(n % 2, "cur")
@@ -413,8 +433,8 @@ def attention_matrix_grad_q(m, batch, heads, kv_heads, head_dim, seq, limit=DEFA
         _products_t(m, t, sg, qf, staged.tiles[0], cur, st)     # S = Q K^T
         _products_t(m, t, sg, dof, staged.tiles[1], cur, dpt)   # dP = dO V^T
         m.barrier()
-        _q_elements(m, t, sg, (st, dpt, dss), values, rows, keep, seq, m.let(n * t.step, "j0"),
-                    head_dim ** -0.5)
+        _q_elements(m, t, sg, (st, dpt, dss), values, rows, elements, keep, seq,
+                    m.let(n * t.step, "j0"), head_dim ** -0.5)
         staged.store(m, following, 1 - cur)
         m.barrier()
         _accumulate(m, t, sg, ((dss, staged.tiles[0], dq_acc),), cur)
@@ -426,14 +446,14 @@ def attention_matrix_grad_q(m, batch, heads, kv_heads, head_dim, seq, limit=DEFA
     _write_out(m, t, sg, ((dq_acc, head_dim ** -0.5, dq),), (st,), write)
 
 
-def _q_elements(m, t, sg, arrays, values, rows, keep, seq, j0, scale) -> None:
+def _q_elements(m, t, sg, arrays, values, rows, e, keep, seq, j0, scale) -> None:
     """dS = P (dP - delta) with P = exp(scale S - lse) where query row sg F + r
     sees key j0 + c (else 0), from f32 into f16."""
     st, dpt, dss = arrays
-
-    def body(r, c, at32, at16):
-        row, key = m.let(sg * F + r, "row"), m.let(j0 + c, "key")
-        seen = rows.valid(row) & visible(keep, rows.b, seq, key, rows.query(row))
+    key = m.let(j0 + e.c, "key")
+    real = m.let((key < seq) & (keep[rows.b * seq + B.min(key, seq - 1)] != 0), "real")
+    for r, at32, at16 in zip(e.rows, e.at32, e.at16):
+        row = m.let(sg * F + r, "row")
+        seen = real & rows.valid(row) & (key <= rows.query(row))
         p = m.let(B.select(0.0, B.exp(st[at32] * scale - values.lse[row]), seen), "p")
         dss[at16] = f16(p * (dpt[at32] - values.delta[row]))
-    _elements(m, t, sg, body)
