@@ -432,20 +432,24 @@ def attention_delta(m, batch, heads, head_dim, seq, dtype="f32"):
     e = (b * heads + h) * seq + i, t = b * seq + i: the backward's D =
     rowsum(dO o) in f32, beside the row's lse. Grid ceil(batch * heads * seq
     / threads); bindings dout, o, lse -> stats (vec2<f32>). A thread per
-    (row, head): the sum is one head's head_dim values, too short to share."""
+    (row, head), consecutive threads on consecutive heads of a token, so that
+    a warp's reads of do and o are one stretch of memory (threads taken in
+    stats' order were a row of heads * head_dim apart); the sum is one
+    head's head_dim values, too short to share."""
     vecs = head_dim // width(head_dim)
     do = storage_matrix(m, "dout", batch * seq, heads, head_dim, dtype)
     o = storage_matrix(m, "o", batch * seq, heads, head_dim, dtype)
     lse = m.declare_input_buffer("lse", f32, batch * heads * seq)
     stats = m.declare_output_buffer("stats", vec2f, batch * heads * seq)
-    e = m.let(m.global_id().x, "e")
+    e = m.let(m.global_id().x, "e")   # token * heads + head
     with m.if_(e < batch * heads * seq):
-        b, h, i = m.let(e / (heads * seq), "b"), m.let(e / seq % heads, "h"), m.let(e % seq, "i")
-        base = m.let(((b * seq + i) * heads + h) * vecs, "base")
+        token, h = m.let(e / heads, "token"), m.let(e % heads, "h")
+        at = m.let((token / seq * heads + h) * seq + token % seq, "at")
+        base = m.let(e * vecs, "base")
         acc = m.var(f32, 0.0, "acc")
         with m.loop(vecs, name="c") as c:
             acc += dot_or_mul(widen(do[base + c]), widen(o[base + c]))
-        stats[e] = vec2f(lse[e], acc)
+        stats[at] = vec2f(lse[at], acc)
 
 
 def _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype):
