@@ -46,14 +46,14 @@ def storage(dev, dtype: str):
     return np.float16 if dtype == "f16" else np.float32
 
 
-def run(dev, name: str, params: dict, tokens: int, buffers: dict, reads: list, **uniforms):
+def run(dev, name: str, params: dict, tokens: int, buffers: dict, reads: list):
     """Dispatch KERNELS[name] on numpy ``buffers`` (``tokens`` rows; the
-    uniform ``tokens`` too where the kernel reads the count at run time) and
-    the u32 ``uniforms``; the ``reads`` back."""
+    uniform ``tokens`` too where the kernel reads the count at run time); the
+    ``reads`` back."""
     spec = KERNELS[name]
     kernel = spec.kernel(**params)
     bound = {k: dev.buffer(np.ascontiguousarray(v)) for k, v in buffers.items()}
-    values = {k: np.uint32(v) for k, v in uniforms.items()}
+    values = {}
     if any(b.name == "tokens" for b in kernel.bindings):  # the count read at run time
         values["tokens"] = np.uint32(tokens)
     grid = spec.grid_rule({**spec.params(**params), "tokens": tokens})
@@ -176,12 +176,13 @@ def test_embed_in_chunks_of_rows(dev, hidden, dtype, out_dtype, tokens):
 
 
 def test_embed_reads_ids_at_an_offset(dev):
-    """id_offset: x[t] = E[ids[offset + t]] (decode reads what argmax wrote)."""
+    """id_offset: x[t] = E[ids[offset[0] + t]] (decode reads what argmax wrote)."""
     rng = np.random.default_rng(2)
     E = rng.standard_normal((13, 6)).astype(np.float32)
     ids = np.array([5, 5, 5, 12, 0, 7, 5], np.uint32)
     x, = run(dev, "embed", dict(hidden=6, rows=13, tokens=3, id_offset=True, threads=8), 3,
-             {"E": E, "ids": ids, "x": np.zeros((3, 6), np.float32)}, ["x"], offset=3)
+             {"E": E, "ids": ids, "x": np.zeros((3, 6), np.float32),
+              "offset": np.array([3], np.uint32)}, ["x"])
     np.testing.assert_array_equal(x, E[[12, 0, 7]])
 
 
@@ -382,9 +383,9 @@ def test_lm_loss_of_an_all_ignored_batch_is_zero(dev):
     (37, "f32", 3, False), (40, "f16", None, True), (40, "f32", 3, True),
     (37, "f16", None, False)])
 def test_argmax_takes_the_first_of_ties(dev, vocab, dtype, tokens, subgroups):
-    """ids[offset + r] = torch.argmax of row r: row 0's largest value at 3
-    places (in one vec4, and in other threads' slices), row 1's at its last
-    column, row 2 all equal; ids outside offset .. offset + 2 untouched."""
+    """ids[offset[0] + ahead + r] = torch.argmax of row r: row 0's largest value
+    at 3 places (in one vec4, and in other threads' slices), row 1's at its
+    last column, row 2 all equal; ids outside 4 .. 6 untouched."""
     dt = storage(dev, dtype)
     if subgroups and not dev.has_feature("subgroup"):
         pytest.skip(f"{dev.name} lacks subgroups")
@@ -395,8 +396,8 @@ def test_argmax_takes_the_first_of_ties(dev, vocab, dtype, tokens, subgroups):
     logits[2] = -1.5
     ids = np.full(8, 99, np.uint32)
     got, = run(dev, "argmax", dict(vocab=vocab, tokens=tokens, dtype=dtype, threads=8,
-                                   subgroups=subgroups), 3, {"logits": logits, "ids": ids},
-               ["ids"], offset=4)
+                                   subgroups=subgroups, ahead=3), 3,
+               {"logits": logits, "ids": ids, "offset": np.array([1], np.uint32)}, ["ids"])
     want = ids.copy()
     want[4:7] = np.argmax(logits.astype(np.float64), -1)
     assert list(want[4:7]) == [9, vocab - 1, 0]
@@ -524,3 +525,31 @@ def test_references_match_transformers():
     losses, g, count = xent_ref(logits, labels, 7)
     np.testing.assert_allclose(losses.sum() / count, loss.item(), rtol=1e-12)
     np.testing.assert_allclose(g, lt.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("width, dtype", [(6, "f32"), (8, "f16")])
+def test_kv_write_puts_rows_at_past(dev, width, dtype):
+    """cache[b, past + i] = src[b, i] for 2 sequences of 3 rows at past 4 of a
+    cache of 9 rows each; the other rows untouched."""
+    dt = storage(dev, dtype)
+    rng = np.random.default_rng(13)
+    src = rng.standard_normal((6, width)).astype(dt)
+    cache = np.full((18, width), 7.0, dt)
+    got, = run(dev, "kv_write", dict(batch=2, rows=3, kv_len=9, width=width, dtype=dtype), 6,
+               {"src": src, "past": np.array([4], np.uint32), "cache": cache}, ["cache"])
+    want = cache.astype(np.float64)
+    want[4:7], want[13:16] = src[:3], src[3:]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_last_rows_and_decode_advance(dev):
+    """last_rows: each sequence's last row; decode_advance: past + 1, every
+    position + 1 and the ids' offset + batch."""
+    x = np.arange(5 * 3 * 4, dtype=np.float32).reshape(15, 4)
+    got, = run(dev, "last_rows", dict(batch=3, seq=5, width=4), 3,
+               {"src": x, "dst": np.zeros((3, 4), np.float32)}, ["dst"])
+    np.testing.assert_array_equal(got, x[[4, 9, 14]])
+    past, positions, offset = run(dev, "decode_advance", dict(batch=3), 1, {
+        "past": np.array([7], np.uint32), "positions": np.array([2, 5, 9], np.uint32),
+        "offset": np.array([6], np.uint32)}, ["past", "positions", "offset"])
+    assert list(past) == [8] and list(positions) == [3, 6, 10] and list(offset) == [9]

@@ -83,8 +83,9 @@ def embed(m, hidden, rows, tokens, dtype="f32", out_dtype="f32", first_row=0, id
     binding and one dispatch each: every dispatch writes only its own tokens,
     so together they write every token whose id is below the vocabulary
     (ids are checked on the host). ``id_offset``: ids are read from
-    ``ids[offset + t]``, ``offset`` a u32 uniform (a decode step reads the ids
-    the previous step's argmax wrote into a longer buffer, no read-back).
+    ``ids[offset[0] + t]``, ``offset`` a u32 storage buffer of one value (a
+    decode step reads the ids the previous step's argmax wrote into a longer
+    buffer, no read-back; decode_advance moves it on the GPU).
     """
     check_dtype(out_dtype)
     _sizes(tokens, hidden=hidden, rows=rows)
@@ -94,7 +95,7 @@ def embed(m, hidden, rows, tokens, dtype="f32", out_dtype="f32", first_row=0, id
     E, hn = input_matrix(m, "E", None, hidden, dtype)  # runtime-sized: rows may be 10^5
     ids = m.declare_input_buffer("ids", u32, None if id_offset else tokens)
     x = output_buffer(m, token_rows(tokens, hidden), out_dtype, "x", quad=w == 4)
-    offset = m.declare_uniform("offset", u32) if id_offset else 0
+    offset = m.declare_input_buffer("offset", u32, 1)[0] if id_offset else 0
     t = workgroup_token(m, tokens, "y")
     c = m.let(m.global_id().x, "c")
     row = m.let(ids[offset + t] - first_row, "row")  # ids below first_row wrap past rows
@@ -305,13 +306,14 @@ def swiglu_grad(m, inter, tokens, dtype="f32", in_place=False):
 
 # ------------------------------------------------------------------ greedy decoding
 
-def argmax(m, vocab, tokens, dtype="f32", threads=64, subgroups=False):
-    """ids[offset + r] = the index of row r's largest logit, the FIRST index on
+def argmax(m, vocab, tokens, dtype="f32", threads=64, subgroups=False, ahead=0):
+    """ids[offset + ahead + r] = the index of row r's largest logit, the FIRST index on
     ties (torch.argmax), one workgroup per row (grid (tokens, 1, 1)): each
     thread keeps its first largest element of a strided slice, then the
     workgroup takes the largest value (a max reduction) and the least index
     holding it (a min reduction). ``logits`` [tokens, vocab] stored as
-    ``dtype``; ``ids`` u32 (runtime-sized) at the u32 uniform ``offset``, so
+    ``dtype``; ``ids`` u32 (runtime-sized) at ``offset`` (a u32 storage buffer of
+    one value, which decode_advance moves on the GPU) plus ``ahead``, so
     decode writes the next step's ids where its embedding reads them, with no
     read-back. NaN logits are not ranked as torch ranks them; a row of -inf
     gives 0, as torch does."""
@@ -319,7 +321,7 @@ def argmax(m, vocab, tokens, dtype="f32", threads=64, subgroups=False):
     _sizes(tokens, vocab=vocab)
     logits, vn = input_matrix(m, "logits", tokens, vocab, dtype)
     ids = m.declare_output_buffer("ids", u32)
-    offset = m.declare_uniform("offset", u32)
+    offset = m.let(m.declare_input_buffer("offset", u32, 1)[0] + ahead, "offset")
     t = workgroup_token(m, tokens, "x")
     tid = m.local_index()
     w = vocab // vn
@@ -372,14 +374,17 @@ def last_rows(m, batch, seq, width):
 
 
 def decode_advance(m, batch):
-    """past += 1 and positions[b] += 1 (one workgroup, a thread per sequence):
-    the next decode step's place in the KV cache and its tokens' RoPE
-    positions, advanced on the GPU so several steps go in one submit."""
+    """past += 1, positions[b] += 1 and offset += batch (one workgroup, a thread
+    per sequence): the next decode step's place in the KV cache, its tokens'
+    RoPE positions and where its ids are read, advanced on the GPU, so the
+    steps are all alike (several in one submit, or one captured graph replayed)."""
     _sizes(None, batch=batch)
     past = m.declare_output_buffer("past", u32, 1)
     positions = m.declare_output_buffer("positions", u32, batch)
+    offset = m.declare_output_buffer("offset", u32, 1)
     i = m.let(m.local_index(), "i")
     with m.if_(i < batch):
         positions[i] += 1
     with m.if_(i == 0):
         past[0] += 1
+        offset[0] += batch

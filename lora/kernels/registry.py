@@ -5,6 +5,7 @@ of the buffer bound to it (A, x, h, output, ...); a plan step may rename the
 generic ones (grad_outer's G, H and out are g, h and dB for dB)."""
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable
@@ -52,6 +53,13 @@ from .projections import (
 from .tiled import tiled_forward
 
 
+@functools.lru_cache(maxsize=None)
+def _parameters(function) -> dict:
+    """A kernel function's parameters (inspect.signature, read once: a plan's
+    build asks for them at every step of every plan)."""
+    return dict(inspect.signature(function).parameters)
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One LoRA kernel: its DSL function, its workgroup size and its grid, both
@@ -73,13 +81,12 @@ class KernelSpec:
 
     @property
     def parameter_names(self) -> set[str]:
-        return set(inspect.signature(self.function).parameters) - {"m"} | {"threads"}
+        return set(_parameters(self.function)) - {"m"} | {"threads"}
 
     def params(self, **given) -> dict:
         """``given`` over the function's defaults (and threads=256)."""
-        sig = inspect.signature(self.function)
         out = {"threads": 256}
-        out.update({k: p.default for k, p in sig.parameters.items()
+        out.update({k: p.default for k, p in _parameters(self.function).items()
                     if p.default is not inspect.Parameter.empty})
         unknown = set(given) - self.parameter_names
         if unknown:
@@ -90,7 +97,7 @@ class KernelSpec:
 
     def kernel(self, **given) -> sd.Kernel:
         p = self.params(**given)
-        sig = inspect.signature(self.function).parameters
+        sig = _parameters(self.function)
         name = self.name if p.get("dtype", "f32") == "f32" else f"{self.name}_{p['dtype']}"
         return sd.compile(self.function, self.workgroup(p), name=name,
                           **{k: v for k, v in p.items() if k in sig})

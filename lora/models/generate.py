@@ -7,9 +7,11 @@ has finished or ``max_new_tokens`` are made.
 The prompt runs once (the prefill), writing every layer's keys and values
 into the cache; then each decode step runs one token per sequence against
 the cache. A step's next ids are written on the GPU where the next step's
-embedding reads them, and its position and place in the cache advance on the
-GPU too, so several steps go out in one submit; the ids are read back after
-each submit, to stop at the end of every sequence.
+embedding reads them, and its position, place in the cache and where its
+ids are read advance on the GPU too, so every step is the same dispatches:
+the first is captured (``device.capture``) and the rest replay it, several
+in one submit; the ids are read back after each submit, to stop at the end
+of every sequence.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from . import inputs as I
 from .graph import Graph
 
 STEPS_PER_SUBMIT = 8   # decode steps recorded between reads of the ids
+CACHE_ROWS = 128       # a KV cache's length is a multiple of this (attention and kv_write
+                       # bake it in: fewer lengths, fewer pipelines; keys past a query's
+                       # place are never read)
 
 
 class KVCache:
@@ -26,7 +31,8 @@ class KVCache:
     ``length`` tokens (storage dtype, [batch * length, kv_heads * head_dim]),
     the mask of the keys (u32 [batch * length]), ``past`` (u32 [1]: where the
     next queries sit), the next decode step's positions (u32 [batch]) and the
-    generated ids (u32 [steps, batch])."""
+    generated ids (u32 [steps, batch]) and ``offset`` (u32 [1]: where the next
+    decode step reads its ids among them)."""
 
     def __init__(self, model, batch: int, length: int, steps: int):
         dev, c = model.device, model.config
@@ -40,6 +46,7 @@ class KVCache:
         self.past = dev.empty((1,), np.uint32, name="cache.past")
         self.positions = dev.empty((batch,), np.uint32, name="cache.positions")
         self.ids = dev.empty((steps * batch,), np.uint32, name="cache.ids")
+        self.offset = dev.empty((1,), np.uint32, name="cache.offset")
 
 
 def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention_mask=None,
@@ -62,9 +69,10 @@ def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention
     pad = _pad(pad_token_id, c, eos)
     mixed = None if adapter_names is None else \
         [model.mixed.ids(adapter_names, b, rows) for rows in (p, 1)]
-    cache = KVCache(model, b, p + new, new)
+    length = min(-(-(p + new) // CACHE_ROWS) * CACHE_ROWS, max(p + new, c.max_position_embeddings))
+    cache = KVCache(model, b, length, new)
     dev = model.device
-    keep = np.ones((b, p + new), np.uint32)
+    keep = np.ones((b, length), np.uint32)
     keep[:, :p] = batch.keep.reshape(b, p)
     dev.write(cache.keep, keep.reshape(-1))
     prefill = Graph(model, b, p, training=False, cache=cache, mixed=mixed is not None)
@@ -73,6 +81,7 @@ def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention
     dev.write(prefill.ids, batch.ids)
     dev.write(prefill.positions, batch.positions)
     dev.write(cache.past, np.zeros(1, np.uint32))
+    dev.write(cache.offset, np.zeros(1, np.uint32))
     with dev.batch():
         prefill.record_forward()
     step = None
@@ -90,7 +99,7 @@ def _decode(model, cache: KVCache, step, p: int, new: int, positions, eos) -> np
     dev, b = model.device, len(positions)
     dev.write(cache.past, np.array([p], np.uint32))
     dev.write(cache.positions, np.asarray(positions, np.uint32))
-    made = 1
+    made, graph = 1, None
     while True:
         ids = dev.read(cache.ids)[:made * b].reshape(made, b).astype(np.int64)
         done = np.isin(ids, eos).any(axis=0).all() if len(eos) else False
@@ -98,10 +107,24 @@ def _decode(model, cache: KVCache, step, p: int, new: int, positions, eos) -> np
             return ids[:_end(ids, eos)] if done else ids
         count = min(STEPS_PER_SUBMIT, new - made)
         with dev.batch():
-            for k in range(count):
-                step.offset = (made - 1 + k) * b
-                step.record_forward()
+            for _ in range(count):
+                graph = _record_step(dev, step, graph)
         made += count
+
+
+def _record_step(dev, step, graph):
+    """One decode step: the captured graph replayed, or (the first time, or
+    where a step cannot be replayed: a mixed batch's plans take their row
+    count as a uniform value) recorded; returns the graph to replay next."""
+    if graph is not None and not graph.refused:
+        dev.replay(graph)
+        return graph
+    if graph is not None:   # refused: record every step
+        step.record_forward()
+        return graph
+    with dev.capture() as graph:
+        step.record_forward()
+    return graph
 
 
 def _end(ids: np.ndarray, eos) -> int:

@@ -18,7 +18,8 @@ import numpy as np
 
 from shaderdsl.devicebuffer import DeviceBuffer
 
-from ..core.auto import auto_plan
+from ..core import tuning
+from ..core.forward import forward_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..kernels.attention_matrix import matrix_tiling
@@ -50,17 +51,6 @@ def _buffers(items: list, seen: dict, skip: set) -> None:
             _buffers([(None, v) for v in value], seen, skip)
 
 
-class AtOffset:
-    """A plan with the uniform ``offset`` recorded as the graph's ``offset`` now
-    (a decode step's place in the generated ids)."""
-
-    def __init__(self, plan: Plan, graph):
-        self.plan, self.graph = plan, graph
-
-    def record(self) -> None:
-        self.plan.record(offset=np.uint32(self.graph.offset))
-
-
 class _Mixed:
     """A module's pool plan, with the route its graph holds now: y += each
     row's own adapter's delta."""
@@ -72,21 +62,15 @@ class _Mixed:
         self.graph.mixed_plans[self.name].record(x, y)
 
 
-class _NextOffset(AtOffset):
-    """The argmax, writing the ids one step after the graph's offset."""
-
-    def record(self) -> None:
-        self.plan.record(offset=np.uint32(self.graph.offset + self.graph.batch))
-
-
 class Graph:
     """The buffers and plans of ``model`` (a lora.CausalLM) for [batch, seq]
     token batches; ``training``: keep every activation and build the backward.
     ``cache`` (a lora.models.generate.KVCache): the queries' keys and values go
     into it at its ``past`` and attention reads it; only each sequence's last
-    row reaches the head, whose argmax goes into the cache's ids at
+    row reaches the head, whose argmax goes into the cache's ids at its
     ``offset``; a one-token graph (decode) reads its ids there too and
-    advances ``past`` and the positions after its step."""
+    advances ``past``, the positions and ``offset`` after its step: every
+    decode step is the same dispatches on the same buffers."""
 
     def __init__(self, model, batch: int, seq: int, training: bool, cache=None,
                  mixed: bool = False):
@@ -105,7 +89,6 @@ class Graph:
         self.labels = dev.empty((t,), U32, name="lm.labels") if training else None
         # queries start at key 0 (a cache's past: where this step's queries sit in it)
         self.past = cache.past if cache else dev.empty((1,), U32, name="lm.past")
-        self.offset = 0
         self.lora_forwards: dict = {}  # module name -> its adapter's forward plan (h kept)
         self.dropped: dict = {}  # module name -> its adapter's dropped input (lora_dropout)
         self.drops: dict = {}    # module name -> the plan dropping it
@@ -154,14 +137,13 @@ class Graph:
     # ------------------------------------------------------------ forward
 
     def _embedding(self, decode: bool) -> list:
-        """x[0] = the embedding of the ids (decode: read at the graph's offset)."""
-        dev, c, out = self.device, self.config, []
-        for first, chunk in self.model.frozen.embed:
-            plan = op(dev, f"embed rows {first}+", "embed", dict(
-                tokens=self.tokens, hidden=c.hidden_size, rows=chunk.shape[0], first_row=first,
-                dtype=self.wgsl, id_offset=decode), ids=self.ids, E=chunk, x=self._x(0))
-            out.append((AtOffset(plan, self) if decode else plan, ()))
-        return out
+        """x[0] = the embedding of the ids (decode: read at the cache's offset)."""
+        dev, c = self.device, self.config
+        where = {"offset": self.cache.offset} if decode else {}
+        return [(op(dev, f"embed rows {first}+", "embed", dict(
+            tokens=self.tokens, hidden=c.hidden_size, rows=chunk.shape[0], first_row=first,
+            dtype=self.wgsl, id_offset=decode), ids=self.ids, E=chunk, x=self._x(0), **where),
+            ()) for first, chunk in self.model.frozen.embed]
 
     def _norm(self, label: str, x, w, y, rstd, tokens: int = 0) -> tuple:
         c = self.config
@@ -192,8 +174,10 @@ class Graph:
                 plan = train_forward_plan(dev, adapter.weight, adapter.scale, self.tokens,
                                           given=())
                 self.lora_forwards[name] = plan
-            else:   # lora.forward's own plan (one dispatch where its model says so)
-                plan = auto_plan(dev, adapter.weight, adapter.scale, self.tokens)
+            else:   # lora.forward's strategy, its token count baked (no uniform value)
+                w = adapter.weight
+                plan = forward_plan(dev, w, adapter.scale, self.tokens,
+                                    tuning.choose(dev, w, adapter.scale, self.tokens))
             steps.append((plan, (x, y)))
         return steps
 
@@ -311,17 +295,18 @@ class Graph:
         return steps
 
     def _next_ids(self, decode: bool) -> list:
-        """The greedy next ids into the cache's ids: a prefill's at the graph's
-        offset (0), a decode step's one slot after the ids it read (offset +
-        batch), then past and positions advanced for the next step."""
+        """The greedy next ids into the cache's ids: a prefill's at its offset
+        (0), a decode step's one slot after the ids it read (offset + batch),
+        then past, positions and offset advanced for the next step."""
         dev, cache = self.device, self.cache
-        argmax = op(dev, "argmax", "argmax", dict(
+        steps: list = [(op(dev, "argmax", "argmax", dict(
             vocab=self.config.vocab_size, tokens=self.batch, dtype=self.wgsl,
-            subgroups=dev.has_feature("subgroup")), logits=self.logits, ids=cache.ids)
-        steps: list = [((_NextOffset if decode else AtOffset)(argmax, self), ())]
+            subgroups=dev.has_feature("subgroup"), ahead=self.batch if decode else 0),
+            logits=self.logits, ids=cache.ids, offset=cache.offset), ())]
         if decode:
             steps.append((op(dev, "advance", "decode_advance", dict(batch=self.batch),
-                             past=cache.past, positions=cache.positions), ()))
+                             past=cache.past, positions=cache.positions,
+                             offset=cache.offset), ()))
         return steps
 
     # ------------------------------------------------------------ loss and backward
