@@ -374,7 +374,12 @@ def _names(allowed) -> Callable[[str], tuple]:
 
 
 def _lm_arguments(p: argparse.ArgumentParser) -> None:
-    """--lm and its options (lora.apps.bench_lm)."""
+    """--lm and its options (lora.apps.bench_lm); --attention, its attention
+    kernels alone (lora.apps.bench_attention)."""
+    p.add_argument("--attention", action="store_true",
+                   help="each attention kernel of the LM (forward, delta, grad_kv, grad_q; SIMT "
+                        "and on matrix units) at SmolLM2's and Qwen2.5's shapes, checked "
+                        "against float64, beside torch's SDPA (lora.apps.bench_attention)")
     p.add_argument("--lm", action="store_true",
                    help="a transformer LM with LoRA (rank 16, all-linear) in SmolLM2-135M's and "
                         "Qwen2.5-0.5B's shapes: the training step (8 x 512 tokens, f16 and "
@@ -441,10 +446,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="--network: clip every step's gradients to this global norm "
                         "(ours and torch's clip_grad_norm_; default: no clipping)")
     _lm_arguments(p)
-    p.add_argument("--attention", action="store_true",
-                   help="each attention kernel of the LM (forward, delta, grad_kv, grad_q; SIMT "
-                        "and on matrix units) at SmolLM2's and Qwen2.5's shapes, checked "
-                        "against float64, beside torch's SDPA (lora.apps.bench_attention)")
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,

@@ -343,9 +343,7 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
         return rows, values.fetch(m, stats, lambda i: (
             (b * heads + h) * seq + B.min(i0 + i, seq - 1), i0 + i < seq))
 
-    rows0, values0 = fetch(m.let(u32(0), "n0"))
-    staged.store(m, rows0, 0)
-    values.store(m, values0, 0)
+    _store_step(m, staged, values, fetch(m.let(u32(0), "n0")), 0)
     m.barrier()
     elements = Elements(m, t, sg)
     real = _real_keys(m, elements, keep, b, seq, j0, sg)
@@ -353,15 +351,14 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
     dv_acc = [m.var(result, name=f"dv{d}") for d in range(head_dim // F)]
     with m.loop(total, name="n") as n:
         cur = m.let(n % 2, "cur")
-        rows_next, values_next = fetch(m.let(B.min(n + 1, total - 1), "nn"))
+        following = fetch(m.let(B.min(n + 1, total - 1), "nn"))
         _products_t(m, t, sg, kf, staged.tiles[0], cur, st)     # S^T = K Q^T
         _products_t(m, t, sg, vf, staged.tiles[1], cur, dpt)    # dP^T = V dO^T
         m.barrier()
         i0 = m.let(first + n % blocks * t.step, "qi0")
         _kv_elements(m, t, (st, dpt, pt, dst), values, cur, elements, real, seq, i0,
                      head_dim ** -0.5)
-        staged.store(m, rows_next, 1 - cur)
-        values.store(m, values_next, 1 - cur)
+        _store_step(m, staged, values, following, 1 - cur)
         m.barrier()
         _accumulate(m, t, sg, ((pt, staged.tiles[1], dv_acc), (dst, staged.tiles[0], dk_acc)),
                     cur)
@@ -371,6 +368,13 @@ def attention_matrix_grad_kv(m, batch, heads, kv_heads, head_dim, seq, limit=DEF
         with m.if_(key < seq):
             out[((b * seq + key) * kv_heads + kvh) * vecs + c] = vec4h(value)
     _write_out(m, t, sg, ((dk_acc, head_dim ** -0.5, dk), (dv_acc, 1.0, dv)), (st, dpt), write)
+
+
+def _store_step(m, staged, values, fetched, copy) -> None:
+    """A step's fetched rows and values (grad_kv's fetch) into ``copy``."""
+    rows, held = fetched
+    staged.store(m, rows, copy)
+    values.store(m, held, copy)
 
 
 def _kv_elements(m, t, arrays, values, cur, e, real, seq, i0, scale) -> None:
