@@ -300,7 +300,10 @@ def attention_main(out_dir: str, log, quick: bool = False, device=None, shapes=N
         rows, torch = [], {}
         for dtype in dtypes:
             rows += shape_rows(device, shape, dtype, log, limit).rows
-            torch[dtype] = torch_times(shape, dtype)
+            try:
+                torch[dtype] = torch_times(shape, dtype)
+            except Exception as e:  # noqa: BLE001 (an SDPA backend may refuse a shape)
+                torch[dtype] = {"torch": f"failed: {type(e).__name__}: {e}"}
         entry = {"shape": dict(zip(("label", "batch", "seq", "heads", "kv_heads", "head_dim"),
                                    shape)), "rows": rows, "torch": torch,
                  "layer": layer_sums(rows)}
