@@ -190,15 +190,24 @@ HALF_PAIRED = "tiled(threads=64, tile_tokens=8, token_block=2, quad=True, half=T
 @pytest.mark.slow
 def test_gemm_case_in_the_interpreter():
     """``--gemm``'s case on the interpreter device (the H200's matrix shapes and
-    workgroup memory): every tiling runs, times and matches float64."""
-    from lora.apps.bench_gemm import TILINGS, gemm_case
+    workgroup memory): the rule's variant of a linear layer's product runs, is
+    checked against float64 before it is timed, and times (some 15 dispatches)."""
+    from lora.apps.bench_gemm import gemm_case, variants
 
-    # one plain tiling and one grouped, with 16-byte reads (test_matmul runs each on its own)
-    tilings = (TILINGS[0], next(t for t in TILINGS if t.group and t.read_width == 8))
-    row = gemm_case(h200_interp(), 64, lambda *a: None, tilings)
-    assert len(row["tilings"]) == len(tilings)
+    chosen = variants(64, 48, 32, "linear")[:1]
+    row = gemm_case(h200_interp(), (64, 48, 32, "linear"), lambda *a: None, chosen)
+    assert len(row["tilings"]) == 1 and not row["refused"]
     for r in row["tilings"].values():
-        assert r["us"] > 0 and r["rel_err"] < 1e-6
+        assert r["us"] > 0 and r["right"] and r["rel_err"] < 2.0**-10
+
+
+def test_gemm_shapes_are_parsed():
+    from lora.apps.bench_gemm import ISSUE_SHAPES, parse_shapes
+
+    assert parse_shapes("issue") == ISSUE_SHAPES
+    assert parse_shapes("64,4096x576x576") == ((64, 64, 64, "plain"), (4096, 576, 576, "linear"))
+    with pytest.raises(ValueError, match="expected 'issue', sizes"):
+        parse_shapes("64x64")
 
 
 def test_attention_quick(tmp_path, capsys, device):

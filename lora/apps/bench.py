@@ -53,7 +53,7 @@ from ..core.weight import Weight
 from . import bench_table, bench_train
 from .bench_attention import attention_main
 from .bench_ceiling import ceiling_main, copy_bandwidth
-from .bench_gemm import gemm_main
+from .bench_gemm import gemm_main, parse_shapes
 from .bench_lm import MODELS as LM_MODELS
 from .bench_lm import PARTS as LM_PARTS
 from .bench_lm import lm_main
@@ -425,9 +425,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="where a forward's time goes: each dispatch and phase of several "
                         "strategies alone, and the read-back's pieces (lora.apps.bench_profile)")
-    p.add_argument("--gemm", type=lambda v: tuple(int(t) for t in v.split(",")),
-                   help="the matrix-unit GEMM (f16, f32 sums) at these comma-separated square "
-                        "sizes, several tilings, beside torch.mm fp16 (lora.apps.bench_gemm)")
+    p.add_argument("--gemm", nargs="?", const="issue", type=parse_shapes, metavar="SHAPES",
+                   help="the GEMM engine swept beside torch.mm, each variant checked first: "
+                        "'issue' (default: 4096^3, the transformer shapes), squares (4096) "
+                        "or MxNxK products (4096x576x576) (lora.apps.bench_gemm)")
     p.add_argument("--ceiling", action="store_true",
                    help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
                         "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")

@@ -32,13 +32,11 @@ from .many_sort import many_sort_count, many_sort_scan, many_sort_scatter
 from .matrix import (
     OUTER,
     a_tiling,
-    b_add_direct,
     b_add_matrix,
     b_tiling,
     dense_grad_input_matrix,
     dense_matrix,
-    direct_grid,
-    direct_threads,
+    grad_input_matrix,
     grad_outer_matrix,
     outer_matrix_grid,
     project_a_matrix,
@@ -149,13 +147,14 @@ KERNELS = {spec.name: spec for spec in (
                + (p["splits"],),
                "h = A @ x on matrix units (f16), in slices of in_dim"),
     KernelSpec("b_add_matrix", b_add_matrix,
-               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).threads,
-               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).grid(p["tokens"], p["out_dim"]),
-               "output += scale * B @ h on matrix units (f16), the slices of h summed"),
-    KernelSpec("b_add_direct", b_add_direct, lambda p: direct_threads(),
-               lambda p: direct_grid(p["out_dim"], p["tokens"], p["rows"], p["cols"]),
-               "output += scale * B @ h on matrix units, the output's f16 fragments as the "
-               "accumulators"),
+               lambda p: _b_tiling(p).threads,
+               lambda p: _b_tiling(p).grid(p["tokens"], p["out_dim"]),
+               "output += scale * B @ h on matrix units (f16), the slices of h summed; "
+               "direct: the output's f16 fragments as the accumulators"),
+    KernelSpec("grad_input_matrix", grad_input_matrix,
+               lambda p: b_tiling(p["rank"], 2, 2).threads,
+               lambda p: b_tiling(p["rank"], 2, 2).grid(p["tokens"], p["in_dim"]),
+               "dx (+)= dh A on matrix units (f16 A and dx, f32 dh staged as f16)"),
     KernelSpec("grad_outer_matrix", grad_outer_matrix, lambda p: OUTER.threads,
                lambda p: outer_matrix_grid(p["n"], p["rank"], p["tokens"], p["chunk"], p["layout"]),
                "grad_outer on matrix units (f16 G, f32 H staged as f16), over chunks of tokens"),
@@ -164,6 +163,10 @@ KERNELS = {spec.name: spec for spec in (
 
 def _threads(p):
     return p["threads"]
+
+
+def _b_tiling(p):
+    return b_tiling(p["rank"], p["rows"], p["cols"], p["group"], p["direct"])
 
 
 def _columns(n_key):
@@ -247,12 +250,12 @@ TRAINING_KERNELS = (
     KernelSpec("dense_grad_input_tiled", network.dense_grad_input_tiled,
                lambda p: network.TILED_THREADS, _tiles("in_dim"),
                "dense_grad_input's dx = g W, a 64 x 64 block of dx per workgroup"),
-    KernelSpec("dense_matrix", dense_matrix, lambda p: OUTER.threads,
-               lambda p: OUTER.grid(p["tokens"], p["out_dim"])[:2] + (1,),
-               "dense on matrix units: f16 x, W and y, f32 sums, 64 x 64 blocks"),
+    KernelSpec("dense_matrix", dense_matrix, lambda p: (p["tiling"] or OUTER).threads,
+               lambda p: (p["tiling"] or OUTER).grid(p["tokens"], p["out_dim"]),
+               "dense on matrix units: f16 x, W and y, f32 sums, the tiling's blocks"),
     KernelSpec("dense_grad_input_matrix", dense_grad_input_matrix,
-               lambda p: OUTER.threads,
-               lambda p: OUTER.grid(p["tokens"], p["in_dim"])[:2] + (1,),
+               lambda p: (p["tiling"] or OUTER).threads,
+               lambda p: (p["tiling"] or OUTER).grid(p["tokens"], p["in_dim"]),
                "dense_grad_input on matrix units: f16 g, W and dx, f32 sums"),
     KernelSpec("activation", network.activation, _threads, _elements(lambda p: p["n"]),
                "y = act(z): ReLU, GELU, SiLU or tanh"),

@@ -96,6 +96,7 @@ class Graph:
         # mixed: each row's adapter from the model's pools (the plans with their
         # routes in ``mixed_plans``, set before each record), not the model's own
         self.mixed, self.mixed_plans = mixed, {}
+        self.step_graph = None   # the first training step, captured to replay
         layers = c.num_hidden_layers
         self.x = [dev.empty((t, c.hidden_size), F32, name=f"lm.x{i}")
                   for i in range(layers + 1 if training else 2)]
@@ -495,12 +496,24 @@ class Graph:
             plan.record(*args)
 
     def record_step(self) -> None:
-        """Forward, loss, backward, optimizer, f16 copies: one submit."""
-        with self.device.batch():
-            self.record_forward()
-            for plan, args in self.backwards:
-                plan.record(*args)
-            self.model.optimizer.record()
-            for adapter in self.model.adapted.values():
-                if adapter.to_f16 is not None:
-                    adapter.to_f16.record()
+        """Forward, loss, backward, optimizer, f16 copies: one submit. Every
+        step is the same dispatches on the same buffers (the batch's values
+        are written into them before), so the first is captured and the rest
+        replay it (device.capture / replay), without each plan's lookups."""
+        dev = self.device
+        with dev.batch():
+            if self.step_graph is not None:
+                dev.replay(self.step_graph)
+                return
+            with dev.capture() as graph:
+                self._record_step()
+            self.step_graph = None if graph.refused else graph
+
+    def _record_step(self) -> None:
+        self.record_forward()
+        for plan, args in self.backwards:
+            plan.record(*args)
+        self.model.optimizer.record()
+        for adapter in self.model.adapted.values():
+            if adapter.to_f16 is not None:
+                adapter.to_f16.record()

@@ -25,6 +25,7 @@ from numpy.typing import DTypeLike
 from ..core import checks as C
 from ..core import reference as R
 from ..core.plan import Plan
+from ..core.tuning import product_tiling
 from ..core.weight import Weight, storage_dtype, wgsl_dtype
 from ..kernels.dropout import threshold
 from ..kernels.matrix import FRAGMENT
@@ -511,7 +512,9 @@ TILED_FROM = 128 * 128  # weights of at least this many values use the tiled bas
 def base_kernel(name: str, device, wgsl: str, **params) -> tuple:
     """A frozen base product's (kernel, parameters) for a weight [out_dim,
     in_dim] (both in ``params``): for a large one, on matrix units where f16 runs on them (f16
-    16x16x16 fragments, f32 sums; widths multiples of 4), else tiled (the
+    16x16x16 fragments, f32 sums; widths multiples of 4; the engine's tiling
+    for the shape: tuned where the cache has it, else lora.core.tilings' rule
+    within the device's limits: lora.core.tuning.product_tiling), else tiled (the
     same sums in the same order as the plain kernel, so the same result; W
     read once per 64 tokens instead of once per token); the plain kernel for
     a small one. ``name``: "dense" or "dense_grad_input"."""
@@ -520,7 +523,7 @@ def base_kernel(name: str, device, wgsl: str, **params) -> tuple:
         return name, dict(params, dtype=wgsl)
     if wgsl == "f16" and FRAGMENT in getattr(device, "subgroup_matrix_configs", ()) \
             and in_dim % 4 == 0 and out_dim % 4 == 0:
-        return f"{name}_matrix", params
+        return f"{name}_matrix", dict(params, tiling=product_tiling(device, name, params))
     return f"{name}_tiled", dict(params, dtype=wgsl)
 
 
