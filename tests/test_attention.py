@@ -30,7 +30,6 @@ import pytest
 from lora.kernels import KERNELS
 from lora.kernels.attention import MASKED, NO_KEY_LSE, Tiling, tiling
 from lora.kernels.attention_matrix import matrix_tiling
-from lora.kernels.attention_matrix_grad import grad_tiling
 from shaderdsl import interp
 
 F32_TOL = 2e-6
