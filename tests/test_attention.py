@@ -108,6 +108,23 @@ def reference_backward(q, k, v, do, keep, heads, kv_heads, o=None):
     return _rows(dq), _rows(dk), _rows(dv), delta.ravel()
 
 
+def rounding_magnitudes(q, k, v, do, keep, heads, kv_heads, o):
+    """(|dS| |K| scale, scale |dS|^T |Q|, |P|^T |dO|) (the last two summed over
+    each kv head's query heads): what rounding P and dS to f16 before the
+    products can move dq, dk and dv by, times 2^-11 (each a sum of |terms|)."""
+    batch, group = keep.shape[0], heads // kv_heads
+    P, _, _ = probabilities(q, k, keep, 0, heads, kv_heads)
+    Q, dO = _heads(q, batch, heads), _heads(do, batch, heads)
+    K = _heads(k, batch, kv_heads).repeat(group, axis=1)
+    V = _heads(v, batch, kv_heads).repeat(group, axis=1)
+    delta = (dO * _heads(o, batch, heads)).sum(-1, keepdims=True)
+    dS = np.abs(P * (dO @ V.transpose(0, 1, 3, 2) - delta))
+    scale = Q.shape[-1] ** -0.5
+    return (_rows(scale * dS @ np.abs(K)),
+            _rows(scale * _group_sum(dS.transpose(0, 1, 3, 2) @ np.abs(Q), kv_heads)),
+            _rows(_group_sum(P.transpose(0, 1, 3, 2) @ np.abs(dO), kv_heads)))
+
+
 def test_reference_gradient_matches_torch_autograd():
     """The hand-derived backward equals torch.autograd's in float64 (grouped
     heads, padding inside and at the right; every query sees key 0)."""
@@ -170,8 +187,10 @@ def run_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32", kerne
     return out["o"], out["lse"]
 
 
-def run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype="f32", tiles=None):
-    """(delta, dq, dk, dv) of the three backward kernels; ``tiles``: per kernel name."""
+def run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype="f32", tiles=None,
+                 matrix=None):
+    """(delta, dq, dk, dv) of the three backward kernels; ``tiles``: per kernel name;
+    ``matrix``: the parameters of the matrix kernels (f16) to run instead of the SIMT ones."""
     batch, seq = keep.shape
     st, tiles = _storage(dtype), tiles or {}
     shape = dict(batch=batch, heads=heads, head_dim=q.shape[1] // heads, seq=seq, dtype=dtype)
@@ -182,10 +201,13 @@ def run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype="f32"
     np.testing.assert_array_equal(stats[:, 0], lse)   # lse passes through unchanged
     inputs = dict(q=q.astype(st), k=k.astype(st), v=v.astype(st), dout=do.astype(st),
                   stats=stats, keep=keep.ravel().astype(np.uint32))
-    grads = dict(shape, kv_heads=kv_heads)
-    dkv = _dispatch(device, "attention_grad_kv", dict(grads, **tiles.get("grad_kv", {})), inputs,
+    grads, prefix = dict(shape, kv_heads=kv_heads), "attention_"
+    if matrix is not None:
+        del grads["dtype"]
+        grads, prefix = dict(grads, **matrix), "attention_matrix_"
+    dkv = _dispatch(device, f"{prefix}grad_kv", dict(grads, **tiles.get("grad_kv", {})), inputs,
                     dict(dk=(k.shape, st), dv=(v.shape, st)))
-    dq = _dispatch(device, "attention_grad_q", dict(grads, **tiles.get("grad_q", {})), inputs,
+    dq = _dispatch(device, f"{prefix}grad_q", dict(grads, **tiles.get("grad_q", {})), inputs,
                    dict(dq=(q.shape, st)))["dq"]
     return stats[:, 1], dq, dkv["dk"], dkv["dv"]
 
@@ -237,18 +259,25 @@ def check_forward(device, q, k, v, keep, past, heads, kv_heads, dtype="f32",
     return o, lse
 
 
-def check_backward(device, q, k, v, do, keep, heads, kv_heads, dtype="f32", tiles=None):
+def check_backward(device, q, k, v, do, keep, heads, kv_heads, dtype="f32", tiles=None,
+                   matrix=None):
+    """The backward's delta, dq, dk and dv against the reference from the
+    values the kernels see. The matrix kernels (``matrix``: their parameters)
+    round P and dS to f16 before the products: each gradient moves by at most
+    2^-11 of the sum of its terms' sizes (rounding_magnitudes)."""
     st = _storage(dtype)
     q, k, v, do = (x.astype(st).astype(np.float64) for x in (q, k, v, do))
     want_o, want_lse = reference_forward(q, k, v, keep, 0, heads, kv_heads)
     o = want_o.astype(st)   # the stored o, as the forward would leave it
     lse = np.where(np.isnan(want_lse), NO_KEY_LSE, want_lse)
-    got = run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype, tiles)
+    got = run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype, tiles, matrix)
     want = reference_backward(q, k, v, do, keep, heads, kv_heads, o=o.astype(np.float64))
     rel_each = F16_ROUNDING if dtype == "f16" else 0.0
+    rounding = rounding_magnitudes(q, k, v, do, keep, heads, kv_heads, o.astype(np.float64)) \
+        if matrix is not None else (0.0, 0.0, 0.0)
     assert_close(got[0], want[3], what="delta")   # delta is f32 in either storage
-    for g, w, what in zip(got[1:], want[:3], ("dq", "dk", "dv")):
-        assert_close(g, w, rel_each=rel_each, what=what)
+    for g, w, what, mag in zip(got[1:], want[:3], ("dq", "dk", "dv"), rounding):
+        assert_close(g, w, rel_each=rel_each, what=what, atol=F16_ROUNDING * np.asarray(mag))
 
 
 # ------------------------------------------------------------------ on the interpreter
@@ -330,6 +359,45 @@ def test_matrix_forward_on_the_device(device, batch, q_len, kv_len, past, heads,
                   "attention_matrix", block_k=block_k)
 
 
+MATRIX_GRAD_CASES = [  # (batch, seq, heads, kv_heads, head_dim, limit, subgroups, step)
+    (2, 19, 2, 1, 16, 16384, 1, 16),    # padding left (rows with no key) and right, 2 steps
+    (1, 35, 3, 1, 16, 32768, 2, 16),    # 2 subgroups, a group of 3 (30 of 32 rows), 3 steps
+]
+
+
+@pytest.mark.parametrize("batch, seq, heads, kv_heads, d, limit, subgroups, step",
+                         MATRIX_GRAD_CASES)
+def test_matrix_backward_on_the_interpreter(batch, seq, heads, kv_heads, d, limit, subgroups,
+                                            step):
+    """attention_matrix_grad_kv and _q on the interpreter's H200 fragments (f16
+    16x16x16 -> f32, subgroups of 32), against the float64 reference."""
+    rng = np.random.default_rng(seq + 3)
+    q, k, v = _inputs(rng, batch, seq, seq, heads, kv_heads, d)
+    device = interp.Device(subgroup_size=32,
+                           limits={"max-compute-workgroup-storage-size": limit})
+    check_backward(device, q, k, v, rng.standard_normal(q.shape), _padded(batch, seq), heads,
+                   kv_heads, "f16", matrix=dict(limit=limit, subgroups=subgroups, step=step))
+
+
+@pytest.mark.parametrize("batch, seq, heads, kv_heads, d, limit, subgroups, step",
+                         MATRIX_GRAD_CASES + [(2, 130, 9, 3, 64, 16384, 0, 0),
+                                              (1, 100, 14, 2, 64, 49152, 0, 0)])
+def test_matrix_backward_on_the_device(device, batch, seq, heads, kv_heads, d, limit,
+                                       subgroups, step):
+    """The matrix backward on the device's own subgroup matrices (skipped where
+    it has no f16 16x16x16 fragments), at the interpreter's shapes and at the
+    LM's head_dim 64 with its default tilings (SmolLM2's and Qwen2.5's groups)."""
+    from lora.kernels.matrix import FRAGMENT
+    if FRAGMENT not in getattr(device, "subgroup_matrix_configs", ()):
+        pytest.skip(f"{device.name} has no {FRAGMENT} subgroup matrices")
+    if limit > device.limits["max-compute-workgroup-storage-size"]:
+        pytest.skip(f"{device.name} has less than {limit} bytes of workgroup memory")
+    rng = np.random.default_rng(seq + 4)
+    q, k, v = _inputs(rng, batch, seq, seq, heads, kv_heads, d, spread=1.0)
+    check_backward(device, q, k, v, rng.standard_normal(q.shape), _padded(batch, seq), heads,
+                   kv_heads, "f16", matrix=dict(limit=limit, subgroups=subgroups, step=step))
+
+
 # ------------------------------------------------------------------ on the device
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
@@ -343,6 +411,18 @@ def test_forward_and_backward_on_the_device(device, dtype, batch, seq, heads, kv
     check_forward(device, q, k, v, keep, 0, heads, kv_heads, dtype, **tiles)
     check_backward(device, q, k, v, rng.standard_normal(q.shape), keep, heads, kv_heads, dtype,
                    dict(grad_kv=tiles, grad_q=tiles))
+
+
+def test_unpadded_rows_on_the_device(device):
+    """pad=False (the staged rows as they were before padding, which bench
+    --attention times beside) computes the same forward and backward."""
+    rng = np.random.default_rng(5)
+    batch, seq, heads, kv_heads, d = TRAINING_SHAPES[0][:5]
+    q, k, v = _inputs(rng, batch, seq, seq, heads, kv_heads, d)
+    keep = _padded(batch, seq)
+    check_forward(device, q, k, v, keep, 0, heads, kv_heads, pad=False)
+    check_backward(device, q, k, v, rng.standard_normal(q.shape), keep, heads, kv_heads,
+                   tiles=dict(grad_kv=dict(pad=False), grad_q=dict(pad=False)))
 
 
 def test_decode_reads_past_at_run_time(device):

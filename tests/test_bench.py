@@ -210,6 +210,69 @@ def test_gemm_shapes_are_parsed():
         parse_shapes("64x64")
 
 
+def test_attention_quick(tmp_path, capsys, device):
+    """bench --attention --quick: every kernel of the tiny shape in each dtype
+    the device has (SIMT padded and not; the matrix forms where it has
+    fragments), each checked against float64 and timed, and the layer sums."""
+    from lora.apps.bench_attention import PRODUCTS
+    assert bench.main(["--attention", "--quick", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / f"attention-{COMPILER}.json") as f:
+        saved = json.load(f)
+    (shape,) = saved["shapes"]
+    dtypes = ["f32"] + (["f16"] if device.has_feature("shader-f16") else [])
+    for dtype in dtypes:
+        rows = [r for r in shape["rows"] if r["dtype"] == dtype]
+        assert {(r["kind"], r["variant"]) for r in rows} >= {
+            (k, v) for k in PRODUCTS for v in ("", "unpadded") if k != "delta" or not v}
+        assert all(r["us"] > 0 and not r["wrong"] for r in rows), rows
+        assert shape["layer"][dtype]["model_us"] >= shape["layer"][dtype]["fastest_us"] > 0
+    assert "forward + backward: ours" in capsys.readouterr().out
+
+
+def test_attention_refused_kernel_is_recorded_and_the_run_goes_on(monkeypatch):
+    """A kernel the device refuses (a DispatchError, as an over-limit tiling
+    raises) becomes a row with its error, counted wrong; the next kernel runs."""
+    from lora.apps import bench_attention
+    from shaderdsl import interp
+    from shaderdsl.errors import DispatchError
+
+    class Refused:
+        def kernel(self, **params):
+            raise DispatchError("over max-compute-workgroup-storage-size")
+
+    monkeypatch.setattr(bench_attention, "KERNELS",
+                        {**bench_attention.KERNELS, "attention_grad_q": Refused()})
+    monkeypatch.setattr(bench_attention, "median_us", lambda device, record, n: 1.0)
+    run = bench_attention.ShapeRun(interp.Device(), ("tiny", 1, 8, 2, 1, 4), "f32",
+                                   lambda *a: None)
+    assert run.run("grad_q", "attention_grad_q", {}, (), ("dq",)) is None
+    forward = run.run("forward", "attention", run.params(q_len=8, kv_len=8),
+                      bench_attention.FORWARD, ("o", "lse"))
+    assert run.rows[0]["wrong"] and "max-compute" in run.rows[0]["error"]
+    assert forward is not None and not forward["wrong"]
+
+
+@pytest.mark.slow  # about 30 s: the interpreter runs every matrix tiling
+def test_attention_matrix_rows_in_the_interpreter(tmp_path, monkeypatch):
+    """bench --attention's matrix rows on the interpreter's fragments: the
+    matrix forward and every matrix backward tiling within 16 KiB, each
+    checked against float64 (the timer replaced: the interpreter's times mean
+    nothing, and timing it would take minutes)."""
+    from lora.apps import bench_attention
+    from shaderdsl import interp
+    monkeypatch.setattr(bench_attention, "median_us", lambda device, record, n: 1.0)
+    dev = interp.Device(subgroup_size=32, limits={"max-compute-workgroup-storage-size": 16384})
+    shape = ("tiny", 1, 20, 2, 1, 16)
+    assert bench_attention.attention_main(str(tmp_path), lambda *a: None, device=dev,
+                                          shapes=(shape,)) == 0
+    with open(tmp_path / f"attention-{COMPILER}.json") as f:
+        rows = json.load(f)["shapes"][0]["rows"]
+    matrix = [r for r in rows if r["variant"].startswith("matrix")]
+    tilings = bench_attention.matrix_tilings(shape, 16384)
+    assert len(matrix) == 1 + 2 * len(tilings) and len(tilings) >= 2
+    assert not any(r["wrong"] for r in rows)
+
+
 def test_gemm_refused_without_matrix_units(tmp_path, capsys, device):
     if device.subgroup_matrix_configs:
         pytest.skip(f"{device.name} has subgroup matrices: the GEMM runs")

@@ -337,6 +337,48 @@ def test_f16_attention_on_matrix_units_in_the_interpreter():
     assert _rel(got, float64_logits(pm, ids)) < 5e-3
 
 
+def _float64_gradients(pm, ids) -> dict:
+    """{module name: (dA, dB)} of transformers + peft's loss in float64."""
+    import torch
+    m = copy.deepcopy(pm).double()
+    m.train()
+    m(input_ids=torch.tensor(ids), labels=torch.tensor(ids)).loss.backward()
+    grads: dict = {}
+    for name, p in m.named_parameters():
+        if p.requires_grad:
+            module = name.removeprefix("base_model.model.").split(".lora_")[0]
+            grads.setdefault(module, {})[name.split(".lora_")[1][0]] = p.grad.numpy()
+    return {k: (g["A"], g["B"]) for k, g in grads.items()}
+
+
+def test_f16_attention_backward_on_matrix_units_in_the_interpreter():
+    """A training step of an f16 model on the interpreter's fragments runs the
+    matrix backward (attention_matrix_grad_kv and _q) beside the matrix
+    forward, and one SGD step (lr 1: the update is minus the gradient) moves
+    every A and B of q, k and v, whose gradients pass through attention's,
+    within 1e-2 of float64's largest gradient element (f16 activations and P
+    and dS rounded to f16 before their products; measured 2.5e-3). Head_dim
+    16 (hidden 32, 2 heads sharing a kv head): the fragments' size."""
+    from shaderdsl import interp
+    dev = interp.Device(subgroup_size=32, limits={"max-compute-workgroup-storage-size": 16384})
+    pm = with_lora(tiny_model("llama", num_hidden_layers=1, vocab_size=32, hidden_size=32,
+                              intermediate_size=16, num_attention_heads=2,
+                              num_key_value_heads=1), ["q_proj", "k_proj", "v_proj"])
+    ids = token_batch(np.random.default_rng(13), 1, 6, vocab=32)
+    lm = lora.CausalLM.from_transformers(pm, dtype=np.float16, device=dev,
+                                         optimizer=lora.SGD(lr=1.0))
+    before = lm.adapters()
+    lm.step(ids)
+    kernels = [plan.steps[0].kernel.name for plan, _ in lm._train.backwards
+               if hasattr(plan, "steps")]
+    assert {"attention_matrix_grad_kv", "attention_matrix_grad_q"} <= set(kernels)
+    assert "attention_grad_kv_f16" not in kernels
+    after = lm.adapters()
+    for name, grads in _float64_gradients(pm, ids).items():
+        for got_after, got_before, grad in zip(after[name], before[name], grads):
+            assert _rel(got_before - got_after, grad) < 1e-2, name
+
+
 def test_a_bf16_folder_loads_without_torch_and_runs(device, tmp_path):
     """from_pretrained on a folder save_pretrained wrote in bfloat16 (sharded):
     the weights widened exactly, logits equal transformers' of the same folder

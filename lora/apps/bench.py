@@ -23,7 +23,9 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_many); ``--network`` a 3-layer MLP's training step
 (lora.apps.bench_network; ``--layers``, ``--lora-dropout`` and
 ``--max-grad-norm`` change what it trains); ``--lm`` a language model's training
-step, prefill and decode beside transformers + peft (lora.apps.bench_lm).
+step, prefill and decode beside transformers + peft (lora.apps.bench_lm); ``--attention``
+each attention kernel of the language model alone beside torch's SDPA
+(lora.apps.bench_attention).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from ..core.strategy import Strategy
 from ..core.tuning import autotune, time_plan
 from ..core.weight import Weight
 from . import bench_table, bench_train
+from .bench_attention import attention_main
 from .bench_ceiling import ceiling_main, copy_bandwidth
 from .bench_gemm import gemm_main, parse_shapes
 from .bench_lm import MODELS as LM_MODELS
@@ -371,7 +374,12 @@ def _names(allowed) -> Callable[[str], tuple]:
 
 
 def _lm_arguments(p: argparse.ArgumentParser) -> None:
-    """--lm and its options (lora.apps.bench_lm)."""
+    """--lm and its options (lora.apps.bench_lm); --attention, its attention
+    kernels alone (lora.apps.bench_attention)."""
+    p.add_argument("--attention", action="store_true",
+                   help="each attention kernel of the LM (forward, delta, grad_kv, grad_q; SIMT "
+                        "and on matrix units) at SmolLM2's and Qwen2.5's shapes, checked "
+                        "against float64, beside torch's SDPA (lora.apps.bench_attention)")
     p.add_argument("--lm", action="store_true",
                    help="a transformer LM with LoRA (rank 16, all-linear) in SmolLM2-135M's and "
                         "Qwen2.5-0.5B's shapes: the training step (8 x 512 tokens, f16 and "
@@ -452,7 +460,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _special_run(args, log) -> int | None:
     """The exit code of a bench other than the forward/training matrix (--tokens-sweep,
-    --profile, --gemm, --ceiling, --many, --lm, --network); None when none was asked for."""
+    --profile, --gemm, --ceiling, --attention, --many, --lm, --network); None when none was
+    asked for."""
     if args.tokens_sweep:
         return sweep_main(args, log)
     if args.profile:
@@ -462,6 +471,8 @@ def _special_run(args, log) -> int | None:
         return gemm_main(args.out, args.gemm, log)
     if args.ceiling:
         return ceiling_main(args.out, log)
+    if args.attention:
+        return attention_main(args.out, log, args.quick)
     if args.many:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)

@@ -31,6 +31,11 @@ the gradients are stored as ``dtype``.
 
 The backward recomputes the probabilities p = exp(s - lse) (training: past =
 0, q_len = kv_len = seq).
+
+Staged rows are padded to an odd length (``padded``) so that the threads of
+a dot product, which read one column of different rows, meet different
+banks; ``pad=False`` (each kernel's parameter) stages them unpadded, as
+before, for ``bench --attention`` to time beside.
 """
 from __future__ import annotations
 
@@ -74,6 +79,7 @@ class Tiling:
     block_k: int
     group: int
     lanes: int
+    pad: bool = True   # staged rows padded (padded()); False: as before, for bench --attention
 
     @property
     def rows(self) -> int:
@@ -88,10 +94,11 @@ class Tiling:
         return self.rows * self.lanes
 
     def shared_floats(self, head_dim: int) -> int:
-        """Workgroup memory the kernel declares, in f32s."""
-        r, s, d = self.rows, self.step, head_dim
+        """Workgroup memory the kernel declares, in f32s (rows padded: padded())."""
+        r, s = self.rows, self.step
+        d = padded(head_dim // width(head_dim), self.pad) * width(head_dim)
         if self.kind == "forward":  # q rows, k and v steps, scores, a value per row
-            return (r + 2 * s) * d + r * s + r
+            return (r + 2 * s) * d + r * padded(s, self.pad) + r
         if self.kind == "grad_q":   # q and do rows, k and v steps, dS, lse and delta per row
             return 2 * (r + s) * d + r * s + 2 * r
         return 2 * (r + s) * d + 2 * r * s + 2 * s  # grad_kv: k, v rows; q, do; P, dS; lse, delta
@@ -117,7 +124,7 @@ def check_shape(heads, kv_heads, head_dim, q_len, kv_len) -> None:
 
 
 def tiling(kind, heads, kv_heads, head_dim, q_len, kv_len, block_q=0, block_k=0,
-           threads=0) -> Tiling:
+           threads=0, pad=True) -> Tiling:
     """The tiling of ``kind`` (one of KINDS): block_q, block_k and threads
     where given (nonzero), the rest the largest that fit WebGPU's defaults:
     staged steps of at least 8 rows first, then the most owned rows (up to
@@ -131,10 +138,11 @@ def tiling(kind, heads, kv_heads, head_dim, q_len, kv_len, block_q=0, block_k=0,
     for target in ROW_TARGETS:
         for step in STEPS:
             bq, bk = (step, target) if kind == "grad_kv" else (max(1, target // group), step)
-            t = Tiling(kind, block_q or min(bq, q_len), block_k or min(bk, kv_len), group, 1)
+            t = Tiling(kind, block_q or min(bq, q_len), block_k or min(bk, kv_len), group, 1,
+                       pad)
             lanes = threads // t.rows if threads else max(1, min(vecs, MAX_THREADS // t.rows))
             if not threads or threads == t.rows * lanes:
-                options.append(Tiling(kind, t.block_q, t.block_k, group, lanes))
+                options.append(Tiling(kind, t.block_q, t.block_k, group, lanes, pad))
     fitting = [t for t in options if t.fits(head_dim)]
     if not fitting:
         raise ValueError(f"attention ({kind}): no tiling of head_dim {head_dim} with "
@@ -146,6 +154,21 @@ def tiling(kind, heads, kv_heads, head_dim, q_len, kv_len, block_q=0, block_k=0,
 
 
 # ------------------------------------------------------------------ shared pieces
+
+def padded(n: int, pad: bool = True) -> int:
+    """A staged row's length: n, or n + 1 where n is even. Threads that read
+    one column of consecutive rows (a dot product's k_j, a row owner's
+    scores) then meet rows that start in different banks: at head_dim 64 a
+    row of 16 vec4s put every row of a warp's reads in the same four banks,
+    an 8-way conflict on each of the dot products' loads."""
+    return n + 1 if pad and n % 2 == 0 else n
+
+
+def row_tile(m, t, rows: int, head_dim: int, name: str):
+    """A workgroup array of ``rows`` staged rows (row_type), padded where t.pad."""
+    vecs = head_dim // width(head_dim)
+    return m.shared(row_type(head_dim), (rows, padded(vecs, t.pad)), name)
+
 
 def row_type(head_dim: int):
     """What a row is staged and accumulated in: vec4s where head_dim allows, else f32s."""
@@ -285,7 +308,7 @@ def _stage_keys(m, tiles, bufs, b, kvh, kv_heads, kv_len, j0, count, threads, he
 # ------------------------------------------------------------------ the forward
 
 def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", block_q=0,
-              block_k=0, threads=0):
+              block_k=0, threads=0, pad=True):
     """o = softmax(scale q k^T, masked) v and lse per query row, by the online
     softmax over blocks of block_k keys (FlashAttention).
 
@@ -305,8 +328,9 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
     workgroups leave most of a GPU idle, and shorten the serial chain per
     token from past / block_k steps to past / (block_k * splits).
     """
-    t = tiling("forward", heads, kv_heads, head_dim, q_len, kv_len, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    t = tiling("forward", heads, kv_heads, head_dim, q_len, kv_len, block_q, block_k, threads,
+               pad)
+    vecs = head_dim // width(head_dim)
     q = storage_matrix(m, "q", batch * q_len, heads, head_dim, dtype)
     k = storage_matrix(m, "k", batch * kv_len, kv_heads, head_dim, dtype)
     v = storage_matrix(m, "v", batch * kv_len, kv_heads, head_dim, dtype)
@@ -314,9 +338,9 @@ def attention(m, batch, heads, kv_heads, head_dim, q_len, kv_len, dtype="f32", b
     past = m.declare_input_buffer("past", u32, 1)
     o = storage_matrix(m, "o", batch * q_len, heads, head_dim, dtype, output=True)
     lse = m.declare_output_buffer("lse", f32, batch * heads * q_len)
-    qs, ks = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.block_k, vecs), "ks")
-    vs, scores = m.shared(vec, (t.block_k, vecs), "vs"), m.shared(f32, (t.rows, t.block_k),
-                                                                  "scores")
+    qs, ks = row_tile(m, t, t.rows, head_dim, "qs"), row_tile(m, t, t.block_k, head_dim, "ks")
+    vs = row_tile(m, t, t.block_k, head_dim, "vs")
+    scores = m.shared(f32, (t.rows, padded(t.block_k, t.pad)), "scores")
     per_row = m.shared(f32, t.rows, "per_row")  # each step's rescale, then 1 / the row's sum
     rows, lanes = QueryRows(m, t, heads, q_len), Lanes(m, t, vecs)
     rows.stage(m, qs, q, head_dim)
@@ -408,20 +432,24 @@ def attention_delta(m, batch, heads, head_dim, seq, dtype="f32"):
     e = (b * heads + h) * seq + i, t = b * seq + i: the backward's D =
     rowsum(dO o) in f32, beside the row's lse. Grid ceil(batch * heads * seq
     / threads); bindings dout, o, lse -> stats (vec2<f32>). A thread per
-    (row, head): the sum is one head's head_dim values, too short to share."""
+    (row, head), consecutive threads on consecutive heads of a token, so that
+    a warp's reads of do and o are one stretch of memory (threads taken in
+    stats' order were a row of heads * head_dim apart); the sum is one
+    head's head_dim values, too short to share."""
     vecs = head_dim // width(head_dim)
     do = storage_matrix(m, "dout", batch * seq, heads, head_dim, dtype)
     o = storage_matrix(m, "o", batch * seq, heads, head_dim, dtype)
     lse = m.declare_input_buffer("lse", f32, batch * heads * seq)
     stats = m.declare_output_buffer("stats", vec2f, batch * heads * seq)
-    e = m.let(m.global_id().x, "e")
+    e = m.let(m.global_id().x, "e")   # token * heads + head
     with m.if_(e < batch * heads * seq):
-        b, h, i = m.let(e / (heads * seq), "b"), m.let(e / seq % heads, "h"), m.let(e % seq, "i")
-        base = m.let(((b * seq + i) * heads + h) * vecs, "base")
+        token, h = m.let(e / heads, "token"), m.let(e % heads, "h")
+        at = m.let((token / seq * heads + h) * seq + token % seq, "at")
+        base = m.let(e * vecs, "base")
         acc = m.var(f32, 0.0, "acc")
         with m.loop(vecs, name="c") as c:
             acc += dot_or_mul(widen(do[base + c]), widen(o[base + c]))
-        stats[e] = vec2f(lse[e], acc)
+        stats[at] = vec2f(lse[at], acc)
 
 
 def _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype):
@@ -445,7 +473,7 @@ def _probability_and_grad(m, qs, ks, dos, vs, i, j, vecs, lse_i, delta_i, seen, 
 
 
 def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", block_q=0,
-                      block_k=0, threads=0):
+                      block_k=0, threads=0, pad=True):
     """dk = scale sum dS^T q and dv = sum P^T do, summed over the query heads
     that share each kv head (training: past = 0, q_len = kv_len = seq).
 
@@ -455,13 +483,13 @@ def attention_grad_kv(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", blo
     group's query heads and the blocks of block_q queries that see its keys
     (those from its first key on): no float atomics, each gradient written once.
     """
-    t = tiling("grad_kv", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    t = tiling("grad_kv", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads, pad)
+    vecs = head_dim // width(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
     dk = storage_matrix(m, "dk", batch * seq, kv_heads, head_dim, dtype, output=True)
     dv = storage_matrix(m, "dv", batch * seq, kv_heads, head_dim, dtype, output=True)
-    ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
-    qs, dos = m.shared(vec, (t.block_q, vecs), "qs"), m.shared(vec, (t.block_q, vecs), "dos")
+    ks, vs = row_tile(m, t, t.block_k, head_dim, "ks"), row_tile(m, t, t.block_k, head_dim, "vs")
+    qs, dos = row_tile(m, t, t.block_q, head_dim, "qs"), row_tile(m, t, t.block_q, head_dim, "dos")
     probs = m.shared(f32, (t.block_q, t.block_k), "probs")
     grads = m.shared(f32, (t.block_q, t.block_k), "grads")
     lses, deltas = m.shared(f32, t.block_q, "lses"), m.shared(f32, t.block_q, "deltas")
@@ -520,7 +548,7 @@ def _stage_queries(m, t, tiles, bufs, value_tiles, stats, b, h, heads, seq, i0, 
 
 
 def attention_grad_q(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", block_q=0,
-                     block_k=0, threads=0):
+                     block_k=0, threads=0, pad=True):
     """dq = scale sum_j dS_ij k_j (training: past = 0, q_len = kv_len = seq).
 
     Grid (ceil(seq / block_q), kv_heads, batch); bindings q, k, v, dout,
@@ -529,12 +557,12 @@ def attention_grad_q(m, batch, heads, kv_heads, head_dim, seq, dtype="f32", bloc
     and steps over the blocks of block_k keys its last query sees,
     recomputing p and dS there (the grad_kv kernel has them too; sharing
     them would take a [seq, seq] buffer or float atomics)."""
-    t = tiling("grad_q", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads)
-    vecs, vec = head_dim // width(head_dim), row_type(head_dim)
+    t = tiling("grad_q", heads, kv_heads, head_dim, seq, seq, block_q, block_k, threads, pad)
+    vecs = head_dim // width(head_dim)
     q, k, v, do, stats, keep = _grad_inputs(m, batch, heads, kv_heads, head_dim, seq, dtype)
     dq = storage_matrix(m, "dq", batch * seq, heads, head_dim, dtype, output=True)
-    qs, dos = m.shared(vec, (t.rows, vecs), "qs"), m.shared(vec, (t.rows, vecs), "dos")
-    ks, vs = m.shared(vec, (t.block_k, vecs), "ks"), m.shared(vec, (t.block_k, vecs), "vs")
+    qs, dos = row_tile(m, t, t.rows, head_dim, "qs"), row_tile(m, t, t.rows, head_dim, "dos")
+    ks, vs = row_tile(m, t, t.block_k, head_dim, "ks"), row_tile(m, t, t.block_k, head_dim, "vs")
     grads = m.shared(f32, (t.rows, t.block_k), "grads")
     lses, deltas = m.shared(f32, t.rows, "lses"), m.shared(f32, t.rows, "deltas")
     rows, lanes = QueryRows(m, t, heads, seq), Lanes(m, t, vecs)

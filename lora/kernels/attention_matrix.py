@@ -203,10 +203,14 @@ def _owner_visibility(m, rows, keep, kv_len, j0, p0):
 
 def _softmax_step(m, t, scores, probs, per_row, top, total, seen):
     """The row owner's online softmax step: its scores scaled and masked,
-    the new max, the rescale of what came before, P in f16."""
+    the new max, the rescale of what came before, P in f16. Owner r walks
+    its row from column r on (j = (i + r) mod block_k at step i): the 16
+    owners read 16 different banks at once, where a walk from column 0 put
+    them all in one (rows of block_k = 32 f32s: a 16-way conflict)."""
     r = m.local_index()
     block_max = m.var(f32, MASKED, "block_max")
-    with m.loop(t.block_k, name="j") as j:
+    with m.loop(t.block_k, name="i") as i:
+        j = m.let((i + r) % t.block_k, "j")
         s = m.let(B.select(f32(MASKED), scores[r * t.block_k + j] * t.head_dim ** -0.5,
                            seen(j)), "s")
         scores[r * t.block_k + j] = s
@@ -214,7 +218,8 @@ def _softmax_step(m, t, scores, probs, per_row, top, total, seen):
     new_top = m.let(B.max(top, block_max), "new_top")
     rescale = m.let(B.exp(top - new_top), "rescale")
     added = m.var(f32, 0.0, "added")
-    with m.loop(t.block_k, name="j") as j:
+    with m.loop(t.block_k, name="i") as i:
+        j = m.let((i + r) % t.block_k, "j")
         s = m.let(scores[r * t.block_k + j], "s")
         p = m.let(B.select(0.0, B.exp(s - new_top), s > MASKED), "p")
         probs[r * t.block_k + j] = f16(p)

@@ -16,6 +16,7 @@ from . import backward, dropout, lm, loss, network, optimizer
 from .attention import attention, attention_delta, attention_grad_kv, attention_grad_q
 from .attention import tiling as attention_tiling
 from .attention_matrix import attention_matrix, matrix_tiling
+from .attention_matrix_grad import attention_matrix_grad_kv, attention_matrix_grad_q, grad_tiling
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -358,13 +359,21 @@ def _attention(kind):
     def of(p):
         q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
         return attention_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], q_len, kv_len,
-                                p["block_q"], p["block_k"], p["threads"])
+                                p["block_q"], p["block_k"], p["threads"], p["pad"])
     return of
 
 
 def _attention_matrix(p):
     return matrix_tiling(p["heads"], p["kv_heads"], p["head_dim"], p["q_len"], p["kv_len"],
                          p["block_k"])
+
+
+def _matrix_grad(kind):
+    """The matrix backward's tiling (lora.kernels.attention_matrix_grad) from its parameters."""
+    def of(p):
+        return grad_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], p["seq"], p["limit"],
+                           p["subgroups"], p["step"])
+    return of
 
 
 def _attention_grid(kind):
@@ -392,5 +401,13 @@ ATTENTION_KERNELS = (  # the language model's causal self-attention, flash form
     KernelSpec("attention_grad_q", attention_grad_q, lambda p: _attention("grad_q")(p).threads,
                _attention_grid("grad_q"),
                "dq: a workgroup per block of queries of a kv head's group, over keys"),
+    KernelSpec("attention_matrix_grad_kv", attention_matrix_grad_kv,
+               lambda p: _matrix_grad("grad_kv")(p).threads,
+               lambda p: _matrix_grad("grad_kv")(p).grid(p["batch"], p["kv_heads"], p["seq"]),
+               "attention_grad_kv (f16) with S, dP, dV and dK on matrix units, P and dS in f32"),
+    KernelSpec("attention_matrix_grad_q", attention_matrix_grad_q,
+               lambda p: _matrix_grad("grad_q")(p).threads,
+               lambda p: _matrix_grad("grad_q")(p).grid(p["batch"], p["kv_heads"], p["seq"]),
+               "attention_grad_q (f16) with S, dP and dQ on matrix units, dS in f32"),
 )
 KERNELS.update({spec.name: spec for spec in ATTENTION_KERNELS})

@@ -23,6 +23,7 @@ from ..core.forward import forward_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
 from ..kernels.attention_matrix import matrix_tiling
+from ..kernels.attention_matrix_grad import grad_tiling
 from ..kernels.matrix import FRAGMENT
 from ..training.backward import backward_plan, dropout_plan, train_forward_plan
 from ..training.network import base_kernel
@@ -451,13 +452,31 @@ class Graph:
         both = dict(sizes, kv_heads=c.num_key_value_heads)
         inputs = dict(q=s["q"], k=s["k"], v=s["v"], dout=d["do"], stats=self.stats,
                       keep=self.keep)
+        prefix, grads = self._attention_grad_kernels(both)
         return [(op(dev, "attention delta", "attention_delta", sizes, dout=d["do"], o=s["o"],
                     lse=s["lse"], stats=self.stats), ()),
-                (op(dev, "attention grad kv", "attention_grad_kv", both, **inputs,
+                (op(dev, "attention grad kv", f"{prefix}grad_kv", grads, **inputs,
                     dk=d["dk"], dv=d["dv"]), ()),
-                (op(dev, "attention grad q", "attention_grad_q", both, **inputs, dq=d["dq"]),
+                (op(dev, "attention grad q", f"{prefix}grad_q", grads, **inputs, dq=d["dq"]),
                  ()),
                 self._rope_pair(d["dq"], d["dk"], inverse=True)]
+
+    def _attention_grad_kernels(self, params: dict) -> tuple[str, dict]:
+        """The backward's kernels (their name's prefix) and parameters: on matrix
+        units where the forward's would be (f16, the device's fragments) and
+        both tile within the device's workgroup memory, else the SIMT ones."""
+        if self.wgsl != "f16" or FRAGMENT not in getattr(self.device,
+                                                         "subgroup_matrix_configs", ()):
+            return "attention_", params
+        matrix = {k: v for k, v in params.items() if k != "dtype"}
+        matrix["limit"] = self.device.limits.get("max-compute-workgroup-storage-size", 16384)
+        try:
+            for kind in ("grad_kv", "grad_q"):
+                grad_tiling(kind, matrix["heads"], matrix["kv_heads"], matrix["head_dim"],
+                            matrix["seq"], matrix["limit"])
+        except ValueError:
+            return "attention_", params
+        return "attention_matrix_", matrix
 
     def nbytes(self) -> int:
         """Bytes of the buffers this graph made (activations, gradients, the
