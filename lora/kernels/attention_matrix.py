@@ -1,5 +1,10 @@
 """The attention forward on matrix units: f16 storage, f16 16x16x16 subgroup
-matrices with f32 results (the H200's), the online softmax in f32.
+matrices with f32 results (the H200's), the online softmax in f32. The
+language model does not run it: on the H100 under Dawn it took 561 / 826 us
+at SmolLM2's / Qwen2.5's 8 x 512 where the padded SIMT forward took 403 / 544
+(docs/benchmarks.md, round 5; its four barriers a step and the row owners'
+softmax between the products are the suspects, note 54). Benched by
+``python -m lora bench --attention``.
 
 ``attention_matrix`` computes what lora.kernels.attention's ``attention``
 computes (same bindings, layout, masks, o and lse) for f16 storage, with its

@@ -22,7 +22,6 @@ from ..core import tuning
 from ..core.forward import forward_plan
 from ..core.plan import Plan
 from ..core.weight import wgsl_dtype
-from ..kernels.attention_matrix import matrix_tiling
 from ..kernels.attention_matrix_grad import grad_tiling
 from ..kernels.matrix import FRAGMENT
 from ..training.backward import backward_plan, dropout_plan, train_forward_plan
@@ -238,25 +237,12 @@ class Graph:
         params: dict = dict(batch=self.batch, q_len=self.seq, kv_len=kv_len,
                             heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
                             head_dim=c.head_dim)
-        kernel = "attention_matrix" if self._matrix_attention(params) else "attention"
-        if kernel == "attention":
-            params["dtype"] = self.wgsl
-        return (op(self.device, "attention", kernel, params, q=s["q"], k=k, v=v,
-                   keep=self.keep, past=self.past, o=s["o"], lse=s["lse"]), ())
-
-    def _matrix_attention(self, params: dict) -> bool:
-        """Whether attention's two products go on matrix units: f16 on a device
-        with f16 16x16x16 subgroup matrices, and a shape the matrix kernel
-        tiles within the device's workgroup memory."""
-        if self.wgsl != "f16" or FRAGMENT not in getattr(self.device,
-                                                         "subgroup_matrix_configs", ()):
-            return False
-        try:   # (refuses what it cannot tile within WebGPU's 16 KiB)
-            matrix_tiling(params["heads"], params["kv_heads"], params["head_dim"],
-                          params["q_len"], params["kv_len"])
-        except ValueError:
-            return False
-        return True
+        # The SIMT forward, also in f16 on matrix units: on the H100 under Dawn it ran
+        # 403 / 544 us at SmolLM2's / Qwen2.5's 8 x 512, attention_matrix 561 / 826 us
+        # (docs/benchmarks.md, round 5); the backward is faster on them (_attention_grad_kernels)
+        return (op(self.device, "attention", "attention", dict(params, dtype=self.wgsl),
+                   q=s["q"], k=k, v=v, keep=self.keep, past=self.past, o=s["o"],
+                   lse=s["lse"]), ())
 
     def _cache_write(self, layer: int, s: dict) -> list:
         """This step's (rotated) keys and values into the cache at its past."""
@@ -463,8 +449,9 @@ class Graph:
 
     def _attention_grad_kernels(self, params: dict) -> tuple[str, dict]:
         """The backward's kernels (their name's prefix) and parameters: on matrix
-        units where the forward's would be (f16, the device's fragments) and
-        both tile within the device's workgroup memory, else the SIMT ones."""
+        units where the model is f16 and the device has f16 16x16x16 fragments
+        and both tile within its workgroup memory (on the H100: 135 + 87 us at
+        SmolLM2's 8 x 512, the SIMT ones 701 + 459), else the SIMT ones."""
         if self.wgsl != "f16" or FRAGMENT not in getattr(self.device,
                                                          "subgroup_matrix_configs", ()):
             return "attention_", params
