@@ -119,11 +119,11 @@ def python_times(folder: Path, args, work: Path) -> dict:
     """lora.CausalLM's figures for the same model, shapes and work; its first adapter
     and training batch go to ``work`` (adapter/, batch.json) for the page to start
     from, so that the last loss of both is the same step's."""
-    import lora
+    from ..models.causal_lm import CausalLM
 
     dtype = {"f32": np.float32, "f16": np.float16}[args.dtype]
     t = time.perf_counter()
-    lm = lora.CausalLM.from_pretrained(folder, target_modules="all-linear", rank=args.rank,
+    lm = CausalLM.from_pretrained(folder, target_modules="all-linear", rank=args.rank,
                                        alpha=2.0 * args.rank, dtype=dtype)
     out = {"loadS": time.perf_counter() - t, "device": str(lm.device)}
     lm.save_adapter(work / "adapter")

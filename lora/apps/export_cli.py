@@ -43,21 +43,7 @@ def add_parser(sub) -> None:
     e.add_argument("--loss", choices=("mse", "xent"), default="mse", help="--train: the loss")
     e.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
                    help="--train: the optimizer (default adamw)")
-    e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
-    e.add_argument("--max-grad-norm", type=float, default=None,
-                   help="--train: clip the gradients' global norm to this")
-    e.add_argument("--weight-decay", type=float, help="--train: decoupled weight decay "
-                   "(default: the optimizer's, AdamW 0.01, SGD 0)")
-    e.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"),
-                   help="--train, adamw: the moments' decay rates (default 0.9 0.999)")
-    e.add_argument("--eps", type=float, help="--train, adamw: added to the root of the second "
-                   "moment (default 1e-8)")
-    e.add_argument("--momentum", type=float, help="--train, sgd: momentum (default 0)")
-    e.add_argument("--schedule", choices=("constant", "linear", "cosine"),
-                   help="--train: the learning rate's schedule, built into the kernels (default "
-                   "constant; linear: warm-up then constant)")
-    e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
-    e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
+    _add_optimizer_arguments(e)
     e.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
                    help="--train: peft's lora_dropout on the adapter's input (default 0; the "
                    "mask from --seed and the step count, as LayerTrainer draws it)")
@@ -75,6 +61,25 @@ def add_parser(sub) -> None:
     e.add_argument("--open", action="store_true",
                    help="run the demo page in headless Chromium and print its verdict")
     e.add_argument("--screenshot", metavar="PNG", help="--open, and save a screenshot of the page")
+
+
+def _add_optimizer_arguments(e) -> None:
+    """--train's optimizer settings."""
+    e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
+    e.add_argument("--max-grad-norm", type=float, default=None,
+                   help="--train: clip the gradients' global norm to this")
+    e.add_argument("--weight-decay", type=float, help="--train: decoupled weight decay "
+                   "(default: the optimizer's, AdamW 0.01, SGD 0)")
+    e.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"),
+                   help="--train, adamw: the moments' decay rates (default 0.9 0.999)")
+    e.add_argument("--eps", type=float, help="--train, adamw: added to the root of the second "
+                   "moment (default 1e-8)")
+    e.add_argument("--momentum", type=float, help="--train, sgd: momentum (default 0)")
+    e.add_argument("--schedule", choices=("constant", "linear", "cosine"),
+                   help="--train: the learning rate's schedule, built into the kernels (default "
+                   "constant; linear: warm-up then constant)")
+    e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
+    e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
 
 
 def _add_lm_arguments(e) -> None:
