@@ -1,11 +1,11 @@
 """An f16 matrix multiply on matrix units (Dawn's subgroup matrices), summed in f32.
 
-What it shows: :func:`shaderdsl.matmul.gemm`, a whole kernel on the tiled
-building block :func:`shaderdsl.matmul.tiled_product` (read its ten lines:
-the two factors as ``Operand`` (how to read four elements of each) and an
-epilogue that stores the f32 results), compiled for a ``MatrixTiling``
-(subgroups per workgroup, result fragments per subgroup, K per staged
-slice) and checked against numpy. Sizes need not be multiples of a tile.
+What it shows: :func:`shaderdsl.matmul.gemm`, a whole kernel on the GEMM
+engine :func:`shaderdsl.matmul.tiled_product` (read its last lines: the
+two factors as ``Operand`` (their buffers and layouts) and an ``Epilogue``
+that stores the f32 results), compiled for a ``MatrixTiling`` (subgroups
+per workgroup, result fragments per subgroup, K per staged slice) and
+checked against numpy. Sizes need not be multiples of a tile.
 
 On the H200 under Dawn (2026-12-03, docs/benchmarks.md "Matrix units") the
 LARGE tiling (4 x 2 subgroups of 2 x 4 fragments) ran 4096^3 at 156.7 TFLOP/s

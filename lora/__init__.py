@@ -45,6 +45,7 @@ from .core.pool import AdapterPool
 from .core.shape import LayerShape
 from .core.strategy import FORWARD, Strategy
 from .core.weight import Weight
+from .models.causal_lm import CausalLM
 from .training.adapter_io import (
     AdapterExtrasWarning,
     AdapterFileError,
@@ -89,6 +90,7 @@ __all__ = ["Config", "Weight", "LayerShape", "Plan", "PlanAt", "Role", "Strategy
            "save_adapter", "load_adapter", "save_hesper", "load_hesper", "LoraLayer",
            "AdapterFileError", "AdapterExtrasWarning", "adapter_extras",
            "Network", "Linear",  # lora.training.network: layers trained together
+           "CausalLM",  # lora.models: a transformers causal LM with LoRA
            # Hesper's execute functions (lora.hesper), imported on first use
            "execute_add_scaled", "execute_fused_b_add", "execute_lora_forward",
            "execute_lora_forward_auto", "execute_lora_forward_fused",

@@ -96,6 +96,7 @@ class ShaderM:
         self.name = name
         self.workgroup_size = workgroup_size
         self.bindings: list[Ref] = []          # storage and uniform buffers, in binding order
+        self.holds: dict[str, T.Scalar] = {}   # buffer name -> the values its host data holds
         self.overrides: list[tuple[Ref, object]] = []
         self.workgroup_vars: list[Ref] = []
         self.builtins: dict[str, Ref] = {}     # used builtin values, by DSL name
@@ -156,7 +157,7 @@ class ShaderM:
 
     # ------------------------------------------------------------ declarations (module scope)
 
-    def _buffer(self, name, elem, length, access) -> Ref:
+    def _buffer(self, name, elem, length, access, holds=None) -> Ref:
         if not isinstance(elem, T.WType) or isinstance(elem, T.Array):
             raise type_error(f"buffer element type must be a scalar, vector or atomic type, "
                              f"got {_given_type(elem)}")
@@ -167,17 +168,27 @@ class ShaderM:
                              f"columns do not match; use vec4 (or 3 scalars)")
         if isinstance(elem, T.Atomic) and access != "read_write":
             raise type_error("atomic buffers must be declared with declare_output_buffer")
+        if holds is not None and (holds not in (T.f16, T.f32) or T.scalar_of(elem) != T.u32):
+            raise type_error(f"holds: a buffer of u32 (scalars or vectors) may hold f16 or f32 "
+                             f"values (read through a u32 view), got {_given_type(elem)} "
+                             f"holding {holds!r}")
         name = self._declare_name(name, "buf")
         length, shape = shaped_length(length, name)
         ref = Ref(name, T.array(elem, length), RefKind.BUFFER, access=access, shape=shape)
         self.bindings.append(ref)
+        if holds is not None:
+            self.holds[name] = holds
         return ref
 
-    def declare_input_buffer(self, name: str, elem: T.WType, length=None) -> Ref:
+    def declare_input_buffer(self, name: str, elem: T.WType, length=None,
+                             holds: T.Scalar | None = None) -> Ref:
         """A storage buffer the kernel only reads: ``var<storage, read>``.
         ``length``: an element count, None (runtime-sized) or a shape such as
-        ``(rows, cols)`` (ints, or u32 overrides and uniforms) for ``x[r, c]``."""
-        return self._buffer(name, elem, length, "read")
+        ``(rows, cols)`` (ints, or u32 overrides and uniforms) for ``x[r, c]``.
+        ``holds``: f16 or f32, the values the host's data holds where the
+        kernel reads their bits through u32 elements (``bitcast``): a buffer of
+        that dtype binds to it (16-byte reads of f16 as vec4<u32>)."""
+        return self._buffer(name, elem, length, "read", holds)
 
     def declare_output_buffer(self, name: str, elem: T.WType, length=None) -> Ref:
         """A storage buffer the kernel may read and write: ``var<storage, read_write>``;
@@ -598,4 +609,5 @@ class ShaderM:
         self.check_pending()
         return S.Module(self.name, self.workgroup_size, tuple(self.bindings),
                         tuple(self.overrides), tuple(self.workgroup_vars), dict(self.builtins),
-                        frozenset(self.features), self.body, tuple(self.functions.values()))
+                        frozenset(self.features), self.body, tuple(self.functions.values()),
+                        dict(self.holds))

@@ -255,7 +255,7 @@ MAX_WG_SIZE = ("max-compute-workgroup-size-x", "max-compute-workgroup-size-y",
 
 def expected_dtype(binding) -> np.dtype | None:
     """The numpy dtype a buffer for this binding must have (None: not checkable)."""
-    elem = binding.elem
+    elem = getattr(binding, "holds", None) or binding.elem
     while isinstance(elem, Array):
         elem = elem.elem
     try:

@@ -148,7 +148,8 @@ def _build(fn, ws, name, params) -> Kernel:
         Binding(k, r.name, "uniform" if r.kind == RefKind.UNIFORM else r.access,
                 r.type if r.kind == RefKind.UNIFORM else r.type.elem,
                 None if r.kind == RefKind.UNIFORM else r.type.length,
-                r.shape and tuple(d if isinstance(d, int) else d.name for d in r.shape))
+                r.shape and tuple(d if isinstance(d, int) else d.name for d in r.shape),
+                m.holds.get(r.name))
         for k, r in enumerate(m.bindings))
     overrides = tuple(Override(r.name, r.type, None if d is None else d.value)
                       for r, d in m.overrides)

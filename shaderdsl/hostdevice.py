@@ -10,6 +10,7 @@ calls wait instead of joining it (docs/errors.md, "Threads").
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import threading
@@ -62,6 +63,24 @@ def locked(method):
     return run
 
 
+class Capture:
+    """What a device recorded while ``device.capture()`` was open, in order:
+    ``device.replay(capture)`` records it again as it was (the same kernels,
+    buffers, grids and copies), skipping each call's checks and lookups: a
+    graph of many dispatches recorded once and replayed for every step, as a
+    CUDA graph is. The capture holds its buffers (a released one refuses the
+    replay). A dispatch given uniform values cannot be replayed (its values
+    were that call's): the capture says so when it is replayed."""
+
+    def __init__(self):
+        self.commands: list = []   # the device's own form of each command
+        self.buffers: list = []    # every buffer a command uses, held
+        self.refused: str | None = None  # why it cannot be replayed, if it cannot
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+
 class HostDevice:
     """The host API of every device: ``buffer``, ``empty``, ``zeros``,
     ``uniform``, ``write``, ``read``, ``copy``, ``release``, ``dispatch``,
@@ -77,6 +96,7 @@ class HostDevice:
     features: frozenset
     limits: dict
     subgroup_matrix_configs: tuple = ()  # MatrixConfig shapes; none without the feature
+    _captures_itself = False  # a device whose recorder keeps its own form of a capture
 
     def __init__(self, *extra_stats: str):
         self.stats: dict = dict.fromkeys(STATS + extra_stats, 0)
@@ -86,6 +106,7 @@ class HostDevice:
         self.lock = threading.RLock()  # held by every call and by an open batch
         self._batch_thread: int | None = None  # the thread whose batch is open
         self._lost: str | None = None  # why the device was lost, once that is known
+        self._capture: Capture | None = None  # open while device.capture() is
 
     def has_feature(self, name: str) -> bool:
         return name in self.features
@@ -153,6 +174,8 @@ class HostDevice:
         if nbytes:
             self.stats["copies"] += 1
             self._copy(src, dst, nbytes)
+            if self._capture is not None and not self._captures_itself:
+                self._captured(("copy", src, dst, nbytes), [src, dst], None)
 
     def release(self, buf) -> None:
         """Free ``buf`` now (after the work recorded so far); using it afterwards
@@ -183,6 +206,9 @@ class HostDevice:
         values = checks.uniform_values(kernel, buffers)
         checks.check_bound(kernel, buffers, self, values)
         self._dispatch(kernel, entry, buffers, values, grid, okey)
+        if self._capture is not None and not self._captures_itself:
+            self._captured(("dispatch", kernel, buffers, values, grid, okey), buffers,
+                           values and f"kernel {kernel.name!r} was given uniform values")
 
     def dispatch_1d(self, kernel, bindings, n: int, **kw) -> None:
         """Dispatch enough workgroups along x to cover ``n`` invocations."""
@@ -201,6 +227,62 @@ class HostDevice:
         ``uniform_values``: what dispatches giving uniforms plain values use."""
         entry = self._entry(kernel)
         self._prepare(kernel, entry, checks.overrides_key(kernel, overrides), uniform_values)
+
+    @contextlib.contextmanager
+    def capture(self):
+        """``with device.capture() as graph:`` the dispatches and copies
+        recorded in the block are recorded as ever and also kept in ``graph``
+        (a :class:`Capture`) for :meth:`replay`. Holds the device's lock."""
+        with self.lock:
+            if self._capture is not None:
+                raise RuntimeError("capture: a capture is open already on this device")
+            self._capture = Capture()
+            self._begin_capture(self._capture)
+            try:
+                yield self._capture
+            finally:
+                self._end_capture()
+                self._capture = None
+
+    @locked
+    def replay(self, capture: Capture) -> None:
+        """Record ``capture``'s commands again, in order (joining the open
+        batch, or in one submit); refused (BindingError) before anything is
+        recorded where a buffer it holds was released since, or a dispatch
+        was given uniform values."""
+        if not isinstance(capture, Capture):
+            raise TypeError(f"replay: expected a Capture (device.capture()), got "
+                            f"{type(capture).__name__}")
+        if capture.refused:
+            raise BindingError(f"replay: the capture cannot be replayed: {capture.refused}")
+        gone = next((b for b in capture.buffers if b.released), None)
+        if gone is not None:
+            raise BindingError(f"replay: {gone!r}, which the capture uses, was released")
+        self._replay(capture)
+
+    def _captured(self, command: tuple, buffers, refused) -> None:
+        """Keep ``command`` (the generic form: re-dispatched by _replay) in the open capture."""
+        capture = self._capture
+        assert capture is not None
+        capture.commands.append(command)
+        capture.buffers.extend(b for b in buffers if isinstance(b, DeviceBuffer))
+        capture.refused = capture.refused or refused or None
+
+    def _begin_capture(self, capture: Capture) -> None:
+        """A device that captures its own form of each command starts here."""
+
+    def _end_capture(self) -> None:
+        """... and stops here."""
+
+    def _replay(self, capture: Capture) -> None:
+        """Record the generic commands again (a device with its own form replays that)."""
+        for command in capture.commands:
+            if command[0] == "copy":
+                self.stats["copies"] += 1
+                self._copy(*command[1:])
+            else:
+                _, kernel, buffers, values, grid, okey = command
+                self._dispatch(kernel, self._entry(kernel), buffers, values, grid, okey)
 
     def _entry(self, kernel):
         """The device's state for ``kernel`` (``_new_entry``), made at first sight

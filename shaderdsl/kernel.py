@@ -25,7 +25,9 @@ class Binding:
     ``length`` the element count (None: runtime-sized). For uniforms ``elem``
     is the whole uniform's type and ``length`` is None. ``shape``: a buffer
     declared with a shape, its sizes (ints, or the names of the overrides and
-    uniforms that give them).
+    uniforms that give them). ``holds``: the values a buffer's host data
+    holds where the kernel reads their bits through u32 elements (f16 read
+    as vec4<u32>, 16 bytes a read), else None: the host data's dtype is it.
     """
 
     index: int
@@ -34,6 +36,7 @@ class Binding:
     elem: WType
     length: int | None = None
     shape: tuple | None = None
+    holds: WType | None = None
 
     @property
     def writable(self) -> bool:
@@ -41,7 +44,7 @@ class Binding:
 
     @property
     def dtype(self) -> np.dtype:
-        return numpy_dtype(self.elem)
+        return numpy_dtype(self.holds or self.elem)
 
     @property
     def elem_stride(self) -> int:

@@ -192,3 +192,4 @@ class Module:
     features: frozenset        # features the declarations need (builtin values)
     body: Block
     functions: tuple = ()      # FunctionDef of each @function called, callees first
+    holds: dict = field(default_factory=dict)  # buffer name -> the values its host data holds

@@ -189,6 +189,17 @@ def _config_cases() -> list[AdapterCase]:
         AdapterCase("IA3", config(peft_type="IA3"), GOOD, refused="not 'LORA'"),
         AdapterCase("rsLoRA", config(r=2, lora_alpha=4, use_rslora=True), GOOD,
                     layers={MODULE: [2, 3, 5, 4 / math.sqrt(2)]}),
+        # a string is truthy: "false" turned rsLoRA on (scale 2.83 where 2.0 was meant)
+        AdapterCase("use_rslora as text", config(use_rslora="false"), GOOD,
+                    refused="use_rslora must be true or false (a JSON boolean), got 'false', "
+                            "a string"),
+        AdapterCase("fan_in_fan_out 1", config(fan_in_fan_out=1), GOOD,
+                    refused="fan_in_fan_out must be true or false (a JSON boolean), got 1, "
+                            "a number"),
+        AdapterCase("use_dora as a list", config(use_dora=[]), GOOD,
+                    refused="use_dora must be true or false (a JSON boolean), got [], a list"),
+        AdapterCase("switches null", config(use_rslora=None, use_dora=None,
+                                            fan_in_fan_out=None), GOOD, layers=ACCEPTED),
     ]
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 CONTINUES = re.compile(r"\bcontinues\s+the\s+block\s+above\b", re.I)
 RUN_ALONE = {"lora.md", "adapter-files.md", "README.md", "architecture.md", "training.md",
-             "dsl.md", "interpreter.md", "browser.md"}
+             "dsl.md", "interpreter.md", "browser.md", "lm.md"}
 FILES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
          if BLOCK.search(p.read_text())]
 

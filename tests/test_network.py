@@ -631,6 +631,39 @@ def test_tiled_base_products_are_the_plain_ones(dtype):
     assert _rel(got["dense_grad_input_tiled"], r[4] + r[3] @ r[1]) < tol
 
 
+@pytest.mark.parametrize("form", ["dense", "dense_tiled", "dense_matrix"])
+def test_base_products_into_and_from_a_block_of_columns(form):
+    """The products on one chunk of a weight's rows (a language model's head
+    split over bindings): y's columns c.. of wider rows (y_stride, y_column),
+    and the input gradient from the same columns of g (g_stride, g_column)
+    summed over chunks, equal to the products on the whole weight (float64)."""
+    from lora.core.plan import Plan
+    from shaderdsl.runtime import get_device
+    matrix = form == "dense_matrix"
+    dev = _matrix_device() if matrix else get_device()
+    rng = np.random.default_rng(6)
+    tokens, i, o, cut = 20, 24, 44, 28   # chunks of W's rows: 0..27 and 28..43
+    dt = np.float16 if matrix else np.float32
+    x, w, g = (rng.normal(0, 1, s).astype(dt) for s in ((tokens, i), (o, i), (tokens, o)))
+    y, dx = dev.empty((tokens, o), dt), dev.empty((tokens, i), dt)
+    xb, gb = dev.buffer(x), dev.buffer(g)
+    grad = form.replace("dense", "dense_grad_input")
+    typed = {} if matrix else {"dtype": "f32"}
+    for k, (lo, hi) in enumerate(((0, cut), (cut, o))):
+        wb = dev.buffer(np.ascontiguousarray(w[lo:hi]))
+        Plan(dev, "chunk", [(form, dict(in_dim=i, out_dim=hi - lo, tokens=tokens, bias=False,
+                                        y_stride=o, y_column=lo, **typed))], {},
+             bound={"x": xb, "W": wb, "y": y}).record()
+        Plan(dev, "grad chunk", [(grad, dict(in_dim=i, out_dim=hi - lo, tokens=tokens,
+                                             accumulate=k > 0, g_stride=o, g_column=lo,
+                                             **typed))], {},
+             bound={"g": gb, "W": wb, "dx": dx}).record()
+    r = [v.astype(np.float64) for v in (x, w, g)]
+    tol = 1.5e-3 if matrix else 1e-5
+    assert _rel(dev.read(y), r[0] @ r[1].T) < tol
+    assert _rel(dev.read(dx), r[2] @ r[1]) < tol
+
+
 def _matrix_device():
     """The interpreter with the H200's subgroup matrices (f16 16x16x16, subgroups of 32)."""
     from shaderdsl import interp

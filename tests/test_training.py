@@ -286,6 +286,26 @@ def test_adamw_schedule_clip_and_settings_without_recompiling(device):
     np.testing.assert_allclose(p[0], pr, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_grad_scale_undoes_a_loss_scale(device, kind):
+    """Gradients given 1024 times too large with scale_gradients(1/1024) (a
+    loss scale undone) step as the true gradients do, clipping included: the
+    params equal those of an optimizer given the true gradients, and the
+    norm reported is the true one."""
+    rng = np.random.default_rng(16)
+    p = [normal(rng, (4, 8))]
+    grads = [normal(rng, (4, 8)) * 3 for _ in range(3)]
+    make = AdamW if kind == "adamw" else SGD
+    plain, scaled = (make(lr=1e-2, max_grad_norm=0.5, device=device) for _ in range(2))
+    scaled.scale_gradients(1 / 1024)
+    a, b = p, p
+    for g in grads:
+        a = plain.step(a, [g])
+        b = scaled.step(b, [g * np.float32(1024)])
+        np.testing.assert_allclose(scaled.last_norm(), plain.last_norm(), rtol=1e-6)
+    np.testing.assert_allclose(b[0], a[0], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("tensors", [6, 7, 15])
 def test_clipping_any_number_of_tensors(device, tensors):
     """clip_grad_norm_ over every tensor however many: norm_partials first,

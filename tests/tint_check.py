@@ -188,7 +188,55 @@ def lora_entries() -> list[Entry]:
                 unroll=bool(n % 2), dtype=dt)
     _training_entries(add)
     _many_entries(add)
+    _lm_entries(add)
+    _attention_entries(add)
     return out
+
+
+def _lm_entries(add) -> None:
+    """The causal LM's kernels (lora.kernels.lm) and the loss and residual add
+    it uses: scalar and vec4 rows, f32 and f16, baked and run-time token
+    counts, subgroups or trees, their options spread over that product."""
+    for n, (width, dt, tokens) in enumerate(itertools.product((37, 40), ("f32", "f16"),
+                                                                (3, None))):
+        sg, threads = bool(n % 2), (64, 256)[n // 2 % 2]
+        add("embed", hidden=width, rows=1000, tokens=tokens, dtype=dt, first_row=n * 100,
+            id_offset=bool(n // 4 % 2))
+        add("rms_norm", hidden=width, tokens=tokens, eps=1e-6, dtype=dt,
+            x_dtype=("f32", dt)[n // 4 % 2], threads=threads, subgroups=sg)
+        add("rms_norm_grad", hidden=width, tokens=tokens, dtype=dt, threads=threads,
+            subgroups=sg)
+        add("rope", heads=3, head_dim=width // 2 * 2 - 2 * (n % 2), tokens=tokens, dtype=dt,
+            inverse=bool(n // 2 % 2), kv_heads=n % 3)
+        add("swiglu", inter=width, tokens=tokens, dtype=dt)
+        add("residual", hidden=width, tokens=tokens, dtype=dt)
+        add("kv_write", batch=2, rows=1 + n % 3, kv_len=9, width=width, dtype=dt)
+        add("last_rows", batch=2, seq=1 + n % 3, width=width)
+        add("decode_advance", batch=1 + n % 8)
+        add("swiglu_grad", inter=width, tokens=tokens, dtype=dt, in_place=bool(n % 2))
+        add("argmax", vocab=width * 25, tokens=tokens, dtype=dt, threads=threads, subgroups=sg)
+        add("softmax_xent", classes=width * 25, tokens=tokens, dtype=dt, threads=threads,
+            ignore=True, in_place=bool(n // 2 % 2), subgroups=sg)
+        add("add_scaled", num_elements=None if tokens is None else 3 * width, columns=width,
+            scale=1.0, y_dtype=dt)
+
+
+def _attention_entries(add) -> None:
+    """The language model's attention kernels (lora.kernels.attention): head_dims
+    read as vec4s and as scalars, grouped heads, decode, explicit tilings with
+    partial lanes, f32 and f16, each at the largest workgroup memory it takes."""
+    shapes = [(4, 2, 16, 17, 17, {}), (9, 3, 64, 1, 2048, {}), (14, 2, 64, 128, 128, {}),
+              (32, 8, 128, 64, 64, {}), (2, 2, 10, 9, 9, dict(block_q=3, block_k=5)),
+              (4, 1, 8, 7, 7, dict(block_q=1, block_k=3, threads=12))]
+    for n, (heads, kv_heads, d, q_len, kv_len, tiles) in enumerate(shapes):
+        dt = ("f32", "f16")[n % 2]
+        common = dict(batch=2, heads=heads, kv_heads=kv_heads, head_dim=d, dtype=dt)
+        add("attention", q_len=q_len, kv_len=kv_len, **common, **tiles)
+        if q_len == kv_len:
+            add("attention_grad_kv", seq=q_len, **common, **tiles)
+            add("attention_grad_q", seq=q_len, **common, **tiles)
+        add("attention_delta", batch=2, heads=heads, head_dim=d, seq=q_len,
+            dtype=("f16", "f32")[n % 2])
 
 
 def _many_entries(add) -> None:
@@ -276,6 +324,70 @@ def _training_entries(add) -> None:
         for kind in ("relu", "gelu", "silu", "tanh"):
             add("activation", n=classes, kind=kind, dtype=dt)
             add("activation_grad", n=classes, kind=kind, dtype=dt)
+
+
+def matrix_entries() -> list[Entry]:
+    """The GEMM engine (shaderdsl.matmul.gemm: ``bench --gemm``'s variants at a
+    square and a transformer shape, and every prologue and epilogue option on
+    partial blocks) and the LoRA kernels on it (lora.kernels.matrix). Only Tint
+    compiles them: wgpu-native has no subgroup matrices."""
+    from lora.kernels import KERNELS
+    from lora.apps.bench_gemm import variants
+    from lora.core.tilings import product_tiling
+    from shaderdsl.matmul import MatrixTiling, gemm
+    from shaderdsl.types import MatrixConfig
+
+    out: list[Entry] = []
+
+    def engine(M, N, K, tiling, **opts):
+        out.append(Entry("engine", "gemm", dict(M=M, N=N, K=K, tiling=str(tiling), **opts),
+                         functools.partial(sd.compile, gemm, tiling.threads, M=M, N=N, K=K,
+                                           tiling=tiling, **opts)))
+
+    for M, N, K, layout in ((4096, 4096, 4096, "plain"), (4096, 576, 576, "linear")):
+        for _, tiling, opts in variants(M, N, K, layout):
+            engine(M, N, K, tiling, **opts)
+    f32, f16 = (MatrixConfig("f16", r, 16, 16, 16) for r in ("f32", "f16"))
+    small = MatrixTiling(f32, (2, 2), (1, 2), 32)
+    for n, opts in enumerate([
+            dict(a_major="col", b_major="col"), dict(out="f16", bias=True, activation="relu",
+                                                     scale=0.5),
+            dict(activation="silu", accumulate=True, c_stride=44, c_offset=4),
+            dict(out="f16", accumulate=True, c_stride=43, c_offset=1, activation="tanh"),
+            dict(in_place=True, accumulate=True, batches=3), dict(batches=2, b_major="col")]):
+        engine(72, 40, 56, small if n % 2 else MatrixTiling(f32, (2, 2), (1, 2), 32,
+                                                             read_width=8, prefetch=2), **opts)
+    engine(72, 136, 48, MatrixTiling(f16, (2, 2), (1, 2), 32), out="f16", in_place=True,
+           accumulate=True)
+    engine(64, 128, 64, MatrixTiling(f32, (2, 2), (1, 2), 16, stages=1, prefetch=2, exact=True),
+           in_place=True)
+
+    def add(name, **params):
+        out.append(Entry("lora", name, params, functools.partial(KERNELS[name].kernel,
+                                                                 **params)))
+
+    for tokens in (70, None):
+        add("project_a_matrix", rank=64, in_dim=256, tokens=tokens, splits=2)
+        add("project_a_matrix", rank=24, in_dim=64, tokens=tokens, fragments=1, depth=64,
+            a_columns=True, scale=0.5, group=2)
+        for direct, group in ((False, 0), (False, 3), (True, 0), (True, 2)):
+            add("b_add_matrix", out_dim=136, rank=32, scale=-1.5, tokens=tokens, splits=2,
+                rows=1, cols=2, save_h=tokens is None, group=group, direct=direct)
+    for rank, accumulate in ((64, False), (16, True)):
+        add("grad_input_matrix", in_dim=136, rank=rank, tokens=70, accumulate=accumulate)
+    for layout, chunk, accumulate in (("jr", 128, False), ("rj", 64, True), ("jr", 300, True)):
+        add("grad_outer_matrix", n=136, rank=64, scale=0.5, tokens=300, chunk=chunk,
+            layout=layout, accumulate=accumulate)
+    for limits in (None, {"max-compute-workgroup-storage-size": 16384}):
+        tiling = product_tiling(512, 576, 1536, "row", "col", limits)
+        add("dense_matrix", in_dim=1536, out_dim=576, tokens=512, tiling=tiling)
+        add("dense_matrix", in_dim=40, out_dim=28, tokens=70, y_stride=44, y_column=16,
+            bias=False)
+        add("dense_grad_input_matrix", in_dim=576, out_dim=1536, tokens=512, accumulate=True,
+            tiling=product_tiling(512, 576, 1536, limits=limits))
+        add("dense_grad_input_matrix", in_dim=40, out_dim=28, tokens=70, g_stride=44,
+            g_column=12)
+    return out
 
 
 def planner_entries() -> list[Entry]:
@@ -603,7 +715,8 @@ def construct_entries() -> list[Entry]:
 
 # ---------------------------------------------------------------- the grid and the check
 
-GROUPS = (lora_entries, planner_entries, example_entries, codegen_entries, construct_entries)
+GROUPS = (lora_entries, matrix_entries, planner_entries, example_entries, codegen_entries,
+          construct_entries)
 
 
 # The grid's parts: the default tier's sample (every kernel function, each with its

@@ -22,7 +22,10 @@ the run (lora.apps.bench_table).
 (lora.apps.bench_ceiling); ``--many`` many adapters in one batch
 (lora.apps.bench_many); ``--network`` a 3-layer MLP's training step
 (lora.apps.bench_network; ``--layers``, ``--lora-dropout`` and
-``--max-grad-norm`` change what it trains).
+``--max-grad-norm`` change what it trains); ``--lm`` a language model's training
+step, prefill and decode beside transformers + peft (lora.apps.bench_lm); ``--attention``
+each attention kernel of the language model alone beside torch's SDPA
+(lora.apps.bench_attention).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -47,8 +51,12 @@ from ..core.strategy import Strategy
 from ..core.tuning import autotune, time_plan
 from ..core.weight import Weight
 from . import bench_table, bench_train
+from .bench_attention import attention_main
 from .bench_ceiling import ceiling_main, copy_bandwidth
-from .bench_gemm import gemm_main
+from .bench_gemm import gemm_main, parse_shapes
+from .bench_lm import MODELS as LM_MODELS
+from .bench_lm import PARTS as LM_PARTS
+from .bench_lm import lm_main
 from .bench_many import many_main
 from .bench_network import Options as NetworkOptions
 from .bench_network import network_main
@@ -351,6 +359,43 @@ def _positive(value: str) -> int:
     return n
 
 
+def _names(allowed) -> Callable[[str], tuple]:
+    """argparse's type for a comma-separated subset of ``allowed`` (any case)."""
+    by_lower = {name.lower(): name for name in allowed}
+
+    def parse(value: str) -> tuple:
+        names = [v.strip() for v in value.split(",")]
+        bad = [n for n in names if n.lower() not in by_lower]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; expected some of "
+                                             f"{', '.join(allowed)}")
+        return tuple(by_lower[n.lower()] for n in names)
+    return parse
+
+
+def _lm_arguments(p: argparse.ArgumentParser) -> None:
+    """--lm and its options (lora.apps.bench_lm); --attention, its attention
+    kernels alone (lora.apps.bench_attention)."""
+    p.add_argument("--attention", action="store_true",
+                   help="each attention kernel of the LM (forward, delta, grad_kv, grad_q; SIMT "
+                        "and on matrix units) at SmolLM2's and Qwen2.5's shapes, checked "
+                        "against float64, beside torch's SDPA (lora.apps.bench_attention)")
+    p.add_argument("--lm", action="store_true",
+                   help="a transformer LM with LoRA (rank 16, all-linear) in SmolLM2-135M's and "
+                        "Qwen2.5-0.5B's shapes: the training step (8 x 512 tokens, f16 and "
+                        "f32), prefill and greedy decode (batch 1 and 8) beside transformers + "
+                        "peft (lora.apps.bench_lm); with --quick, tiny models")
+    p.add_argument("--lm-models", type=_names(tuple(LM_MODELS)), metavar="NAMES",
+                   help=f"--lm: comma-separated models (default all: {', '.join(LM_MODELS)})")
+    p.add_argument("--lm-parts", type=_names(LM_PARTS), default=LM_PARTS, metavar="PARTS",
+                   help=f"--lm: comma-separated parts (default all: {', '.join(LM_PARTS)})")
+    p.add_argument("--lm-timeout", type=float, metavar="SECONDS",
+                   help="--lm: the time limit of each section (default 300; --quick 120)")
+    p.add_argument("--lm-train-shape", metavar="BATCHxSEQ",
+                   type=lambda v: tuple(_positive(n) for n in v.split("x")),
+                   help="--lm: the training step's batch and sequence (default 8x512)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -380,9 +425,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="where a forward's time goes: each dispatch and phase of several "
                         "strategies alone, and the read-back's pieces (lora.apps.bench_profile)")
-    p.add_argument("--gemm", type=lambda v: tuple(int(t) for t in v.split(",")),
-                   help="the matrix-unit GEMM (f16, f32 sums) at these comma-separated square "
-                        "sizes, several tilings, beside torch.mm fp16 (lora.apps.bench_gemm)")
+    p.add_argument("--gemm", nargs="?", const="issue", type=parse_shapes, metavar="SHAPES",
+                   help="the GEMM engine swept beside torch.mm, each variant checked first: "
+                        "'issue' (default: 4096^3, the transformer shapes), squares (4096) "
+                        "or MxNxK products (4096x576x576) (lora.apps.bench_gemm)")
     p.add_argument("--ceiling", action="store_true",
                    help="what the hardware gives a kernel: copies, subgroup-matrix loads, "
                         "stores and multiplies, direct and staged GEMM (lora.apps.bench_ceiling)")
@@ -400,6 +446,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=float, metavar="NORM",
                    help="--network: clip every step's gradients to this global norm "
                         "(ours and torch's clip_grad_norm_; default: no clipping)")
+    _lm_arguments(p)
     p.add_argument("--forwards", type=int,
                    help="--tokens-sweep: forwards in the loop (default 1000; --quick 100)")
     p.add_argument("--baked-forwards", type=int,
@@ -413,7 +460,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _special_run(args, log) -> int | None:
     """The exit code of a bench other than the forward/training matrix (--tokens-sweep,
-    --profile, --gemm, --ceiling, --many, --network); None when none was asked for."""
+    --profile, --gemm, --ceiling, --attention, --many, --lm, --network); None when none was
+    asked for."""
     if args.tokens_sweep:
         return sweep_main(args, log)
     if args.profile:
@@ -423,9 +471,16 @@ def _special_run(args, log) -> int | None:
         return gemm_main(args.out, args.gemm, log)
     if args.ceiling:
         return ceiling_main(args.out, log)
+    if args.attention:
+        return attention_main(args.out, log, args.quick)
     if args.many:
         counts = None if args.many == "all" else tuple(int(n) for n in args.many.split(","))
         return many_main(args.out, log, args.quick, counts)
+    if args.lm:
+        changes = {} if args.lm_timeout is None else {"timeout_s": args.lm_timeout}
+        if args.lm_train_shape:
+            changes.update(zip(("train_batch", "train_seq"), args.lm_train_shape))
+        return lm_main(args.out, log, args.quick, args.lm_models, args.lm_parts, **changes)
     if args.network:  # a 3-layer MLP's step
         return network_main(args.out, log, args.quick, opts=NetworkOptions(
             args.layers, args.lora_dropout, args.max_grad_norm))

@@ -5,11 +5,13 @@
     python -m lora check           # every kernel and path once against numpy
     python -m lora bench ...       # lora.apps.bench (benchmarks)
     python -m lora train ...       # lora.apps.train_cli (fine-tune on scikit-learn's digits)
+    python -m lora finetune-lm ... # lora.apps.finetune_lm (a causal LM folder on a text file)
     python -m lora export --out web/  # the forward as an ES module for web pages (lora.apps.web)
     python -m lora export --demo web/ # a self-contained page running it in the browser
 
 The parser and ``wgsl`` are here; each other command has its module
-(``demo_cli``, ``check_cli``, ``export_cli``, ``bench``, ``train_cli``).
+(``demo_cli``, ``check_cli``, ``export_cli``, ``bench``, ``train_cli``,
+``finetune_lm``).
 """
 from __future__ import annotations
 
@@ -150,6 +152,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="benchmarks (lora.apps.bench); arguments go to it", add_help=False)
     sub.add_parser("train", help="fine-tune LoRA adapters on scikit-learn's digits "
                                  "(lora.apps.train_cli)", add_help=False)
+    sub.add_parser("finetune-lm", help="fine-tune LoRA adapters of a causal LM folder on a text "
+                                       "file (lora.apps.finetune_lm)", add_help=False)
     return p
 
 
@@ -162,6 +166,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "train":
         from .train_cli import main as train
         return train(argv[1:])
+    if argv and argv[0] == "finetune-lm":
+        from .finetune_lm import main as finetune_lm
+        return finetune_lm(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "wgsl":
         return cmd_wgsl(args)

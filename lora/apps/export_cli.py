@@ -43,6 +43,28 @@ def add_parser(sub) -> None:
     e.add_argument("--loss", choices=("mse", "xent"), default="mse", help="--train: the loss")
     e.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
                    help="--train: the optimizer (default adamw)")
+    _add_optimizer_arguments(e)
+    e.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
+                   help="--train: peft's lora_dropout on the adapter's input (default 0; the "
+                   "mask from --seed and the step count, as LayerTrainer draws it)")
+    e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
+                   "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
+                   "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
+    e.add_argument("--steps", type=int, default=200, help="--train-demo: steps (default 200)")
+    e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
+    e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
+                   "shapes and scale) go into the page instead of random ones")
+    e.add_argument("--module", help="with --adapter: the layer to use (default: the first)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the page's random inputs")
+    e.add_argument("--repeat", type=int, default=20, help="forwards the page times (default 20)")
+    _add_lm_arguments(e)
+    e.add_argument("--open", action="store_true",
+                   help="run the demo page in headless Chromium and print its verdict")
+    e.add_argument("--screenshot", metavar="PNG", help="--open, and save a screenshot of the page")
+
+
+def _add_optimizer_arguments(e) -> None:
+    """--train's optimizer settings."""
     e.add_argument("--lr", type=float, default=1e-3, help="--train: learning rate (default 1e-3)")
     e.add_argument("--max-grad-norm", type=float, default=None,
                    help="--train: clip the gradients' global norm to this")
@@ -58,22 +80,80 @@ def add_parser(sub) -> None:
                    "constant; linear: warm-up then constant)")
     e.add_argument("--warmup", type=int, help="--train: warm-up steps of the schedule")
     e.add_argument("--total-steps", type=int, help="--train: steps of the cosine schedule")
-    e.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
-                   help="--train: peft's lora_dropout on the adapter's input (default 0; the "
-                   "mask from --seed and the step count, as LayerTrainer draws it)")
-    e.add_argument("--train-demo", metavar="DIR", help="write DIR/index.html: a self-contained "
-                   "page fine-tuning LoRA on a frozen digits network in the browser (python -m "
-                   "lora train's task; --rank, --steps, --seed; --open, --screenshot)")
-    e.add_argument("--steps", type=int, default=200, help="--train-demo: steps (default 200)")
-    e.add_argument("--demo", metavar="DIR", help="write a self-contained demo page DIR/index.html")
-    e.add_argument("--adapter", metavar="DIR", help="a peft adapter directory: its weights (and "
-                   "shapes and scale) go into the page instead of random ones")
-    e.add_argument("--module", help="with --adapter: the layer to use (default: the first)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the page's random inputs")
-    e.add_argument("--repeat", type=int, default=20, help="forwards the page times (default 20)")
-    e.add_argument("--open", action="store_true",
-                   help="run the demo page in headless Chromium and print its verdict")
-    e.add_argument("--screenshot", metavar="PNG", help="--open, and save a screenshot of the page")
+
+
+def _add_lm_arguments(e) -> None:
+    """--lm and --lm-demo's arguments (the others they read: --out, --package, --dtype,
+    --rank, --lr and the optimizer's, --lora-dropout, --seed, --steps)."""
+    e.add_argument("--lm", metavar="FOLDER", help="with --out DIR (or --package): write "
+                   "lora_lm.js and lora_lm.d.ts, the causal LM of a Hugging Face model folder "
+                   "(its config.json and safetensors' names and shapes) for pages and Node: "
+                   "weights streamed from safetensors, logits, generate, training steps")
+    e.add_argument("--lm-demo", metavar="DIR", help="with --lm: write DIR/index.html, a page "
+                   "that loads that model's files, fine-tunes it on a text file (bytes as "
+                   "tokens), plots the loss, samples before and after, offers the adapter")
+    e.add_argument("--target-modules", default="q_proj,v_proj", help="--lm: peft's "
+                   "target_modules: comma-separated names, or all-linear (default "
+                   "q_proj,v_proj)")
+    e.add_argument("--alpha", type=float, default=None,
+                   help="--lm: lora_alpha (default: the rank)")
+    e.add_argument("--rslora", action="store_true", help="--lm: use_rslora")
+    e.add_argument("--batch", type=int, default=1, help="--lm: sequences a training step and "
+                   "logits take (default 1)")
+    e.add_argument("--seq", type=int, default=64, help="--lm: their tokens (default 64)")
+    e.add_argument("--gen-batch", type=int, default=1,
+                   help="--lm: prompts generate takes (default 1)")
+    e.add_argument("--prompt-tokens", type=int, default=32,
+                   help="--lm: the longest prompt (default 32)")
+    e.add_argument("--new-tokens", type=int, default=32,
+                   help="--lm: the most new tokens generate makes (default 32)")
+    e.add_argument("--max-binding-size", type=int, default=None, metavar="BYTES",
+                   help="--lm: maxStorageBufferBindingSize the kernels are built within "
+                   "(default WebGPU's 128 MiB: weights past it go in row chunks; more must be "
+                   "requested in the page)")
+    e.add_argument("--max-buffer-size", type=int, default=None, metavar="BYTES",
+                   help="--lm: maxBufferSize likewise (default WebGPU's 256 MiB)")
+
+
+def _lm_setup(args):
+    """The LMSetup of the --lm arguments."""
+    from .web_lm import LMSetup, LMShapes
+
+    targets = args.target_modules
+    targets = targets if targets == "all-linear" else [t for t in targets.split(",") if t]
+    limits = {key: value for key, value in (("max-storage-buffer-binding-size",
+                                             args.max_binding_size),
+                                            ("max-buffer-size", args.max_buffer_size))
+              if value is not None}
+    shapes = LMShapes(args.batch, args.seq, args.gen_batch, args.prompt_tokens, args.new_tokens)
+    return LMSetup(Path(args.lm), shapes, args.dtype, targets, args.rank,
+                   float(args.rank if args.alpha is None else args.alpha), args.rslora,
+                   args.lora_dropout, args.seed, args.optimizer, args.lr, args.max_grad_norm,
+                   _optimizer_settings(args), limits)
+
+
+def _lm_files(args, command: str) -> dict:
+    """{file name: (folder, text)} of --lm (and --lm-demo)."""
+    from . import web_lm
+    from .web_export import asset
+
+    if args.lm_demo and not args.lm:
+        raise ValueError("--lm-demo needs --lm FOLDER: the page is written for that model's "
+                         "architecture and sizes")
+    folder = args.package or args.out
+    if not args.lm or not (folder or args.lm_demo):
+        return {}
+    module = web_lm.record_module(_lm_setup(args))
+    files = {}
+    if folder:
+        files["lora_lm.js"] = (folder, web_lm.module_js(module, command))
+        files["lora_lm.d.ts"] = (folder, web_lm.module_dts(command))
+        files[f"{folder}/lora_adapter.js"] = (folder, asset("adapter.mjs"))
+        files[f"{folder}/lora_adapter.d.ts"] = (folder, asset("adapter.d.ts"))
+    if args.lm_demo:
+        files[f"{args.lm_demo}/index.html"] = (args.lm_demo, web_lm.demo_page(
+            module, command, steps=args.steps))
+    return files
 
 
 def _shape(args) -> tuple[LayerShape, Entry, dict | None]:
@@ -108,9 +188,11 @@ def _files(args) -> dict:
 
     shape, strategy, adapter = _shape(args)
     command = "python -m lora " + shlex.join(args.argv)
-    if args.package and args.package not in (args.out, args.train, args.many):
+    files = _lm_files(args, command)
+    if args.lm:
+        args.out = None  # --out named the language model's folder
+    if args.package and args.package not in (args.out, args.train, args.many) and not args.lm:
         args.out = args.package
-    files = {}
     if args.out:
         files["lora_forward.js"] = (args.out, web.module_js(shape, strategy, command))
         files["lora_forward.d.ts"] = (args.out, web.module_dts(command, args.dtype))
@@ -125,7 +207,7 @@ def _files(args) -> dict:
         files["lora_train.js"] = (args.train,
                                   web_train.module_js(web_train.record_layer(setup), command))
         files["lora_train.d.ts"] = (args.train, web_train.module_dts(command))
-    for folder in {args.out, args.train, args.many} - {None}:
+    for folder in {args.out, args.train, args.many} - {None, args.lm and args.package}:
         files[f"{folder}/lora_adapter.js"] = (folder, asset("adapter.mjs"))
         files[f"{folder}/lora_adapter.d.ts"] = (folder, asset("adapter.d.ts"))
     if args.package:
@@ -181,7 +263,8 @@ def package_json(name: str, files: list[str], command: str) -> str:
 
     modules = sorted(f[:-3] for f in files if f.endswith(".js"))
     entry = {m: {"types": f"./{m}.d.ts", "default": f"./{m}.js"} for m in modules}
-    main = next(m for m in ("lora_forward", "lora_train", "lora_many", *modules) if m in modules)
+    main = next(m for m in ("lora_forward", "lora_lm", "lora_train", "lora_many", *modules)
+                if m in modules)
     version = package_version()
     return json.dumps({
         "name": name, "version": version if version[0].isdigit() else "0.0.0",
@@ -205,8 +288,10 @@ def cmd_export(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not files:
-        print("error: give --out DIR (the forward), --many DIR (many adapters in one batch), "
+        print("error: give --out DIR (the forward; with --lm FOLDER, the language model), "
+              "--many DIR (many adapters in one batch), "
               "--train DIR (the training step), --package DIR (an npm package of them), "
+              "--lm-demo DIR (with --lm: the language model's page), "
               "--demo DIR (the forward's page) and/or "
               "--train-demo DIR (the training page)",
               file=sys.stderr)

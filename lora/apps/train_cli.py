@@ -13,10 +13,11 @@ import argparse
 import json
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from .command import dropout_problem, phase, progress
 
 CHECK_RTOL = 1e-4
 
@@ -44,40 +45,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _progress(step: int, total: int, loss: float, started: float) -> None:
-    width = 30
-    done = width * step // total
-    line = (f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{total}  loss {loss:.4f}  "
-            f"{time.perf_counter() - started:.1f} s")
-    if sys.stdout.isatty():
-        print(line, end="" if step < total else "\n", flush=True)
-    elif step == total or step % max(1, total // 10) == 0:
-        print(line.lstrip("\r"), flush=True)
-
-
-@contextmanager
-def _phase(what: str):
-    """Say what is starting, then how long it took: no silent second."""
-    print(f"{what} ...", end="", flush=True)
-    t0 = time.perf_counter()
-    yield
-    print(f" {time.perf_counter() - t0:.1f} s", flush=True)
-
-
 def optimizer_settings(lr: float, max_grad_norm: float | None, schedule: str, warmup: int,
                        steps: int) -> dict:
     """The digits fine-tuning's AdamW settings (also the web page's: lora.apps.web_train)."""
     return dict(lr=lr, max_grad_norm=max_grad_norm or None, schedule=schedule, warmup=warmup,
                 total=steps, eps=1e-8, weight_decay=0.0)
-
-
-def _dropout_problem(p: float, seed: int) -> str:
-    """What is wrong with --lora-dropout (and --seed, which seeds its masks), or ""."""
-    if not 0.0 <= p < 1.0:  # (NaN too)
-        return f"--lora-dropout must be in [0, 1) (a probability), got {p:g}"
-    if p and not 0 <= seed < 2**32:
-        return f"--seed must be in [0, 2^32) to seed --lora-dropout's masks, got {seed}"
-    return ""
 
 
 def _optimizer_settings(args) -> dict:
@@ -107,7 +79,7 @@ def _train(args, data, base, device) -> dict:
         if args.check:
             drop = D.dropout_multipliers(args.lora_dropout, args.seed, step, args.batch)
             cpu.append(D.reference_step(base, ref, scale, x, y, state, step, settings, drop))
-        _progress(step, args.steps, gpu[-1], began)
+        progress(step, args.steps, gpu[-1], began)
     return {"gpu": gpu, "cpu": cpu, "adapters": trainer.adapters(), "reference": ref,
             "seconds": time.perf_counter() - began}
 
@@ -136,19 +108,19 @@ def main(argv=None) -> int:
         if getattr(args, what) < 1:
             print(f"error: --{what} must be >= 1", file=sys.stderr)
             return 2
-    problem = _dropout_problem(args.lora_dropout, args.seed)
+    problem = dropout_problem(args.lora_dropout, args.seed)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     began = time.perf_counter()
-    with _phase("starting the GPU"):
+    with phase("starting the GPU"):
         from shaderdsl.runtime import get_device
         device = get_device()
-    with _phase("loading scikit-learn's digits"):
+    with phase("loading scikit-learn's digits"):
         from ..training.adapter_io import save_adapter
         from . import digits as D
         data = D.load(args.seed)
-    with _phase(f"training the frozen base network in numpy ({D.BASE_STEPS} steps)"):
+    with phase(f"training the frozen base network in numpy ({D.BASE_STEPS} steps)"):
         base = D.train_base(data, args.seed)
     base = D.Base(*(v.astype(np.float32).astype(np.float64) for v in vars(base).values()))
     scale = args.alpha / args.rank

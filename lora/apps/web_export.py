@@ -9,9 +9,11 @@ encodes, kernel for kernel and grid for grid.
 """
 from __future__ import annotations
 
+import contextlib
 from importlib import resources
 
 from shaderdsl.export import RUNTIME_DTS, RUNTIME_JS
+from shaderdsl.hostdevice import Capture
 from shaderdsl.interp import Device as InterpDevice
 
 
@@ -29,6 +31,14 @@ class Recorder(InterpDevice):
 
     def _copy(self, src, dst, nbytes: int) -> None:
         self.ops.append(("copy", src, dst, nbytes))
+
+    @contextlib.contextmanager
+    def capture(self):
+        """A capture that refuses its replay: a plan that captures its first run and
+        replays it after (lora.CausalLM's step) records its dispatches here every time."""
+        held = Capture()
+        held.refused = "a Recorder lists each dispatch as it is made"
+        yield held
 
 
 def module_steps(ops: list, name_of) -> tuple[list, list]:
@@ -57,10 +67,11 @@ def asset(name: str) -> str:
     return resources.files("lora.apps").joinpath("web_assets", name).read_text()
 
 
-def module_code(name: str) -> str:
+def module_code(*names: str) -> str:
     """The code ending an exported module: the runtime, what the LoRA modules
-    share (web_assets/common.mjs: prepare, readBack, halfBits) and ``name``'s own."""
-    return f"{RUNTIME_JS}\n{asset('common.mjs')}\n{asset(name)}"
+    share (web_assets/common.mjs: prepare, readBack, halfBits) and each of
+    ``names``' own (web_assets files, in order)."""
+    return "\n".join([RUNTIME_JS, asset("common.mjs"), *map(asset, names)])
 
 
 def module_types(name: str) -> str:

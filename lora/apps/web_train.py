@@ -154,7 +154,7 @@ def module_js(rec: Recording, command: str = "") -> str:
             f"export const config = {json.dumps(config)};\n"
             f"export const buffers = {json.dumps(buffers)};\n"
             f"export const steps = [\n" + "".join(f"  {json.dumps(s)},\n" for s in steps) + "];\n"
-            f"export const kernels = [\n{body},\n];\n\n{module_code('train.mjs')}")
+            f"export const kernels = [\n{body},\n];\n\n{module_code('optim.mjs', 'train.mjs')}")
 
 
 def module_dts(command: str = "") -> str:

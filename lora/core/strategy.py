@@ -33,8 +33,8 @@ unroll=True, quad=False, half=False)``                                per workgr
                                                                       per workgroup)
 ``matrix(splits=1, fragments=2, rows=2, cols=4,           2           f16 on matrix units:
 depth=32, direct=False, group=0)``                                    project_a_matrix, then
-                                                                      b_add_matrix or (direct)
-                                                                      b_add_direct
+                                                                      b_add_matrix (direct: in
+                                                                      the output's fragments)
 ========================================================  ==========  =============================
 
 ``subgroups`` reduces with subgroup operations, ``unroll=False`` keeps
@@ -539,14 +539,14 @@ class Gemm(Strategy):
 
 @forward_strategy
 class Matrix(Strategy):
-    """f16 on matrix units, two dispatches: project_a_matrix (h in ``splits``
-    slices of in_dim, 2 x ``fragments`` fragments of tokens per workgroup,
-    ``depth`` columns of x per staged slice), then b_add_matrix (2 x 2
-    subgroups of ``rows`` x ``cols`` fragments; ``group``: row blocks per
-    group of its workgroup order, 0: off) or, with ``direct``, b_add_direct
-    (``rows`` fragments of tokens per workgroup, ``cols`` fragments of
-    columns per subgroup, the output's f16 fragments as the accumulators):
-    lora.kernels.matrix. What the autotuner tries, and why: ``candidates``."""
+    """f16 on matrix units (shaderdsl.matmul's engine), two dispatches:
+    project_a_matrix (h in ``splits`` slices of in_dim, 2 x ``fragments``
+    fragments of tokens per workgroup, ``depth`` columns of x per staged
+    slice), then b_add_matrix (2 x 2 subgroups of ``rows`` x ``cols``
+    fragments; ``group``: row blocks per group of its workgroup order, 0:
+    off; ``direct``: the output's own f16 fragments as the accumulators, the
+    engine's in-place epilogue): lora.kernels.matrix. What the autotuner
+    tries, and why: ``candidates``."""
 
     name: ClassVar[str] = "matrix"
     numbers: ClassVar[tuple] = ("splits", "fragments", "rows", "cols", "depth", "group")
@@ -568,23 +568,19 @@ class Matrix(Strategy):
                              f"got {self.depth}")
         if self.group < 0:
             raise ValueError(f"matrix: group must be >= 0 (0: off), got {self.group}")
-        if self.direct and self.group:
-            raise ValueError("matrix: group orders b_add_matrix's workgroups; direct runs "
-                             "b_add_direct, which has no group")
 
     def kernels(self, shape, save_h=False):
         if shape.dtype != "f16":
             raise ValueError(f"the matrix strategy multiplies f16 on matrix units; the "
                              f"weight is {shape.dtype} (use an f16 weight, or another strategy)")
         hp = {"hp": "h" if self.splits == 1 else "hp"}
-        b_add = "b_add_direct" if self.direct else "b_add_matrix"
         return [("project_a_matrix", dict(rank=shape.rank, in_dim=shape.in_dim,
                                           tokens=shape.tokens, splits=self.splits,
                                           fragments=self.fragments, depth=self.depth), hp),
-                (b_add, dict(out_dim=shape.out_dim, rank=shape.rank, scale=shape.scale,
-                             tokens=shape.tokens, splits=self.splits, rows=self.rows,
-                             cols=self.cols, save_h=save_h and self.splits > 1,
-                             **({} if self.direct else dict(group=self.group))), hp)]
+                ("b_add_matrix", dict(out_dim=shape.out_dim, rank=shape.rank, scale=shape.scale,
+                                      tokens=shape.tokens, splits=self.splits, rows=self.rows,
+                                      cols=self.cols, save_h=save_h and self.splits > 1,
+                                      group=self.group, direct=self.direct), hp)]
 
     scratch = Gemm.scratch
 
@@ -597,9 +593,10 @@ class Matrix(Strategy):
         b_add tilings (rows, cols) = (2, 2), (1, 2), (1, 4), which measured
         best (note 30); up to 1024 tokens also depth 64 (17.55 against 18.03
         us at rank 64, T = 512; note 37); then the direct forms where it also
-        has f16 results (on the H200 their b_add took 83 us against 55 at
-        rank 64, 4096 tokens, and 14.4 against 16.3 at 512; note 34). Not
-        tried: ``group``, within 1.7 % either way on the H200 (note 37)."""
+        has f16 results (the engine's in-place epilogue; the kernel it replaced,
+        b_add_direct, took 83 us against 55 on the H200 at rank 64, 4096
+        tokens, and 14.4 against 16.3 at 512; note 34). Not tried: ``group``,
+        within 1.7 % either way on the H200 (note 37)."""
         from ..kernels.matrix import DIRECT, FRAGMENT
         rank, in_dim, out_dim, tokens = shape.rank, shape.in_dim, shape.out_dim, shape.token_count
         if FRAGMENT not in matrices or rank < 16 or tokens < 16 or rank % 4 or in_dim % 4 \
@@ -607,7 +604,7 @@ class Matrix(Strategy):
             return []
         splits = [s for s in (1, 2, 4, 8, 16) if in_dim % (4 * s) == 0 and s * tokens <= 8192]
         direct = [cls(s, 1, r, c, direct=True) for s in splits for r, c in ((1, 2), (2, 2))
-                  if DIRECT in matrices and rank % 16 == 0 and out_dim % (16 * c) == 0]
+                  if DIRECT in matrices]
         tilings = ((2, 2), (1, 2), (1, 4))
         # few tokens: project_a's workgroups each walk a long slice; 64 columns per staged
         # slice halve its barriers (faster at T = 512, slower at 4096: note 37)

@@ -30,6 +30,7 @@ from shaderdsl.checks import MAX_INVOCATIONS, MAX_WG_SIZE
 from shaderdsl.errors import BindingError, DispatchError, ShaderDSLError
 
 from ..kernels import KERNELS
+from . import tilings
 from .forward import forward_plan
 from .shape import LayerShape
 from .strategy import FORWARD, Gemm, Matrix, Seed, Single, Split, Strategy, Tiled
@@ -288,6 +289,60 @@ def _asked(strategy):
     if strategy is None:
         strategy = os.environ.get("LORA_STRATEGY") or None
     return strategy if strategy in (None, "auto") else Strategy.parse(strategy)
+
+
+# ---------------------------------------------------------------- the engine's tilings
+
+def product_key(device, name: str, params: dict) -> str:
+    """The tuning cache's key of a frozen base product (lora.core.tilings.base_problem)."""
+    from shaderdsl.runtime import WGPU_BUILD
+
+    M, N, K, _, _, read8 = tilings.base_problem(name, **params)
+    return (f"v{CACHE_VERSION}|{device.name}|{device.backend}|{WGPU_BUILD}|{name}"
+            f"|{M}x{N}x{K}|read{8 if read8 else 4}")
+
+
+def product_tiling(device, name: str, params: dict, use_cache: bool = True):
+    """The engine's tiling of a frozen base product ("dense" or
+    "dense_grad_input", the kernels' parameters): the tuned one where the
+    cache holds it (:func:`autotune_product`), else lora.core.tilings' rule
+    for the device's limits. Nothing is timed."""
+    hit = _load().get(product_key(device, name, params)) if use_cache else None
+    try:
+        return tilings.from_fields(hit["tiling"]) if hit else \
+            tilings.base_tiling(name, device.limits, **params)
+    except (ValueError, TypeError, KeyError):  # an entry no tiling reads now: the rule's
+        return tilings.base_tiling(name, device.limits, **params)
+
+
+def autotune_product(device, name: str, params: dict, *, use_cache: bool = True,
+                     cands=None, progress=None):
+    """Time the rule's candidates (``cands``: these tilings instead) for a
+    frozen base product on scratch buffers of its shape, f16 (the matrix
+    form's); cache and return the fastest (what :func:`product_tiling` then
+    gives)."""
+    key = product_key(device, name, params)
+    if use_cache and key in _load():
+        return product_tiling(device, name, params)
+    spec = KERNELS[f"{name}_matrix"]
+    rng = np.random.default_rng(0)
+    timings = {}
+    with device.lock:
+        for t in cands or tilings.base_candidates(name, device.limits, **params):
+            kernel = spec.kernel(**params, tiling=t)
+            bufs = {b.name: device.buffer(rng.standard_normal(
+                b.min_bytes // 2).astype(np.float16)) for b in kernel.bindings}
+            us = median_us(device, lambda k=kernel, b=bufs, t=t: device.dispatch(
+                k, b, spec.grid(**params, tiling=t)), 2, repeats=3)
+            timings[json.dumps(tilings.as_fields(t))] = us
+            for buf in bufs.values():
+                device.release(buf)
+            if progress:
+                progress(f"  {t}: {us:.2f} us")
+    best = min(timings, key=timings.__getitem__)
+    if use_cache:
+        _store(key, {"tiling": json.loads(best), "us": timings[best], "timings": timings})
+    return tilings.from_fields(json.loads(best))
 
 
 # ---------------------------------------------------------------- without timing

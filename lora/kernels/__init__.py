@@ -8,8 +8,12 @@ y = B @ h, the scaled add, B @ h fused with the add: one job per dispatch),
 dispatches shaped like matrix products) and ``matrix`` (the kernels on
 matrix units: the f16 forward's two dispatches and the backward's
 grad_outer_matrix); the training's ``backward``, ``loss``, ``optimizer`` and
-``network``. ``registry`` holds :data:`KERNELS`, each kernel with the role of
-its bindings, its workgroup size and its grid: ``KERNELS[name].kernel(...)``
+``network``; the causal language model's ``lm`` (embedding, RMSNorm, rotary
+embeddings, SwiGLU, argmax; its loss is ``loss.softmax_xent(ignore=True)``),
+``attention`` (causal self-attention in the flash form, forward and backward)
+and ``attention_matrix`` (its f16 forward on matrix units). ``registry`` holds
+:data:`KERNELS`, each kernel with the role of its bindings, its workgroup size
+and its grid: ``KERNELS[name].kernel(...)``
 compiles (and caches) it. Nothing here needs wgpu.
 """
 from .common import DTYPES, SHARED_FLOATS, UNROLL_BUDGET

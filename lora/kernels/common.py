@@ -151,6 +151,17 @@ class DirectTile:
 
 # ------------------------------------------------------------------ the token count
 
+def columns_of(width: int, stride: int, column: int) -> tuple[int, int]:
+    """(row stride, first column) of a block of ``width`` columns inside rows
+    of ``stride`` values (0: the block is the whole row), checked: how a
+    product writes or reads one slice of a wider matrix (a language model's
+    logits, one chunk of the vocabulary per binding of its head)."""
+    stride = stride or width
+    if column < 0 or column + width > stride:
+        raise ValueError(f"columns {column}..{column + width - 1} do not fit rows of {stride}")
+    return stride, column
+
+
 def token_rows(tokens, row_len: int):
     """Elements of ``tokens`` rows of ``row_len``; None (runtime-sized) for a
     token count read at run time."""
@@ -160,8 +171,12 @@ def token_rows(tokens, row_len: int):
 def token_count(m, tokens):
     """The token count as the kernel uses it: the int ``tokens`` baked into the
     WGSL, or, for ``tokens=None``, the u32 uniform ``tokens``, one value per
-    dispatch (a Plan passes ``np.uint32(T)``; every T then shares one pipeline)."""
-    return m.declare_uniform("tokens", u32) if tokens is None else tokens
+    dispatch (a Plan passes ``np.uint32(T)``; every T then shares one pipeline),
+    declared on the first call and the same uniform after."""
+    if tokens is not None:
+        return tokens
+    declared = [ref for ref in m.bindings if ref.name == "tokens"]
+    return declared[0] if declared else m.declare_uniform("tokens", u32)
 
 
 def split_index(m, axis: str, name: str):

@@ -7,12 +7,14 @@ only when the value is asked for.
                   g = (softmax(logits) - onehot(label)) / tokens; a label
                   outside the classes gets g = 0 and -1 - label as its loss,
                   which the host reports when it reads the value; with
-                  ``seen``, also kept per token until the host clears it
+                  ``seen``, also kept per token until the host clears it;
+                  with ``ignore`` (the causal LM), labels of IGNORE are
+                  left out and the mean is over the labels counted
 """
 from __future__ import annotations
 
 from shaderdsl import builtins as B
-from shaderdsl import f16, f32, u32, vec4f, vec4h
+from shaderdsl import collectives, f16, f32, u32, vec4f, vec4h, vec4u
 
 from .common import (
     b_row,
@@ -21,10 +23,12 @@ from .common import (
     output_buffer,
     reduce_sum,
     row_element,
-    storage_scalar,
     store_output,
+    token_count,
+    token_rows,
     widen,
     width,
+    workgroup_token,
 )
 from .optimizer import advance, state_buffers
 
@@ -85,69 +89,121 @@ def _dh_terms(m, n, w, rank, dtype, grad) -> list:
     return terms
 
 
-def _workgroup_fold(m, value, threads, combine, name):
-    """Every thread's ``value`` folded over the workgroup with ``combine``; the
-    result, in a let every thread sees."""
-    tid = m.local_index()
-    red = m.shared(f32, threads, name)
-    red[tid] = value
-    m.barrier()
-    s = threads // 2
-    while s > 0:
-        with m.if_(tid < s):
-            red[tid] = combine(red[tid], red[tid + s])
-        m.barrier()
-        s //= 2
-    result = m.let(red[0], f"{name}_all")
-    m.barrier()
-    return result
+IGNORE = 0xFFFFFFFF  # softmax_xent(ignore=True): a row without a label (the host's -100)
 
 
-def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=False):
-    """Softmax cross-entropy, one workgroup per token (grid tokens): the row's
-    max and sum of exponentials by workgroup reductions, then every thread
-    writes its columns of g; thread 0 writes the token's loss to ``losses``.
-    ``begin``: see _begin. ``seen``: labels outside the classes are also kept
-    in a sticky record (see _record_label)."""
+def softmax_xent(m, classes, tokens, threads=64, dtype="f32", begin=None, seen=False,
+                 ignore=False, in_place=False, subgroups=False, grad_scale=1.0):
+    """Softmax cross-entropy, one workgroup per token (grid (tokens, 1, 1)):
+    each thread keeps a running max and sum of exponentials over its slice
+    of the row (one read of it), the workgroup combines them (a max, then a
+    sum of the rescaled sums), and every thread writes its columns of
+    g = (softmax - onehot) / count; the thread holding the label's column
+    writes the token's loss -log softmax[label] to ``losses``. Rows are read
+    as vec4 where classes is a multiple of 4. ``begin``: see _begin.
+    ``seen``: labels outside the classes are also kept in a sticky record
+    (see _record_label). ``subgroups``: the reductions by subgroup operations.
+
+    count is the token count, or with ``ignore`` (the causal LM's loss) the
+    number of labels in the batch inside the classes, which each workgroup
+    counts itself (no host write or read-back a step): a label of IGNORE
+    (0xFFFFFFFF, the host's -100) gets g = 0 and loss 0, and the loss is
+    sum(losses) / count. An all-ignored batch gives loss 0 and g = 0, where
+    transformers gives nan. ``in_place``: g is written over the logits (the
+    binding ``g`` goes), saving tokens x classes of memory. ``grad_scale``:
+    g times it (a loss scale: f16's g of a large vocabulary, about
+    1 / (vocab * count), is below f16's least value; the optimizer's
+    scale_gradients undoes it)."""
     check_threads(threads)
+    if seen and tokens is None:
+        raise ValueError("softmax_xent: seen keeps a [3, tokens] record, so it needs the token "
+                         "count baked in (tokens an int), got tokens=None")
     _begin(m, begin)
-    logits = m.declare_input_buffer("logits", storage_scalar(dtype), tokens * classes)
+    w = width(classes)
+    size = token_rows(tokens, classes)
+    if in_place:
+        logits = output_buffer(m, size, dtype, "logits", quad=w == 4)
+        cn = classes // w
+    else:
+        logits, cn = input_matrix(m, "logits", tokens, classes, dtype)
     labels = m.declare_input_buffer("labels", u32, tokens)
-    g = m.declare_output_buffer("g", storage_scalar(dtype), tokens * classes)
+    g = logits if in_place else output_buffer(m, size, dtype, "g", quad=w == 4)
     losses = m.declare_output_buffer("losses", f32, tokens)
-    t = m.workgroup_id().x
+    t = workgroup_token(m, tokens, "x")
     tid = m.local_index()
-    row = m.let(t * classes, "row")
-    best = m.var(f32, -3.4028234663852886e38, "best")
-    with m.loop(tid, classes, threads, name="c") as c:
-        m.assign(best, B.max(best, widen(logits[row + c])))
-    top = _workgroup_fold(m, best, threads, B.max, "mx")
-    total = m.var(f32, 0.0, "total")
-    with m.loop(tid, classes, threads, name="c") as c:
-        total += B.exp(widen(logits[row + c]) - top)
-    norm = _workgroup_fold(m, total, threads, lambda a, b: a + b, "sum")
+    row = m.let(t * cn, "row")
+    top, norm, inv = _row_statistics(m, logits, row, cn, w, labels, classes, tokens, ignore,
+                                     subgroups)
+    if grad_scale != 1.0:
+        inv = m.let(inv * float(grad_scale), "scaled")
     label = m.let(labels[t], "label")
     valid = m.let(label < classes, "valid")  # else: g 0, and -1 - label as its loss
-    with m.loop(tid, classes, threads, name="c") as c:
-        p = m.let(B.exp(widen(logits[row + c]) - top) / norm, "p")
-        hit = m.let(B.select(0.0, 1.0, c == label), "hit")
-        store_output(g, row + c, B.select(0.0, (p - hit) * (1.0 / tokens), valid))
-    with m.if_(tid == 0):
-        loss = m.let(B.log(norm) - (widen(logits[row + B.min(label, classes - 1)]) - top), "loss")
-        losses[t] = B.select(-1.0 - f32(label), loss, valid)
-        if seen:
-            _record_label(m, tokens, t, label, valid)
+    zero = vec4f(0.0) if w == 4 else 0.0
+    with m.loop(tid, cn, threads, name="c") as c:
+        v = m.let(widen(logits[row + c]), "v")
+        p = m.let(B.exp(v - top) / norm, "p")
+        store_output(g, row + c, B.select(zero, (p - _onehot(c, w, label)) * inv, valid))
+        with m.if_(label / w == c):  # this thread holds the label's column (so it is valid)
+            mine = v[label % w] if w == 4 else v
+            losses[t] = B.log(norm) - (mine - top)
+    with m.if_((tid == 0) & ~valid):
+        bad = -1.0 - f32(label)
+        losses[t] = B.select(bad, 0.0, label == IGNORE) if ignore else bad
+    if seen:
+        with m.if_(tid == 0):
+            _record_label(m, tokens, t, label, (valid | (label == IGNORE)) if ignore else valid)
 
 
-def _record_label(m, tokens, t, label, valid) -> None:
+def _row_statistics(m, logits, row, cn, w, labels, classes, tokens, ignore, subgroups):
+    """(the row's max, its sum of exp(logit - max), 1 / count) as lets every
+    thread sees, from one read of the row: each thread rescales its running
+    sum when its max grows; with ``ignore``, count is the labels inside the
+    classes, counted with the sum's reduction."""
+    threads = m.workgroup_size[0]
+    tid = m.local_index()
+    mx = m.var(f32, -3.4028234663852886e38, "mx")
+    s = m.var(f32, 0.0, "s")
+    with m.loop(tid, cn, threads, name="c") as c:
+        v = m.let(widen(logits[row + c]), "v")
+        most = B.max(B.max(v.x, v.y), B.max(v.z, v.w)) if w == 4 else v
+        new = m.let(B.max(mx, most), "new")
+        e = B.exp(v - new)
+        m.assign(s, s * B.exp(mx - new) + (B.dot(e, vec4f(1.0)) if w == 4 else e))
+        m.assign(mx, new)
+    top = collectives.reduce(m, mx, "max", subgroups=subgroups, names="top")
+    sums = [m.let(s * B.exp(mx - top), "mine")]
+    n = token_count(m, tokens)
+    if ignore:
+        counted = m.var(f32, 0.0, "counted")
+        with m.loop(tid, n, threads, name="u") as u:
+            counted += B.select(0.0, 1.0, labels[u] < classes)
+        sums.append(counted)
+    norm, *count = collectives.reduce(m, sums, "sum", subgroups=subgroups,
+                                      names=["norm", "count"][:len(sums)])
+    if ignore:
+        inv = m.let(B.select(0.0, 1.0 / count[0], count[0] > 0.0), "inv")
+    else:
+        inv = m.let(1.0 / f32(n), "inv") if tokens is None else 1.0 / tokens
+    return top, norm, inv
+
+
+def _onehot(c, w: int, label):
+    """1.0 where element c (vec4 rows: elements 4c .. 4c + 3) is ``label``, else 0."""
+    if w == 1:
+        return B.select(0.0, 1.0, c == label)
+    index = vec4u(c * 4, c * 4 + 1, c * 4 + 2, c * 4 + 3)
+    return B.select(vec4f(0.0), vec4f(1.0), index == vec4u(label))
+
+
+def _record_label(m, tokens, t, label, ok) -> None:
     """``seen`` u32 [3, tokens], column t written only by token t's thread 0
     (no atomics): row 0 counts the steps this token has seen, rows 1 and 2
-    hold its first bad step since the host last cleared them (counted from
+    hold its first step with a label not ``ok`` since the host last cleared them (counted from
     1; 0: none) and that step's label. One dispatch a step, so the count is
     the step number without a host write."""
     seen = m.declare_output_buffer("seen", u32, 3 * tokens)
     step = m.let(seen[t] + 1, "step")
     seen[t] = step
-    with m.if_(~valid & (seen[tokens + t] == 0)):
+    with m.if_(~ok & (seen[tokens + t] == 0)):
         seen[tokens + t] = step
         seen[2 * tokens + t] = label

@@ -9,7 +9,7 @@ from __future__ import annotations
 from shaderdsl import builtins as B
 from shaderdsl import f16, f32, vec4f, vec4h
 
-from .common import storage_scalar, store_output, widen
+from .common import columns_of, storage_scalar, store_output, widen
 
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
 # erfc(z) for z >= 0 as t exp(-z^2 + P(t)), t = 1 / (1 + z / 2): P's coefficients,
@@ -19,31 +19,36 @@ ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807
 TANH_CLAMP = 15.0  # tanh(15) is 1 in f32; past it exp overflows in some tanh implementations
 
 
-def dense(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
+def dense(m, in_dim, out_dim, tokens, dtype="f32", bias=True, y_stride=0, y_column=0):
     """y[t, o] = b[o] + sum_i x[t, i] W[o, i], without b where ``bias`` is False
-    (grid (ceil(out_dim / threads), tokens))."""
+    (grid (ceil(out_dim / threads), tokens)); ``y_stride``/``y_column``: y is
+    columns y_column.. of rows of y_stride values (columns_of)."""
+    stride, col = columns_of(out_dim, y_stride, y_column)
     x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
     W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
     b = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim) if bias else None
-    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * out_dim)
+    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * stride)
     o, t = m.global_id().x, m.workgroup_id().y
     with m.if_(o < out_dim):
         acc = m.var(f32, widen(b[o]) if b is not None else 0.0, "acc")
         with m.loop(in_dim, name="i") as i:
             acc += widen(x[t * in_dim + i]) * widen(W[o * in_dim + i])
-        store_output(y, t * out_dim + o, acc)
+        store_output(y, t * stride + col + o, acc)
 
 
-def dense_grad_input(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32"):
-    """dx[t, i] (+)= sum_o g[t, o] W[o, i] (grid (ceil(in_dim / threads), tokens))."""
-    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+def dense_grad_input(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32", g_stride=0,
+                     g_column=0):
+    """dx[t, i] (+)= sum_o g[t, o] W[o, i] (grid (ceil(in_dim / threads), tokens));
+    ``g_stride``/``g_column``: g is a block of wider rows (columns_of)."""
+    stride, col = columns_of(out_dim, g_stride, g_column)
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * stride)
     W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
     dx = m.declare_output_buffer("dx", storage_scalar(dtype), tokens * in_dim)
     i, t = m.global_id().x, m.workgroup_id().y
     with m.if_(i < in_dim):
         acc = m.var(f32, widen(dx[t * in_dim + i]) if accumulate else 0.0, "acc")
         with m.loop(out_dim, name="o") as o:
-            acc += widen(g[t * out_dim + o]) * widen(W[o * in_dim + i])
+            acc += widen(g[t * stride + col + o]) * widen(W[o * in_dim + i])
         store_output(dx, t * in_dim + i, acc)
 
 
@@ -126,11 +131,14 @@ TILE_K = 16   # the shared dimension staged per step
 TILED_THREADS = 256  # each thread owns a 4 x 4 block of the result
 
 
-def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out):
+def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out, x_cols=(0, 0), out_cols=(0, 0)):
     """out[t, n] = init(t, n) + sum_k x[t * k_dim + k] w_at(k, n), summed in k's
     order from init, as the plain kernels sum (so the result is theirs): a
     TILE x TILE block per workgroup, TILE_K columns of x and rows of w staged
-    in workgroup memory per step (0 outside the matrices)."""
+    in workgroup memory per step (0 outside the matrices). ``x_cols`` and
+    ``out_cols``: (stride, column) where x or out is a block of wider rows."""
+    xs_stride, x_col = columns_of(k_dim, *x_cols)
+    out_stride, out_col = columns_of(n_dim, *out_cols)
     xs = m.shared(f32, TILE * TILE_K, "xs")   # xs[r * TILE_K + k]
     ws = m.shared(f32, TILE_K * TILE, "ws")   # ws[k * TILE + n]
     li = m.let(m.local_index(), "li")
@@ -146,8 +154,8 @@ def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out):
             e = m.let(li + q * TILED_THREADS, f"e{q}")
             r, k = e // TILE_K, e % TILE_K
             inside = (row0 + r < rows) & (k0 + k < k_dim)
-            xs[e] = B.select(0.0, widen(x[B.min((row0 + r) * k_dim + k0 + k, rows * k_dim - 1)]),
-                             inside)
+            at = B.min((row0 + r) * xs_stride + x_col + k0 + k, rows * xs_stride - 1)
+            xs[e] = B.select(0.0, widen(x[at]), inside)
             ws_index, value, w_inside = w_at(e, k0, col0)
             ws[ws_index] = B.select(0.0, value, w_inside)
         m.barrier()
@@ -162,16 +170,17 @@ def _tiled_product(m, x, w_at, rows, k_dim, n_dim, init, out):
         for j in range(4):
             t, n = row0 + tr * 4 + i, col0 + tc * 4 + j
             with m.if_((t < rows) & (n < n_dim)):
-                store_output(out, t * n_dim + n, acc[i][j])
+                store_output(out, t * out_stride + out_col + n, acc[i][j])
 
 
-def dense_tiled(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
+def dense_tiled(m, in_dim, out_dim, tokens, dtype="f32", bias=True, y_stride=0, y_column=0):
     """dense's result (y = x W^T (+ b)), tiled: for layers too wide for a thread
     per output to read all of W (grid (ceil(out_dim / TILE), ceil(tokens / TILE)))."""
+    stride, _ = columns_of(out_dim, y_stride, y_column)
     x = m.declare_input_buffer("x", storage_scalar(dtype), tokens * in_dim)
     W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
     b = m.declare_input_buffer("bias", storage_scalar(dtype), out_dim) if bias else None
-    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * out_dim)
+    y = m.declare_output_buffer("y", storage_scalar(dtype), tokens * stride)
 
     def w_at(e, k0, col0):  # W[n, k], read along k
         n, k = e // TILE_K, e % TILE_K
@@ -181,13 +190,15 @@ def dense_tiled(m, in_dim, out_dim, tokens, dtype="f32", bias=True):
 
     def init(t, n):
         return widen(b[n]) if b is not None else 0.0
-    _tiled_product(m, x, w_at, tokens, in_dim, out_dim, init, y)
+    _tiled_product(m, x, w_at, tokens, in_dim, out_dim, init, y, out_cols=(y_stride, y_column))
 
 
-def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32"):
+def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="f32", g_stride=0,
+                           g_column=0):
     """dense_grad_input's result (dx (+)= g W), tiled (grid (ceil(in_dim / TILE),
     ceil(tokens / TILE)))."""
-    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * out_dim)
+    stride, _ = columns_of(out_dim, g_stride, g_column)
+    g = m.declare_input_buffer("g", storage_scalar(dtype), tokens * stride)
     W = m.declare_input_buffer("W", storage_scalar(dtype), out_dim * in_dim)
     dx = m.declare_output_buffer("dx", storage_scalar(dtype), tokens * in_dim)
 
@@ -199,5 +210,5 @@ def dense_grad_input_tiled(m, in_dim, out_dim, tokens, accumulate=False, dtype="
 
     def init(t, n):
         return widen(dx[t * in_dim + n]) if accumulate else 0.0
-    _tiled_product(m, g, w_at, tokens, out_dim, in_dim, init, dx)
+    _tiled_product(m, g, w_at, tokens, out_dim, in_dim, init, dx, x_cols=(g_stride, g_column))
 

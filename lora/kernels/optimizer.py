@@ -6,7 +6,8 @@ recompiled and a whole training loop can be recorded without a host write:
 
 - ``hyper`` (f32[HYPER_SIZE], written by the host when a setting changes):
   HYPER's slots: lr, beta1 (AdamW) or momentum (SGD: the same slot), beta2, eps,
-  weight_decay, max_norm (0: no clipping), warmup, total, min_ratio;
+  weight_decay, max_norm (0: no clipping), warmup, total, min_ratio, grad_scale
+  (the factor undoing a loss scale: every gradient is read times it);
 - ``state`` (f32[STATE_SIZE], written by ``optim_begin`` every step): STATE's
   slots: step, lr (this step's, after the schedule), bias1 = 1 - beta1^step,
   bias2_sqrt = sqrt(1 - beta2^step), clip (the factor on every gradient),
@@ -38,7 +39,7 @@ from shaderdsl import f32
 from .common import check_threads, reduce_sum
 
 HYPER = {"lr": 0, "beta1": 1, "momentum": 1, "beta2": 2, "eps": 3, "weight_decay": 4,
-         "max_norm": 5, "warmup": 6, "total": 7, "min_ratio": 8}
+         "max_norm": 5, "warmup": 6, "total": 7, "min_ratio": 8, "grad_scale": 9}
 HYPER_SIZE = 12
 STATE = {"step": 0, "lr": 1, "bias1": 2, "bias2_sqrt": 3, "clip": 4, "norm": 5, "bias2": 6}
 STATE_SIZE = 8
@@ -127,9 +128,11 @@ def norm_partials(m, grad_sizes, first=0, slots=None, chunk=NORM_CHUNK, threads=
 
 def advance(m, state, hyper, schedule, norm_squared=None) -> None:
     """One thread's work of a step's begin: the step count, this step's lr, the
-    bias corrections and the clip factor (1 without ``norm_squared``, the
-    gradients' squared global norm). Without clipping it needs no gradient,
-    so another kernel of the step may run it (LayerTrainer's loss does)."""
+    bias corrections and the factor on every gradient: grad_scale (undoing a
+    loss scale), times the clip factor with ``norm_squared`` (the gradients'
+    squared global norm, as stored: grad_scale times it is the norm clipped).
+    Without clipping it needs no gradient, so another kernel of the step may
+    run it (LayerTrainer's loss does)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     hp = {k: m.let(hyper[v], k) for k, v in HYPER.items()}
@@ -143,11 +146,11 @@ def advance(m, state, hyper, schedule, norm_squared=None) -> None:
     state[STATE["bias2_sqrt"]] = B.sqrt(bias2)
     clip = m.var(f32, 1.0, "clip")
     if norm_squared is not None:
-        norm = m.let(B.sqrt(norm_squared), "norm")
+        norm = m.let(B.sqrt(norm_squared) * hp["grad_scale"], "norm")
         state[STATE["norm"]] = norm
         with m.if_(hp["max_norm"] > 0.0):
             m.assign(clip, B.min(1.0, hp["max_norm"] / (norm + 1e-6)))
-    state[STATE["clip"]] = clip
+    state[STATE["clip"]] = clip * hp["grad_scale"]
 
 
 def state_buffers(m):

@@ -101,11 +101,13 @@ def project_b(m, out_dim, rank, tokens=1, threads=256, dtype="f32"):
         y[t * out_dim + i] = b_row_dot(m, Bm, i, rank, hs)
 
 
-def add_scaled(m, num_elements, scale, dtype="f32", columns=1):
-    """output[i] += scale * y[i] (y is f32, output ``dtype``). ``num_elements``
-    None: the first ``tokens * columns`` elements, ``tokens`` read at run time
-    (the grid's x may then be split over z)."""
-    y = m.declare_input_buffer("y", f32, num_elements)
+def add_scaled(m, num_elements, scale, dtype="f32", columns=1, y_dtype="f32"):
+    """output[i] += scale * y[i] (y stored as ``y_dtype``, output as ``dtype``,
+    the sum in f32). ``num_elements`` None: the first ``tokens * columns``
+    elements, ``tokens`` read at run time (the grid's x may then be split over
+    z). The causal LM's residual add h += y is dtype "f32" (the residual
+    stream) with y_dtype its layer's storage type."""
+    y = m.declare_input_buffer("y", storage_scalar(y_dtype), num_elements)
     out = output_buffer(m, num_elements, dtype)
     if num_elements is None:
         n = m.let(token_count(m, None) * columns, "n")
@@ -116,9 +118,9 @@ def add_scaled(m, num_elements, scale, dtype="f32", columns=1):
         i = m.let(m.global_id().x, "i")
     with m.if_(i < n):
         if dtype == "f32":
-            out[i] += scale * y[i]
+            out[i] += scale * widen(y[i])
         else:
-            store_output(out, i, widen(out[i]) + scale * y[i])
+            store_output(out, i, widen(out[i]) + scale * widen(y[i]))
 
 
 def fused_b_add(m, out_dim, rank, scale, tokens=1, threads=256, dtype="f32"):

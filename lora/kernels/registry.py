@@ -5,13 +5,18 @@ of the buffer bound to it (A, x, h, output, ...); a plan step may rename the
 generic ones (grad_outer's G, H and out are g, h and dB for dB)."""
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable
 
 import shaderdsl as sd
 
-from . import backward, dropout, loss, network, optimizer
+from . import backward, dropout, lm, loss, network, optimizer
+from .attention import attention, attention_delta, attention_grad_kv, attention_grad_q
+from .attention import tiling as attention_tiling
+from .attention_matrix import attention_matrix, matrix_tiling
+from .attention_matrix_grad import attention_matrix_grad_kv, attention_matrix_grad_q, grad_tiling
 from .common import ceil_div, width
 from .fused import fused_forward
 from .gemm import B_ADD_THREADS, gemm_tile_tokens, project_a_tiled, tiled_b_add
@@ -27,13 +32,11 @@ from .many_sort import many_sort_count, many_sort_scan, many_sort_scatter
 from .matrix import (
     OUTER,
     a_tiling,
-    b_add_direct,
     b_add_matrix,
     b_tiling,
     dense_grad_input_matrix,
     dense_matrix,
-    direct_grid,
-    direct_threads,
+    grad_input_matrix,
     grad_outer_matrix,
     outer_matrix_grid,
     project_a_matrix,
@@ -46,6 +49,13 @@ from .projections import (
     project_b,
 )
 from .tiled import tiled_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(function) -> dict:
+    """A kernel function's parameters (inspect.signature, read once: a plan's
+    build asks for them at every step of every plan)."""
+    return dict(inspect.signature(function).parameters)
 
 
 @dataclass(frozen=True)
@@ -69,13 +79,12 @@ class KernelSpec:
 
     @property
     def parameter_names(self) -> set[str]:
-        return set(inspect.signature(self.function).parameters) - {"m"} | {"threads"}
+        return set(_parameters(self.function)) - {"m"} | {"threads"}
 
     def params(self, **given) -> dict:
         """``given`` over the function's defaults (and threads=256)."""
-        sig = inspect.signature(self.function)
         out = {"threads": 256}
-        out.update({k: p.default for k, p in sig.parameters.items()
+        out.update({k: p.default for k, p in _parameters(self.function).items()
                     if p.default is not inspect.Parameter.empty})
         unknown = set(given) - self.parameter_names
         if unknown:
@@ -86,7 +95,7 @@ class KernelSpec:
 
     def kernel(self, **given) -> sd.Kernel:
         p = self.params(**given)
-        sig = inspect.signature(self.function).parameters
+        sig = _parameters(self.function)
         name = self.name if p.get("dtype", "f32") == "f32" else f"{self.name}_{p['dtype']}"
         return sd.compile(self.function, self.workgroup(p), name=name,
                           **{k: v for k, v in p.items() if k in sig})
@@ -138,13 +147,14 @@ KERNELS = {spec.name: spec for spec in (
                + (p["splits"],),
                "h = A @ x on matrix units (f16), in slices of in_dim"),
     KernelSpec("b_add_matrix", b_add_matrix,
-               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).threads,
-               lambda p: b_tiling(p["rank"], p["rows"], p["cols"]).grid(p["tokens"], p["out_dim"]),
-               "output += scale * B @ h on matrix units (f16), the slices of h summed"),
-    KernelSpec("b_add_direct", b_add_direct, lambda p: direct_threads(),
-               lambda p: direct_grid(p["out_dim"], p["tokens"], p["rows"], p["cols"]),
-               "output += scale * B @ h on matrix units, the output's f16 fragments as the "
-               "accumulators"),
+               lambda p: _b_tiling(p).threads,
+               lambda p: _b_tiling(p).grid(p["tokens"], p["out_dim"]),
+               "output += scale * B @ h on matrix units (f16), the slices of h summed; "
+               "direct: the output's f16 fragments as the accumulators"),
+    KernelSpec("grad_input_matrix", grad_input_matrix,
+               lambda p: b_tiling(p["rank"], 2, 2).threads,
+               lambda p: b_tiling(p["rank"], 2, 2).grid(p["tokens"], p["in_dim"]),
+               "dx (+)= dh A on matrix units (f16 A and dx, f32 dh staged as f16)"),
     KernelSpec("grad_outer_matrix", grad_outer_matrix, lambda p: OUTER.threads,
                lambda p: outer_matrix_grid(p["n"], p["rank"], p["tokens"], p["chunk"], p["layout"]),
                "grad_outer on matrix units (f16 G, f32 H staged as f16), over chunks of tokens"),
@@ -153,6 +163,10 @@ KERNELS = {spec.name: spec for spec in (
 
 def _threads(p):
     return p["threads"]
+
+
+def _b_tiling(p):
+    return b_tiling(p["rank"], p["rows"], p["cols"], p["group"], p["direct"])
 
 
 def _columns(n_key):
@@ -236,12 +250,12 @@ TRAINING_KERNELS = (
     KernelSpec("dense_grad_input_tiled", network.dense_grad_input_tiled,
                lambda p: network.TILED_THREADS, _tiles("in_dim"),
                "dense_grad_input's dx = g W, a 64 x 64 block of dx per workgroup"),
-    KernelSpec("dense_matrix", dense_matrix, lambda p: OUTER.threads,
-               lambda p: OUTER.grid(p["tokens"], p["out_dim"])[:2] + (1,),
-               "dense on matrix units: f16 x, W and y, f32 sums, 64 x 64 blocks"),
+    KernelSpec("dense_matrix", dense_matrix, lambda p: (p["tiling"] or OUTER).threads,
+               lambda p: (p["tiling"] or OUTER).grid(p["tokens"], p["out_dim"]),
+               "dense on matrix units: f16 x, W and y, f32 sums, the tiling's blocks"),
     KernelSpec("dense_grad_input_matrix", dense_grad_input_matrix,
-               lambda p: OUTER.threads,
-               lambda p: OUTER.grid(p["tokens"], p["in_dim"])[:2] + (1,),
+               lambda p: (p["tiling"] or OUTER).threads,
+               lambda p: (p["tiling"] or OUTER).grid(p["tokens"], p["in_dim"]),
                "dense_grad_input on matrix units: f16 g, W and dx, f32 sums"),
     KernelSpec("activation", network.activation, _threads, _elements(lambda p: p["n"]),
                "y = act(z): ReLU, GELU, SiLU or tanh"),
@@ -296,3 +310,104 @@ MANY_KERNELS = (  # the rows of a batch naming adapters of a pool; tokens: the w
 )
 KERNELS.update({spec.name: spec for spec in MANY_KERNELS})
 
+
+
+def _per_token(items, w_key):
+    """Grid of a thread per item of a row (``items(p)`` of them, a vec4 of
+    ``w_key``'s width each) and a workgroup row per token."""
+    return lambda p: (ceil_div(items(p) // width(p[w_key]), p["threads"]), p["tokens"], 1)
+
+
+def _rows(p):
+    return (p["tokens"], 1, 1)
+
+
+LM_KERNELS = (  # the causal LM (lora.kernels.lm); its loss is softmax_xent(ignore=True)
+    KernelSpec("embed", lm.embed, _threads, _per_token(lambda p: p["hidden"], "hidden"),
+               "x[t] = E[ids[t] - first_row] for the ids in a chunk of the embedding's rows"),
+    KernelSpec("rms_norm", lm.rms_norm, _threads, _rows,
+               "RMSNorm y = w x rstd and rstd, a workgroup per token"),
+    KernelSpec("rms_norm_grad", lm.rms_norm_grad, _threads, _rows,
+               "RMSNorm's input gradient added to the residual's: dres += rstd (w dy - xhat "
+               "mean(xhat w dy))"),
+    KernelSpec("rope", lm.rope, _threads,
+               lambda p: (ceil_div((p["heads"] + p["kv_heads"]) * (p["head_dim"] // 2)
+                                   // width(p["head_dim"] // 2), p["threads"]), p["tokens"], 1),
+               "rotary embeddings of q (and k) in place, or their transpose (the backward)"),
+    KernelSpec("residual", lm.residual, _threads, _per_token(lambda p: p["hidden"], "hidden"),
+               "out = x + y: the f32 residual stream past a block"),
+    KernelSpec("swiglu", lm.swiglu, _threads, _per_token(lambda p: p["inter"], "inter"),
+               "act = silu(gate) up"),
+    KernelSpec("swiglu_grad", lm.swiglu_grad, _threads, _per_token(lambda p: p["inter"], "inter"),
+               "d_gate = d_act up silu'(gate), d_up = d_act silu(gate)"),
+    KernelSpec("argmax", lm.argmax, _threads, _rows,
+               "ids[offset + r] = the first index of row r's largest logit, a workgroup per row"),
+    KernelSpec("kv_write", lm.kv_write, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"] * p["rows"], 1),
+               "cache[b, past + i] = src[b, i]: a step's keys or values into a KV cache"),
+    KernelSpec("last_rows", lm.last_rows, _threads,
+               lambda p: (ceil_div(p["width"] // width(p["width"]), p["threads"]),
+                          p["batch"], 1),
+               "dst[b] = src[b, seq - 1]: each sequence's last hidden state"),
+    KernelSpec("decode_advance", lm.decode_advance, lambda p: 64, lambda p: (1, 1, 1),
+               "past += 1, positions += 1: the next decode step, on the GPU"),
+)
+KERNELS.update({spec.name: spec for spec in LM_KERNELS})
+def _attention(kind):
+    """The attention kernel's tiling (lora.kernels.attention) from its parameters."""
+    def of(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return attention_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], q_len, kv_len,
+                                p["block_q"], p["block_k"], p["threads"], p["pad"])
+    return of
+
+
+def _attention_matrix(p):
+    return matrix_tiling(p["heads"], p["kv_heads"], p["head_dim"], p["q_len"], p["kv_len"],
+                         p["block_k"])
+
+
+def _matrix_grad(kind):
+    """The matrix backward's tiling (lora.kernels.attention_matrix_grad) from its parameters."""
+    def of(p):
+        return grad_tiling(kind, p["heads"], p["kv_heads"], p["head_dim"], p["seq"], p["limit"],
+                           p["subgroups"], p["step"])
+    return of
+
+
+def _attention_grid(kind):
+    def grid(p):
+        q_len, kv_len = p.get("q_len", p.get("seq")), p.get("kv_len", p.get("seq"))
+        return _attention(kind)(p).grid(p["batch"], p["kv_heads"], q_len, kv_len)
+    return grid
+
+
+ATTENTION_KERNELS = (  # the language model's causal self-attention, flash form
+    KernelSpec("attention", attention, lambda p: _attention("forward")(p).threads,
+               _attention_grid("forward"),
+               "o = softmax(scale q k^T, causal, keep) v and lse, online over blocks of keys "
+               "(past read at run time: training, prefill and decode)"),
+    KernelSpec("attention_matrix", attention_matrix,
+               lambda p: _attention_matrix(p).threads,
+               lambda p: _attention_matrix(p).grid(p["batch"], p["kv_heads"], p["q_len"]),
+               "attention (f16) with Q K^T and P V on matrix units, the softmax in f32"),
+    KernelSpec("attention_delta", attention_delta, _threads,
+               _elements(lambda p: p["batch"] * p["heads"] * p["seq"]),
+               "delta = rowsum(do * o) per query row and head, for the backward"),
+    KernelSpec("attention_grad_kv", attention_grad_kv, lambda p: _attention("grad_kv")(p).threads,
+               _attention_grid("grad_kv"),
+               "dk and dv: a workgroup per block of keys of a kv head, over its query heads"),
+    KernelSpec("attention_grad_q", attention_grad_q, lambda p: _attention("grad_q")(p).threads,
+               _attention_grid("grad_q"),
+               "dq: a workgroup per block of queries of a kv head's group, over keys"),
+    KernelSpec("attention_matrix_grad_kv", attention_matrix_grad_kv,
+               lambda p: _matrix_grad("grad_kv")(p).threads,
+               lambda p: _matrix_grad("grad_kv")(p).grid(p["batch"], p["kv_heads"], p["seq"]),
+               "attention_grad_kv (f16) with S, dP, dV and dK on matrix units, P and dS in f32"),
+    KernelSpec("attention_matrix_grad_q", attention_matrix_grad_q,
+               lambda p: _matrix_grad("grad_q")(p).threads,
+               lambda p: _matrix_grad("grad_q")(p).grid(p["batch"], p["kv_heads"], p["seq"]),
+               "attention_grad_q (f16) with S, dP and dQ on matrix units, dS in f32"),
+)
+KERNELS.update({spec.name: spec for spec in ATTENTION_KERNELS})

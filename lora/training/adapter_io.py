@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ..core.checks import count, host_values
+from ..core.tensorfile import read_header, read_values
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -59,6 +60,11 @@ RESERVED_NAMES = ("__proto__", "constructor", "prototype")
 # A name regex of a config runs on short module names; one that takes longer backtracks
 # catastrophically (``(a+)+`` doubles its work per letter): refuse it instead of hanging.
 REGEX_SECONDS = 0.25
+# The config's switches, each read as a JSON boolean.
+FLAG_FIELDS = ("use_rslora", "fan_in_fan_out", "use_dora")
+# peft's TaskType values: what task_type may say (PeftModel.from_pretrained picks its class by it).
+PEFT_TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS",
+                   "FEATURE_EXTRACTION")
 
 
 class AdapterFileError(ValueError):
@@ -203,9 +209,10 @@ def _pattern_value(pattern: dict, module: str, default, file, name: str):
     return default
 
 
-def _targets_module(target_modules, module: str, file) -> bool:
+def target_matches(target_modules, module: str, file) -> bool:
     """peft's check: a regex string must fullmatch the module name; a list entry
-    must be the whole name or a dotted suffix of it (``q_proj``, ``self_attn.q_proj``)."""
+    must be the whole name or a dotted suffix of it (``q_proj``, ``self_attn.q_proj``).
+    The one statement of the rule: lora.models.targets reads target_modules with it."""
     if target_modules is None or target_modules == "all-linear":
         return True  # peft expands "all-linear" when it builds the model: no list to check
     if isinstance(target_modules, str):
@@ -213,7 +220,9 @@ def _targets_module(target_modules, module: str, file) -> bool:
     return module in target_modules or any(module.endswith(f".{t}") for t in target_modules)
 
 
-def _check_regex(pattern: str, where: str, what: str) -> None:
+def check_regex(pattern: str, where: str, what: str) -> None:
+    """AdapterFileError where ``pattern`` is not a regex both ``re`` (peft's) and ``regex``
+    (the time-limited matcher here) compile."""
     try:
         re.compile(pattern)
         regex.compile(pattern)
@@ -227,7 +236,7 @@ def _check_patterns(config: dict, where: str) -> None:
         if not isinstance(pattern, dict):
             raise AdapterFileError(f"{where}: {name} must be an object, got {pattern!r}")
         for key, value in pattern.items():
-            _check_regex(key, where, f"{name} key")
+            check_regex(key, where, f"{name} key")
             check(value, where, f"{name}[{key!r}]")
         config[name] = pattern
 
@@ -240,7 +249,26 @@ def _check_targets(config: dict, where: str) -> None:
         raise AdapterFileError(f"{where}: target_modules must be a list of names, a regex "
                                f"string or null, got {targets!r}")
     if isinstance(targets, str):
-        _check_regex(targets, where, "target_modules")
+        check_regex(targets, where, "target_modules")
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, in JSON's words: a string, a boolean, a number, null, ..."""
+    kinds = ((str, "a string"), (bool, "a boolean"), (numbers.Number, "a number"),
+             ((list, tuple), "a list"), (dict, "an object"), (type(None), "null"))
+    return next((word for kind, word in kinds if isinstance(value, kind)),
+                type(value).__name__)
+
+
+def _check_flags(config: dict, where: str) -> None:
+    """use_rslora, fan_in_fan_out and use_dora are true or false (null: not set, as peft
+    reads it). Anything else is refused: the string "false" is truthy, and it turned
+    rsLoRA on (a scale of alpha / sqrt(r) where alpha / r was meant)."""
+    for field in FLAG_FIELDS:
+        value = config.get(field)
+        if value is not None and not isinstance(value, bool):
+            raise AdapterFileError(f"{where}: {field} must be true or false (a JSON boolean), "
+                                   f"got {value!r}, {json_kind(value)}")
 
 
 def _adapters_inside(folder: Path) -> str:
@@ -273,6 +301,7 @@ def _read_config(file: Path) -> dict:
         raise AdapterFileError(f"{file}: expected a JSON object, got {type(config).__name__}")
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterFileError(f"{file}: peft_type is {config['peft_type']!r}, not 'LORA'")
+    _check_flags(config, str(file))
     if config.get("use_dora"):
         raise AdapterFileError(f"{file}: use_dora is true; DoRA adapters are not supported")
     for field, what in (("r", "the LoRA rank"), ("lora_alpha", "the scale's numerator")):
@@ -286,55 +315,6 @@ def _read_config(file: Path) -> dict:
 
 
 # ---------------------------------------------------------------- peft: tensors
-
-def _read_header(file: Path) -> tuple[int, dict]:
-    """(the header's length, the header) of a safetensors file, refusing a key named
-    twice: the format forbids it, but the reader keeps the last silently. A header that
-    is not readable at all gives (0, {}), left to safetensors' own message."""
-    twice: list[str] = []
-
-    def pairs_to_dict(pairs: list) -> dict:
-        twice.extend(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-        return dict(pairs)
-
-    with open(file, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        if length > file.stat().st_size - 8:
-            return 0, {}
-        try:
-            header = json.loads(f.read(length), object_pairs_hook=pairs_to_dict)
-        except (ValueError, RecursionError):
-            return 0, {}
-    if twice:
-        raise AdapterFileError(f"{file}: the header names {min(twice)!r} twice (duplicate keys "
-                               f"are not allowed in safetensors)")
-    return length, header if isinstance(header, dict) else {}
-
-
-def _bfloat16_values(file: Path, start: int, shape: list) -> np.ndarray:
-    """A BF16 tensor's values as float32, exactly: each value's 16 bits are the top
-    half of the float32 of the same value (numpy has no bfloat16 to read them as)."""
-    size = math.prod(shape)
-    with open(file, "rb") as f:
-        f.seek(start)
-        bits = np.frombuffer(f.read(2 * size), "<u2").astype(np.uint32) << 16
-    return bits.view(np.float32).reshape(shape)
-
-
-def _narrowed(file: Path, key: str, values: np.ndarray, dtype) -> np.ndarray:
-    """``values`` rounded to ``dtype``; refused, naming the first value, where a finite
-    value is beyond the dtype's range (it would become infinite)."""
-    with np.errstate(over="ignore"):
-        out = values.astype(dtype)
-    lost = np.isfinite(values) & ~np.isfinite(out)
-    if lost.any():
-        value = float(values[lost].flat[0])
-        raise AdapterFileError(f"{file}: {key} holds {value!r}, which does not fit "
-                               f"{np.dtype(dtype).name} (largest finite "
-                               f"{float(np.finfo(dtype).max)!r}); {int(lost.sum())} of "
-                               f"{values.size} values are beyond it")
-    return out
-
 
 def _reserved_message(name: str, what: str = "key") -> str | None:
     """Why the key (or module) ``name`` is refused (a part of it is reserved), or None."""
@@ -358,7 +338,7 @@ def _read_tensors(file: Path, dtype=None) -> dict[str, np.ndarray]:
     if not file.is_file():
         raise AdapterFileError(f"{file}: missing; a peft adapter directory holds "
                                f"{CONFIG_NAME} and {WEIGHTS_NAME}")
-    length, header = _read_header(file)
+    length, header = read_header(file, AdapterFileError)
     try:
         with safe_open(str(file), framework="np") as f:
             _refuse_reserved_names(file, sorted(f.keys()))
@@ -367,15 +347,10 @@ def _read_tensors(file: Path, dtype=None) -> dict[str, np.ndarray]:
                 if name not in _KEPT_DTYPES and name not in _CONVERTED_DTYPES:
                     raise AdapterFileError(f"{file}: {key} has dtype {name}; "
                                            f"{_DTYPES_EXPECTED}")
-            tensors = {}
-            for key, name in stored.items():
-                values = (_bfloat16_values(file, 8 + length + header[key]["data_offsets"][0],
-                                           f.get_slice(key).get_shape())
-                          if name == "BF16" else f.get_tensor(key))
-                target = dtype or _KEPT_DTYPES.get(name, np.float32)
-                tensors[key] = values if values.dtype == target else \
-                    _narrowed(file, key, values, target)
-            return tensors
+            return {key: read_values(file, f, key, length, header,
+                                     dtype or _KEPT_DTYPES.get(name, np.float32),
+                                     AdapterFileError)
+                    for key, name in stored.items()}
     except SafetensorError as e:
         raise AdapterFileError(f"{file}: not a readable safetensors file ({e})") from e
 
@@ -445,7 +420,7 @@ def _check_peft_shapes(file: Path, keys: dict, a: np.ndarray, b: np.ndarray, ran
 def _peft_layer(file: Path, module: str, keys: dict, tensors: dict, config: dict) -> LoraLayer:
     """One module's LoraLayer, with the config's rank and alpha (or their pattern
     overrides) checked against the stored shapes and values."""
-    if not _targets_module(config.get("target_modules"), module, file):
+    if not target_matches(config.get("target_modules"), module, file):
         raise AdapterFileError(f"{file}: module {module} does not match target_modules "
                                f"{config['target_modules']!r} in {CONFIG_NAME}")
     rank = _pattern_value(config["rank_pattern"], module, config["r"], file, "rank_pattern")
@@ -581,12 +556,12 @@ def _pattern(values: dict, default) -> dict:
 
 
 def _peft_config(ranks: dict, alphas: dict, rank, target_modules, use_rslora: bool,
-                 fan_in_fan_out: bool, base_model_name_or_path) -> dict:
+                 fan_in_fan_out: bool, base_model_name_or_path, task_type) -> dict:
     """The adapter_config.json fields peft's LoraConfig writes that matter here: r and
     lora_alpha the most common values (or ``rank``), the others in the patterns."""
     r = _most_common(ranks) if rank is None else rank
     lora_alpha = _most_common(alphas)
-    config = {"peft_type": "LORA", "task_type": None, "r": r, "lora_alpha": lora_alpha,
+    config = {"peft_type": "LORA", "task_type": task_type, "r": r, "lora_alpha": lora_alpha,
               "target_modules": target_modules, "use_rslora": bool(use_rslora),
               "fan_in_fan_out": bool(fan_in_fan_out), "lora_dropout": 0.0, "bias": "none",
               "init_lora_weights": True, "inference_mode": True, "use_dora": False,
@@ -604,15 +579,33 @@ def _target_list(path: Path, layers: dict, target_modules):
     if not isinstance(target_modules, str):
         target_modules = sorted(set(target_modules))
     for module in layers:
-        if not _targets_module(target_modules, module, path):
+        if not target_matches(target_modules, module, path):
             raise AdapterFileError(f"{path}: module {module} does not match target_modules "
                                    f"{target_modules!r}")
     return target_modules
 
 
+def _save_options(path: Path, lora_dropout, use_rslora, fan_in_fan_out, task_type,
+                  base_model_name_or_path) -> None:
+    """save_adapter's options, each refused by name where peft would read it otherwise."""
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, numbers.Real) or \
+            not 0 <= float(lora_dropout) < 1:
+        raise AdapterFileError(f"{path}: lora_dropout must be a probability in [0, 1), got "
+                               f"{lora_dropout!r}")
+    for name, value in (("use_rslora", use_rslora), ("fan_in_fan_out", fan_in_fan_out)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise AdapterFileError(f"{path}: {name} must be True or False, got {value!r}")
+    if task_type is not None and task_type not in PEFT_TASK_TYPES:
+        raise AdapterFileError(f"{path}: task_type must be None or one of peft's "
+                               f"{PEFT_TASK_TYPES}, got {task_type!r}")
+    if base_model_name_or_path is not None and not isinstance(base_model_name_or_path, str):
+        raise AdapterFileError(f"{path}: base_model_name_or_path must be a str or None, got "
+                               f"{base_model_name_or_path!r}")
+
+
 def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rslora=False,
                  fan_in_fan_out=False, base_model_name_or_path=None,
-                 lora_dropout=0.0) -> Path:
+                 lora_dropout=0.0, task_type=None) -> Path:
     """Write ``{module: (A [r, in], B [out, r])}`` as a peft adapter directory
     (created if missing): adapter_config.json and adapter_model.safetensors.
 
@@ -623,19 +616,20 @@ def save_adapter(path, layers, *, alpha, rank=None, target_modules=None, use_rsl
     ``r`` (``rank`` if given) and ``lora_alpha`` are the most common values, and the
     other modules are named in ``rank_pattern`` and ``alpha_pattern``, as peft writes them.
     ``lora_dropout``: the config's (what peft applies when it trains the adapter on).
+    ``task_type``: peft's (``"CAUSAL_LM"`` for a language model: PeftModel.from_pretrained
+    then makes a PeftModelForCausalLM); ``base_model_name_or_path``: the base model's
+    folder or hub name, where known.
     """
     path = Path(path)
-    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, numbers.Real) or \
-            not 0 <= lora_dropout < 1:
-        raise AdapterFileError(f"{path}: lora_dropout must be a probability in [0, 1), got "
-                               f"{lora_dropout!r}")
+    _save_options(path, lora_dropout, use_rslora, fan_in_fan_out, task_type,
+                  base_model_name_or_path)
     if rank is not None:
         rank = _positive_int(rank, str(path), "rank")
     tensors, ranks = _peft_tensors(path, layers)
     alphas = _alphas(path, layers, alpha)
     targets = _target_list(path, layers, target_modules)
-    config = _peft_config(ranks, alphas, rank, targets, use_rslora, fan_in_fan_out,
-                          base_model_name_or_path)
+    config = _peft_config(ranks, alphas, rank, targets, bool(use_rslora), bool(fan_in_fan_out),
+                          base_model_name_or_path, task_type)
     config["lora_dropout"] = float(lora_dropout)
     text = json.dumps(config, indent=2) + "\n"
     path.mkdir(parents=True, exist_ok=True)

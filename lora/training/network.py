@@ -25,6 +25,7 @@ from numpy.typing import DTypeLike
 from ..core import checks as C
 from ..core import reference as R
 from ..core.plan import Plan
+from ..core.tuning import product_tiling
 from ..core.weight import Weight, storage_dtype, wgsl_dtype
 from ..kernels.dropout import threshold
 from ..kernels.matrix import FRAGMENT
@@ -508,17 +509,21 @@ class Network:
 TILED_FROM = 128 * 128  # weights of at least this many values use the tiled base products
 
 
-def _base_kernel(name: str, layer: Linear, device, wgsl: str, **params) -> tuple:
-    """A base product's (kernel, parameters): for a large weight, on matrix
-    units where f16 runs on them (f16 16x16x16 fragments, f32 sums; widths
-    multiples of 4), else tiled (the same sums in the same order as the plain
-    kernel, so the same result; W read once per 64 tokens instead of once per
-    token); the plain kernel for a small one."""
-    if layer.weight.size < TILED_FROM:
+def base_kernel(name: str, device, wgsl: str, **params) -> tuple:
+    """A frozen base product's (kernel, parameters) for a weight [out_dim,
+    in_dim] (both in ``params``): for a large one, on matrix units where f16 runs on them (f16
+    16x16x16 fragments, f32 sums; widths multiples of 4; the engine's tiling
+    for the shape: tuned where the cache has it, else lora.core.tilings' rule
+    within the device's limits: lora.core.tuning.product_tiling), else tiled (the
+    same sums in the same order as the plain kernel, so the same result; W
+    read once per 64 tokens instead of once per token); the plain kernel for
+    a small one. ``name``: "dense" or "dense_grad_input"."""
+    in_dim, out_dim = params["in_dim"], params["out_dim"]
+    if in_dim * out_dim < TILED_FROM:
         return name, dict(params, dtype=wgsl)
     if wgsl == "f16" and FRAGMENT in getattr(device, "subgroup_matrix_configs", ()) \
-            and layer.in_dim % 4 == 0 and layer.out_dim % 4 == 0:
-        return f"{name}_matrix", params
+            and in_dim % 4 == 0 and out_dim % 4 == 0:
+        return f"{name}_matrix", dict(params, tiling=product_tiling(device, name, params))
     return f"{name}_tiled", dict(params, dtype=wgsl)
 
 
@@ -596,8 +601,8 @@ class _Built:
                 n=y.size, kind=layer, dtype=self.wgsl))], {}, bound={"z": x, "y": y}), ())]
         w, bias = self.base[layer.name]
         bound = {"x": x, "W": w, "y": y, **({"bias": bias} if bias is not None else {})}
-        dense = Plan(dev, f"net {i} {layer.name} dense", [_base_kernel(
-            "dense", layer, dev, self.wgsl, in_dim=layer.in_dim, out_dim=layer.out_dim,
+        dense = Plan(dev, f"net {i} {layer.name} dense", [base_kernel(
+            "dense", dev, self.wgsl, in_dim=layer.in_dim, out_dim=layer.out_dim,
             tokens=batch, bias=bias is not None)], {}, bound=bound)
         steps: list[tuple[Plan, tuple]] = [(dense, ())]
         if layer.adapter is not None:
@@ -630,9 +635,9 @@ class _Built:
             if drop is not None and dx is not None:  # the same mask on the input gradient
                 steps.append((drop["backward"], (drop["dx"], dx)))
         if dx is not None:
-            kernel = _base_kernel("dense_grad_input", layer, dev, self.wgsl, in_dim=layer.in_dim,
-                                  out_dim=layer.out_dim, tokens=batch,
-                                  accumulate=layer.adapter is not None)
+            kernel = base_kernel("dense_grad_input", dev, self.wgsl, in_dim=layer.in_dim,
+                                 out_dim=layer.out_dim, tokens=batch,
+                                 accumulate=layer.adapter is not None)
             steps.append((Plan(dev, f"net {i} {layer.name} dense grad", [kernel], {},
                                bound={"g": g, "W": self.base[layer.name][0], "dx": dx}), ()))
         return steps

@@ -102,6 +102,7 @@ class _Optimizer:
                          _real(max_grad_norm, "max_grad_norm"),
                          "warmup": _real(warmup, "warmup"), "total": _real(total, "total"),
                          "min_ratio": _setting("min_ratio", min_ratio)}
+        self.grad_scale = 1.0  # the factor on every gradient, undoing a loss scale
         self.schedule, self.device = schedule, device
         self.groups = None  # [(param, grad), ...] once attached
 
@@ -215,11 +216,21 @@ class _Optimizer:
             device, _ = self._attached("set")
             device.write(self.hyper, self._hyper())
 
+    def scale_gradients(self, factor: float) -> None:
+        """Every gradient times ``factor`` before clipping and the update, from
+        the next step on: what undoes a loss scale (the loss gradient made
+        ``1 / factor`` times larger so f16 keeps it)."""
+        self.grad_scale = _real(factor, "scale_gradients: factor", 0.0, math.inf)
+        if self.groups is not None:
+            device, _ = self._attached("scale_gradients")
+            device.write(self.hyper, self._hyper())
+
     def _hyper(self) -> np.ndarray:
         out = np.zeros(HYPER_SIZE, np.float32)
         for key, value in self.settings.items():
             if key in HYPER:
                 out[HYPER[key]] = value
+        out[HYPER["grad_scale"]] = self.grad_scale
         return out
 
     @property

@@ -11,8 +11,8 @@ kernel), dx (3 to 6 dispatches; any token count);
 ``gemm(threads=256, chunk_tokens=0)``: dh, dB and dA as tiled matrix
 products (4 x 4 results per thread from tiles in workgroup memory; dims and
 rank multiples of 4), dx as split's (3 to 6 dispatches);
-``matrix(chunk_tokens=0)``: the same products on matrix units (f16 weights
-where the adapter has f16 -> f32 16x16x16 subgroup matrices), dx as split's.
+``matrix(chunk_tokens=0)``: the same products and dx on matrix units (f16
+weights where the adapter has f16 -> f32 16x16x16 subgroup matrices).
 
 The older positional texts (``split:256:8:sg``: threads, chunk_tokens,
 rank_group) still parse.
@@ -351,7 +351,8 @@ class MatrixBackward(Backward):
     """f16 on matrix units: dh = s g B by project_a_matrix on B as it is stored
     (slices of out_dim, summed by grad_outer_reduce when several), dB and dA
     by grad_outer_matrix over chunks of ``chunk_tokens`` tokens (0: as many
-    as fill the GPU), h and dh rounded to f16 as they are staged; dx as split's."""
+    as fill the GPU), dx = dh A by grad_input_matrix, h and dh rounded to f16
+    as they are staged."""
 
     name: ClassVar[str] = "matrix"
     numbers: ClassVar[tuple] = ("chunk_tokens",)
@@ -380,7 +381,9 @@ class MatrixBackward(Backward):
                              f"{shape.dtype}, rank {shape.rank}, in_dim {shape.in_dim}, out_dim "
                              f"{shape.out_dim}: use gemm or split")
         if grad == "dx":
-            return Split().kernels_of(grad, shape, accumulate)
+            return [("grad_input_matrix", dict(in_dim=shape.in_dim, rank=shape.rank,
+                                               tokens=shape.token_count,
+                                               accumulate=bool(accumulate)))]
         if grad == "dh":
             splits = self.dh_splits(shape)
             return _sliced_dh(("project_a_matrix", dict(

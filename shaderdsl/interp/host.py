@@ -29,7 +29,7 @@ def bind(module, buffers: dict, overrides) -> tuple[dict, dict]:
         if r.kind == "uniform":
             env[r.name] = _uniform(r, buffers[r.name])
             continue
-        work, view = _storage(name, r, buffers[r.name])
+        work, view = _storage(name, r, buffers[r.name], module.holds.get(r.name))
         env[r.name] = view
         if r.access == "read_write":
             outputs[r.name] = (work, np.shape(buffers[r.name]))
@@ -37,14 +37,19 @@ def bind(module, buffers: dict, overrides) -> tuple[dict, dict]:
     return env, outputs
 
 
-def _storage(kernel: str, r, value) -> tuple[np.ndarray, np.ndarray]:
-    """A flat copy of ``value`` and its view as elements of the binding."""
+def _storage(kernel: str, r, value, holds=None) -> tuple[np.ndarray, np.ndarray]:
+    """A flat copy of ``value`` and its view as elements of the binding
+    (``holds``: the values the array holds where the kernel reads their
+    bits through u32 elements)."""
     elem = r.type.elem
     dt = V.dtype_of(elem)
     arr = np.asarray(value)
-    if arr.dtype != dt:
+    want = dt if holds is None else V.dtype_of(holds)
+    if arr.dtype != want:
         raise BindingError(f"kernel {kernel!r}: binding {r.name!r} ({r.type}) needs "
-                           f"a {dt.name} array, got {arr.dtype.name}")
+                           f"a {want.name} array, got {arr.dtype.name}")
+    if holds is not None:
+        arr = np.ascontiguousarray(arr).reshape(-1).view(dt)
     comps = T.components(elem)
     if arr.size % comps:
         raise BindingError(f"kernel {kernel!r}: binding {r.name!r} holds {elem} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import wgpu
 
-from ..hostdevice import HostBatch, call_live
+from ..hostdevice import Capture, HostBatch, call_live
 
 _TS_START = {"beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
 _TS_END = {"end_of_pass_write_index": 1}
@@ -22,7 +22,7 @@ class Recorder:
     """The open command encoder and compute pass of a device (lazily created)."""
 
     __slots__ = ("wgpu_device", "queue", "stats", "ring", "live", "encoder", "cpass",
-                 "pipeline", "recorded", "query_set", "started")
+                 "pipeline", "recorded", "query_set", "started", "capture")
 
     def __init__(self, wgpu_device, stats: dict, ring, live):
         self.wgpu_device = wgpu_device
@@ -36,6 +36,7 @@ class Recorder:
         self.recorded = False     # anything not yet submitted?
         self.query_set = None     # set while a timed batch is open
         self.started = False      # has the start timestamp been recorded?
+        self.capture: Capture | None = None  # kept while device.capture() is open
 
     def command_encoder(self):
         """The open command encoder, beginning one if needed."""
@@ -65,6 +66,28 @@ class Recorder:
         cpass.set_bind_group(0, bind_group)
         cpass.dispatch_workgroups(x, y, z)
         self.recorded = True
+        if self.capture is not None:
+            self.capture.commands.append((pipeline, bind_group, x, y, z))
+
+    def replay(self, commands: list) -> None:
+        """Record captured commands again: a dispatch (pipeline, bind group, x,
+        y, z) or a copy (None, source, destination, bytes). The loop is the
+        dispatch above without its checks, for the many of a captured graph."""
+        cpass, current = self.cpass, self.pipeline
+        for pipeline, a, b, c, d in commands:
+            if pipeline is None:
+                self.copy(a, b, c)
+                cpass = current = None
+                continue
+            if cpass is None:
+                cpass, current = self.compute_pass(), None
+            if pipeline is not current:
+                cpass.set_pipeline(pipeline)
+                current = pipeline
+            cpass.set_bind_group(0, a)
+            cpass.dispatch_workgroups(b, c, d)
+        self.pipeline = current if self.cpass is not None else None
+        self.recorded = self.recorded or bool(commands)
 
     def dispatch_at(self, pipeline, bind_group, offsets: list, x: int, y: int, z: int) -> None:
         """A dispatch whose uniforms sit at dynamic ``offsets`` (the uniform ring)."""
@@ -75,11 +98,16 @@ class Recorder:
         cpass.set_bind_group(0, bind_group, offsets)
         cpass.dispatch_workgroups(x, y, z)
         self.recorded = True
+        if self.capture is not None:
+            self.capture.refused = self.capture.refused or \
+                "a dispatch was given uniform values (they were that call's)"
 
     def copy(self, src, dst, nbytes: int) -> None:
         self.end_pass()
         self.command_encoder().copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
         self.recorded = True
+        if self.capture is not None:
+            self.capture.commands.append((None, src, dst, nbytes, None))
 
     def end_pass(self) -> None:
         if self.cpass is not None:

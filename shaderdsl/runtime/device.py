@@ -129,6 +129,8 @@ class _Valued:
 class Device(HostDevice):
     """One wgpu device with its caches, the open batch and counters in ``stats``."""
 
+    _captures_itself = True  # its recorder keeps (pipeline, bind group, grid) of a capture
+
     def __init__(self, adapter, extra_features=frozenset()):
         super().__init__("ring_buffers", "ring_writes")
         self.wgpu_adapter = adapter
@@ -289,6 +291,8 @@ class Device(HostDevice):
 
     def _copy(self, src: Buffer, dst: Buffer, nbytes: int) -> None:
         self._recorder.copy(src._wgpu_buffer, dst._wgpu_buffer, nbytes)
+        if self._capture is not None:
+            self._capture.buffers += [src, dst]
         if not self._depth:
             self._recorder.flush()
 
@@ -323,6 +327,9 @@ class Device(HostDevice):
             return
         self.stats["dispatches"] += 1
         self._recorder.dispatch(pipeline, group, *grid)
+        if self._capture is not None:
+            self._capture.buffers.extend(bindings.values() if type(bindings) is dict
+                                         else bindings)
         if not self._depth:
             self._recorder.flush()
 
@@ -342,6 +349,8 @@ class Device(HostDevice):
     def _dispatch(self, kernel, entry, buffers, values, grid, okey) -> None:
         """A checked combination not seen yet: make its pipeline and bind group,
         remember them, record the dispatch."""
+        if self._capture is not None:
+            self._capture.buffers.extend(b for b in buffers if isinstance(b, Buffer))
         if values:
             hit = _Valued(self._dynamic_pipeline(entry, kernel, okey))
             ids = tuple([None if i in values else b.id for i, b in enumerate(buffers)])
@@ -411,6 +420,21 @@ class Device(HostDevice):
         if pipeline is None:
             pipeline = entry.dynamic[okey] = self._cache.pipeline(kernel, okey, dynamic=True)
         return pipeline
+
+    # -- captures ----------------------------------------------------------
+
+    def _begin_capture(self, capture) -> None:
+        self._recorder.capture = capture
+
+    def _end_capture(self) -> None:
+        self._recorder.capture = None
+
+    def _replay(self, capture) -> None:
+        self._recorder.replay(capture.commands)
+        self.stats["dispatches"] += sum(1 for c in capture.commands if c[0] is not None)
+        self.stats["copies"] += sum(1 for c in capture.commands if c[0] is None)
+        if not self._depth:
+            self._recorder.flush()
 
     # -- batching and waiting --------------------------------------------
 

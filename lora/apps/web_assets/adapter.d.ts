@@ -15,5 +15,6 @@ export function readPeftAdapter(configText: string, tensorBytes: ArrayBuffer | U
   { config: Record<string, unknown>; layers: Record<string, ReadLayer>; ignored: string[] };
 export function writePeftAdapter(layers: Record<string, Layer>,
   options?: { alpha?: number | Record<string, number>; targetModules?: string[] | string;
-              useRslora?: boolean }):
+              useRslora?: boolean; taskType?: string | null; loraDropout?: number;
+              baseModelNameOrPath?: string | null }):
   { config: string; tensors: Uint8Array };

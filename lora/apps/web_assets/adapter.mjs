@@ -87,6 +87,13 @@ function pyType(value, text) {
   return Array.isArray(value) ? "list" : {string: "str", boolean: "bool"}[typeof value];
 }
 
+/** What a JSON value is, in JSON's words (as Python's _json_kind): a string, a number, ... */
+function jsonKind(value) {
+  if (typeof value === "string") return "a string";
+  if (Array.isArray(value)) return "a list";
+  return typeof value === "object" ? "an object" : "a number";
+}
+
 /** A shape as Python's tuple repr writes it: (2, 3), (5,), (). */
 function pyShape(shape) {
   return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
@@ -295,6 +302,10 @@ function readConfig(configText, cfgName) {
   const repr = field => pyRepr(config[field], source.top.get(field) ?? null);
   if (has("peft_type") && config.peft_type !== "LORA")
     cfail(`peft_type is ${repr("peft_type")}, not 'LORA'`);
+  for (const field of ["use_rslora", "fan_in_fan_out", "use_dora"])  // "false" is truthy
+    if (config[field] != null && typeof config[field] !== "boolean")
+      cfail(`${field} must be true or false (a JSON boolean), got ${repr(field)}, ` +
+            jsonKind(config[field]));
   if (config.use_dora) cfail("use_dora is true; DoRA adapters are not supported");
   for (const [field, what] of [["r", "the LoRA rank"], ["lora_alpha", "the scale's numerator"]])
     if (!has(field)) cfail(`missing '${field}' (${what})`);
@@ -464,13 +475,34 @@ function rsloraOf(layers, modules, useRslora) {
   return Boolean(chosen);
 }
 
+// peft's TaskType values (PEFT_TASK_TYPES in lora.training.adapter_io)
+const TASK_TYPES = ["SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS",
+                    "FEATURE_EXTRACTION"];
+
+/** writePeftAdapter's options for the config, refused by name as save_adapter refuses them. */
+function checkSaveOptions(taskType, loraDropout, baseModelNameOrPath) {
+  if (typeof loraDropout !== "number" || !(loraDropout >= 0 && loraDropout < 1))
+    throw new AdapterFileError(`loraDropout must be a probability in [0, 1), got ` +
+                               pyRepr(loraDropout ?? null));
+  if (taskType !== null && !TASK_TYPES.includes(taskType))
+    throw new AdapterFileError(`taskType must be null or one of peft's ` +
+                               `${TASK_TYPES.join(", ")}, got ${pyRepr(taskType)}`);
+  if (baseModelNameOrPath !== null && typeof baseModelNameOrPath !== "string")
+    throw new AdapterFileError(`baseModelNameOrPath must be a string or null, got ` +
+                               pyRepr(baseModelNameOrPath));
+}
+
 /** The two files of a peft adapter for ``layers`` ({module: {a, b, rank, inDim, outDim}},
  * a and b row-major Float32Arrays): {config: text, tensors: bytes}. As Python's
  * save_adapter (the same config text for the same layers): ``alpha`` one number,
  * ``{module: number}``, or left out for each layer's ``alpha``; r and lora_alpha the most
  * common values, rank_pattern and alpha_pattern the modules that differ; use_rslora
- * ``useRslora``, else what the layers' scales say (rsloraOf). */
-export function writePeftAdapter(layers, {alpha, targetModules, useRslora} = {}) {
+ * ``useRslora``, else what the layers' scales say (rsloraOf); ``taskType`` ("CAUSAL_LM"
+ * for a language model: peft then makes a PeftModelForCausalLM), ``loraDropout`` and
+ * ``baseModelNameOrPath`` as save_adapter's task_type, lora_dropout and
+ * base_model_name_or_path. */
+export function writePeftAdapter(layers, {alpha, targetModules, useRslora, taskType = null,
+                                          loraDropout = 0, baseModelNameOrPath = null} = {}) {
   const modules = Object.keys(layers);
   if (!modules.length) throw new AdapterFileError("layers must hold at least one module");
   const rslora = rsloraOf(layers, modules, useRslora);
@@ -488,13 +520,16 @@ export function writePeftAdapter(layers, {alpha, targetModules, useRslora} = {})
   for (const m of modules)
     if (!matches(m))
       throw new AdapterFileError(`module ${m} does not match target_modules ${pyRepr(targets)}`);
+  checkSaveOptions(taskType, loraDropout, baseModelNameOrPath);
   const r = mostCommon(Object.values(ranks)), loraAlpha = mostCommon(Object.values(alphas));
   const config = {alpha_pattern: patternOf(alphas, loraAlpha, v => new PyFloat(v)),
-                  base_model_name_or_path: null, bias: "none", fan_in_fan_out: false,
+                  base_model_name_or_path: baseModelNameOrPath, bias: "none",
+                  fan_in_fan_out: false,
                   inference_mode: true, init_lora_weights: true, layers_pattern: null,
                   layers_to_transform: null, lora_alpha: new PyFloat(loraAlpha),
-                  lora_dropout: new PyFloat(0), modules_to_save: null, peft_type: "LORA", r,
+                  lora_dropout: new PyFloat(loraDropout), modules_to_save: null,
+                  peft_type: "LORA", r,
                   rank_pattern: patternOf(ranks, r), revision: null, target_modules: targets,
-                  task_type: null, use_dora: false, use_rslora: rslora};
+                  task_type: taskType, use_dora: false, use_rslora: rslora};
   return {config: `${pyJson(config)}\n`, tensors: writeSafetensors(tensors)};
 }

@@ -82,32 +82,6 @@ function labelsError(seen) {
     `gradient was zero); ${bad} token(s) had a label out of range since the last report`);
 }
 
-/** ``changes`` ({lr, weightDecay, ...}) checked against config.optimizer as the Python
- *  optimizer's set() checks them; throws before anything changes. */
-function checkSettings(changes, values) {
-  const {index, limits, schedule} = config.optimizer;
-  if (changes === null || typeof changes !== "object")
-    throw new TypeError("loraTrainer.set: expected {setting: value}, e.g. {lr: 1e-3}");
-  for (const [key, value] of Object.entries(changes)) {
-    if (key === "schedule")
-      throw new Error(`loraTrainer.set: the schedule (${schedule}) is built into the kernels; ` +
-                      `export again with --schedule`);
-    if (!(key in index)) throw new Error(`loraTrainer.set: unknown setting ${key}; it has ` +
-                                         Object.keys(index).join(", "));
-    if (key === "maxGradNorm" && !value !== !values.maxGradNorm)
-      throw new Error(`loraTrainer.set: maxGradNorm: clipping was ` +
-                      `${values.maxGradNorm ? "on" : "off"} at export, and its kernels were ` +
-                      `built so; export again with${values.maxGradNorm ? "out" : ""} ` +
-                      `--max-grad-norm`);
-    const [low, high, below] = limits[key], top = high ?? Infinity;
-    if (typeof value !== "number" || !Number.isFinite(value) || value < low || value > top ||
-        (below && value === top))
-      throw new RangeError(`loraTrainer.set: ${key}: expected a finite number in [${low}, ` +
-        `${top}${below ? ")" : "]"}, got ${typeof value === "string" ?
-          `the string ${JSON.stringify(value)}` : value}`);
-  }
-}
-
 /** {buffer name: values} of ``weights`` ({module: {a, b}}, or readPeftAdapter's layers),
  *  every module one of config.adapters and every part a Float32Array of its size; a
  *  rank, dims or scale given with it must be the trainer's (they are baked into the
@@ -212,7 +186,7 @@ export async function loraTrainer(device, weights = {}) {
      *  minRatio, maxGradNorm (clipping stays on or off as exported). */
     set(changes) {
       alive("loraTrainer.set");
-      checkSettings(changes, values);
+      checkSettings(changes, values, "loraTrainer.set");
       for (const [key, value] of Object.entries(changes)) {
         values[key] = value;
         hyper[config.optimizer.index[key]] = value;
