@@ -331,9 +331,9 @@ def matrix_entries() -> list[Entry]:
     square and a transformer shape, and every prologue and epilogue option on
     partial blocks) and the LoRA kernels on it (lora.kernels.matrix). Only Tint
     compiles them: wgpu-native has no subgroup matrices."""
-    from lora.kernels import KERNELS
     from lora.apps.bench_gemm import variants
     from lora.core.tilings import product_tiling
+    from lora.kernels import KERNELS
     from shaderdsl.matmul import MatrixTiling, gemm
     from shaderdsl.types import MatrixConfig
 
