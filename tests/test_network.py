@@ -632,15 +632,15 @@ def test_tiled_base_products_are_the_plain_ones(dtype):
 
 
 @pytest.mark.parametrize("form", ["dense", "dense_tiled", "dense_matrix"])
-def test_base_products_into_and_from_a_block_of_columns(form):
+def test_base_products_into_and_from_a_block_of_columns(form, device):
     """The products on one chunk of a weight's rows (a language model's head
     split over bindings): y's columns c.. of wider rows (y_stride, y_column),
     and the input gradient from the same columns of g (g_stride, g_column)
-    summed over chunks, equal to the products on the whole weight (float64)."""
+    summed over chunks, equal to the products on the whole weight (float64);
+    dense_matrix on the interpreter's fragments, the others on the device."""
     from lora.core.plan import Plan
-    from shaderdsl.runtime import get_device
     matrix = form == "dense_matrix"
-    dev = _matrix_device() if matrix else get_device()
+    dev = _matrix_device() if matrix else device
     rng = np.random.default_rng(6)
     tokens, i, o, cut = 20, 24, 44, 28   # chunks of W's rows: 0..27 and 28..43
     dt = np.float16 if matrix else np.float32
