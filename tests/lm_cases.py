@@ -11,7 +11,7 @@ import torch
 import transformers
 
 ARCHS = ("llama", "qwen2")
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+SMALL: dict = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
              rms_norm_eps=1e-6)
 
@@ -43,7 +43,7 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, tied: bool = True, **sizes
     return model.eval()
 
 
-def with_lora(model, target_modules, *, r: int = 4, alpha: float = 8.0, seed: int = 0,
+def with_lora(model, target_modules, *, r: int = 4, alpha: int = 8, seed: int = 0,
               random_b: bool = True, **config):
     """``model`` wrapped by peft.get_peft_model with a LoraConfig; with
     ``random_b`` every lora_B drawn too (peft starts B at 0, which would make
@@ -61,7 +61,7 @@ def with_lora(model, target_modules, *, r: int = 4, alpha: float = 8.0, seed: in
     return pm
 
 
-def token_batch(rng, batch: int, seq: int, vocab: int = SMALL["vocab_size"]) -> np.ndarray:
+def token_batch(rng, batch: int, seq: int, vocab: int = 128) -> np.ndarray:
     """Random ids [batch, seq], int64, away from the special ids 0-2."""
     return rng.integers(3, vocab, size=(batch, seq)).astype(np.int64)
 

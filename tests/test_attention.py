@@ -212,7 +212,8 @@ def run_backward(device, q, k, v, o, do, lse, keep, heads, kv_heads, dtype="f32"
     return stats[:, 1], dq, dkv["dk"], dkv["dv"]
 
 
-def assert_close(got, want, rel_max=F32_TOL, rel_each=0.0, what="", atol=0.0):
+def assert_close(got, want, rel_max=F32_TOL, rel_each=0.0, what="",
+                 atol: float | np.ndarray = 0.0):
     """|got - want| <= rel_each |want| + rel_max max|want| + atol everywhere."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, (what, got.shape, want.shape)

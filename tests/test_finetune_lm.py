@@ -58,7 +58,7 @@ def write_model(folder: Path, vocab: int = VOCAB) -> Path:
     return folder
 
 
-def run_command(argv) -> tuple[int, str, str]:
+def run_command(argv) -> tuple[object, str, str]:
     """python -m lora finetune-lm ``argv`` in this process: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -354,9 +354,10 @@ def _float64_gradients(pm, ids) -> dict:
 
 def test_f16_attention_backward_on_matrix_units_in_the_interpreter():
     """A training step of an f16 model on the interpreter's fragments runs the
-    matrix backward (attention_matrix_grad_kv and _q), and one SGD step (lr 1: the update is minus the gradient) moves
-    every A and B of q, k and v, whose gradients pass through attention's,
-    within 1e-2 of float64's largest gradient element (f16 activations and P
+    matrix backward (attention_matrix_grad_kv and _q), and one SGD step (lr 1:
+    the update is minus the gradient) moves every A and B of q, k and v, whose
+    gradients pass through attention's, within 1e-2 of float64's largest
+    gradient element (f16 activations and P
     and dS rounded to f16 before their products; measured 2.5e-3). Head_dim
     16 (hidden 32, 2 heads sharing a kv head): the fragments' size."""
     from shaderdsl import interp
@@ -369,6 +370,7 @@ def test_f16_attention_backward_on_matrix_units_in_the_interpreter():
                                          optimizer=lora.SGD(lr=1.0))
     before = lm.adapters()
     lm.step(ids)
+    assert lm._train is not None
     kernels = [plan.steps[0].kernel.name for plan, _ in lm._train.backwards
                if hasattr(plan, "steps")]
     assert {"attention_matrix_grad_kv", "attention_matrix_grad_q"} <= set(kernels)

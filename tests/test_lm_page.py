@@ -98,7 +98,7 @@ def _data(rng) -> dict:
     short_mask = np.array([[0, 1, 1, 1, 1, 1]])
     prompts = ids_of(rng, 2, 5)
     prompt_mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
-    steps = [{"ids": ids_of(rng, 2, 8)} for _ in range(6)]
+    steps: list[dict] = [{"ids": ids_of(rng, 2, 8)} for _ in range(6)]
     labels = ids_of(rng, 1, 6)
     labels[0, :2] = -100
     steps[3] = {"ids": ids_of(rng, 1, 6), "labels": labels, "mask": [[1, 1, 1, 1, 1, 0]]}
@@ -151,9 +151,10 @@ result.keptFiles = io.writePeftAdapter(kept.layers, lm.peftOptions).config === f
 def _python_run(case: Case, data: dict, device) -> dict:
     """Python's answers to _run_js's calls; the adapters after 5 and 6 steps."""
     lm = case.python(device)
-    out = {"logits": lm.logits(data["logits"]),
-           "short": lm.logits(data["short"], attention_mask=data["shortMask"]),
-           "generated": lm.generate(data["prompts"], 8, attention_mask=data["promptMask"])}
+    out: dict = {"logits": lm.logits(data["logits"]),
+                 "short": lm.logits(data["short"], attention_mask=data["shortMask"]),
+                 "generated": lm.generate(data["prompts"], 8,
+                                          attention_mask=data["promptMask"])}
     losses, adapters = [], []
     for s in data["steps"]:
         lm.step(s["ids"], labels=s.get("labels"), attention_mask=s.get("mask"))

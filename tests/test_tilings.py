@@ -9,7 +9,8 @@ from lora.core.tilings import base_tiling, fits, product_tiling
 from lora.kernels.registry import KERNELS
 
 H200 = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024}
-DEFAULTS = {"max-compute-workgroup-storage-size": 16384, "max-compute-invocations-per-workgroup": 256}
+DEFAULTS = {"max-compute-workgroup-storage-size": 16384,
+            "max-compute-invocations-per-workgroup": 256}
 # tokens x out x in: the issue's transformer products, and its square GEMM
 SHAPES = ((4096, 576, 576), (4096, 1536, 576), (4096, 49152, 576), (4096, 896, 4864),
           (4096, 4096, 4096))
@@ -72,9 +73,8 @@ def test_bad_shapes_and_limits_are_refused():
 def test_an_f16_network_runs_its_base_products_on_the_rules_tiling():
     """base_kernel, the one place a base product's kernel is picked: the
     matrix form with the rule's tiling for the device's limits."""
-    from shaderdsl import interp
-
     from lora.training.network import base_kernel
+    from shaderdsl import interp
     dev = interp.Device(subgroup_size=32, limits=H200)
     name, params = base_kernel("dense", dev, "f16", in_dim=2560, out_dim=2560, tokens=4096,
                                bias=False)
@@ -92,9 +92,8 @@ def test_the_autotuner_times_the_candidates_and_base_kernel_takes_its_choice():
     (base_kernel's) then gives it in place of the rule's; without an entry, the rule's."""
     from dataclasses import replace
 
-    from shaderdsl import interp
-
     from lora.core import tuning
+    from shaderdsl import interp
     dev = interp.Device(subgroup_size=32, limits=H200)
     params = dict(in_dim=32, out_dim=32, tokens=16, bias=False)
     rule = tuning.product_tiling(dev, "dense", params)
