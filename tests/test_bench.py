@@ -210,6 +210,7 @@ def test_gemm_shapes_are_parsed():
         parse_shapes("64x64")
 
 
+@pytest.mark.slow   # 13.9 s on lavapipe cold: every attention kernel of the bench compiled
 def test_attention_quick(tmp_path, capsys, device):
     """bench --attention --quick: every kernel of the tiny shape in each dtype
     the device has (SIMT padded and not; the matrix forms where it has

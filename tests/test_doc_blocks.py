@@ -83,10 +83,18 @@ def chains(doc: Path) -> list[list[int]]:
 
 
 CHAINS = [(doc, chain) for doc in FILES for chain in chains(doc)]
+# Chains that run in the slow tier (CI's --full): lm.md's fine-tune compiles a whole
+# language model's kernels, twice (the API and the command): 19.5 s on lavapipe cold.
+SLOW_CHAINS = {"lm.md:1"}
 
 
-@pytest.mark.parametrize("doc, chain", CHAINS,
-                         ids=[f"{doc.name}:{chain[0] + 1}" for doc, chain in CHAINS])
+def _chain_param(doc: Path, chain: list[int]):
+    name = f"{doc.name}:{chain[0] + 1}"
+    marks = [pytest.mark.slow] if name in SLOW_CHAINS else []
+    return pytest.param(doc, chain, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("doc, chain", [_chain_param(doc, chain) for doc, chain in CHAINS])
 def test_every_python_block_runs(doc, chain, tmp_path, monkeypatch):
     """Each chain of blocks (``doc:N`` from block N) in a namespace and folder of its
     own. A block that cannot run here skips the test, saying why: the blocks that

@@ -32,10 +32,10 @@ def _rel(got, want, where=None) -> float:
 
 
 def _padded(rng, batch: int, seq: int):
-    """Ids and a mask with a left-padded row and a right-padded one."""
+    """Ids and a mask with a left-padded row (the first) and a right-padded one (the last)."""
     ids = token_batch(rng, batch, seq)
     mask = np.ones_like(ids)
-    mask[1, :3] = 0
+    mask[0, :3] = 0
     mask[-1, -4:] = 0
     return ids, mask
 
@@ -48,7 +48,7 @@ def test_logits_equal_transformers_and_peft(device, arch, tied):
     padding; Qwen2's q/k/v biases and an untied head included."""
     rng = np.random.default_rng(1)
     pm = with_lora(tiny_model(arch, tied=tied), ["q_proj", "v_proj", "down_proj"])
-    ids, mask = _padded(rng, 3, 11)
+    ids, mask = _padded(rng, 2, 12)
     lm = lora.CausalLM.from_transformers(pm, device=device)
     assert _rel(lm.logits(ids, mask), float64_logits(pm, ids, mask), mask == 1) < F32_TOL
     assert _rel(lm.logits(ids), float64_logits(pm, ids)) < F32_TOL
@@ -92,7 +92,7 @@ def test_a_saved_adapter_loads_in_peft_and_back(device, tmp_path):
     model = tiny_model("qwen2")
     lm = lora.CausalLM.from_transformers(model, target_modules="all-linear",
                                          optimizer=lora.AdamW(lr=1e-2), device=device)
-    ids = token_batch(rng, 2, 10)
+    ids = token_batch(rng, 2, 12)
     for _ in range(2):
         lm.step(ids)
     lm.save_adapter(tmp_path / "adapter")
@@ -171,7 +171,7 @@ def test_lora_dropout_drops_each_adapter_input_with_its_own_mask(device, tmp_pat
     p, seed = 0.25, 11
     rng = np.random.default_rng(6)
     pm = with_lora(tiny_model("llama"), ["q_proj", "v_proj", "down_proj"], lora_dropout=p)
-    ids = token_batch(rng, 2, 10)
+    ids = token_batch(rng, 2, 12)
 
     def mask_of(k, step, shape):
         flat = (int(np.prod(shape[:-1])), shape[-1])
@@ -204,7 +204,7 @@ def test_memory_counts_weights_adapters_and_a_step(device):
     pairs = c.num_hidden_layers * 4 * (c.hidden_size + c.num_attention_heads * c.head_dim)
     assert before["adapters"] >= 4 * pairs * 4   # A and B, dA and dB, two moments
     assert before["training step"] == 0
-    lm.step(token_batch(np.random.default_rng(7), 2, 8))
+    lm.step(token_batch(np.random.default_rng(7), 2, 12))
     assert lm.memory()["training step"] > 2 * 8 * c.vocab_size * 4   # the logits at least
 
 
@@ -222,7 +222,7 @@ def test_weights_past_the_binding_limit_go_in_chunks(device, monkeypatch):
     monkeypatch.setattr(causal_lm, "memory_check", small)
     rng = np.random.default_rng(8)
     pm = with_lora(tiny_model("llama"), ["q_proj", "v_proj"])
-    ids = token_batch(rng, 2, 9)
+    ids = token_batch(rng, 2, 12)
     lm = lora.CausalLM.from_transformers(pm, device=device, optimizer=lora.AdamW(lr=1e-3))
     assert len(lm.frozen.embed) == 4 and lm.frozen.head is lm.frozen.embed   # 128 rows
     assert _rel(lm.logits(ids), float64_logits(pm, ids)) < F32_TOL
@@ -390,12 +390,15 @@ def test_a_bf16_folder_loads_without_torch_and_runs(device, tmp_path):
     model = tiny_model("qwen2", tied=False).to(torch.bfloat16)
     model.save_pretrained(tmp_path, max_shard_size="20KB")
     assert (tmp_path / "model.safetensors.index.json").exists()
-    ids = token_batch(np.random.default_rng(11), 2, 8)
+    ids = token_batch(np.random.default_rng(11), 2, 12)
     lm = lora.CausalLM.from_pretrained(tmp_path, target_modules=["k_proj"], device=device)
     same = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert _rel(lm.logits(ids), float64_logits(same, ids)) < F32_TOL
 
 
+# slow: 14.5 s on lavapipe cold (a vocabulary of 32000); the loss scale's parts are in the
+# default tier (test_lm_kernels' grad_scale, test_training's scale_gradients)
+@pytest.mark.slow
 def test_f16_gradients_of_a_real_vocabulary_do_not_underflow(device):
     """At a vocabulary of 32000 and 128 tokens, the loss gradient of a logit is
     about 1 / (vocab tokens) = 2.4e-7, below most of f16's range: f16 keeps it
