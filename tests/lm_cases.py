@@ -76,15 +76,17 @@ def float64_logits(model, ids, mask=None) -> np.ndarray:
     return out.logits.numpy()
 
 
-def float64_steps(pm, batches, *, lr: float = 1e-3, **adamw) -> tuple[list, dict]:
-    """transformers + peft trained in float64 with torch's AdamW over every
-    LoRA parameter, one step per (ids, labels or None: the ids, mask) of ``batches``: (the loss
-    of each step before its update, {module name: (A, B)} after the last)."""
+def float64_steps(pm, batches, *, lr: float = 1e-3, sgd: bool = False,
+                  **adamw) -> tuple[list, dict]:
+    """transformers + peft trained in float64 with torch's AdamW (``sgd``: plain
+    SGD) over every LoRA parameter, one step per (ids, labels or None: the ids,
+    mask) of ``batches``: (the loss of each step before its update, {module
+    name: (A, B)} after the last)."""
     import copy
     m = copy.deepcopy(pm).double()
     m.train()
     params = [p for n, p in m.named_parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, **adamw)
+    opt = torch.optim.SGD(params, lr=lr) if sgd else torch.optim.AdamW(params, lr=lr, **adamw)
     losses = []
     for ids, labels, mask in batches:
         out = m(input_ids=torch.tensor(ids),
