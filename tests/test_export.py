@@ -490,7 +490,7 @@ def test_lora_dropout_goes_into_the_exported_step(tmp_path):
 
 
 @needs_browser
-@pytest.mark.parametrize("loss", ["mse", "xent"])
+@pytest.mark.parametrize("loss", ["mse", pytest.param("xent", marks=pytest.mark.slow)])
 def test_the_exported_training_step_trains_as_python_does(tmp_path, device, loss):
     """100 steps in the page: the loss trajectory equals the Python LayerTrainer's
     (same initialisation, same data) within 1e-5 and float64 numpy's within 1e-4,

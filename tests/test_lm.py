@@ -40,8 +40,9 @@ def _padded(rng, batch: int, seq: int):
     return ids, mask
 
 
-@pytest.mark.parametrize("arch, tied", [("llama", True), ("llama", False), ("qwen2", True),
-                                        ("qwen2", False)])
+@pytest.mark.parametrize("arch, tied", [   # the default tier: both architectures, both heads
+    ("llama", True), pytest.param("llama", False, marks=pytest.mark.slow),
+    pytest.param("qwen2", True, marks=pytest.mark.slow), ("qwen2", False)])
 def test_logits_equal_transformers_and_peft(device, arch, tied):
     """f32 logits of a peft model (adapters with B drawn, so they count) equal
     transformers + peft in float64 at every real token, with left and right
@@ -134,7 +135,7 @@ def test_f16_mixed_precision_follows_float64(device):
     - logits within 5e-3 of the largest logit: each stored f16 activation is
       rounded by up to 2^-11 (4.9e-4) of itself, a dozen roundings in a row
       through two layers (measured 1.9e-3);
-    - the loss of 5 AdamW steps within 2e-4 of itself (measured 1e-4);
+    - the loss of 3 AdamW steps within 2e-4 of itself (measured 1e-4 over 5);
     - A and B within 2 lr per step of float64's: AdamW moves every element by
       about lr whatever its gradient's size, so an element whose gradient is
       within f16's noise of 0 may move the other way (measured 1.6e-3 after
@@ -147,7 +148,7 @@ def test_f16_mixed_precision_follows_float64(device):
     lm = lora.CausalLM.from_transformers(pm, dtype=np.float16, device=device,
                                          optimizer=lora.AdamW(lr=1e-3))
     assert _rel(lm.logits(ids), float64_logits(pm, ids)) < 5e-3
-    batches = [(ids, None, None)] * 5
+    batches = [(ids, None, None)] * 3
     want_losses, want = float64_steps(pm, batches, lr=1e-3)
     losses = []
     for batch in batches:
@@ -298,7 +299,7 @@ def test_several_adapters_in_one_batch_as_peft_mixes_them(device, tmp_path):
     import peft
     import torch
     rng = np.random.default_rng(9)
-    base = tiny_model("llama")
+    base = tiny_model("llama", num_hidden_layers=1)
     for name, targets, r, seed in (("a", ["q_proj", "v_proj"], 4, 1),
                                    ("b", ["o_proj", "down_proj"], 8, 2)):
         with_lora(copy.deepcopy(base), targets, r=r, seed=seed).save_pretrained(tmp_path / name)
@@ -312,9 +313,9 @@ def test_several_adapters_in_one_batch_as_peft_mixes_them(device, tmp_path):
         want = copy.deepcopy(pm).double()(input_ids=torch.tensor(ids),
                                           adapter_names=names).logits.numpy()
         tokens = pm.generate(input_ids=torch.tensor(ids), adapter_names=names,
-                             max_new_tokens=10, do_sample=False).numpy()
+                             max_new_tokens=6, do_sample=False).numpy()
     assert _rel(lm.logits(ids, adapter_names=names), want) < F32_TOL
-    np.testing.assert_array_equal(lm.generate(ids, 10, adapter_names=names), tokens)
+    np.testing.assert_array_equal(lm.generate(ids, 6, adapter_names=names), tokens)
     with pytest.raises(ValueError, match=r"adapter_names: 'c' is not loaded; expected one of "
                                          r"\['a', 'b', 'default'\] or '__base__'"):
         lm.logits(ids, adapter_names=["a", "b", "c", "a"])

@@ -663,9 +663,19 @@ MATRIX_FORMS = {  # (options, the kernels)
 }
 
 
-@pytest.mark.parametrize("small", [pytest.param(True, id="small"),
-                                   pytest.param(False, id="full", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("form", MATRIX_FORMS)
+# The default tier's small case of one fused and one split form (each kernel and option
+# of the others is in them); the rest, and the full cases, in --full
+DEFAULT_MATRIX_FORMS = ("fused t64", "split t64, 2 slices, 3 column splits")
+
+
+def _matrix_form_param(form: str, small: bool):
+    slow = not small or form not in DEFAULT_MATRIX_FORMS
+    return pytest.param(form, small, id=f"{form}-{'small' if small else 'full'}",
+                        marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("form, small", [_matrix_form_param(f, s) for f in MATRIX_FORMS
+                                         for s in (True, False)])
 def test_matrix_form_matches_float64_in_the_interpreter(form, small):
     """The matrix forms (lora.kernels.many_matrix) on the interpreter as the H200
     is (f16 16x16x16 fragments, subgroups of 32, 48 KiB of workgroup memory,

@@ -239,10 +239,12 @@ def _silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-@pytest.mark.parametrize("kw, what", [
+@pytest.mark.parametrize("kw, what", [   # two in the default tier, every option among them
     (dict(out="f16", scale=0.5, activation="relu"), "f16, scaled, bias, ReLU"),
-    (dict(out="f32", activation="silu", b_t=True), "SiLU, B transposed"),
-    (dict(out="f16", accumulate=True, c_stride=52, c_offset=8), "f16 += into wider rows"),
+    pytest.param(dict(out="f32", activation="silu", b_t=True), "SiLU, B transposed",
+                 marks=pytest.mark.slow),
+    pytest.param(dict(out="f16", accumulate=True, c_stride=52, c_offset=8),
+                 "f16 += into wider rows", marks=pytest.mark.slow),
     (dict(out="f32", accumulate=True, c_stride=43, c_offset=1, a_t=True), "f32 scalars +="),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_epilogue_options_match_float64(kw, what):
