@@ -23,7 +23,8 @@
      Not generated, each for a reason given where it is avoided: all-constant
      operations and constant zero divisors or shift amounts >= 32 (WGSL
      shader-creation errors the DSL does not all catch, see "DSL findings"),
-     f32 -> int casts out of range, bitcasts of a zero's sign.
+     f32 -> int casts out of range, int -> f32 casts of values past 2**24
+     (WGSL lets them round either way), bitcasts of a zero's sign.
    * Float programs: arbitrary f32 inputs, + - * fma, division, sqrt, exp,
      tanh, sin, cos, dot; each node carries a forward error bound (see ref()),
      and both results must lie within it of the float64 value of the tree.
@@ -747,9 +748,14 @@ class ExactGen:
         s, n = ty
         src = self.pick([x for x in (F, SI, U, BO) if x != s])
         a = self.expr((src, n), d)
-        if s == F:
-            bud = {SI: (2.0 ** 31, 0), U: (2.0 ** 32, 0), BO: (1.0, 0)}[src]
-            return ("cast", ty, a[0]), bud
+        if s == F and src == BO:
+            return ("cast", ty, a[0]), (1.0, 0)
+        if s == F:  # f32(x >> 8u): WGSL lets an integer past 2**24 round up or down
+            # (SwiftShader rounded u32 3987180416 down, numpy up), so x keeps 24 bits
+            eight = ("lit", (U, 1), 8)
+            shift = eight if n == 1 else ("vec", (U, n), (eight,) * n)
+            bud = {SI: (2.0 ** 23, 0), U: (2.0 ** 24, 0)}[src]
+            return ("cast", ty, ("bin", (src, n), ">>", a[0], shift)), bud
         if src == F:
             if budget_of(a)[0] >= 2.0 ** 31:                  # keep f32 -> int conversions in range
                 return self.leaf(ty)

@@ -573,11 +573,11 @@ TEXT = Path("/usr/share/common-licenses/GPL-3")  # real text that ships on the m
 @pytest.mark.skipif(not TEXT.exists(), reason=f"{TEXT} (Debian's base-files) is missing")
 def test_the_demo_page_fine_tunes_the_tiny_model_headless(whole, device, tmp_path):
     """--lm-demo's page, served over HTTP with ?model=...&text=... (the weights fetched
-    and streamed): 30 steps on the text's bytes lower the loss; its losses are
+    and streamed): 10 steps on the text's bytes lower the loss; its losses are
     lora.CausalLM's from the page's own first adapter on the same batches within 1e-4,
     and the sample after training is Python's greedy continuation with the page's
     adapter, which lora.load_adapter reads."""
-    steps, seq, batch = 30, 32, 2
+    steps, seq, batch = 10, 32, 2
     page = tmp_path / "page"
     assert lora_main(["export", "--lm", str(whole.folder), "--lm-demo", str(page),
                       "--target-modules", "all-linear", "--rank", str(RANK), "--alpha",

@@ -133,10 +133,13 @@ def test_a_budget_of_zero_checks_nothing(tmp_path):
 
 
 def test_the_budget_is_on_where_the_tier_is_measured():
-    """10 s on wgpu-native's Vulkan device (lavapipe); off on Dawn, OpenGL and the
-    interpreter device unless SHADERDSL_TEST_BUDGET says; a bad value is named."""
+    """10 s on wgpu-native's Vulkan device (lavapipe), 15 s beside the slow tier; off
+    on Dawn, OpenGL and the interpreter device unless SHADERDSL_TEST_BUDGET says; a
+    bad value is named."""
     from time_budget import budget_seconds
     assert budget_seconds({}) == budget_seconds({"SHADERDSL_BACKEND": "Vulkan"}) == 10.0
+    assert budget_seconds({}, beside_slow=True) == 15.0
+    assert budget_seconds({"SHADERDSL_TEST_BUDGET": "4"}, beside_slow=True) == 4.0
     assert budget_seconds({"SHADERDSL_WGPU": "dawn"}) == 0.0
     assert budget_seconds({"SHADERDSL_BACKEND": "OpenGL"}) == 0.0
     assert budget_seconds({"SHADERDSL_DEVICE": "interp"}) == 0.0

@@ -281,12 +281,12 @@ def test_tiled_token_blocks_split_high_ranks(device, rank, strategy):
     check_result(got, a, b, x, base, 0.25, strategy)
 
 
-# slow: for 40+ tokens the tuner offers ~30 tiled kernels, some ~50 s to compile on lavapipe;
+# slow: for 40+ tokens the tuner offers ~30 tiled kernels, 52 s to compile on lavapipe
+# (a second such shape, 67 tokens at rank 16, took 176 s and offered the same kinds);
 # one token ~5 s (5 tokens stays: split, single and small tiles)
 @pytest.mark.parametrize("tokens, rank, in_dim, out_dim",
                          [pytest.param(1, 8, 130, 257, marks=pytest.mark.slow), (5, 3, 64, 300),
-                          pytest.param(70, 8, 64, 40, marks=pytest.mark.slow),
-                          pytest.param(67, 16, 128, 68, marks=pytest.mark.slow)])
+                          pytest.param(70, 8, 64, 40, marks=pytest.mark.slow)])
 def test_every_candidate_is_correct(device, tokens, rank, in_dim, out_dim):
     """Whatever the autotuner may pick for these shapes computes the forward."""
     if tokens >= 40 and getattr(device, "backend", "") in ("OpenGL", "OpenGLES"):

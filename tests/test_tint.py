@@ -9,7 +9,7 @@ this process does the same for naga. The counts are printed at the end of
 the run ("kernels validated by naga: N, by Tint: N").
 
 The default tier validates the grid's sample (tint_check.PARTS: every kernel
-function, a third of its entries); --full adds the rest, so the two together
+function with its first entry); --full adds the rest, so the two together
 are the whole grid, each compiled once.
 """
 from __future__ import annotations
