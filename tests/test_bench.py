@@ -148,10 +148,12 @@ def test_bad_dtype_is_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_tokens_sweep_quick(tmp_path):
     """python -m lora bench --tokens-sweep --quick: the run-time loop compiles
-    nothing after its warm-up, the baked loop compiles per new count."""
+    nothing after its warm-up, the baked loop compiles per new count. The strategy
+    is forced: the autotuner's warm-up (tuning each bucket: 48 s of compiles on
+    lavapipe) is tests/test_runtime_tokens.py's."""
     from lora.apps.bench import main
     assert main(["--tokens-sweep", "--quick", "--forwards", "12", "--baked-forwards", "4",
-                 "--out", str(tmp_path)]) == 0
+                 "--strategy", "tiled:256:4", "--out", str(tmp_path)]) == 0
     result = json.loads(next(tmp_path.glob("tokens-sweep-*.json")).read_text())
     case = result["rows"][0]
     assert case["runtime"]["modules"] == 0 and case["runtime"]["pipelines"] == 0
