@@ -1,14 +1,14 @@
 """Tiny transformers language models and their float64 answers, for the tests
 of lora.CausalLM: random Llama- and Qwen2-shaped models (hidden 64, 2 layers,
 4 heads, 2 kv heads, vocab 128), made and run by transformers + peft on the
-CPU in float64, the reference every GPU result is compared with. Importing
-this module needs torch, transformers and peft (the tests importorskip them)."""
+CPU in float64, the reference every GPU result is compared with. Its functions
+need torch, transformers and peft; they import them when called, since peft alone
+takes 6 s to import and every pytest-xdist worker collects every test file."""
 from __future__ import annotations
 
 import numpy as np
-import peft
-import torch
-import transformers
+
+LIBRARIES = ("torch", "transformers", "peft")
 
 ARCHS = ("llama", "qwen2")
 SMALL: dict = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -18,6 +18,7 @@ SMALL: dict = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, nu
 
 def tiny_config(arch: str = "llama", *, tied: bool = True, **sizes):
     """A transformers config of ``arch`` with SMALL's sizes (``sizes`` override them)."""
+    import transformers
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[arch]
     extra = {"attention_bias": True} if arch == "llama" and sizes.pop("bias", False) else {}
     return cls(**{**SMALL, **sizes, **extra}, tie_word_embeddings=tied,
@@ -30,6 +31,8 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, tied: bool = True, **sizes
     skipped them), in eval mode, with torch's SDPA attention (on the CPU its
     math kernel; transformers' eager attention turns a left pad's row, which
     sees no key, into NaN, which then reaches every row through V)."""
+    import torch
+    import transformers
     torch.manual_seed(seed)
     config = tiny_config(arch, tied=tied, **sizes)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -48,6 +51,8 @@ def with_lora(model, target_modules, *, r: int = 4, alpha: int = 8, seed: int = 
     """``model`` wrapped by peft.get_peft_model with a LoraConfig; with
     ``random_b`` every lora_B drawn too (peft starts B at 0, which would make
     the first forward blind to B and its gradient to A)."""
+    import peft
+    import torch
     torch.manual_seed(seed)
     cfg = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules,
                           lora_dropout=config.pop("lora_dropout", 0.0), **config)
@@ -69,6 +74,8 @@ def token_batch(rng, batch: int, seq: int, vocab: int = 128) -> np.ndarray:
 def float64_logits(model, ids, mask=None) -> np.ndarray:
     """transformers' logits [batch, seq, vocab] in float64 (a copy of ``model``)."""
     import copy
+
+    import torch
     m = copy.deepcopy(model).double()
     with torch.no_grad():
         out = m(input_ids=torch.tensor(ids),
@@ -83,6 +90,8 @@ def float64_steps(pm, batches, *, lr: float = 1e-3, sgd: bool = False,
     mask) of ``batches``: (the loss of each step before its update, {module
     name: (A, B)} after the last)."""
     import copy
+
+    import torch
     m = copy.deepcopy(pm).double()
     m.train()
     params = [p for n, p in m.named_parameters() if p.requires_grad]
@@ -105,6 +114,8 @@ def drop_as(pm, mask_of):
     optimizer step s times ``mask_of(k, s, shape)`` (which counts the steps
     itself: the s-th call for module k)."""
     import copy
+
+    import torch
     m = copy.deepcopy(pm)
 
     class Fixed(torch.nn.Module):

@@ -1,22 +1,17 @@
 """lora.CausalLM against transformers + peft in float64 on the CPU (tests/lm_cases.py):
 logits, AdamW steps, adapter files, generation, on tiny random Llama and Qwen2 models."""
 import copy
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
+from lm_cases import LIBRARIES, float64_logits, float64_steps, tiny_model, token_batch, with_lora
 
-pytest.importorskip("torch", reason="the causal-LM tests compare with torch (not installed)")
-pytest.importorskip("peft", reason="the causal-LM tests compare with peft (not installed)")
+import lora
 
-from lm_cases import (  # noqa: E402
-    float64_logits,
-    float64_steps,
-    tiny_model,
-    token_batch,
-    with_lora,
-)
-
-import lora  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    not all(map(find_spec, LIBRARIES)),
+    reason="the causal-LM tests compare with torch, transformers and peft (the torch extra)")
 
 # f32 on lavapipe: logits within 4e-7 of the largest logit (measured), the bound 1e-5;
 # losses and adapters after 5 AdamW steps within 5e-7 at rank 4 and 1.6e-5 at rank 32
