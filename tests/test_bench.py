@@ -645,7 +645,8 @@ def test_lm_quick_without_torch(tmp_path, monkeypatch, device):
 
 def test_lm_a_failing_section_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, device):
     """A section that raises leaves its cells empty, its row names the failure, the
-    next rows are measured all the same, and the exit code says one of ours failed."""
+    next rows are measured all the same, and the exit code says one of ours failed
+    (one model: the two took 17 s beside the slow tier)."""
     monkeypatch.setattr(bench_lm_torch, "modules", lambda: "torch not installed")
     calls = []
 
@@ -654,11 +655,12 @@ def test_lm_a_failing_section_is_reported_and_the_run_goes_on(tmp_path, monkeypa
         raise RuntimeError("the GPU caught fire\nsecond line")
     monkeypatch.setattr(bench_lm.ours_side, "train_times", failing)
     lines: list[str] = []
-    assert bench_lm.lm_main(str(tmp_path), lines.append, quick=True, parts=("train",)) == 1
+    assert bench_lm.lm_main(str(tmp_path), lines.append, quick=True, models=["SmolLM2-135M"],
+                            parts=("train",)) == 1
     rows = lm_rows(lines)
-    assert len(rows) == 4 and len(calls) == (4 if device.has_feature("shader-f16") else 2)
+    assert len(rows) == 2 and len(calls) == (2 if device.has_feature("shader-f16") else 1)
     assert all(r["ours ms"] == "-" for r in rows.values())
-    with open(tmp_path / f"lm-{COMPILER}-train.json") as f:
+    with open(tmp_path / f"lm-{COMPILER}-smollm2-135m-train.json") as f:
         saved = json.load(f)
     failed = [r for r in saved["rows"] if r["errors"]]
     assert len(failed) == len(calls)

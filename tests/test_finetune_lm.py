@@ -5,7 +5,7 @@ the ``tokenizers`` package on real text that ships on the machine: the GNU GPL 3
 Debian's common-licenses (35 kB), else the LICENSE.txt of Python's own prefix; no
 download. The command runs once per module (12 steps of 4 x 32 tokens, no samples) and
 the tests read what it printed and wrote; the trained adapter is checked against
-transformers + peft in float64. The samples' tests run it again, 2 steps with samples
+transformers + peft in float64. The samples' test runs it again, 2 steps with samples
 (the compiled kernels of training are the module run's)."""
 import contextlib
 import io
