@@ -31,7 +31,7 @@ TEXTS = (Path("/usr/share/common-licenses/GPL-3"),
          "LICENSE.txt")
 VOCAB = 320          # the tokenizer's ids and the model's: >= 256, so bytes fit too
 ARGS = ["--seq", "32", "--batch", "4", "--lr", "1e-2", "--quick", "--steps", "12",
-        "--max-new-tokens", "0"]  # the module's run samples nothing: 9 s cold, 13 s with samples
+        "--max-new-tokens", "0"]  # the module's run samples nothing: 8 s cold, 13 s with samples
 SAMPLE = ["--max-new-tokens", "8"]
 F32_TOL = 1e-4       # the issue's bound for f32 logits against float64 (measured: below 1e-6)
 
@@ -233,6 +233,9 @@ def test_texts_that_cannot_be_trained_on_are_refused(folder, content, message, t
     assert "starting the GPU" not in stdout and not (tmp_path / "out").exists()
 
 
+# The tests of the module's run come after the cheap ones, which set up the folder
+# (tokenizer, model) and, with the next, the device and the evaluation's kernels: the
+# run, the setup of the first test that reads it, stays under the 10 s budget cold.
 def test_the_held_out_loss_on_the_gpu_is_transformers_float64_loss(folder, device):
     """held_out_loss of a fresh lora.CausalLM of the folder (B = 0: the base model)
     over 5 sequences of 32 in batches of 4, the last filled, is transformers'
