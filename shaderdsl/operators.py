@@ -120,16 +120,28 @@ class Op:
 # ================================================================ operators
 
 def _int_arith(f):
-    """Integer semantics: in int64, wrapped to the 32-bit result type."""
+    """Integer semantics: in int64 (Python ints for two scalars), wrapped to the
+    32-bit result type."""
     def make(types, rt):
         dt = V.dtype_of(rt)
-        return lambda a, b: V.wrap(f(np.asarray(a).astype(V.I64), np.asarray(b).astype(V.I64)), dt)
+        wrap_int = V.int_wrapper(dt)
+
+        def apply(a, b):
+            if type(a) is np.ndarray or type(b) is np.ndarray:
+                return V.wrap(f(np.asarray(a).astype(V.I64), np.asarray(b).astype(V.I64)), dt)
+            return wrap_int(f(int(a), int(b)))
+        return apply
     return make
 
 
 def _idiv(x, y):
-    """WGSL integer division on int64 values: truncates; x / 0 = x (and, after
-    wrapping, i32 MIN / -1 = MIN)."""
+    """WGSL integer division on int64 values or Python ints: truncates; x / 0 = x
+    (and, after wrapping, i32 MIN / -1 = MIN)."""
+    if isinstance(x, int) and isinstance(y, int):
+        if y == 0:
+            return x
+        q = abs(x) // abs(y)
+        return -q if (x < 0) != (y < 0) else q
     zero = y == 0
     ys = np.where(zero, 1, y)
     q = np.abs(x) // np.abs(ys)
@@ -139,6 +151,8 @@ def _idiv(x, y):
 
 def _irem(x, y):
     """WGSL integer remainder: sign of x; x % 0 = 0 (and i32 MIN % -1 = 0)."""
+    if isinstance(x, int) and isinstance(y, int):
+        return 0 if y == 0 else x - _idiv(x, y) * y
     zero = y == 0
     ys = np.where(zero, 1, y)
     q = np.abs(x) // np.abs(ys)

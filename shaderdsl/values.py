@@ -67,6 +67,15 @@ def wrap(r, dt):
     return scalar(np.asarray(r).astype(dt))
 
 
+def int_wrapper(dt) -> Callable[[int], np.generic]:
+    """``wrap`` for one invocation's Python-int result, without numpy's arrays (integer
+    arithmetic on scalars is the interpreter's commonest operation)."""
+    make = dt.type
+    if dt.kind == "i":
+        return lambda r: make(signed(r))
+    return lambda r: make(r & 0xFFFFFFFF)
+
+
 def convert(src: T.Scalar, dst: T.Scalar) -> Callable:
     """WGSL value conversion ``dst(x)`` for x of scalar type ``src`` (componentwise)."""
     dt = DTYPES[dst.name]

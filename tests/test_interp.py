@@ -1778,6 +1778,29 @@ def test_runtime_shift_amount_wraps_in_the_interpreter():
     assert out["out"][0] == 2
 
 
+@pytest.mark.parametrize("scalar", [i32, u32])
+def test_integer_operators_on_scalars_equal_their_vector_form(scalar):
+    """An invocation's scalars take Python ints (shaderdsl.operators), vectors numpy's
+    int64: both wrap alike, at the edges too (x / 0, x % 0, i32 MIN / -1, big shifts)."""
+    from shaderdsl.operators import INFIX
+    dt = np.dtype(np.int32 if scalar == i32 else np.uint32)
+    edges = np.array(_EDGE_INTS[scalar.name], np.int64).astype(dt)
+    rng = np.random.default_rng()
+    picks = np.concatenate([edges, rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, 40,
+                                                endpoint=True).astype(dt)])
+    a, b = np.meshgrid(picks, picks)
+    a, b = a.ravel(), b.ravel()
+    for name in ("add", "sub", "mul", "div", "rem", "bit_and", "bit_or", "bit_xor", "shl",
+                 "shr"):
+        bt = u32 if name in ("shl", "shr") else scalar
+        bb = b.astype(np.uint32) if bt == u32 else b
+        vector = INFIX[name].semantics((T.vec4(scalar), T.vec4(bt)), T.vec4(scalar))(a, bb)
+        g = INFIX[name].semantics((scalar, bt), scalar)
+        one = [g(x, y) for x, y in zip(a, bb)]
+        assert all(type(v) is dt.type for v in one), name
+        assert np.array_equal(np.array(one, dt), vector), name
+
+
 # ---------------------------------------------------------------- constant integer expressions
 
 _CONST_OPS = ["+", "-", "*", "/", "%", "&", "|", "^", "<<", ">>"]
