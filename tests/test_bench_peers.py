@@ -1,5 +1,6 @@
 """The bench's WebGPU peer (lora.apps.bench_peers): ONNX Runtime's WebGPU
-execution provider. Without it installed it says how to install it; with it (``pip install
+execution provider beside ``bench --gemm``'s rows. Without it installed the
+bench says once how to install it and goes on; with it (``pip install
 onnxruntime-webgpu onnx``: not dependencies of the package) its f16 products
 and LoRA forward match float64 here. Those tests skip where it is not
 installed, or where its Dawn opens no device: Dawn turns down the lavapipe of
@@ -7,13 +8,15 @@ Mesa 22.3 (Debian 12's: it lacks shaderUniform*ArrayDynamicIndexing); Mesa
 25.0's lavapipe works."""
 from __future__ import annotations
 
+import json
 import sys
 import types
 
 import numpy as np
 import pytest
+from helpers import h200_interp
 
-from lora.apps import bench_peers
+from lora.apps import bench_gemm, bench_peers
 
 SMALL = ((64, 48, 32, "plain"), (64, 48, 32, "linear"))
 # ORT's f16 kernels sum in f16: over 32 products its error here is 1.8e-3 (plain) and
@@ -40,6 +43,33 @@ def test_onnxruntime_without_webgpu_says_how_to_install(monkeypatch):
     why = bench_peers.ort_webgpu()
     assert isinstance(why, str) and "no WebGpuExecutionProvider" in why
     assert bench_peers.ORT_INSTALL in why and "PYTHONPATH" in why
+
+
+def gemm_run(monkeypatch, tmp_path):
+    """``bench --gemm`` at SMALL on the interpreter as the H200 (lavapipe has no
+    matrix units), none of our tilings timed (tests/test_bench.py runs one in
+    the interpreter: seconds): its lines and JSON."""
+    monkeypatch.setattr(bench_gemm, "variants", lambda *a, **kw: [])
+    monkeypatch.setattr(bench_gemm, "get_device", h200_interp)
+    lines: list[str] = []
+    assert bench_gemm.gemm_main(str(tmp_path), SMALL, lambda *a, **kw: lines.append(
+        " ".join(map(str, a)))) == 0
+    return lines, json.loads(next(tmp_path.glob("gemm-*.json")).read_text())
+
+
+def test_gemm_bench_goes_on_without_ort(monkeypatch, tmp_path):
+    """The reason and the install line once per run, tinygrad's line once, a row
+    for every shape, the JSON's rows saying why ORT has none."""
+    block_onnxruntime(monkeypatch)
+    lines, result = gemm_run(monkeypatch, tmp_path)
+    said = [line for line in lines if bench_peers.ORT_INSTALL in line]
+    assert len(said) == 1 and "not installed" in said[0]
+    assert lines.count(bench_peers.TINYGRAD_WHY) == 1
+    assert not any("ORT WebGPU fp16" in line for line in lines)
+    assert [r["layout"] for r in result["rows"]] == ["plain", "linear"]
+    for row in result["rows"]:
+        assert row["ort_webgpu"] == {"why": said[0]}
+    assert result["peers"]["ort_webgpu"] == said[0]
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +101,14 @@ def test_ort_lora_forward_matches_float64(peer):
     base = rng.standard_normal((64, 80)).astype(np.float16)
     row = bench_peers.lora_forward(peer, x, a, b, base, 2.0)
     assert row["rel_err"] < TOLERANCE and row["right"] and row["us"] > 0
+
+
+def test_gemm_bench_with_ort(peer, monkeypatch, tmp_path):
+    """Each shape's ORT line after its own, the JSON's rows with ORT's time and error."""
+    lines, result = gemm_run(monkeypatch, tmp_path)
+    ort_lines = [line for line in lines if "ORT WebGPU fp16:" in line]
+    assert [line.split(" ORT")[0] for line in ort_lines] == ["64x48x32 plain", "64x48x32 linear"]
+    assert not any("WRONG" in line for line in ort_lines)
+    assert result["peers"]["ort_webgpu"] == peer.ort.__version__
+    for row in result["rows"]:
+        assert row["ort_webgpu"]["right"] and row["ort_webgpu"]["us"] > 0

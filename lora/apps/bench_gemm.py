@@ -19,8 +19,12 @@ fails) before it is timed; a wrong one is logged WRONG and never named
 fastest. At 4096^3 three ceilings follow, the 256 x 128 block without its
 global reads, without 7 of 8 staging stores, and without either: what a
 step costs without each (their results are wrong by design: not checked).
-Each shape's line ``fastest`` compares the best with the rule's choice. The
-JSON (``gemm-<compiler>.json``) has every time, rate and error.
+Each shape's line ``fastest`` compares the best with the rule's choice, then
+come ``torch.mm`` fp16's and, where ``onnxruntime-webgpu`` and ``onnx`` are
+installed, ONNX Runtime's WebGPU execution provider's on the same inputs
+(lora.apps.bench_peers: f16 out, checked on the same rows; the run says once
+why it has none and how to install it, and why tinygrad has none). The JSON
+(``gemm-<compiler>.json``) has every time, rate and error.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from shaderdsl.runtime import COMPILER, get_device
 from shaderdsl.types import MatrixConfig
 
 from ..core.tilings import BLOCKS, fits, product_tiling
+from . import bench_peers
 from .bench_ceiling import batch_us
 from .bench_train import optional_torch
 
@@ -137,8 +142,8 @@ class _Problem:
     def __init__(self, device, M, N, K, layout):
         rng = np.random.default_rng(M + N + K)
         self.shape, self.layout = (M, N, K), layout
-        a = rng.standard_normal((M, K)).astype(np.float16)
-        b = rng.standard_normal((K, N)).astype(np.float16)
+        self.a = a = rng.standard_normal((M, K)).astype(np.float16)
+        self.b = b = rng.standard_normal((K, N)).astype(np.float16)  # kept for a peer
         stored_b = np.ascontiguousarray(b.T) if LAYOUTS[layout]["b_major"] == "col" else b
         self.dtype = np.float16 if LAYOUTS[layout]["out"] == "f16" else np.float32
         self.device = device
@@ -160,9 +165,10 @@ class _Problem:
             self.device.release(buf)
 
 
-def gemm_case(device, shape: tuple, log, chosen=None) -> dict:
+def gemm_case(device, shape: tuple, log, chosen=None, peer=None) -> dict:
     """One shape (M, N, K, layout) at each variant (``chosen``: a list of
-    ``variants``' entries; default all), each checked, then timed."""
+    ``variants``' entries; default all), each checked, then timed; then ORT
+    WebGPU's product where ``peer`` (bench_peers.start's) is given."""
     M, N, K, layout = shape
     problem = _Problem(device, M, N, K, layout)
     tol = 2.0**-10 if problem.dtype == np.float16 else 1e-4  # the f16 output's rounding
@@ -193,7 +199,27 @@ def gemm_case(device, shape: tuple, log, chosen=None) -> dict:
         log(f"{M}x{N}x{K} {layout} {label}: {us:.1f} us, {flops / us / 1e6:.1f} TFLOP/s, "
             f"{checked}")
     _log_fastest(row, log)
+    if peer is not None:
+        row["ort_webgpu"] = _ort_row(peer, problem, log)
     problem.release()
+    return row
+
+
+def _ort_row(peer, problem: _Problem, log) -> dict:
+    """ORT WebGPU's fp16 product of ``problem``'s inputs (bench_peers.gemm), or
+    why there is none (``peer`` a line: gemm_main said it once)."""
+    if isinstance(peer, str):
+        return {"why": peer}
+    M, N, K = problem.shape
+    shape = f"{M}x{N}x{K} {problem.layout}"
+    try:
+        row = bench_peers.gemm(peer, problem.a, problem.b, problem.layout)
+    except Exception as e:  # ORT's errors are its own classes; one shape failing ends nothing
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        log(f"{shape} ORT WebGPU fp16: failed: {why}")
+        return {"why": why}
+    log(f"{shape} ORT WebGPU fp16: {row['us']:.1f} us, {row['tflops']:.1f} TFLOP/s, "
+        f"rel err {row['rel_err']:.1e}{'' if row['right'] else ' WRONG'} (f16 sums)")
     return row
 
 
@@ -239,6 +265,10 @@ def gemm_main(out_dir: str, shapes, log) -> int:
             f"(Dawn on a GPU with matrix units: SHADERDSL_WGPU=dawn)")
         return 1
     toggles = os.environ.get("SHADERDSL_DAWN_TOGGLES")
+    peer = bench_peers.start()
+    if isinstance(peer, str):
+        log(peer)
+    log(bench_peers.TINYGRAD_WHY)
     t0 = time.perf_counter()
     # the first case after process start runs slow (idle clocks: optimisation notes 16,
     # 27): the first shape's first variant once, unrecorded
@@ -246,7 +276,9 @@ def gemm_main(out_dir: str, shapes, log) -> int:
     gemm_case(device, shapes[0], lambda *a: None, variants(M, N, K, layout, device.limits)[:1])
     result = {"adapter": device.name, "compiler": COMPILER, "dawn_toggles": toggles,
               "limits": {k: device.limits.get(k) for k in H200_LIMITS},
-              "rows": [gemm_case(device, shape, log) for shape in shapes]}
+              "peers": {"ort_webgpu": peer if isinstance(peer, str) else peer.ort.__version__,
+                        "tinygrad": bench_peers.TINYGRAD_WHY},
+              "rows": [gemm_case(device, shape, log, peer=peer) for shape in shapes]}
     result["seconds"] = time.perf_counter() - t0
     with open(os.path.join(out_dir, f"gemm-{COMPILER}.json"), "w") as f:
         json.dump(result, f, indent=1)
