@@ -39,9 +39,11 @@ ORT_INSTALL = "pip install onnxruntime-webgpu onnx"
 TINYGRAD_WHY = ("tinygrad WEBGPU: no row (its WGSL uses no matrix units, and the Dawn it "
                 "loads never offers shader-f16 on NVIDIA, so its f16 products cannot run "
                 "there as shipped)")
-# errors over this are WRONG: ORT's f16 kernels may sum in f16 (a sum of K products rounded
-# at each step), so its bar is looser than ours (f32 sums, one f16 rounding: 2^-10)
-ORT_TOLERANCE = 1e-2
+# errors over this are WRONG. ORT's f16 products sum in f16 (rounded at each step): on
+# lavapipe their error grows with K, 1.8e-3 at K = 32, 1.3e-2 at 4096, 2.2e-2 at 4864
+# (MatMul, 64 x 2048); a wrong result (a tile missed, a factor transposed) errs by
+# order 1. Ours sums in f32 and rounds once: bench_gemm's bar is 2^-10.
+ORT_TOLERANCE = 0.05
 OPSET = 17
 CHECK_ROWS = 64
 
