@@ -573,17 +573,18 @@ TEXT = Path("/usr/share/common-licenses/GPL-3")  # real text that ships on the m
 @pytest.mark.skipif(not TEXT.exists(), reason=f"{TEXT} (Debian's base-files) is missing")
 def test_the_demo_page_fine_tunes_the_tiny_model_headless(whole, device, tmp_path):
     """--lm-demo's page, served over HTTP with ?model=...&text=... (the weights fetched
-    and streamed): 10 steps on the text's bytes lower the loss; its losses are
+    and streamed): 10 steps on the text's bytes lower the loss (the page compares the
+    first five steps' mean with the last five's); its losses are
     lora.CausalLM's from the page's own first adapter on the same batches within 1e-4,
     and the sample after training is Python's greedy continuation with the page's
     adapter, which lora.load_adapter reads."""
-    steps, seq, batch = 10, 32, 2
+    steps, seq, batch = 10, 16, 2
     page = tmp_path / "page"
     assert lora_main(["export", "--lm", str(whole.folder), "--lm-demo", str(page),
                       "--target-modules", "all-linear", "--rank", str(RANK), "--alpha",
                       str(ALPHA), "--lr", "2e-2", "--steps", str(steps), "--seq", str(seq),
                       "--batch", str(batch), "--prompt-tokens", "16", "--new-tokens",
-                      "16"]) == 0
+                      "8"]) == 0
     html = (page / "index.html").read_text()
     assert "http" not in html.replace("http-equiv", "")  # nothing fetched but what is picked
     (page / "model.safetensors").write_bytes((whole.folder / "model.safetensors").read_bytes())
@@ -610,7 +611,7 @@ def test_the_demo_page_fine_tunes_the_tiny_model_headless(whole, device, tmp_pat
         losses.append(lm.loss())
     np.testing.assert_allclose(result["losses"], losses, atol=1e-4, rtol=0)
     lm.load_adapter(files["trained"])
-    after = lm.generate(ids[None, :16], 16)[0, 16:]
+    after = lm.generate(ids[None, :16], 8)[0, 16:]
     said = b"".join(bytes([i]) if i < 256 else "\ufffd".encode() for i in after.tolist())
     assert result["after"] == said.decode("utf-8", errors="replace")
 
