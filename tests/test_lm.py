@@ -124,6 +124,42 @@ def test_greedy_generation_is_transformers_token_for_token(device, arch):
         np.testing.assert_array_equal(mine, want, err_msg=f"eos_token_id={eos}")
 
 
+def test_generate_again_in_a_kept_shape_builds_and_records_nothing(device, monkeypatch):
+    """A generate of a shape made before (same batch, prompt and cache length)
+    reuses its cache, graphs and captures: no graph or buffer is made, nothing
+    compiled, no bind group created, no plan recorded (both graphs replayed);
+    its tokens are a fresh model's (the last call's values do not leak: other
+    ids, other padding, fewer new tokens). Building and recording the graphs
+    again took 200 ms of host time a call at SmolLM2-135M's 30 layers
+    (docs/optimisation-notes.md, "Prefill: ...")."""
+    import shaderdsl.compiler
+    from lora.models import generate as G
+    from lora.models.graph import Graph
+    rng = np.random.default_rng(12)
+    pm = with_lora(tiny_model("llama"), "all-linear")
+    lm = lora.CausalLM.from_transformers(pm, device=device)
+    first, ids = token_batch(rng, 2, 7), token_batch(rng, 2, 7)
+    mask = np.ones_like(ids)
+    mask[0, :3] = 0
+    ids[mask == 0] = 0
+    lm.generate(first, 9)
+    want = lora.CausalLM.from_transformers(pm, device=device).generate(ids, 5,
+                                                                       attention_mask=mask)
+    before = dict(device.stats)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("made or recorded again for a kept shape")
+    monkeypatch.setattr(G, "Graph", boom)
+    monkeypatch.setattr(Graph, "record_forward", boom)
+    monkeypatch.setattr(device, "_new", boom)
+    monkeypatch.setattr(shaderdsl.compiler, "_build", boom)
+    np.testing.assert_array_equal(lm.generate(ids, 5, attention_mask=mask), want)
+    assert lm.generate(first, 1).shape == (2, 8)   # the prefill alone
+    for stat in ("modules", "pipelines", "bind_groups"):
+        assert device.stats.get(stat) == before.get(stat), stat
+    assert len(lm._generations) == 1
+
+
 def test_f16_mixed_precision_follows_float64(device):
     """dtype=np.float16 (f16 weights and activations, f32 sums, softmax, norms,
     residual stream and loss, f32 masters of A and B) against float64:

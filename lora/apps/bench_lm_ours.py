@@ -23,8 +23,7 @@ import numpy as np
 from ..core.tuning import median_us
 from ..models.causal_lm import CausalLM
 from ..models.config import LMConfig, weight_shapes
-from ..models.generate import KVCache
-from ..models.graph import Graph
+from ..models.generate import Generation, prepared
 from ..models.weights import LMWeights
 from ..training.optim import AdamW
 from .bench_lm_torch import LR
@@ -81,11 +80,13 @@ def train_times(lm: CausalLM, ids: np.ndarray, steps: int, repeats: int) -> dict
 
 
 def generate_gpu(lm: CausalLM, prompt: np.ndarray, room: int, n: int, repeats: int) -> dict:
-    """lm.generate's prefill over ``prompt`` and one of its decode steps (its graphs,
-    made here as it makes them, with a KV cache of ``room`` tokens past the prompt):
-    GPU milliseconds and the groups' shares of each; and ``bytes``: what a generate of
-    this shape holds (lm.memory(), the two graphs and the cache)."""
-    cache, prefill, step = cache_graphs(lm, prompt, room)
+    """lm.generate's prefill over ``prompt`` and one of its decode steps (the graphs
+    lm.generate keeps for this shape, with a KV cache of ``room`` tokens past the
+    prompt): GPU milliseconds and the groups' shares of each; and ``bytes``: what a
+    generate of this shape holds (the weights, the adapters, the two graphs and the
+    cache)."""
+    gen = cache_graphs(lm, prompt, room)
+    cache, prefill, step = gen.cache, gen.prefill, gen.step()
     dev, (batch, length) = lm.device, prompt.shape
 
     def record_prefill():
@@ -101,25 +102,23 @@ def generate_gpu(lm: CausalLM, prompt: np.ndarray, room: int, n: int, repeats: i
                                       ("decode", step, record_step, room - 1)):
         us = median_us(dev, record, min(n, most), repeats, most=most)
         out[what] = {"gpu_ms": us / 1e3, **shares(dev, graph.forwards, us, n, repeats)}
-    cached = sum(b.nbytes for b in [*cache.k, *cache.v, cache.keep, cache.past,
-                                    cache.positions, cache.ids])
-    out["bytes"] = memory(lm)["bytes"] + prefill.nbytes() + step.nbytes() + cached
+    parts = lm.memory()
+    out["bytes"] = parts["weights"] + parts["adapters"] + gen.nbytes()
     return out
 
 
-def cache_graphs(lm: CausalLM, prompt: np.ndarray, room: int) -> tuple:
-    """(cache, prefill graph, decode-step graph) as lm.generate makes them for
-    ``prompt`` (unpadded) with ``room`` tokens past it, the prompt's ids, positions
-    and the cache's mask written."""
+def cache_graphs(lm: CausalLM, prompt: np.ndarray, room: int) -> Generation:
+    """What lm.generate keeps for ``prompt`` (unpadded) with ``room`` new tokens
+    (lora.models.generate.Generation: the cache, the prefill graph and the decode
+    step's), the prompt's ids, positions, the cache's mask and offset written."""
     batch, length = prompt.shape
-    cache = KVCache(lm, batch, length + room, 2)
-    prefill = Graph(lm, batch, length, training=False, cache=cache)
-    step = Graph(lm, batch, 1, training=False, cache=cache)
-    dev = lm.device
-    dev.write(cache.keep, np.ones(batch * (length + room), np.uint32))
-    dev.write(prefill.ids, prompt.reshape(-1).astype(np.uint32))
-    dev.write(prefill.positions, np.tile(np.arange(length, dtype=np.uint32), batch))
-    return cache, prefill, step
+    gen = prepared(lm, batch, length, room)
+    cache, dev = gen.cache, lm.device
+    dev.write(cache.keep, np.ones(batch * cache.length, np.uint32))
+    dev.write(cache.offset, np.zeros(1, np.uint32))
+    dev.write(gen.prefill.ids, prompt.reshape(-1).astype(np.uint32))
+    dev.write(gen.prefill.positions, np.tile(np.arange(length, dtype=np.uint32), batch))
+    return gen
 
 
 def shares(device, steps: list, total_us: float, n: int, repeats: int) -> dict:

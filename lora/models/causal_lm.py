@@ -78,6 +78,7 @@ class CausalLM:
                                             for pair in zip(ad.masters, ad.grads)])
         self._train: Graph | None = None
         self._infer: list[Graph] = []
+        self._generations: list = []   # generate's caches and graphs, by shape (generate.py)
         self.steps, self._counted = 0, 0
         self.mixed = MixedAdapters(self)
 
@@ -227,7 +228,8 @@ class CausalLM:
         the adapters (A and B, their f32 masters and gradients, the
         optimizer's moments), the last training step's activations and
         gradients (once a step has run: what a step of that shape takes on
-        top of the rest), and the inference graphs kept."""
+        top of the rest), and the inference graphs kept (logits' and
+        generate's, with generate's KV caches)."""
         seen: dict[int, int] = {}
         _buffers(list(vars(self.frozen).items()), seen, set())
         frozen = sum(seen.values())
@@ -240,7 +242,7 @@ class CausalLM:
                   (2, getattr(opt, "hyper", None))], parts, set())
         return {"weights": frozen, "adapters": sum(parts.values()),
                 "training step": self._train.nbytes() if self._train is not None else 0,
-                "inference": sum(g.nbytes() for g in self._infer)}
+                "inference": sum(g.nbytes() for g in [*self._infer, *self._generations])}
 
     # ------------------------------------------------------------ adapters
 

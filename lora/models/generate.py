@@ -12,6 +12,13 @@ ids are read advance on the GPU too, so every step is the same dispatches:
 the first is captured (``device.capture``) and the rest replay it, several
 in one submit; the ids are read back after each submit, to stop at the end
 of every sequence.
+
+The cache, both graphs and their captures are kept on the model for the
+next call of the same shape (:class:`Generation`): building a graph's
+plans and recording its dispatches took 200 ms of host time a call at
+SmolLM2-135M's 30 layers, 20 times the prefill's GPU time on an H100
+(docs/optimisation-notes.md, "Prefill: ..."); a call of a kept shape
+builds nothing and replays both.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ STEPS_PER_SUBMIT = 8   # decode steps recorded between reads of the ids
 CACHE_ROWS = 128       # a KV cache's length is a multiple of this (attention and kv_write
                        # bake it in: fewer lengths, fewer pipelines; keys past a query's
                        # place are never read)
+GENERATIONS = 2        # shapes whose cache and graphs a model keeps, most recent first
 
 
 class KVCache:
@@ -69,37 +77,111 @@ def generate(model, input_ids, max_new_tokens: int, eos_token_id=None, attention
     pad = _pad(pad_token_id, c, eos)
     mixed = None if adapter_names is None else \
         [model.mixed.ids(adapter_names, b, rows) for rows in (p, 1)]
-    length = min(-(-(p + new) // CACHE_ROWS) * CACHE_ROWS, max(p + new, c.max_position_embeddings))
-    cache = KVCache(model, b, length, new)
-    dev = model.device
-    keep = np.ones((b, length), np.uint32)
+    gen = prepared(model, b, p, new, mixed is not None)
+    cache, dev = gen.cache, model.device
+    keep = np.ones((b, cache.length), np.uint32)
     keep[:, :p] = batch.keep.reshape(b, p)
     dev.write(cache.keep, keep.reshape(-1))
-    prefill = Graph(model, b, p, training=False, cache=cache, mixed=mixed is not None)
     if mixed is not None:
-        prefill.mixed_plans = model.mixed.plans(mixed[0])
-    dev.write(prefill.ids, batch.ids)
-    dev.write(prefill.positions, batch.positions)
+        gen.prefill.mixed_plans = model.mixed.plans(mixed[0])
+    dev.write(gen.prefill.ids, batch.ids)
+    dev.write(gen.prefill.positions, batch.positions)
     dev.write(cache.past, np.zeros(1, np.uint32))
     dev.write(cache.offset, np.zeros(1, np.uint32))
     with dev.batch():
-        prefill.record_forward()
+        gen.record(gen.prefill)
     step = None
     if new > 1:
-        step = Graph(model, b, 1, training=False, cache=cache, mixed=mixed is not None)
+        step = gen.step()
         if mixed is not None:
             step.mixed_plans = model.mixed.plans(mixed[1])
-    made = _decode(model, cache, step, p, new, batch.positions.reshape(b, p)[:, -1] + 1, eos)
+    made = _decode(model, gen, step, p, new, batch.positions.reshape(b, p)[:, -1] + 1, eos)
     return _finished(batch.ids.reshape(b, p), made, eos, pad)
 
 
-def _decode(model, cache: KVCache, step, p: int, new: int, positions, eos) -> np.ndarray:
+class Generation:
+    """What :func:`generate` runs for ``batch`` prompts of ``prompt`` tokens
+    with a cache of ``length``: the KV cache (its ids room for every step
+    the cache holds), the prefill's graph, the decode step's (made by the
+    first call that decodes) and each graph's capture (made by its first
+    record, replayed after). Kept on the model (:func:`prepared`), a later
+    call of the shape builds no plan, makes no buffer or bind group and
+    records nothing anew. Its buffers keep the last call's values: every one
+    a call reads is written first (the ids, positions, mask, past and
+    offset), but for the cache's keys and values past the prompt, which a
+    query reads only where it cannot see them (a block's keys past its
+    place, weighted by 0, as the zeros of a fresh cache were)."""
+
+    def __init__(self, model, batch: int, prompt: int, length: int, mixed: bool = False):
+        self.model, self.key = model, (batch, prompt, length, mixed)
+        self.cache = KVCache(model, batch, length, length - prompt)
+        self.prefill = Graph(model, batch, prompt, training=False, cache=self.cache,
+                             mixed=mixed)
+        self._step: Graph | None = None
+        self.captures: dict = {}   # id(graph) -> its capture
+
+    def step(self) -> Graph:
+        """The decode step's graph (one token a sequence), made once."""
+        if self._step is None:
+            b, _, _, mixed = self.key
+            self._step = Graph(self.model, b, 1, training=False, cache=self.cache, mixed=mixed)
+        return self._step
+
+    def record(self, graph: Graph) -> None:
+        """``graph``'s forward: its capture replayed, or (the first time, or
+        where it cannot be replayed: a mixed batch's plans take their row
+        count as a uniform value) recorded, captured the first time."""
+        dev, capture = self.model.device, self.captures.get(id(graph))
+        if capture is not None and not capture.refused:
+            dev.replay(capture)
+        elif capture is not None:
+            graph.record_forward()
+        else:
+            with dev.capture() as capture:
+                graph.record_forward()
+            self.captures[id(graph)] = capture
+
+    def nbytes(self) -> int:
+        """Bytes of the graphs' buffers and the cache's."""
+        c = self.cache
+        cached = sum(buf.nbytes for buf in [*c.k, *c.v, c.keep, c.past, c.positions, c.ids,
+                                            c.offset])
+        return cached + sum(g.nbytes() for g in (self.prefill, self._step) if g is not None)
+
+
+def cache_length(prompt: int, new: int, max_positions: int) -> int:
+    """The KV cache's length for ``prompt`` + ``new`` tokens: a multiple of
+    CACHE_ROWS, or the model's max_position_embeddings where that is less."""
+    return min(-(-(prompt + new) // CACHE_ROWS) * CACHE_ROWS, max(prompt + new, max_positions))
+
+
+def prepared(model, batch: int, prompt: int, new: int, mixed: bool = False) -> Generation:
+    """The model's :class:`Generation` for this shape: kept from an earlier
+    call (the GENERATIONS most recent shapes are kept), or made (the least
+    recent dropped first). A mixed batch's is made for the call and not
+    kept: its graphs hold a step per adapter pool the model had then and
+    take the call's routes."""
+    length = cache_length(prompt, new, model.config.max_position_embeddings)
+    key = (batch, prompt, length, mixed)
+    if mixed:
+        return Generation(model, batch, prompt, length, mixed=True)
+    kept = model._generations
+    for k, gen in enumerate(kept):
+        if gen.key == key:
+            kept.insert(0, kept.pop(k))
+            return gen
+    del kept[GENERATIONS - 1:]   # their buffers go before the new ones are made
+    kept.insert(0, Generation(model, batch, prompt, length))
+    return kept[0]
+
+
+def _decode(model, gen: Generation, step, p: int, new: int, positions, eos) -> np.ndarray:
     """Decode steps (the one-token graph ``step``) until every sequence has
     given an eos id or ``new`` ids are made: the ids, [steps made, batch]."""
-    dev, b = model.device, len(positions)
+    dev, b, cache = model.device, len(positions), gen.cache
     dev.write(cache.past, np.array([p], np.uint32))
     dev.write(cache.positions, np.asarray(positions, np.uint32))
-    made, graph = 1, None
+    made = 1
     while True:
         ids = dev.read(cache.ids)[:made * b].reshape(made, b).astype(np.int64)
         done = np.isin(ids, eos).any(axis=0).all() if len(eos) else False
@@ -108,23 +190,8 @@ def _decode(model, cache: KVCache, step, p: int, new: int, positions, eos) -> np
         count = min(STEPS_PER_SUBMIT, new - made)
         with dev.batch():
             for _ in range(count):
-                graph = _record_step(dev, step, graph)
+                gen.record(step)
         made += count
-
-
-def _record_step(dev, step, graph):
-    """One decode step: the captured graph replayed, or (the first time, or
-    where a step cannot be replayed: a mixed batch's plans take their row
-    count as a uniform value) recorded; returns the graph to replay next."""
-    if graph is not None and not graph.refused:
-        dev.replay(graph)
-        return graph
-    if graph is not None:   # refused: record every step
-        step.record_forward()
-        return graph
-    with dev.capture() as graph:
-        step.record_forward()
-    return graph
 
 
 def _end(ids: np.ndarray, eos) -> int:
