@@ -585,6 +585,9 @@ NUMBER = re.compile(r"^-?\d+(\.\d+)?[x%]?$")
 OURS = ("ours ms", "GPU ms", "ours tok/s", "base", "attn", "rest", "ours MiB")
 
 
+QWEN = "Qwen2.5-0.5B"
+
+
 def lm_rows(lines: list[str]) -> dict:
     """{(model, row): {heading: cell}} of a bench --lm table, every cell a number or -."""
     rows = {(r["model"], r["row"]): r for r in bench_lm.parse_table(lines)}
@@ -594,16 +597,18 @@ def lm_rows(lines: list[str]) -> dict:
     return rows
 
 
-@pytest.mark.slow  # about a minute on lavapipe: two tiny models, every row, torch on the CPU
+@pytest.mark.slow  # about 30 s on lavapipe: a tiny Qwen2, every row, torch on the CPU
 def test_lm_quick(tmp_path, capsys, device):
-    """bench --lm --quick: every row of both models, our cells measured, transformers +
-    peft's where they are installed, the same greedy tokens on both sides."""
-    assert bench.main(["--lm", "--quick", "--out", str(tmp_path)]) == 0
+    """bench --lm --quick: every row of the Qwen2 model (q/k/v biases; the Llama model's
+    training rows are the two tests below, which took 65 s with these in CI's pass), our
+    cells measured, transformers + peft's where they are installed, the same greedy tokens
+    on both sides."""
+    assert bench.main(["--lm", "--quick", "--lm-models", QWEN, "--out", str(tmp_path)]) == 0
     rows = lm_rows(capsys.readouterr().out.splitlines())
     batches = bench_lm.QUICK.gen_batches
     kinds = ["train f16", "train f32"] + [f"{k} b{b}" for b in batches
                                           for k in ("prefill", "decode")]
-    assert list(rows) == [(m, k) for m in bench_lm.MODELS for k in kinds]
+    assert list(rows) == [(QWEN, k) for k in kinds]
     f16 = device.has_feature("shader-f16")
     torch_here = not isinstance(bench_lm_torch.modules(), str)
     for (model, kind), r in rows.items():
@@ -615,14 +620,14 @@ def test_lm_quick(tmp_path, capsys, device):
             assert all(r[h] != "-" for h in ours), (model, kind, r)
         if torch_here and kind.startswith(("train", "prefill")):
             assert r["torch tok/s"] != "-", (model, kind, r)
-    with open(tmp_path / f"lm-{COMPILER}.json") as f:
+    with open(tmp_path / f"lm-{COMPILER}-qwen2.5-0.5b.json") as f:
         saved = json.load(f)
     assert [(r["model"], r["row"]) for r in saved["rows"]] == list(rows)
     assert not any(k.startswith("ours") for r in saved["rows"] for k in r["errors"])
     if torch_here and f16:  # the same model in f16 and fp16: the same greedy tokens (a
         # near-tie may differ, and then the rest of its row: measured 100 % on lavapipe)
         same = [r["same_tokens"] for r in saved["rows"] if "same_tokens" in r]
-        assert len(same) == 2 * len(batches) and max(same) >= 0.5, same
+        assert len(same) == len(batches) and max(same) >= 0.5, same
 
 
 @pytest.mark.slow  # about 15 s on lavapipe
