@@ -28,12 +28,11 @@ tinygrad (device ``WEBGPU``) has no row: ``TINYGRAD_WHY`` says why.
 from __future__ import annotations
 
 import importlib
-import statistics
 import time
 
 import numpy as np
 
-from ..core.tuning import MIN_BATCH_NS
+from ..core.tuning import median_of_batches
 
 ORT_INSTALL = "pip install onnxruntime-webgpu onnx"
 TINYGRAD_WHY = ("tinygrad WEBGPU: no row (its WGSL uses no matrix units, and the Dawn it "
@@ -175,22 +174,16 @@ class OrtWebGpu:
         return {"us": us, "rel_err": err, "right": bool(err < ORT_TOLERANCE)}
 
 
-def batch_us(run, read, repeats: int = 5, most: int = 50_000) -> float:
-    """Median wall microseconds of one ``run()`` over batches of runs each
-    ended by ``read()`` (which waits for the GPU); the batch grows until it
-    lasts 20 ms (tuning.MIN_BATCH_NS)."""
+def batch_us(run, read, repeats: int = 5) -> float:
+    """Median wall microseconds of one ``run()`` over batches of runs each ended
+    by ``read()`` (which waits for the GPU): tuning.median_of_batches."""
     def batch(count: int) -> float:
         t0 = time.perf_counter()
         for _ in range(count):
             run()
         read()
         return (time.perf_counter() - t0) * 1e9
-
-    batch(3)  # warm-up: the graph's capture, pipelines
-    n, ns = 4, batch(4)
-    if ns < MIN_BATCH_NS:
-        n = min(most, int(n * MIN_BATCH_NS / max(ns, 1.0)) + 1)
-    return statistics.median(batch(n) / n / 1000.0 for _ in range(repeats))
+    return median_of_batches(batch, 4, repeats)
 
 
 def start():

@@ -135,7 +135,14 @@ def median_us(device, record: Callable[[], None], n: int, repeats: int = 5,
             device.sync()
             ns = (time.perf_counter() - t0) * 1e9
         return ns
+    return median_of_batches(batch, n, repeats, most)
 
+
+def median_of_batches(batch: Callable[[int], float], n: int, repeats: int = 5,
+                      most: int = MAX_BATCH) -> float:
+    """Median microseconds of one item over ``repeats`` batches that ``batch(count)``
+    runs and times (in ns), after a warm-up; the batch grows from ``n`` (at most to
+    ``most``) until it lasts MIN_BATCH_NS."""
     batch(min(n, 10))  # warm-up: pipelines, bind groups, caches
     ns = batch(n)
     if ns < MIN_BATCH_NS:
