@@ -15,6 +15,7 @@ default tier) and as ``[full]`` (its own @settings count, marked ``slow``); of a
 test marked ``one_per_kind``, the first strategy of each kind stays in the
 default tier."""
 import dis
+import gc
 import inspect
 import os
 import tempfile
@@ -23,6 +24,11 @@ from pathlib import Path
 import pytest
 import time_budget
 from hypothesis import HealthCheck, settings
+
+# Python's cyclic collector ran a full collection over the heap of cached kernels and
+# expression trees every few thousand allocations: 23 % of the time of test_strategies,
+# test_many and test_matmul (67 -> 51 s in one process). Collect far less often.
+gc.set_threshold(50_000, 20, 100)
 
 # The LoRA autotuner caches its choices on disk: keep the tests' choices out of
 # the user's cache, and fresh for each run.

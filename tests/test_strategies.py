@@ -708,6 +708,23 @@ def test_a_batch_timed_at_zero_grows_to_at_most_max_batch():
     assert len(records) == 2 + 2 + tuning.MAX_BATCH  # warm-up, estimate, the timed batch
 
 
+def test_quick_timing_times_one_batch_and_stores_no_choice(device, cache_dir):
+    """Inside tuning.quick_timing() (bench --quick) a median is one batch of the count
+    asked for after the warm-up, not grown to MIN_BATCH_NS nor repeated, and autotune
+    still returns a strategy that runs but writes nothing to the tuning cache."""
+    counts = []
+    with tuning.quick_timing():
+        us = tuning.median_of_batches(lambda n: counts.append(n) or 1000.0 * n, 3)
+        rng = np.random.default_rng(5)
+        w = Weight.from_numpy(device, normal(rng, (2, 24)), normal(rng, (36, 2)))
+        assert isinstance(tuning.autotune(device, w, 0.5, 3, forwards=2), Strategy)
+    assert counts == [3, 3] and us == 1.0
+    assert not (cache_dir / "lora_tuning.json").exists()
+    tuning.median_of_batches(lambda n: counts.append(n) or 1000.0 * n, 3)
+    assert len(counts) == 2 + 2 + 5  # outside: the estimate, then 5 grown batches
+    assert counts[-1] > 3
+
+
 def test_autotune_measures_once_then_reads_the_cache(device, cache_dir, monkeypatch):
     rng = np.random.default_rng(4)
     rank, in_dim, out_dim, tokens = 2, 24, 36, 3

@@ -30,6 +30,7 @@ each attention kernel of the language model alone beside torch's SDPA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -48,7 +49,7 @@ from shaderdsl.runtime import COMPILER, WGPU_BUILD, get_device
 from ..core import reference
 from ..core.forward import forward_plan
 from ..core.strategy import Strategy
-from ..core.tuning import autotune, time_plan
+from ..core.tuning import autotune, quick_timing, time_plan
 from ..core.weight import Weight
 from . import bench_table, bench_train
 from .bench_attention import attention_main
@@ -399,7 +400,9 @@ def _lm_arguments(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench",
                                 description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a short run (small shapes) for CI")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run for CI: small shapes, each time from one batch (noisy), "
+                        "no tuned choice stored")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--tokens", type=lambda v: tuple(int(t) for t in v.split(",")),
                    help="comma-separated token counts, of the forward and training rows "
@@ -491,6 +494,11 @@ def main(argv=None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    with quick_timing() if args.quick else contextlib.nullcontext():
+        return _main(p, args)
+
+
+def _main(p: argparse.ArgumentParser, args) -> int:
 
     def log(*a, **kw):
         print(*a, **kw, flush=True)

@@ -13,13 +13,15 @@ fastest on the H200.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -138,12 +140,31 @@ def median_us(device, record: Callable[[], None], n: int, repeats: int = 5,
     return median_of_batches(batch, n, repeats, most)
 
 
+# Inside quick_timing(): one batch of the count asked for, after the warm-up
+_QUICK = contextvars.ContextVar("quick_timing", default=False)
+
+
+@contextlib.contextmanager
+def quick_timing() -> Iterator[None]:
+    """Time every median_of_batches inside from one batch of the count its caller
+    asks for, not grown to MIN_BATCH_NS nor repeated, and store no tuned choice:
+    ``bench --quick`` (CI's smoke run), whose figures on a CPU driver mean nothing,
+    spent 80 % of its time timing."""
+    token = _QUICK.set(True)
+    try:
+        yield
+    finally:
+        _QUICK.reset(token)
+
+
 def median_of_batches(batch: Callable[[int], float], n: int, repeats: int = 5,
                       most: int = MAX_BATCH) -> float:
     """Median microseconds of one item over ``repeats`` batches that ``batch(count)``
     runs and times (in ns), after a warm-up; the batch grows from ``n`` (at most to
-    ``most``) until it lasts MIN_BATCH_NS."""
+    ``most``) until it lasts MIN_BATCH_NS (one batch of ``n`` in quick_timing())."""
     batch(min(n, 10))  # warm-up: pipelines, bind groups, caches
+    if _QUICK.get():
+        return batch(n) / n / 1000.0
     ns = batch(n)
     if ns < MIN_BATCH_NS:
         n = min(most, int(n * MIN_BATCH_NS / max(ns, 1.0)) + 1)
@@ -235,7 +256,7 @@ def _said_after_a_second(weight, tokens) -> Callable[[str], None]:
 
 def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
     best = min(timings, key=timings.__getitem__)
-    if use_cache:
+    if use_cache and not _QUICK.get():
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)
 
@@ -347,7 +368,7 @@ def autotune_product(device, name: str, params: dict, *, use_cache: bool = True,
             if progress:
                 progress(f"  {t}: {us:.2f} us")
     best = min(timings, key=timings.__getitem__)
-    if use_cache:
+    if use_cache and not _QUICK.get():
         _store(key, {"tiling": json.loads(best), "us": timings[best], "timings": timings})
     return tilings.from_fields(json.loads(best))
 
