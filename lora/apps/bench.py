@@ -397,12 +397,13 @@ def _lm_arguments(p: argparse.ArgumentParser) -> None:
                    help="--lm: the training step's batch and sequence (default 8x512)")
 
 
+QUICK_HELP = "a short run for CI: small shapes, each time one batch (noisy), no tuned choice stored"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora bench",
                                 description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="a short run for CI: small shapes, each time from one batch (noisy), "
-                        "no tuned choice stored")
+    p.add_argument("--quick", action="store_true", help=QUICK_HELP)
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--tokens", type=lambda v: tuple(int(t) for t in v.split(",")),
                    help="comma-separated token counts, of the forward and training rows "
