@@ -26,8 +26,9 @@ import time_budget
 from hypothesis import HealthCheck, settings
 
 # Python's cyclic collector ran a full collection over the heap of cached kernels and
-# expression trees every few thousand allocations: 23 % of the time of test_strategies,
-# test_many and test_matmul (67 -> 51 s in one process). Collect far less often.
+# expression trees every few thousand allocations: 15-23 % of the time of test_strategies,
+# test_many and test_matmul in one process (WORKERS=0), no change seen with 2 workers
+# (optimisation note 58). Collect far less often.
 gc.set_threshold(50_000, 20, 100)
 
 # The LoRA autotuner caches its choices on disk: keep the tests' choices out of

@@ -148,8 +148,8 @@ _QUICK = contextvars.ContextVar("quick_timing", default=False)
 def quick_timing() -> Iterator[None]:
     """Time every median_of_batches inside from one batch of the count its caller
     asks for, not grown to MIN_BATCH_NS nor repeated, and store no tuned choice:
-    ``bench --quick`` (CI's smoke run), whose figures on a CPU driver mean nothing,
-    spent 80 % of its time timing."""
+    ``bench --quick`` (CI's smoke run, whose figures on a CPU driver mean nothing;
+    52 -> 40 s cold on lavapipe, optimisation note 58)."""
     token = _QUICK.set(True)
     try:
         yield
