@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the tests (sets itself up first). By default the quick tier, every test not
-# marked slow (4 min 2 s on 2 cores with cold caches, 2026-12-08; a test over 10 s fails
-# the run: tests/time_budget.py); with --full, every test (what CI runs).
+# marked slow (3 min 56 s - 4 min 2 s on 2 cores with cold caches, 2026-12-08; a
+# test over 10 s fails the run: tests/time_budget.py); with --full, every test (what CI runs).
 # WORKERS pytest-xdist workers (default 2; 0: one process), each taking whole
 # files (--dist loadfile: a file's module fixtures, Chromium and Node's package
 # set up once). Without test paths, tests/test_endurance.py, which measures its
