@@ -188,6 +188,9 @@ def _load() -> dict:
 
 
 def _store(key: str, value: dict) -> None:
+    """Write a tuned choice, unless timed in quick_timing() (its figures are one batch)."""
+    if _QUICK.get():
+        return
     with _FILE_LOCK:
         _store_locked(key, value)
 
@@ -256,7 +259,7 @@ def _said_after_a_second(weight, tokens) -> Callable[[str], None]:
 
 def _best(key: str, timings: dict, use_cache: bool) -> Strategy:
     best = min(timings, key=timings.__getitem__)
-    if use_cache and not _QUICK.get():
+    if use_cache:
         _store(key, {"strategy": best, "us": timings[best], "timings": timings})
     return Strategy.parse(best)
 
@@ -368,7 +371,7 @@ def autotune_product(device, name: str, params: dict, *, use_cache: bool = True,
             if progress:
                 progress(f"  {t}: {us:.2f} us")
     best = min(timings, key=timings.__getitem__)
-    if use_cache and not _QUICK.get():
+    if use_cache:
         _store(key, {"tiling": json.loads(best), "us": timings[best], "timings": timings})
     return tilings.from_fields(json.loads(best))
 
